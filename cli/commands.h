@@ -1,0 +1,13 @@
+#pragma once
+// Subcommand entry points of the `kvsim` CLI. Each takes the arguments after its own name and
+// returns the process exit code: 0 success, 1 failure (bad input, failed check), 2 usage error.
+#include <string>
+#include <vector>
+
+namespace kvsim::cli {
+
+using Args = std::vector<std::string>;
+
+int trace_command(const Args& args);
+
+}  // namespace kvsim::cli

@@ -1,0 +1,289 @@
+// `kvsim trace {info,check,synth,dump}`: the user-facing side of traces/.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "traces/synth_trace.h"
+#include "traces/trace_check.h"
+#include "traces/trace_reader.h"
+#include "traces/trace_writer.h"
+
+namespace po = boost::program_options;
+
+namespace kvsim::cli {
+namespace {
+
+// Parses `args` against `desc` (+ positionals); prints help and returns false on --help.
+bool parse(const Args& args, const po::options_description& desc, const po::positional_options_description& pos,
+           po::variables_map& vm, const std::string& usage_line) {
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: " << usage_line << "\n\n" << desc;
+    return false;
+  }
+  po::notify(vm);
+  return true;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, units[u]);
+  return buf;
+}
+
+nlohmann::json info_json(const TraceReader& r) {
+  const ModelGeometry& g = r.geometry();
+  nlohmann::json j;
+  j["file"] = r.path();
+  j["format"] = kTraceFormat;
+  j["version"] = kTraceVersion;
+  j["file_bytes"] = std::filesystem::file_size(r.path());
+  j["model"] = {{"name", g.name},         {"arch", g.arch},         {"n_layers", g.n_layers},
+                {"n_q_heads", g.n_q_heads}, {"n_kv_heads", g.n_kv_heads}, {"head_dim", g.head_dim},
+                {"vocab", g.vocab},       {"rope_theta", g.rope_theta}, {"rope_type", rope_type_name(g.rope_type)},
+                {"rope_dim", g.rope_dim}, {"sliding_window", g.sliding_window}};
+  const CaptureInfo& c = r.capture();
+  j["capture"] = {{"tool_version", c.tool_version}, {"backend", c.backend}, {"date", c.date}, {"seed", c.seed}};
+  nlohmann::json reqs = nlohmann::json::array();
+  for (const auto& id : r.request_ids()) {
+    const RequestHeader h = r.header(id);
+    std::int64_t per_seg[kSegmentCount] = {};
+    for (auto s : h.segments) ++per_seg[s];
+    nlohmann::json seg;
+    for (int s = 0; s < kSegmentCount; ++s) seg[segment_name(static_cast<Segment>(s))] = per_seg[s];
+    reqs.push_back({{"id", id},
+                    {"task", h.task},
+                    {"tokens", h.n_tokens()},
+                    {"queries", h.n_queries()},
+                    {"segments", seg},
+                    {"question_start", h.question_start},
+                    {"needle", h.needle_start >= 0 ? nlohmann::json::array({h.needle_start, h.needle_end})
+                                                   : nlohmann::json()},
+                    {"ref_rows", h.ref_rows},
+                    {"ref_topk", h.ref_topk}});
+  }
+  j["requests"] = reqs;
+  j["incomplete_requests"] = r.incomplete_request_ids();
+  return j;
+}
+
+void print_info(const nlohmann::json& j, std::ostream& os) {
+  const auto& m = j["model"];
+  os << j["file"].get<std::string>() << ": kvtrace v" << j["version"] << ", "
+     << human_bytes(j["file_bytes"].get<double>()) << "\n";
+  os << "  model    " << m["name"].get<std::string>() << " (" << m["arch"].get<std::string>() << "): "
+     << m["n_layers"] << " layers, " << m["n_q_heads"] << " q heads, " << m["n_kv_heads"] << " kv heads, head_dim "
+     << m["head_dim"] << ", vocab " << m["vocab"] << ", rope " << m["rope_type"].get<std::string>() << " theta "
+     << m["rope_theta"] << "\n";
+  const auto& c = j["capture"];
+  os << "  capture  backend " << c["backend"].get<std::string>() << ", " << c["tool_version"].get<std::string>()
+     << ", seed " << c["seed"] << ", " << c["date"].get<std::string>() << "\n";
+  os << "  requests " << j["requests"].size() << " complete";
+  if (!j["incomplete_requests"].empty()) os << ", " << j["incomplete_requests"].size() << " INCOMPLETE";
+  os << "\n";
+  os << "    " << std::left << std::setw(12) << "id" << std::right << std::setw(8) << "tokens" << std::setw(8)
+     << "queries" << std::setw(8) << "system" << std::setw(9) << "context" << std::setw(10) << "question"
+     << std::setw(11) << "generated" << std::setw(12) << "ref rows" << "  needle\n";
+  for (const auto& r : j["requests"]) {
+    const auto& s = r["segments"];
+    auto n = [](const nlohmann::json& v) { return v.get<std::int64_t>(); };
+    os << "    " << std::left << std::setw(12) << r["id"].get<std::string>() << std::right << std::setw(8)
+       << n(r["tokens"]) << std::setw(8) << n(r["queries"]) << std::setw(8) << n(s["system"]) << std::setw(9)
+       << n(s["context"]) << std::setw(10) << n(s["question"]) << std::setw(11) << n(s["generated"]) << std::setw(8)
+       << n(r["ref_rows"]) << " x" << std::setw(3) << n(r["ref_topk"]) << "  ";
+    if (r["needle"].is_array()) os << "[" << r["needle"][0] << ", " << r["needle"][1] << ")";
+    os << "\n";
+  }
+  for (const auto& id : j["incomplete_requests"])
+    os << "    " << id.get<std::string>() << "  INCOMPLETE: its writer stopped before committing it\n";
+}
+
+int info(const Args& args) {
+  po::options_description desc("kvsim trace info: summarise a kvtrace file");
+  desc.add_options()("help,h", "show this help")("file", po::value<std::string>()->required(), "trace file")(
+      "json", "print JSON instead of a table");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "kvsim trace info FILE [--json]")) return 0;
+  TraceReader reader(vm["file"].as<std::string>());
+  const nlohmann::json j = info_json(reader);
+  if (vm.count("json"))
+    std::cout << j.dump(2) << "\n";
+  else
+    print_info(j, std::cout);
+  return 0;
+}
+
+int check(const Args& args) {
+  po::options_description desc("kvsim trace check: validate a kvtrace file (schema, shapes, ranges, NaN/Inf)");
+  desc.add_options()("help,h", "show this help")("file", po::value<std::string>()->required(), "trace file");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "kvsim trace check FILE")) return 0;
+  const std::string file = vm["file"].as<std::string>();
+  const TraceCheckReport report = check_trace(file);
+  for (const auto& e : report.errors) std::cerr << "error: " << e << "\n";
+  if (!report.ok()) {
+    std::cerr << file << ": FAILED, " << report.errors.size() << " problem(s)\n";
+    return 1;
+  }
+  std::cout << file << ": OK (" << report.requests_checked << " requests, " << report.tokens_checked
+            << " tokens checked)\n";
+  return 0;
+}
+
+int synth(const Args& args) {
+  SynthConfig cfg;
+  ModelGeometry& g = cfg.geometry;
+  std::string out, queries = "all", rope_type = "norm";
+  int deflate = 0;
+  po::options_description desc(
+      "kvsim trace synth: write a deterministic synthetic trace whose attention has sinks, recency, heavy\n"
+      "hitters and needle-retrieval heads (built into K/Q, emerging from q.k); defaults: SmolLM2-135M geometry");
+  desc.add_options()("help,h", "show this help")("out,o", po::value(&out)->required(), "output .h5 file")(
+      "force", "overwrite an existing output file")("seed", po::value(&cfg.seed)->default_value(cfg.seed),
+                                                     "random seed (written to the file)")(
+      "requests", po::value(&cfg.n_requests)->default_value(cfg.n_requests), "number of requests")(
+      "system", po::value(&cfg.system_tokens)->default_value(cfg.system_tokens), "system-prompt tokens")(
+      "context", po::value(&cfg.context_tokens)->default_value(cfg.context_tokens), "context (document) tokens")(
+      "question", po::value(&cfg.question_tokens)->default_value(cfg.question_tokens), "question tokens")(
+      "generated", po::value(&cfg.generated_tokens)->default_value(cfg.generated_tokens), "generated tokens")(
+      "needle", po::value(&cfg.needle_tokens)->default_value(cfg.needle_tokens), "needle span tokens")(
+      "needle-depth", po::value(&cfg.needle_depth)->default_value(cfg.needle_depth),
+      "needle start as a fraction of the context")(
+      "queries", po::value(&queries)->default_value(queries),
+      "which queries to keep: all | eval (last --query-window context tokens + question + generated)")(
+      "query-window", po::value(&cfg.query_window)->default_value(cfg.query_window), "see --queries eval")(
+      "ref-topk", po::value(&cfg.ref_topk)->default_value(cfg.ref_topk), "width of the reference top-k")(
+      "heavy-fraction", po::value(&cfg.heavy_fraction)->default_value(cfg.heavy_fraction),
+      "fraction of context tokens that are heavy hitters")(
+      "retrieval-heads", po::value(&cfg.retrieval_head_fraction)->default_value(cfg.retrieval_head_fraction),
+      "fraction of heads (past the first third of layers) that retrieve the needle")(
+      "noise", po::value(&cfg.noise)->default_value(cfg.noise), "std of isotropic noise in K and Q")(
+      "layers", po::value(&g.n_layers)->default_value(g.n_layers), "model layers")(
+      "q-heads", po::value(&g.n_q_heads)->default_value(g.n_q_heads), "query heads")(
+      "kv-heads", po::value(&g.n_kv_heads)->default_value(g.n_kv_heads), "key/value heads")(
+      "head-dim", po::value(&g.head_dim)->default_value(g.head_dim), "head dimension")(
+      "vocab", po::value(&g.vocab)->default_value(g.vocab), "vocabulary size")(
+      "rope-theta", po::value(&g.rope_theta)->default_value(g.rope_theta), "RoPE base")(
+      "rope-type", po::value(&rope_type)->default_value(rope_type), "RoPE pairing: norm | neox")(
+      "deflate", po::value(&deflate)->default_value(deflate), "shuffle+deflate level 0-9 (0 = uncompressed)");
+  po::positional_options_description pos;
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "kvsim trace synth --out FILE [options]")) return 0;
+  if (queries != "all" && queries != "eval")
+    throw Error("--queries is '" + queries + "', expected 'all' or 'eval'");
+  cfg.all_queries = queries == "all";
+  g.rope_type = parse_rope_type(rope_type, "--rope-type");
+  g.rope_dim = g.head_dim;
+  if (!vm["layers"].defaulted() || !vm["q-heads"].defaulted() || !vm["kv-heads"].defaulted() ||
+      !vm["head-dim"].defaulted() || !vm["vocab"].defaulted())
+    g.name = "synthetic";
+  const auto problems = cfg.problems();
+  if (!problems.empty()) {
+    for (const auto& p : problems) std::cerr << "error: " << p << "\n";
+    return 2;
+  }
+  TraceWriterOptions opts;
+  opts.overwrite = vm.count("force") > 0;
+  opts.deflate_level = deflate;
+  // Write to a temporary name and rename on success: an interrupted synth leaves no half file
+  // under the requested name, and never clobbers an existing one it was not allowed to.
+  if (!opts.overwrite && std::filesystem::exists(out))
+    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  const std::string tmp = out + ".partial";
+  {
+    TraceWriterOptions tmp_opts = opts;
+    tmp_opts.overwrite = true;
+    TraceWriter writer(tmp, g, synth_capture_info(cfg), tmp_opts);
+    write_synth_trace(cfg, writer);
+    writer.close();
+  }
+  std::filesystem::rename(tmp, out);
+  TraceReader reader(out);
+  print_info(info_json(reader), std::cout);
+  return 0;
+}
+
+int dump(const Args& args) {
+  std::string file, id, tensor;
+  int layer = 0;
+  po::options_description desc("kvsim trace dump: print one layer of K, V or Q of a request as JSON (f32)");
+  desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "trace file")(
+      "request", po::value(&id)->required(), "request id")("tensor", po::value(&tensor)->required(), "k | v | q")(
+      "layer", po::value(&layer)->required(), "layer index");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "kvsim trace dump FILE --request ID --tensor k|v|q --layer L")) return 0;
+  Tensor t;
+  if (tensor == "k")
+    t = Tensor::K;
+  else if (tensor == "v")
+    t = Tensor::V;
+  else if (tensor == "q")
+    t = Tensor::Q;
+  else
+    throw Error("--tensor is '" + tensor + "', expected k, v or q");
+  TraceReader reader(file);
+  std::vector<float> values(reader.layer_elements(id, t));
+  reader.read_layer(id, t, layer, values);
+  const ModelGeometry& g = reader.geometry();
+  const auto heads = static_cast<std::size_t>(t == Tensor::Q ? g.n_q_heads : g.n_kv_heads);
+  nlohmann::json j;
+  j["request"] = id;
+  j["tensor"] = tensor;
+  j["layer"] = layer;
+  j["shape"] = {values.size() / heads / static_cast<std::size_t>(g.head_dim), heads, g.head_dim};
+  j["values"] = values;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int trace_command(const Args& args) {
+  static const struct {
+    const char* name;
+    const char* summary;
+    int (*run)(const Args&);
+  } subs[] = {{"info", "summarise a trace (geometry, capture, requests)", info},
+              {"check", "validate a trace; non-zero exit and one line per problem", check},
+              {"synth", "write a deterministic synthetic trace", synth},
+              {"dump", "print one layer of K/V/Q of a request as JSON", dump}};
+  auto usage = [&](std::ostream& os) {
+    os << "usage: kvsim trace <subcommand> [options]   (--help on each)\n\nsubcommands:\n";
+    for (const auto& s : subs) os << "  " << std::left << std::setw(7) << s.name << s.summary << "\n";
+  };
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    usage(args.empty() ? std::cerr : std::cout);
+    return args.empty() ? 2 : 0;
+  }
+  for (const auto& s : subs) {
+    if (args[0] != s.name) continue;
+    try {
+      return s.run({args.begin() + 1, args.end()});
+    } catch (const po::error& e) {
+      std::cerr << "kvsim trace " << s.name << ": " << e.what() << " (see --help)\n";
+      return 2;
+    }
+  }
+  std::cerr << "kvsim trace: unknown subcommand '" << args[0] << "'\n";
+  usage(std::cerr);
+  return 2;
+}
+
+}  // namespace kvsim::cli

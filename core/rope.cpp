@@ -1,0 +1,28 @@
+#include "core/rope.h"
+
+#include <cmath>
+
+namespace kvsim {
+
+double rope_frequency(const RopeSpec& s, int i) {
+  return std::pow(s.theta, -2.0 * static_cast<double>(i) / static_cast<double>(s.rope_dim));
+}
+
+void apply_rope(const RopeSpec& s, float* x, int n_heads, std::int64_t pos, bool inverse) {
+  const int pairs = s.rope_dim / 2;
+  const double sign = inverse ? -1.0 : 1.0;
+  for (int i = 0; i < pairs; ++i) {
+    const double angle = sign * static_cast<double>(pos) * rope_frequency(s, i);
+    const auto c = static_cast<float>(std::cos(angle));
+    const auto sn = static_cast<float>(std::sin(angle));
+    const int a = rope_pair_first(s, i), b = rope_pair_second(s, i);
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + static_cast<std::int64_t>(h) * s.head_dim;
+      const float x0 = v[a], x1 = v[b];
+      v[a] = x0 * c - x1 * sn;
+      v[b] = x0 * sn + x1 * c;
+    }
+  }
+}
+
+}  // namespace kvsim

@@ -1,0 +1,30 @@
+#pragma once
+// Rotary position embedding (formats.md §3.3). Two pairings exist and mixing them up corrupts
+// results silently: NORM rotates adjacent dims (2i, 2i+1) — llama GGUFs, whose Q/K rows were
+// permuted at conversion — and NEOX rotates (i, i + rope_dim/2) — Qwen2, Gemma.
+#include <cstdint>
+
+namespace kvsim {
+
+enum class RopeType { Norm, Neox };
+
+struct RopeSpec {
+  RopeType type = RopeType::Norm;
+  int head_dim = 0;
+  int rope_dim = 0;        // rotated dims; dims >= rope_dim pass through
+  double theta = 10000.0;  // base frequency
+};
+
+// Dims of rotary pair i (i < rope_dim/2).
+inline int rope_pair_first(const RopeSpec& s, int i) { return s.type == RopeType::Norm ? 2 * i : i; }
+inline int rope_pair_second(const RopeSpec& s, int i) {
+  return s.type == RopeType::Norm ? 2 * i + 1 : i + s.rope_dim / 2;
+}
+// Angle per token of pair i: base^(-2i/rope_dim).
+double rope_frequency(const RopeSpec& s, int i);
+
+// Rotates n_heads vectors of head_dim floats (contiguous) in place to position `pos`;
+// `inverse` undoes it (rotation by -angle), recovering pre-RoPE vectors.
+void apply_rope(const RopeSpec& s, float* x, int n_heads, std::int64_t pos, bool inverse = false);
+
+}  // namespace kvsim

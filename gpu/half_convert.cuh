@@ -1,0 +1,17 @@
+#pragma once
+// f16 -> f32 widening on the device: the first kernel, proving the toolchain end to end.
+// CPU reference: kvsim::halves_to_floats (core/half.h); gpu.half_parity compares the two.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvsim::gpu {
+
+// dst[i] = float(src[i]) for i < n; device pointers; asynchronous on `stream`.
+cudaError_t halves_to_floats(const std::uint16_t* src, float* dst, std::size_t n, cudaStream_t stream);
+
+// Number of usable CUDA devices (0 when there is no driver or no GPU).
+int device_count();
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,194 @@
+// Each validation rule of `kvsim trace check`, on a file crafted to break exactly that rule.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "core/error.h"
+#include "trace_fixtures.h"
+#include "traces/h5_handle.h"
+#include "traces/trace_check.h"
+#include "traces/trace_reader.h"
+
+using namespace kvsim;
+using h5::Handle;
+
+namespace {
+
+// Copies the pristine small trace and lets `edit` change it through the raw HDF5 API.
+std::string crafted(const std::string& name, const std::function<void(hid_t file)>& edit) {
+  static const std::string pristine = test::write_small_trace("pristine.h5");
+  const std::string path = test::scratch_file(name);
+  std::filesystem::copy_file(pristine, path, std::filesystem::copy_options::overwrite_existing);
+  Handle f = h5::check(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), "open for edit");
+  edit(f.get());
+  return path;
+}
+
+template <typename T>
+void overwrite_dataset(hid_t file, const char* path, hid_t mem_type, const std::vector<T>& data) {
+  Handle d = h5::check(H5Dopen2(file, path, H5P_DEFAULT), path);
+  h5::check_status(H5Dwrite(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), path);
+}
+
+template <typename T>
+std::vector<T> read_dataset(hid_t file, const char* path, hid_t mem_type, std::size_t n) {
+  std::vector<T> out(n);
+  Handle d = h5::check(H5Dopen2(file, path, H5P_DEFAULT), path);
+  h5::check_status(H5Dread(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), path);
+  return out;
+}
+
+std::string all_errors(const TraceCheckReport& r) {
+  std::string s;
+  for (const auto& e : r.errors) s += e + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a pristine synthetic trace passes the check", "[check]") {
+  const TraceCheckReport r = check_trace(test::write_small_trace("ok.h5"));
+  INFO(all_errors(r));
+  CHECK(r.ok());
+  CHECK(r.requests_checked == 3);
+  CHECK(r.tokens_checked == 3 * 63);
+}
+
+TEST_CASE("trace check names each broken rule", "[check]") {
+  struct Case {
+    const char* name;
+    std::function<void(hid_t)> edit;
+    std::vector<std::string> expect;  // substrings of one error message
+  };
+  const std::vector<Case> cases = {
+      {"wrong_format", [](hid_t f) { h5::write_attr_string(f, "format", "kvcache"); },
+       {"'format' is \"kvcache\"", "expected \"kvtrace\""}},
+      {"no_format", [](hid_t f) { H5Adelete(f, "format"); }, {"'format' is missing", "not a kvtrace file"}},
+      {"future_version", [](hid_t f) { h5::write_attr_i64(f, "version", 7); },
+       {"version 7 is not supported", "reads version 1"}},
+      {"missing_dataset", [](hid_t f) { H5Ldelete(f, "requests/r1/v", H5P_DEFAULT); },
+       {"request 'r1'", "dataset 'v' is missing"}},
+      {"shape_mismatch",
+       [](hid_t f) {
+         H5Ldelete(f, "requests/r2/k", H5P_DEFAULT);
+         const hsize_t dims[4] = {4, 63, 3, 16};  // 3 kv heads, model says 2
+         Handle s = h5::check(H5Screate_simple(4, dims, nullptr), "space");
+         Handle d = h5::check(H5Dcreate2(f, "requests/r2/k", h5::half_type(), s.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                         H5P_DEFAULT),
+                              "k");
+       },
+       {"request 'r2'", "dataset 'k' has shape [4, 63, 3, 16]", "expected [4, 63, 2, 16]"}},
+      {"wrong_dtype",
+       [](hid_t f) {
+         H5Ldelete(f, "requests/r0/q", H5P_DEFAULT);
+         const hsize_t dims[4] = {4, 63, 4, 16};
+         Handle s = h5::check(H5Screate_simple(4, dims, nullptr), "space");
+         Handle d = h5::check(H5Dcreate2(f, "requests/r0/q", H5T_IEEE_F32LE, s.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                         H5P_DEFAULT),
+                              "q");
+       },
+       {"dataset 'q' must be IEEE float16"}},
+      {"nan_in_k",
+       [](hid_t f) {
+         auto k = read_dataset<std::uint16_t>(f, "requests/r1/k", h5::half_type(), 4 * 63 * 2 * 16);
+         k[(2 * 63 + 10) * 2 * 16 + 1 * 16 + 5] = 0x7e00;  // layer 2, token 10, head 1, dim 5
+         k[(2 * 63 + 11) * 2 * 16] = 0xfc00;                 // and a -inf
+         overwrite_dataset(f, "requests/r1/k", h5::half_type(), k);
+       },
+       {"request 'r1' dataset 'k' layer 2", "2 non-finite values", "first at token 10, head 1, dim 5"}},
+      {"positions_not_increasing",
+       [](hid_t f) {
+         auto p = read_dataset<std::int32_t>(f, "requests/r0/positions", H5T_NATIVE_INT32, 63);
+         p[20] = 5;
+         overwrite_dataset(f, "requests/r0/positions", H5T_NATIVE_INT32, p);
+       },
+       {"request 'r0'", "positions[20] = 5 after 19", "strictly increasing"}},
+      {"segment_out_of_range",
+       [](hid_t f) {
+         auto s = read_dataset<std::int8_t>(f, "requests/r2/segments", H5T_NATIVE_INT8, 63);
+         s[30] = 4;
+         overwrite_dataset(f, "requests/r2/segments", H5T_NATIVE_INT8, s);
+       },
+       {"request 'r2'", "segments[30] = 4", "expected 0..3 (system,context,question,generated)"}},
+      {"q_index_out_of_range",
+       [](hid_t f) {
+         auto q = read_dataset<std::int32_t>(f, "requests/r0/q_index", H5T_NATIVE_INT32, 63);
+         q[62] = 63;
+         overwrite_dataset(f, "requests/r0/q_index", H5T_NATIVE_INT32, q);
+       },
+       {"q_index[62] = 63", "[0, T = 63)"}},
+      {"model_attr_missing", [](hid_t f) { H5Adelete_by_name(f, "model", "n_kv_heads", H5P_DEFAULT); },
+       {"/model", "attribute 'n_kv_heads' is missing"}},
+      {"model_inconsistent", [](hid_t f) {
+         Handle m = h5::check(H5Gopen2(f, "model", H5P_DEFAULT), "model");
+         h5::write_attr_i64(m.get(), "n_kv_heads", 3);
+       },
+       {"model/n_q_heads = 4 is not a multiple of model/n_kv_heads = 3"}},
+      {"ref_positive_logp",
+       [](hid_t f) {
+         auto lp = read_dataset<float>(f, "requests/r1/ref/topk_logp", H5T_NATIVE_FLOAT, 11 * 4);
+         lp[5] = 0.5f;
+         overwrite_dataset(f, "requests/r1/ref/topk_logp", H5T_NATIVE_FLOAT, lp);
+       },
+       {"request 'r1' ref", "topk_logp[1, 1]", "expected a log-probability <= 0"}},
+  };
+  for (const Case& c : cases) {
+    SECTION(c.name) {
+      const TraceCheckReport r = check_trace(crafted(std::string(c.name) + ".h5", c.edit));
+      const std::string errors = all_errors(r);
+      INFO(errors);
+      REQUIRE_FALSE(r.ok());
+      bool one_line_has_all = false;
+      for (const auto& e : r.errors) {
+        bool all = true;
+        for (const auto& want : c.expect) all = all && e.find(want) != std::string::npos;
+        one_line_has_all = one_line_has_all || all;
+      }
+      CHECK(one_line_has_all);
+      CHECK(errors.find(test::scratch_dir().string()) != std::string::npos);  // names the file
+    }
+  }
+}
+
+TEST_CASE("hostile files give errors, never crashes", "[check]") {
+  SECTION("missing file") {
+    const auto r = check_trace(test::scratch_file("nope.h5"));
+    REQUIRE(r.errors.size() == 1);
+    CHECK_THAT(r.errors[0], Catch::Contains("no such file"));
+  }
+  SECTION("not HDF5") {
+    const std::string path = test::scratch_file("garbage.h5");
+    std::ofstream(path) << std::string(4096, 'x');
+    const auto r = check_trace(path);
+    REQUIRE(r.errors.size() == 1);
+    CHECK_THAT(r.errors[0], Catch::Contains("not an HDF5 file"));
+  }
+  SECTION("truncated at many points") {
+    const std::string pristine = test::write_small_trace("to_truncate.h5");
+    const auto size = std::filesystem::file_size(pristine);
+    for (double frac : {0.001, 0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99}) {
+      const std::string path = test::scratch_file("truncated.h5");
+      std::filesystem::copy_file(pristine, path, std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::resize_file(path, static_cast<std::uintmax_t>(static_cast<double>(size) * frac));
+      const auto r = check_trace(path);
+      INFO("truncated to " << frac);
+      CHECK_FALSE(r.ok());
+    }
+  }
+  SECTION("reader refuses data of a request that is not committed") {
+    const std::string path = crafted("uncommitted.h5", [](hid_t f) {
+      Handle g = h5::check(H5Gopen2(f, "requests/r1", H5P_DEFAULT), "r1");
+      h5::write_attr_string(g.get(), "status", "writing");
+    });
+    TraceReader reader(path);
+    CHECK(reader.request_ids() == std::vector<std::string>{"r0", "r2"});
+    CHECK(reader.incomplete_request_ids() == std::vector<std::string>{"r1"});
+    CHECK_THROWS_WITH(reader.header("r1"), Catch::Contains("request 'r1' is incomplete"));
+    CHECK_THROWS_WITH(reader.header("r9"), Catch::Contains("request 'r9' does not exist"));
+    const auto r = check_trace(path);
+    REQUIRE(r.errors.size() == 1);
+    CHECK_THAT(r.errors[0], Catch::Contains("'r1' is incomplete"));
+  }
+}

@@ -1,0 +1,74 @@
+#pragma once
+// Deterministic synthetic kvtrace generator. The attention patterns real models show are not
+// written as weights: they are built into pre-RoPE keys and queries so that they emerge from
+// q·k after RoPE, as they would in a model:
+//   - sink: token 0's key has a large component on a per-head "sink" direction that every
+//     non-broad query shares (low-frequency rotary dims, which barely rotate);
+//   - recency: keys and queries share a fixed vector on mid-frequency rotary pairs, so the
+//     RoPE rotation makes q·k a sum of cosines of the distance, largest for near tokens;
+//   - heavy hitters: a random few context tokens carry a "salient" direction;
+//   - retrieval: a planted needle span carries a "needle" direction that only retrieval heads'
+//     question and generated queries look for;
+//   - entropy: a per-layer query scale grows with depth (broad early layers, sharp late ones);
+//   - GQA: query heads of a group read the same keys with different roles.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "traces/trace_schema.h"
+
+namespace kvsim {
+
+class TraceWriter;
+
+enum class HeadRole : std::int8_t { Broad = 0, Local = 1, Heavy = 2, Retrieval = 3 };
+const char* head_role_name(HeadRole r);
+
+struct SynthConfig {
+  ModelGeometry geometry = smollm2_135m_geometry();
+  std::uint64_t seed = 1;
+  int n_requests = 2;
+  int system_tokens = 32;
+  int context_tokens = 1024;   // documents, the needle is planted inside
+  int question_tokens = 24;
+  int generated_tokens = 32;
+  int needle_tokens = 16;
+  double needle_depth = 0.5;   // needle start as a fraction of the context
+  bool all_queries = true;     // false: only the last `query_window` context tokens + question + generated
+  int query_window = 32;
+  int ref_topk = 16;
+  double heavy_fraction = 0.03;          // of context tokens
+  double retrieval_head_fraction = 0.15; // of heads in layers past the first third
+  double sink_logit = 8.0;
+  double heavy_logit = 4.5;
+  double needle_logit = 9.0;
+  double local_logit = 6.0;
+  double noise = 0.7;                    // std of the isotropic noise in keys and queries
+  double min_layer_scale = 0.4;          // query scale of layer 0 (broad attention)
+  double max_layer_scale = 1.4;          // query scale of the last layer (sharp attention)
+
+  // Empty when usable; otherwise one message per bad field.
+  std::vector<std::string> problems() const;
+  std::string to_json() const;
+};
+
+// The ground truth a generated request was built around (what tests and oracles check against).
+struct SynthPlan {
+  RequestHeader header;
+  std::vector<std::int32_t> heavy_hitters;  // token indices, increasing
+  std::vector<HeadRole> roles;              // [n_layers * n_q_heads]
+};
+
+struct SynthLayer {
+  std::vector<float> k, v, q;  // post-RoPE, [T, Hkv, d], [T, Hkv, d], [Tq, Hq, d]
+};
+
+SynthPlan plan_synth_request(const SynthConfig& cfg, int request);
+SynthLayer synth_layer(const SynthConfig& cfg, const SynthPlan& plan, int request, int layer);
+ReferenceDistribution synth_reference(const SynthConfig& cfg, const SynthPlan& plan, int request);
+
+// Writes all requests of `cfg` through `writer` (a layer at a time: memory stays one layer).
+void write_synth_trace(const SynthConfig& cfg, TraceWriter& writer);
+CaptureInfo synth_capture_info(const SynthConfig& cfg);
+
+}  // namespace kvsim

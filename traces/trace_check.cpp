@@ -1,0 +1,101 @@
+#include "traces/trace_check.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+#include "traces/trace_reader.h"
+
+namespace kvsim {
+
+std::int64_t first_nonfinite_half(const std::uint16_t* bits, std::size_t n, std::size_t* count) {
+  std::int64_t first = -1;
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if ((bits[i] & 0x7c00u) == 0x7c00u) {
+      if (first < 0) first = static_cast<std::int64_t>(i);
+      ++c;
+    }
+  }
+  if (count) *count = c;
+  return first;
+}
+
+namespace {
+
+void add_lines(std::vector<std::string>& out, const std::string& multi_line) {
+  std::istringstream in(multi_line);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+}
+
+void check_tensors(const TraceReader& reader, const RequestHeader& h, TraceCheckReport& report) {
+  const ModelGeometry& g = reader.geometry();
+  std::vector<std::uint16_t> buf;
+  for (Tensor t : {Tensor::K, Tensor::V, Tensor::Q}) {
+    const int heads = t == Tensor::Q ? g.n_q_heads : g.n_kv_heads;
+    buf.resize(reader.layer_elements(h.id, t));
+    for (int layer = 0; layer < g.n_layers; ++layer) {
+      reader.read_layer_half(h.id, t, layer, buf);
+      std::size_t count = 0;
+      const std::int64_t first = first_nonfinite_half(buf.data(), buf.size(), &count);
+      if (first < 0) continue;
+      const std::int64_t per_row = static_cast<std::int64_t>(heads) * g.head_dim;
+      const std::int64_t row = first / per_row;
+      const std::int64_t token = t == Tensor::Q ? h.q_index[static_cast<std::size_t>(row)] : row;
+      report.errors.push_back(reader.path() + ": request '" + h.id + "' dataset '" + tensor_name(t) + "' layer " +
+                              std::to_string(layer) + ": " + std::to_string(count) +
+                              " non-finite values (NaN/Inf), first at token " + std::to_string(token) + ", head " +
+                              std::to_string((first % per_row) / g.head_dim) + ", dim " +
+                              std::to_string(first % g.head_dim) + "; expected finite float16");
+    }
+  }
+}
+
+void check_reference(const TraceReader& reader, const RequestHeader& h, TraceCheckReport& report) {
+  const ReferenceDistribution ref = reader.reference(h.id);
+  const std::string ctx = reader.path() + ": request '" + h.id + "' ref";
+  for (std::size_t r = 0; r < static_cast<std::size_t>(ref.rows); ++r) {
+    if (!std::isfinite(ref.lse[r])) {
+      report.errors.push_back(ctx + ": lse[" + std::to_string(r) + "] is not finite");
+      return;
+    }
+    for (std::size_t j = 0; j < static_cast<std::size_t>(ref.topk); ++j) {
+      const float lp = ref.topk_logp[r * static_cast<std::size_t>(ref.topk) + j];
+      // Log-probabilities: finite or -inf (a masked token), never positive beyond rounding.
+      if (std::isnan(lp) || lp > 1e-4f) {
+        report.errors.push_back(ctx + ": topk_logp[" + std::to_string(r) + ", " + std::to_string(j) +
+                                "] = " + std::to_string(lp) + ", expected a log-probability <= 0");
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TraceCheckReport check_trace(const std::string& path) {
+  TraceCheckReport report;
+  try {
+    TraceReader reader(path);
+    for (const auto& id : reader.incomplete_request_ids())
+      report.errors.push_back(path + ": request '" + id +
+                              "' is incomplete (status is not \"complete\": its writer stopped before committing "
+                              "it); the other requests are usable");
+    for (const auto& id : reader.request_ids()) {
+      try {
+        const RequestHeader h = reader.header(id);
+        ++report.requests_checked;
+        report.tokens_checked += h.n_tokens();
+        check_tensors(reader, h, report);
+        check_reference(reader, h, report);
+      } catch (const Error& e) {
+        add_lines(report.errors, e.what());
+      }
+    }
+  } catch (const Error& e) {
+    add_lines(report.errors, e.what());
+  }
+  return report;
+}
+
+}  // namespace kvsim

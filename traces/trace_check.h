@@ -1,0 +1,23 @@
+#pragma once
+// Full validation of a kvtrace file (`kvsim trace check`): everything the reader checks on
+// open, plus every request's header, every layer's K/V/Q for NaN/Inf, and the reference rows.
+// Collects all problems instead of stopping at the first, each naming request and dataset.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvsim {
+
+struct TraceCheckReport {
+  std::vector<std::string> errors;
+  std::int64_t requests_checked = 0;
+  std::int64_t tokens_checked = 0;
+  bool ok() const { return errors.empty(); }
+};
+
+TraceCheckReport check_trace(const std::string& path);
+
+// Index of the first non-finite half (exponent all ones) in `bits`, or -1.
+std::int64_t first_nonfinite_half(const std::uint16_t* bits, std::size_t n, std::size_t* count);
+
+}  // namespace kvsim

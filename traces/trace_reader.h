@@ -1,0 +1,55 @@
+#pragma once
+// Read-only kvtrace access. Streams one (request, layer, tensor) at a time into caller buffers
+// so replay never holds more than a layer of a request; opening checks format and version.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "traces/trace_schema.h"
+
+namespace kvsim {
+
+class TraceReader {
+ public:
+  explicit TraceReader(const std::string& path);
+  ~TraceReader();
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const ModelGeometry& geometry() const { return geometry_; }
+  const CaptureInfo& capture() const { return capture_; }
+  // Committed requests, in the order they were written.
+  const std::vector<std::string>& request_ids() const { return complete_; }
+  // Requests whose writer stopped before committing them (their data must not be used).
+  const std::vector<std::string>& incomplete_request_ids() const { return incomplete_; }
+
+  // Header of a committed request; throws FormatError naming the request and dataset when the
+  // stored header is inconsistent (shapes, ranges, monotonic positions).
+  RequestHeader header(const std::string& id) const;
+  ReferenceDistribution reference(const std::string& id) const;
+
+  // Element count of one layer of a tensor: T*Hkv*d for K/V, Tq*Hq*d for Q.
+  std::size_t layer_elements(const std::string& id, Tensor t) const;
+  // One layer of K, V or Q as raw half bits, or converted to f32. dst.size() must equal
+  // layer_elements(); layout [tokens, heads, head_dim].
+  void read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const;
+  void read_layer(const std::string& id, Tensor t, int layer, std::span<float> dst) const;
+
+ private:
+  struct OpenRequest;
+  const OpenRequest& open_request(const std::string& id) const;
+
+  std::string path_;
+  ModelGeometry geometry_;
+  CaptureInfo capture_;
+  std::vector<std::string> complete_;
+  std::vector<std::string> incomplete_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvsim

@@ -1,0 +1,92 @@
+#pragma once
+// The kvtrace contract between capture and replay (docs/trace-format.md is the prose version;
+// a change here bumps kTraceVersion). Plain structs only: no HDF5 types leak out of traces/.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/rope.h"
+
+namespace kvsim {
+
+inline constexpr const char* kTraceFormat = "kvtrace";
+inline constexpr std::int64_t kTraceVersion = 1;
+
+enum class Segment : std::int8_t { System = 0, Context = 1, Question = 2, Generated = 3 };
+inline constexpr int kSegmentCount = 4;
+const char* segment_name(Segment s);
+// "system,context,question,generated": stored as an attribute so files explain their codes.
+std::string segment_names_csv();
+
+const char* rope_type_name(RopeType t);
+RopeType parse_rope_type(const std::string& s, const std::string& context);
+
+struct ModelGeometry {
+  std::string name = "synthetic";
+  std::string arch = "llama";
+  int n_layers = 0;
+  int n_q_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  std::int64_t vocab = 0;
+  double rope_theta = 10000.0;
+  RopeType rope_type = RopeType::Norm;
+  int rope_dim = 0;                  // rotated dims per head (n_rot); <= head_dim
+  std::vector<int> sliding_window;   // per layer, 0 = full attention; empty = none anywhere
+
+  int group_size() const { return n_q_heads / n_kv_heads; }
+  RopeSpec rope() const { return {rope_type, head_dim, rope_dim, rope_theta}; }
+  // Empty when consistent; otherwise one message per broken field (context-prefixed).
+  std::vector<std::string> problems(const std::string& context) const;
+  bool operator==(const ModelGeometry&) const = default;
+};
+
+// SmolLM2-135M-Instruct (formats.md §4): the default geometry everywhere.
+ModelGeometry smollm2_135m_geometry();
+
+struct CaptureInfo {
+  std::string tool_version;
+  std::string backend;  // "synthetic", "cpu", "cuda"
+  std::string date;     // ISO 8601 UTC
+  std::uint64_t seed = 0;
+  std::string config;   // fully resolved generator / capture configuration (JSON)
+};
+
+// Everything about one request except the per-layer tensors and the reference distribution.
+struct RequestHeader {
+  std::string id;
+  std::string task;
+  std::string answer;
+  std::vector<std::int32_t> tokens;     // [T]
+  std::vector<std::int32_t> positions;  // [T], strictly increasing
+  std::vector<std::int8_t> segments;    // [T], Segment codes
+  std::vector<std::int32_t> q_index;    // [Tq], strictly increasing token indices with queries
+  std::int64_t n_prompt = 0;
+  std::int64_t n_generated = 0;
+  std::int64_t question_start = 0;      // token index of the first question token (T if none)
+  std::int64_t needle_start = -1;       // planted or known answer span [start, end), -1 if none
+  std::int64_t needle_end = -1;
+  std::int32_t ref_rows = 0;            // Tg: rows of the reference next-token distribution
+  std::int32_t ref_topk = 0;            // k: width of each reference row
+
+  std::int64_t n_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
+  std::int64_t n_queries() const { return static_cast<std::int64_t>(q_index.size()); }
+  // Empty when consistent with itself and with `g`; otherwise one message per problem.
+  std::vector<std::string> problems(const ModelGeometry& g, const std::string& context) const;
+};
+
+// The full-cache model's next-token distribution after token index[i]: top-k ids and
+// log-probabilities, plus the log-sum-exp of the logits (for recovering any logit's log-prob).
+struct ReferenceDistribution {
+  std::int32_t rows = 0;
+  std::int32_t topk = 0;
+  std::vector<std::int32_t> index;    // [rows] token index the prediction follows
+  std::vector<std::int32_t> topk_ids; // [rows, topk]
+  std::vector<float> topk_logp;       // [rows, topk]
+  std::vector<float> lse;             // [rows]
+};
+
+enum class Tensor { K, V, Q };
+const char* tensor_name(Tensor t);
+
+}  // namespace kvsim

@@ -1,0 +1,54 @@
+#pragma once
+// Append-oriented kvtrace writer: one request at a time, layer by layer. Each layer of each
+// tensor is one HDF5 chunk, so replay reads a (request, layer) with a single contiguous read.
+// Crash safety: the request's group is created and flushed with status "writing" before any
+// tensor data, and flipped to "complete" (and flushed) only after the last write, so a writer
+// killed midway leaves every earlier request readable and this one detectably incomplete.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "traces/trace_schema.h"
+
+namespace kvsim {
+
+struct TraceWriterOptions {
+  bool overwrite = false;  // refuse to replace an existing file unless asked: no lost data
+  int deflate_level = 0;   // 0 = uncompressed (default: f16 K/V barely compress, see bench/)
+};
+
+class TraceWriter {
+ public:
+  TraceWriter(const std::string& path, const ModelGeometry& geometry, const CaptureInfo& capture,
+              const TraceWriterOptions& options = {});
+  ~TraceWriter();
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // Starts a request; its header is validated against the geometry and written at once.
+  void begin_request(const RequestHeader& header);
+  // Layers must come in order 0..n_layers-1. Spans hold raw half bits:
+  // k, v: [T, n_kv_heads, head_dim]; q: [Tq, n_q_heads, head_dim].
+  void write_layer(int layer, std::span<const std::uint16_t> k, std::span<const std::uint16_t> v,
+                   std::span<const std::uint16_t> q);
+  // Same, from f32 (converted to half with round-to-nearest-even).
+  void write_layer_f32(int layer, std::span<const float> k, std::span<const float> v, std::span<const float> q);
+  // Required when the header announced ref_rows > 0; shapes must match it.
+  void write_reference(const ReferenceDistribution& ref);
+  // Marks the request complete and flushes the file.
+  void commit_request();
+
+  // Flushes and closes; a request begun but not committed stays marked incomplete.
+  void close();
+  const std::string& path() const { return path_; }
+  std::int64_t requests_written() const { return n_committed_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  std::int64_t n_committed_ = 0;
+};
+
+}  // namespace kvsim
