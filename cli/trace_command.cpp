@@ -2,12 +2,14 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/isolated_call.h"
 #include "traces/synth_trace.h"
 #include "traces/trace_check.h"
 #include "traces/trace_reader.h"
@@ -109,6 +111,15 @@ void print_info(const nlohmann::json& j, std::ostream& os) {
     os << "    " << id.get<std::string>() << "  INCOMPLETE: its writer stopped before committing it\n";
 }
 
+// Opens `path` and runs `fn` on it in a child process, so that a file corrupt enough to crash
+// the HDF5 library gives the user an error message instead of a crash.
+std::string read_isolated(const std::string& path, const std::function<std::string(const TraceReader&)>& fn) {
+  const IsolatedResult r = run_isolated([&] { return fn(TraceReader(path)); });
+  if (r.status == IsolatedResult::Status::Crashed) throw FormatError(crashed_parser_message(path, r.signal));
+  if (r.status == IsolatedResult::Status::Threw) throw FormatError(r.output);
+  return r.output;
+}
+
 int info(const Args& args) {
   po::options_description desc("kvsim trace info: summarise a kvtrace file");
   desc.add_options()("help,h", "show this help")("file", po::value<std::string>()->required(), "trace file")(
@@ -117,8 +128,9 @@ int info(const Args& args) {
   pos.add("file", 1);
   po::variables_map vm;
   if (!parse(args, desc, pos, vm, "kvsim trace info FILE [--json]")) return 0;
-  TraceReader reader(vm["file"].as<std::string>());
-  const nlohmann::json j = info_json(reader);
+  const nlohmann::json j = nlohmann::json::parse(read_isolated(vm["file"].as<std::string>(), [](const TraceReader& r) {
+    return info_json(r).dump();
+  }));
   if (vm.count("json"))
     std::cout << j.dump(2) << "\n";
   else
@@ -134,7 +146,7 @@ int check(const Args& args) {
   po::variables_map vm;
   if (!parse(args, desc, pos, vm, "kvsim trace check FILE")) return 0;
   const std::string file = vm["file"].as<std::string>();
-  const TraceCheckReport report = check_trace(file);
+  const TraceCheckReport report = check_trace_isolated(file);
   for (const auto& e : report.errors) std::cerr << "error: " << e << "\n";
   if (!report.ok()) {
     std::cerr << file << ": FAILED, " << report.errors.size() << " problem(s)\n";
@@ -238,18 +250,19 @@ int dump(const Args& args) {
     t = Tensor::Q;
   else
     throw Error("--tensor is '" + tensor + "', expected k, v or q");
-  TraceReader reader(file);
-  std::vector<float> values(reader.layer_elements(id, t));
-  reader.read_layer(id, t, layer, values);
-  const ModelGeometry& g = reader.geometry();
-  const auto heads = static_cast<std::size_t>(t == Tensor::Q ? g.n_q_heads : g.n_kv_heads);
-  nlohmann::json j;
-  j["request"] = id;
-  j["tensor"] = tensor;
-  j["layer"] = layer;
-  j["shape"] = {values.size() / heads / static_cast<std::size_t>(g.head_dim), heads, g.head_dim};
-  j["values"] = values;
-  std::cout << j.dump() << "\n";
+  std::cout << read_isolated(file, [&](const TraceReader& reader) {
+    std::vector<float> values(reader.layer_elements(id, t));
+    reader.read_layer(id, t, layer, values);
+    const ModelGeometry& g = reader.geometry();
+    const auto heads = static_cast<std::size_t>(t == Tensor::Q ? g.n_q_heads : g.n_kv_heads);
+    nlohmann::json j;
+    j["request"] = id;
+    j["tensor"] = tensor;
+    j["layer"] = layer;
+    j["shape"] = {values.size() / heads / static_cast<std::size_t>(g.head_dim), heads, g.head_dim};
+    j["values"] = values;
+    return j.dump();
+  }) << "\n";
   return 0;
 }
 

@@ -1,9 +1,13 @@
 #include "traces/trace_check.h"
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "core/isolated_call.h"
 #include "traces/trace_reader.h"
 
 namespace kvsim {
@@ -94,6 +98,35 @@ TraceCheckReport check_trace(const std::string& path) {
     }
   } catch (const Error& e) {
     add_lines(report.errors, e.what());
+  }
+  return report;
+}
+
+std::string crashed_parser_message(const std::string& path, int signal) {
+  return path + ": reading this file crashed the HDF5 library (" +
+         (signal ? std::string(strsignal(signal)) : std::string("no result")) +
+         "): its HDF5 metadata is corrupt; expected a valid kvtrace HDF5 file";
+}
+
+TraceCheckReport check_trace_isolated(const std::string& path) {
+  const IsolatedResult r = run_isolated([&] {
+    const TraceCheckReport report = check_trace(path);
+    return nlohmann::json{{"errors", report.errors},
+                          {"requests", report.requests_checked},
+                          {"tokens", report.tokens_checked}}
+        .dump();
+  });
+  TraceCheckReport report;
+  switch (r.status) {
+    case IsolatedResult::Status::Ok: {
+      const auto j = nlohmann::json::parse(r.output);
+      report.errors = j["errors"].get<std::vector<std::string>>();
+      report.requests_checked = j["requests"].get<std::int64_t>();
+      report.tokens_checked = j["tokens"].get<std::int64_t>();
+      break;
+    }
+    case IsolatedResult::Status::Threw: report.errors.push_back(path + ": " + r.output); break;
+    case IsolatedResult::Status::Crashed: report.errors.push_back(crashed_parser_message(path, r.signal)); break;
   }
   return report;
 }

@@ -17,6 +17,13 @@ struct TraceCheckReport {
 
 TraceCheckReport check_trace(const std::string& path);
 
+// check_trace in a child process: a file corrupt enough to crash the HDF5 library yields an
+// error line saying so, and the caller survives. What `kvsim trace check` runs.
+TraceCheckReport check_trace_isolated(const std::string& path);
+
+// The error line for a file whose parsing killed a child process with `signal`.
+std::string crashed_parser_message(const std::string& path, int signal);
+
 // Index of the first non-finite half (exponent all ones) in `bits`, or -1.
 std::int64_t first_nonfinite_half(const std::uint16_t* bits, std::size_t n, std::size_t* count);
 
