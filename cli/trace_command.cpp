@@ -175,7 +175,7 @@ int synth(const Args& args) {
       "generated", po::value(&cfg.generated_tokens)->default_value(cfg.generated_tokens), "generated tokens")(
       "needle", po::value(&cfg.needle_tokens)->default_value(cfg.needle_tokens), "needle span tokens")(
       "needle-depth", po::value(&cfg.needle_depth)->default_value(cfg.needle_depth),
-      "needle start as a fraction of the context")(
+      "needle start as a fraction of the context (< 0: request r of n at (r + 0.5) / n)")(
       "queries", po::value(&queries)->default_value(queries),
       "which queries to keep: all | eval (last --query-window context tokens + question + generated)")(
       "query-window", po::value(&cfg.query_window)->default_value(cfg.query_window), "see --queries eval")(

@@ -71,6 +71,7 @@ TEST_CASE("synthetic requests have the documented layout", "[synth]") {
   SynthConfig cfg = test::small_synth_config();
   cfg.all_queries = false;
   cfg.query_window = 8;
+  cfg.needle_depth = 0.5;
   const SynthPlan p = plan_synth_request(cfg, 0);
   const RequestHeader& h = p.header;
   CHECK(h.n_tokens() == 4 + 48 + 6 + 5);
@@ -83,7 +84,11 @@ TEST_CASE("synthetic requests have the documented layout", "[synth]") {
   CHECK(h.q_index.size() == 8 + 6 + 5);
   CHECK(h.needle_start == 4 + 22);
   CHECK(h.needle_end == h.needle_start + 4);
-  CHECK(p.heavy_hitters.size() == 1);  // 3% of 48 context tokens, rounded
+  CHECK(p.heavy_hitters.size() == 1);
+  // Default depth spreads the needle over the requests: (r + 0.5) / n of the context.
+  cfg.needle_depth = -1;
+  CHECK(plan_synth_request(cfg, 0).header.needle_start == 4 + 7);   // floor(44 / 6)
+  CHECK(plan_synth_request(cfg, 2).header.needle_start == 4 + 36);  // floor(44 * 5 / 6)  // 3% of 48 context tokens, rounded
   CHECK(h.problems(cfg.geometry, "t").empty());
   const ReferenceDistribution ref = synth_reference(cfg, p, 0);
   CHECK(ref.rows == 11);

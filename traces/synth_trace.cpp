@@ -191,7 +191,7 @@ std::vector<std::string> SynthConfig::problems() const {
                                            ", expected > needle tokens = " + std::to_string(needle_tokens));
   need(question_tokens >= 1, "question tokens = " + std::to_string(question_tokens) + ", expected >= 1");
   need(generated_tokens >= 0, "generated tokens = " + std::to_string(generated_tokens) + ", expected >= 0");
-  need(needle_depth >= 0 && needle_depth <= 1, "needle depth = " + std::to_string(needle_depth) + ", expected in [0, 1]");
+  need(needle_depth <= 1, "needle depth = " + std::to_string(needle_depth) + ", expected in [0, 1] (or < 0: spread)");
   need(query_window >= 1, "query window = " + std::to_string(query_window) + ", expected >= 1");
   need(ref_topk >= 1 && ref_topk <= geometry.vocab, "ref top-k = " + std::to_string(ref_topk) +
                                                         ", expected in [1, vocab = " + std::to_string(geometry.vocab) + "]");
@@ -273,7 +273,8 @@ SynthPlan plan_synth_request(const SynthConfig& cfg, int request) {
   h.n_prompt = S + C + Q;
   h.n_generated = G;
   h.question_start = S + C;
-  h.needle_start = S + static_cast<std::int64_t>(std::floor(cfg.needle_depth * (C - cfg.needle_tokens)));
+  const double depth = cfg.needle_depth >= 0 ? cfg.needle_depth : (request + 0.5) / cfg.n_requests;
+  h.needle_start = S + static_cast<std::int64_t>(std::floor(depth * (C - cfg.needle_tokens)));
   h.needle_end = h.needle_start + cfg.needle_tokens;
   h.answer = "needle@" + std::to_string(h.needle_start);
   h.ref_rows = T - S - C;

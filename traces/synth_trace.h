@@ -33,7 +33,8 @@ struct SynthConfig {
   int question_tokens = 24;
   int generated_tokens = 32;
   int needle_tokens = 16;
-  double needle_depth = 0.5;   // needle start as a fraction of the context
+  double needle_depth = -1.0;  // needle start as a fraction of the context; < 0: request r of n
+                               // at (r + 0.5) / n, so a trace covers several depths
   bool all_queries = true;     // false: only the last `query_window` context tokens + question + generated
   int query_window = 32;
   int ref_topk = 16;

@@ -41,6 +41,8 @@ struct TraceWriter::Impl {
     Handle space = check(H5Screate_simple(4, dims, nullptr), ctx() + ": dataspace for " + name);
     Handle dcpl = check(H5Pcreate(H5P_DATASET_CREATE), "dataset property list");
     check_status(H5Pset_chunk(dcpl.get(), 4, chunk), ctx() + ": chunking " + name);
+    // Every chunk is written whole: pre-filling it with zeros would only double the writes.
+    check_status(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), ctx() + ": fill time " + name);
     if (options.deflate_level > 0) {
       check_status(H5Pset_shuffle(dcpl.get()), "shuffle filter");
       check_status(H5Pset_deflate(dcpl.get(), static_cast<unsigned>(options.deflate_level)), "deflate filter");
