@@ -7,7 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
+#include "cli/dispatch.h"
 #include "core/error.h"
 #include "core/isolated_call.h"
 #include "traces/synth_trace.h"
@@ -269,34 +269,11 @@ int dump(const Args& args) {
 }  // namespace
 
 int trace_command(const Args& args) {
-  static const struct {
-    const char* name;
-    const char* summary;
-    int (*run)(const Args&);
-  } subs[] = {{"info", "summarise a trace (geometry, capture, requests)", info},
-              {"check", "validate a trace; non-zero exit and one line per problem", check},
-              {"synth", "write a deterministic synthetic trace", synth},
-              {"dump", "print one layer of K/V/Q of a request as JSON", dump}};
-  auto usage = [&](std::ostream& os) {
-    os << "usage: kvsim trace <subcommand> [options]   (--help on each)\n\nsubcommands:\n";
-    for (const auto& s : subs) os << "  " << std::left << std::setw(7) << s.name << s.summary << "\n";
-  };
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    usage(args.empty() ? std::cerr : std::cout);
-    return args.empty() ? 2 : 0;
-  }
-  for (const auto& s : subs) {
-    if (args[0] != s.name) continue;
-    try {
-      return s.run({args.begin() + 1, args.end()});
-    } catch (const po::error& e) {
-      std::cerr << "kvsim trace " << s.name << ": " << e.what() << " (see --help)\n";
-      return 2;
-    }
-  }
-  std::cerr << "kvsim trace: unknown subcommand '" << args[0] << "'\n";
-  usage(std::cerr);
-  return 2;
+  static const Subcommand subs[] = {{"info", "summarise a trace (geometry, capture, requests)", info},
+                                    {"check", "validate a trace; non-zero exit and one line per problem", check},
+                                    {"synth", "write a deterministic synthetic trace", synth},
+                                    {"dump", "print one layer of K/V/Q of a request as JSON", dump}};
+  return dispatch("kvsim trace", subs, args);
 }
 
 }  // namespace kvsim::cli

@@ -277,16 +277,20 @@ void read_rows(hid_t dset, const std::vector<hsize_t>& shape, int layer, hsize_t
 
 }  // namespace
 
-void TraceReader::read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const {
-  const OpenRequest& r = open_request(id);
+std::string TraceReader::layer_context(const std::string& id, Tensor t, int layer, std::size_t dst_size) const {
   const std::string ctx = path_ + ": request '" + id + "' dataset '" + tensor_name(t) + "'";
   if (layer < 0 || layer >= geometry_.n_layers)
     throw Error(ctx + ": layer " + std::to_string(layer) + " out of range [0, " + std::to_string(geometry_.n_layers) +
                 ")");
   const std::size_t n = layer_elements(id, t);
-  if (dst.size() != n)
-    throw Error(ctx + ": destination holds " + std::to_string(dst.size()) + " values, a layer has " +
-                std::to_string(n));
+  if (dst_size != n)
+    throw Error(ctx + ": destination holds " + std::to_string(dst_size) + " values, a layer has " + std::to_string(n));
+  return ctx;
+}
+
+void TraceReader::read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const {
+  const OpenRequest& r = open_request(id);
+  const std::string ctx = layer_context(id, t, layer, dst.size());
   const hid_t dset = r.tensors[static_cast<int>(t)].get();
   read_rows(dset, h5::dataset_shape(dset), layer, 0, static_cast<hsize_t>(t == Tensor::Q ? r.Tq : r.T), dst.data(),
             ctx);
@@ -302,13 +306,7 @@ void TraceReader::read_layer(const std::string& id, Tensor t, int layer, std::sp
     halves_to_floats(buf.data(), dst.data(), dst.size());
     return;
   }
-  const std::string ctx = path_ + ": request '" + id + "' dataset '" + tensor_name(t) + "'";
-  if (layer < 0 || layer >= geometry_.n_layers)
-    throw Error(ctx + ": layer " + std::to_string(layer) + " out of range [0, " + std::to_string(geometry_.n_layers) +
-                ")");
-  if (dst.size() != layer_elements(id, t))
-    throw Error(ctx + ": destination holds " + std::to_string(dst.size()) + " values, a layer has " +
-                std::to_string(layer_elements(id, t)));
+  const std::string ctx = layer_context(id, t, layer, dst.size());
   // Uncompressed: read in cache-sized tiles and widen each while it is still in L2, instead of
   // streaming the whole layer through memory twice.
   const hid_t dset = r.tensors[ti].get();

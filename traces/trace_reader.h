@@ -42,6 +42,8 @@ class TraceReader {
  private:
   struct OpenRequest;
   const OpenRequest& open_request(const std::string& id) const;
+  // Checks a layer read's arguments; returns the error-message prefix naming request and tensor.
+  std::string layer_context(const std::string& id, Tensor t, int layer, std::size_t dst_size) const;
 
   std::string path_;
   ModelGeometry geometry_;
