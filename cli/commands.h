@@ -9,5 +9,6 @@ namespace kvsim::cli {
 using Args = std::vector<std::string>;
 
 int trace_command(const Args& args);
+int sweep_command(const Args& args);
 
 }  // namespace kvsim::cli

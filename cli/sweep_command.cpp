@@ -1,0 +1,141 @@
+// `kvsim sweep`: replay traces against many (policy, budget) configs in one pass.
+#include <boost/program_options.hpp>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "policies/registry.h"
+#include "sim/sweep.h"
+
+namespace po = boost::program_options;
+
+namespace kvsim::cli {
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep))
+    if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+// Policies are separated by ';' or by ',' before a token that is not key=value, so that
+// "snapkv:window=64,kernel=7,h2o" reads as two policies.
+std::vector<std::string> split_policies(const std::string& s) {
+  std::vector<std::string> out;
+  for (const auto& part : split(s, ';')) {
+    for (const auto& tok : split(part, ',')) {
+      const bool is_param = tok.find('=') != std::string::npos && tok.find(':') == std::string::npos;
+      if (is_param && !out.empty())
+        out.back() += (out.back().find(':') == std::string::npos ? ":" : ",") + tok;
+      else
+        out.push_back(tok);
+    }
+  }
+  return out;
+}
+
+void list_policies(std::ostream& os) {
+  for (const PolicyInfo* p : PolicyRegistry::instance().all()) {
+    os << p->name << "\n    " << p->description << "\n    cite: " << p->citation << "\n";
+    for (const auto& s : p->params)
+      os << "    " << std::left << std::setw(14) << (s.key + "=" + s.default_value) << " " << s.help << "\n";
+  }
+}
+
+}  // namespace
+
+int sweep_command(const Args& args) {
+  SweepSpec spec;
+  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", sweep_file;
+  po::options_description desc(
+      "kvsim sweep: replay traces against every (policy, budget) config in one pass per request;\n"
+      "writes a tidy CSV (one row per trace x request x policy x budget) and prints a ranked table");
+  desc.add_options()("help,h", "show this help")("trace", po::value(&spec.traces)->multitoken(), "trace files")(
+      "policies,p", po::value(&policies), "policies: name[:key=value,...] separated by ',' or ';'")(
+      "budgets,b", po::value(&budgets)->default_value(budgets),
+      "budgets: fractions of the full fp16 KV bytes at the compression point, in (0, 1]")(
+      "mode", po::value(&mode)->default_value(mode),
+      "query-aware (compress after the question) | query-agnostic (compress the context before it)")(
+      "out,o", po::value(&spec.out_csv)->default_value("sweep.csv"), "result CSV")(
+      "detail", po::value(&spec.detail_jsonl), "per-layer metrics as JSON lines (optional)")(
+      "sweep-file", po::value(&sweep_file), "JSON sweep file: {traces, policies, budgets, mode} (CLI values win)")(
+      "resume", "continue an interrupted sweep in --out (same configuration only)")(
+      "force", "replace an existing --out")("quiet,q", "no progress line")(
+      "list-policies", "list every policy with its rule, citation and parameters, then exit");
+  po::positional_options_description pos;
+  pos.add("trace", -1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]\n\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  if (vm.count("list-policies")) {
+    list_policies(std::cout);
+    return 0;
+  }
+  if (!sweep_file.empty()) {
+    std::ifstream in(sweep_file);
+    if (!in) throw Error(sweep_file + ": cannot open sweep file");
+    nlohmann::json j;
+    try {
+      in >> j;
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(sweep_file + ": not valid JSON (" + e.what() + ")");
+    }
+    auto strings = [&](const char* key) {
+      std::vector<std::string> v;
+      if (!j.contains(key)) return v;
+      if (!j[key].is_array()) throw Error(sweep_file + ": field '" + key + "' must be an array of strings");
+      for (const auto& x : j[key]) {
+        if (!x.is_string()) throw Error(sweep_file + ": field '" + key + "' must be an array of strings");
+        v.push_back(x.get<std::string>());
+      }
+      return v;
+    };
+    if (spec.traces.empty()) spec.traces = strings("traces");
+    if (policies.empty()) spec.policies = strings("policies");
+    if (vm["budgets"].defaulted() && j.contains("budgets")) {
+      if (!j["budgets"].is_array()) throw Error(sweep_file + ": field 'budgets' must be an array of numbers");
+      budgets.clear();
+      for (const auto& x : j["budgets"]) {
+        if (!x.is_number()) throw Error(sweep_file + ": field 'budgets' must be an array of numbers");
+        budgets += (budgets.empty() ? "" : ",") + x.dump();
+      }
+    }
+    if (vm["mode"].defaulted() && j.contains("mode")) {
+      if (!j["mode"].is_string()) throw Error(sweep_file + ": field 'mode' must be a string");
+      mode = j["mode"].get<std::string>();
+    }
+  }
+  if (!policies.empty()) spec.policies = split_policies(policies);
+  for (const auto& b : split(budgets, ',')) {
+    try {
+      std::size_t used = 0;
+      spec.budgets.push_back(std::stod(b, &used));
+      if (used != b.size()) throw std::invalid_argument(b);
+    } catch (const std::exception&) {
+      throw Error("--budgets: '" + b + "' is not a number; expected fractions in (0, 1] like 0.1,0.25,0.5");
+    }
+  }
+  spec.mode = parse_mode(mode);
+  spec.resume = vm.count("resume") > 0;
+  spec.force = vm.count("force") > 0;
+  spec.progress = vm.count("quiet") == 0;
+  if (spec.traces.empty()) throw Error("no trace files given (kvsim sweep TRACE... or \"traces\" in --sweep-file)");
+  const auto rows = run_sweep(spec, std::cerr);
+  std::cout << "kvsim sweep: " << spec.traces.size() << " trace(s), " << mode_name(spec.mode) << ", results in "
+            << spec.out_csv << "\n\n";
+  print_summary(rows, std::cout);
+  return 0;
+}
+
+}  // namespace kvsim::cli

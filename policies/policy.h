@@ -1,0 +1,91 @@
+#pragma once
+// The policy interface. Policies propose, the engine applies: a policy reads a LayerSignals view
+// and returns a LayerPlan (a per-token encoding per KV head); only sim/ (offline replay) or the
+// engine's KV manager (live verify) change cache state. Nothing here knows about traces or HDF5,
+// so the same policy objects run offline and live.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/rope.h"
+
+namespace kvsim {
+
+struct KvGeometry {
+  int n_layers = 0;
+  int n_q_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  RopeSpec rope;
+  int group() const { return n_q_heads / n_kv_heads; }
+};
+
+// Row-major [rows, cols] floats, borrowed.
+struct MatrixView {
+  const float* data = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  const float* row(std::int64_t i) const { return data + i * cols; }
+  float at(std::int64_t i, std::int64_t j) const { return data[i * cols + j]; }
+  bool empty() const { return rows == 0; }
+};
+
+// What a policy may look at for one layer at a compression point. The cache holds the
+// request's tokens [0, n) in order; all tensors are post-RoPE, as the engine caches them.
+class LayerSignals {
+ public:
+  virtual ~LayerSignals() = default;
+  virtual const KvGeometry& geometry() const = 0;
+  virtual int layer() const = 0;
+  virtual std::int64_t n_tokens() const = 0;
+  virtual std::span<const std::int32_t> positions() const = 0;  // [n]
+  virtual std::span<const std::int8_t> segments() const = 0;    // [n], Segment codes
+  virtual MatrixView keys(int kv_head) const = 0;                // [n, d]
+  virtual MatrixView values(int kv_head) const = 0;              // [n, d]
+  // Attention rows of the queries of the last `window` cached tokens (causal softmax over the
+  // n cached keys, fp32), [window, n], for one query head. Throws naming what is missing when
+  // those queries were not recorded.
+  virtual MatrixView window_attention(int q_head, int window) const = 0;
+  // Attention rows of every cached token whose query was recorded, [m, n], and their indices.
+  virtual MatrixView observed_attention(int q_head) const = 0;
+  virtual std::span<const std::int32_t> observed_rows() const = 0;
+  // Oracle signal, offline only: attention (over the full, uncompressed cache, restricted to
+  // the n cached tokens) of the evaluation queries that come after the compression point,
+  // [e, n]. Live engines throw: the future is not known there.
+  virtual MatrixView future_attention(int q_head) const = 0;
+};
+
+enum class TokenCodec : std::uint8_t { Drop = 0, Fp16, Int8, Int4, Int2, LowRank };
+
+// Encoding of each cached token of one KV head (keys and values alike).
+struct HeadPlan {
+  std::vector<TokenCodec> codec;  // [n]
+  std::int64_t kept() const;      // tokens not dropped
+};
+
+struct LayerPlan {
+  std::vector<HeadPlan> heads;  // [n_kv_heads]
+};
+
+// Tokens each (layer, KV head) may keep at this compression point, derived by the engine from
+// the byte budget and the policy's per-token state bytes; protected windows count inside it.
+struct Budget {
+  std::int64_t tokens = 0;
+  double fraction = 1.0;  // the byte budget as a fraction of the full fp16 cache
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  // Prefill-time (one-shot) compression of one layer.
+  virtual LayerPlan compress(const LayerSignals& signals, const Budget& budget) const = 0;
+  // Bytes of per-token state the policy keeps beside K/V in each (layer, KV head), e.g. an
+  // fp32 accumulated score: counted in the memory model and in the budget.
+  virtual double state_bytes_per_token() const { return 0.0; }
+  // False for the `full` reference: it ignores budgets.
+  virtual bool respects_budget() const { return true; }
+};
+
+}  // namespace kvsim

@@ -1,0 +1,52 @@
+#pragma once
+// Self-registering policy registry. A policy is one .cpp file with one KVSIM_REGISTER_POLICY
+// line; nothing else in the code base lists policy names. policies/ is built as an OBJECT
+// library so the linker keeps every registration.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "policies/params.h"
+#include "policies/policy.h"
+
+namespace kvsim {
+
+struct PolicyInfo {
+  std::string name;
+  std::string description;  // one line: the rule
+  std::string citation;     // paper (and the reference code the rule was read from)
+  std::vector<ParamSpec> params;
+  std::function<std::unique_ptr<Policy>(const Params&)> make;
+};
+
+// A policy built from a spec, with its resolved parameters.
+struct PolicyInstance {
+  std::string name;
+  std::string params;  // canonical "key=value,..." with defaults filled in
+  std::unique_ptr<Policy> policy;
+  std::string label() const { return params.empty() ? name : name + ":" + params; }
+};
+
+class PolicyRegistry {
+ public:
+  static PolicyRegistry& instance();
+  bool add(PolicyInfo info);
+  // Throws naming the unknown policy and listing the valid ones.
+  const PolicyInfo& find(const std::string& name) const;
+  std::vector<const PolicyInfo*> all() const;  // sorted by name
+  // "name" or "name:key=value,...".
+  PolicyInstance create(const std::string& spec) const;
+
+ private:
+  std::vector<PolicyInfo> infos_;
+};
+
+}  // namespace kvsim
+
+#define KVSIM_POLICY_CONCAT_(a, b) a##b
+#define KVSIM_POLICY_CONCAT(a, b) KVSIM_POLICY_CONCAT_(a, b)
+// Registers a policy at static-initialisation time: KVSIM_REGISTER_POLICY(PolicyInfo{...});
+#define KVSIM_REGISTER_POLICY(...)                                                    \
+  static const bool KVSIM_POLICY_CONCAT(kvsim_policy_registered_, __LINE__) [[maybe_unused]] = \
+      ::kvsim::PolicyRegistry::instance().add(__VA_ARGS__)

@@ -1,0 +1,58 @@
+#pragma once
+// Building blocks shared by scoring policies: top-k with the documented tie rule, 1-D pooling,
+// GQA aggregation, and the default "each head keeps its top-B" selection.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "policies/policy.h"
+
+namespace kvsim {
+
+// Token scores of one KV head (higher = keep) and the tokens that must stay regardless
+// (windows, sinks). Protected tokens count inside the budget.
+struct HeadScores {
+  std::vector<float> score;           // [n]
+  std::vector<std::uint8_t> protect;  // [n], 1 = always kept (empty = none)
+};
+
+// Keep-mask of the k best tokens: protected ones first (the most recent ones if there are more
+// than k), then by decreasing score. Ties keep the more recent token (higher index), so results
+// never depend on sort stability.
+std::vector<std::uint8_t> top_k_mask(std::span<const float> score, std::int64_t k,
+                                     std::span<const std::uint8_t> protect = {});
+
+HeadPlan plan_from_mask(std::span<const std::uint8_t> keep);
+
+enum class PoolKind { None, Avg, Max };
+PoolKind parse_pool(const std::string& s, const std::string& policy);
+// Stride-1 pooling with padding kernel/2: avg counts the zero padding (PyTorch
+// count_include_pad), max ignores it. Kernel 1 or PoolKind::None returns x unchanged.
+std::vector<float> pool1d(std::span<const float> x, int kernel, PoolKind kind);
+
+enum class GqaAgg { Mean, Max, Sum };
+GqaAgg parse_gqa(const std::string& s, const std::string& policy);
+const char* gqa_name(GqaAgg a);
+// Combines the per-query-head scores of one GQA group into one score per token.
+std::vector<float> aggregate_group(const std::vector<std::vector<float>>& per_q_head, GqaAgg agg);
+
+// Sum over rows of an attention matrix [rows, n] -> [n].
+std::vector<float> column_sums(const MatrixView& a);
+
+// Marks the last `window` of n tokens (and the first `sinks`) as protected.
+std::vector<std::uint8_t> protect_ends(std::int64_t n, std::int64_t sinks, std::int64_t window);
+
+// Default selection: every KV head keeps its own top budget.tokens.
+LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& budget);
+
+// A policy defined by its scores; selection is uniform top-B unless overridden.
+class ScoringPolicy : public Policy {
+ public:
+  virtual std::vector<HeadScores> score(const LayerSignals& signals) const = 0;
+  LayerPlan compress(const LayerSignals& signals, const Budget& budget) const override {
+    return select_uniform(score(signals), budget);
+  }
+};
+
+}  // namespace kvsim

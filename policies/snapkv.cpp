@@ -1,0 +1,64 @@
+// SnapKV — Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation",
+// NeurIPS 2024 (FasterDecoding/SnapKV snapkv_utils.py; kvpress snapkv_press.py for GQA).
+// Rule: keep the window plus the prefix tokens the window's queries attend to most (pooled).
+#include "policies/snapkv.h"
+
+#include "core/error.h"
+#include "policies/registry.h"
+
+namespace kvsim {
+
+std::vector<HeadScores> snapkv_scores(const LayerSignals& s, const SnapKvOptions& o) {
+  const KvGeometry& g = s.geometry();
+  const std::int64_t n = s.n_tokens();
+  const int w = static_cast<int>(std::min<std::int64_t>(o.window, n));
+  std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    std::vector<std::vector<float>> per_q;
+    for (int r = 0; r < g.group(); ++r) {
+      const auto summed = column_sums(s.window_attention(h * g.group() + r, w));
+      per_q.push_back(pool1d(summed, o.kernel, o.pool));
+    }
+    out[static_cast<std::size_t>(h)].score = aggregate_group(per_q, o.gqa);
+    out[static_cast<std::size_t>(h)].protect = protect_ends(n, 0, w);
+  }
+  return out;
+}
+
+std::vector<ParamSpec> snapkv_param_specs() {
+  return {{"window", "32", "observation window: last prompt tokens whose queries vote (repo: 32; kvpress: 64)"},
+          {"kernel", "5", "pooling kernel (repo: 5; paper LongBench: 7)"},
+          {"pool", "avg", "avg | max | none (repo: avg; paper LongBench: max)"},
+          {"gqa", "mean", "GQA aggregation over a group's query heads: mean | max | sum (kvpress: mean)"}};
+}
+
+SnapKvOptions snapkv_options(const Params& p) {
+  SnapKvOptions o;
+  o.window = static_cast<int>(p.integer("window"));
+  o.kernel = static_cast<int>(p.integer("kernel"));
+  o.pool = parse_pool(p.text("pool"), p.policy());
+  o.gqa = parse_gqa(p.text("gqa"), p.policy());
+  if (o.window < 1) throw Error("policy " + p.policy() + ": parameter 'window' must be >= 1");
+  if (o.kernel < 1) throw Error("policy " + p.policy() + ": parameter 'kernel' must be >= 1");
+  return o;
+}
+
+namespace {
+
+class SnapKv : public ScoringPolicy {
+ public:
+  explicit SnapKv(SnapKvOptions o) : o_(o) {}
+  std::vector<HeadScores> score(const LayerSignals& s) const override { return snapkv_scores(s, o_); }
+
+ private:
+  SnapKvOptions o_;
+};
+
+}  // namespace
+
+KVSIM_REGISTER_POLICY(PolicyInfo{"snapkv",
+                                 "observation-window attention, pooled; keep window + top prefix (prefill one-shot)",
+                                 "Li et al., NeurIPS 2024, arXiv 2404.14469", snapkv_param_specs(),
+                                 [](const Params& p) { return std::make_unique<SnapKv>(snapkv_options(p)); }});
+
+}  // namespace kvsim

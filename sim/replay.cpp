@@ -1,0 +1,355 @@
+#include "sim/replay.h"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace kvsim {
+
+const char* mode_name(ReplayMode m) { return m == ReplayMode::QueryAware ? "query-aware" : "query-agnostic"; }
+
+ReplayMode parse_mode(const std::string& s) {
+  if (s == "query-aware") return ReplayMode::QueryAware;
+  if (s == "query-agnostic") return ReplayMode::QueryAgnostic;
+  throw Error("--mode is '" + s + "', expected query-aware or query-agnostic");
+}
+
+namespace {
+
+using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using StridedMap = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
+
+// Row-wise causal softmax in place: row i may see keys [0, limit[i]]; the rest become 0.
+void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit) {
+  for (Eigen::Index i = 0; i < s.rows(); ++i) {
+    const Eigen::Index last = std::min<Eigen::Index>(limit[static_cast<std::size_t>(i)], s.cols() - 1);
+    auto row = s.row(i);
+    const float m = row.head(last + 1).maxCoeff();
+    row.head(last + 1) = (row.head(last + 1).array() - m).exp();
+    row.head(last + 1) /= row.head(last + 1).sum();
+    if (last + 1 < s.cols()) row.tail(s.cols() - last - 1).setZero();
+  }
+}
+
+// One layer of one request, as policies see it at the compression point c.
+class ReplaySignals final : public LayerSignals {
+ public:
+  ReplaySignals(const KvGeometry& g, int layer, std::int64_t c, const RequestHeader& h, const std::vector<float>& q,
+                std::vector<Mat> keys, std::vector<Mat> values, std::vector<Mat> future)
+      : g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(std::move(keys)), values_(std::move(values)),
+        future_(std::move(future)) {
+    for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < c; ++r) observed_.push_back(h.q_index[r]);
+  }
+  const KvGeometry& geometry() const override { return g_; }
+  int layer() const override { return layer_; }
+  std::int64_t n_tokens() const override { return c_; }
+  std::span<const std::int32_t> positions() const override {
+    return {h_.positions.data(), static_cast<std::size_t>(c_)};
+  }
+  std::span<const std::int8_t> segments() const override { return {h_.segments.data(), static_cast<std::size_t>(c_)}; }
+  MatrixView keys(int kv_head) const override { return view(keys_[static_cast<std::size_t>(kv_head)]); }
+  MatrixView values(int kv_head) const override { return view(values_[static_cast<std::size_t>(kv_head)]); }
+
+  MatrixView window_attention(int q_head, int window) const override {
+    if (window > c_) window = static_cast<int>(c_);
+    // The window's queries are the last `window` observed rows, which must be exactly the last
+    // `window` tokens before the compression point.
+    const auto m = static_cast<std::int64_t>(observed_.size());
+    if (m < window || observed_[static_cast<std::size_t>(m - window)] != c_ - window)
+      throw Error("request '" + h_.id + "': the policy needs the queries of the last " + std::to_string(window) +
+                  " tokens before the compression point (token " + std::to_string(c_) +
+                  "), but the trace did not record them all; capture with more queries (e.g. kvsim trace synth "
+                  "--queries all, or a larger --query-window)");
+    return attention(q_head, m - window, window, 1000 + window);
+  }
+  MatrixView observed_attention(int q_head) const override {
+    if (observed_.empty())
+      throw Error("request '" + h_.id + "': the policy needs prompt queries before the compression point (token " +
+                  std::to_string(c_) + "), but the trace recorded none there");
+    return attention(q_head, 0, static_cast<std::int64_t>(observed_.size()), 0);
+  }
+  std::span<const std::int32_t> observed_rows() const override { return observed_; }
+  MatrixView future_attention(int q_head) const override { return view(future_[static_cast<std::size_t>(q_head)]); }
+
+ private:
+  static MatrixView view(const Mat& m) { return {m.data(), m.rows(), m.cols()}; }
+
+  // Causal attention of observed rows [first, first + count) over the c cached keys, cached.
+  MatrixView attention(int q_head, std::int64_t first, std::int64_t count, int tag) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto key = std::make_pair(q_head, tag);
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      const int Hq = g_.n_q_heads, d = g_.head_dim;
+      const StridedMap q(q_.data() + (first * Hq + q_head) * d, count, d, Eigen::OuterStride<>(Hq * d));
+      Mat s = (q * keys_[static_cast<std::size_t>(q_head / g_.group())].transpose()) /
+              std::sqrt(static_cast<float>(d));
+      std::vector<std::int64_t> limit(static_cast<std::size_t>(count));
+      for (std::int64_t i = 0; i < count; ++i) limit[static_cast<std::size_t>(i)] = observed_[static_cast<std::size_t>(first + i)];
+      causal_softmax(s, limit);
+      it = cache_.emplace(key, std::move(s)).first;
+    }
+    return view(it->second);
+  }
+
+  const KvGeometry& g_;
+  int layer_;
+  std::int64_t c_;
+  const RequestHeader& h_;
+  const std::vector<float>& q_;
+  std::vector<Mat> keys_, values_, future_;
+  std::vector<std::int32_t> observed_;
+  mutable std::mutex mu_;
+  mutable std::map<std::pair<int, int>, Mat> cache_;
+};
+
+// Accumulates one config's per-row metrics over the layers of a request.
+struct Accumulator {
+  std::vector<float> kl, err;
+  std::vector<double> layer_recall, layer_kl, layer_err;
+  std::vector<std::int64_t> layer_rows;
+  std::int64_t kept = 0;
+  std::uint64_t hash = 1469598103934665603ull;
+};
+
+// Everything one layer shares across configs.
+struct LayerWork {
+  const KvGeometry& g;
+  int layer;
+  std::int64_t c, E;
+  const ReplaySignals& signals;
+  const std::vector<Mat>& attn;       // [Hq] full attention of the evaluation rows, E x T
+  const std::vector<Mat>& out;        // [Hq] full attention outputs, E x d
+  const std::vector<Mat>& out_tail;   // [Hq] part of out from tokens >= c (never compressed here)
+  const std::vector<Eigen::VectorXf>& tail_mass;
+  const std::vector<Mat>& full_v;     // [Hkv] T x d
+};
+
+// Applies one config's plan to one layer and accumulates its metrics.
+void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads, G = w.g.group(), d = w.g.head_dim, layer = w.layer;
+  const std::int64_t c = w.c, E = w.E;
+  const auto& attn = w.attn;
+  const auto& out = w.out;
+  const auto& out_tail = w.out_tail;
+  const auto& tail_mass = w.tail_mass;
+  const auto& full_v = w.full_v;
+  const auto& signals = w.signals;
+
+  const bool compress = cfg.impl->respects_budget() && cfg.budget < 1.0;
+  LayerPlan plan;
+  if (compress) {
+    plan = cfg.impl->compress(signals, Budget{budget_tokens, cfg.budget});
+    if (static_cast<int>(plan.heads.size()) != Hkv)
+      throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) +
+                  " heads, expected " + std::to_string(Hkv));
+  }
+  for (int kv = 0; kv < Hkv; ++kv) {
+    std::vector<std::int32_t> dropped, kept;
+    if (compress) {
+      const HeadPlan& hp = plan.heads[static_cast<std::size_t>(kv)];
+      if (static_cast<std::int64_t>(hp.codec.size()) != c)
+        throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) +
+                    " tokens, expected " + std::to_string(c));
+      for (std::int64_t j = 0; j < c; ++j) {
+        const bool keep = hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop;
+        (keep ? kept : dropped).push_back(static_cast<std::int32_t>(j));
+        a.hash = (a.hash ^ (keep ? 0x9dull : 0x3bull)) * 1099511628211ull;
+      }
+    } else {
+      a.hash = (a.hash ^ static_cast<std::uint64_t>(c)) * 1099511628211ull;
+    }
+    a.kept += compress ? static_cast<std::int64_t>(kept.size()) : c;
+    // Sum over whichever side is smaller: r = A[:, D] V[D] costs |D| per row.
+    const bool use_dropped = dropped.size() <= kept.size();
+    const std::vector<std::int32_t>& D = use_dropped ? dropped : kept;
+    const auto nd = static_cast<Eigen::Index>(D.size());
+    const Mat& vfull = full_v[static_cast<std::size_t>(kv)];
+    Mat vd(nd, d);
+    for (Eigen::Index j = 0; j < nd; ++j) vd.row(j) = vfull.row(D[static_cast<std::size_t>(j)]);
+    for (int r = 0; r < G; ++r) {
+      const auto qh = static_cast<std::size_t>(kv * G + r);
+      const Mat& A = attn[qh];
+      Mat ad(E, nd);
+      for (Eigen::Index j = 0; j < nd; ++j) ad.col(j) = A.col(D[static_cast<std::size_t>(j)]);
+      const Eigen::VectorXf mass = ad.rowwise().sum();
+      const Mat rsum = ad * vd;
+      for (Eigen::Index i = 0; i < E; ++i) {
+        double recall;
+        Eigen::VectorXf approx;
+        if (!compress) {
+          recall = 1.0;
+          approx = out[qh].row(i).transpose();
+        } else if (use_dropped) {
+          recall = 1.0 - mass(i);
+          approx = (out[qh].row(i) - rsum.row(i)).transpose();
+        } else {
+          recall = mass(i) + tail_mass[qh](i);
+          approx = (rsum.row(i) + out_tail[qh].row(i)).transpose();
+        }
+        recall = std::clamp(recall, 1e-30, 1.0);
+        approx /= static_cast<float>(recall);
+        const double norm = out[qh].row(i).norm();
+        const double err = norm > 0 ? (out[qh].row(i).transpose() - approx).norm() / norm : 0.0;
+        const double kl = -std::log(recall);
+        a.kl.push_back(static_cast<float>(kl));
+        a.err.push_back(static_cast<float>(err));
+        a.layer_recall[static_cast<std::size_t>(layer)] += recall;
+        a.layer_kl[static_cast<std::size_t>(layer)] += kl;
+        a.layer_err[static_cast<std::size_t>(layer)] += err;
+        ++a.layer_rows[static_cast<std::size_t>(layer)];
+      }
+    }
+  }
+}
+
+double percentile95(std::vector<float>& v) {
+  if (v.empty()) return 0;
+  const auto k = static_cast<std::size_t>(std::ceil(0.95 * static_cast<double>(v.size()))) - 1;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+}  // namespace
+
+Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs)
+    : reader_(reader), mode_(mode), configs_(std::move(configs)) {}
+
+RequestResult Replayer::replay(const std::string& request_id) const {
+  const ModelGeometry& mg = reader_.geometry();
+  const KvGeometry g{mg.n_layers, mg.n_q_heads, mg.n_kv_heads, mg.head_dim, mg.rope()};
+  const RequestHeader h = reader_.header(request_id);
+  const std::string ctx = reader_.path() + ": request '" + request_id + "'";
+  const std::int64_t T = h.n_tokens();
+  const std::int64_t c = mode_ == ReplayMode::QueryAware ? h.n_prompt : h.question_start;
+  if (c < 1 || c >= T)
+    throw Error(ctx + ": compression point " + std::to_string(c) + " (" + mode_name(mode_) +
+                ") leaves no tokens to evaluate; expected 1 <= point < T = " + std::to_string(T) +
+                (mode_ == ReplayMode::QueryAware ? " (the request needs generated tokens)" : " (the request needs a question)"));
+  // Evaluation rows: the recorded queries at or after the compression point (a suffix of q_index).
+  const auto first_eval = static_cast<std::int64_t>(
+      std::lower_bound(h.q_index.begin(), h.q_index.end(), static_cast<std::int32_t>(c)) - h.q_index.begin());
+  const std::int64_t E = h.n_queries() - first_eval;
+  if (E == 0)
+    throw Error(ctx + ": no recorded queries at or after the compression point " + std::to_string(c) +
+                "; expected the question/answer queries in q_index");
+  std::vector<std::int64_t> eval_limit(static_cast<std::size_t>(E));
+  for (std::int64_t i = 0; i < E; ++i) eval_limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(first_eval + i)];
+
+  const int L = g.n_layers, Hq = g.n_q_heads, Hkv = g.n_kv_heads, d = g.head_dim, G = g.group();
+  const double kv_token_bytes = 4.0 * d;  // K and V in fp16 per (layer, KV head, token)
+  const std::size_t P = configs_.size();
+  std::vector<std::int64_t> budget_tokens(P);
+  std::vector<double> token_bytes(P);
+  for (std::size_t p = 0; p < P; ++p) {
+    const bool compress = configs_[p].impl->respects_budget() && configs_[p].budget < 1.0;
+    token_bytes[p] = kv_token_bytes + (compress ? configs_[p].impl->state_bytes_per_token() : 0.0);
+    budget_tokens[p] = compress ? static_cast<std::int64_t>(std::floor(configs_[p].budget * static_cast<double>(c) *
+                                                                        kv_token_bytes / token_bytes[p]))
+                                : c;
+  }
+  std::vector<Accumulator> acc(P);
+  for (auto& a : acc) {
+    a.layer_recall.assign(static_cast<std::size_t>(L), 0);
+    a.layer_kl.assign(static_cast<std::size_t>(L), 0);
+    a.layer_err.assign(static_cast<std::size_t>(L), 0);
+    a.layer_rows.assign(static_cast<std::size_t>(L), 0);
+  }
+
+  std::vector<float> kbuf(reader_.layer_elements(request_id, Tensor::K)), vbuf(kbuf.size());
+  std::vector<float> qbuf(reader_.layer_elements(request_id, Tensor::Q));
+  for (int layer = 0; layer < L; ++layer) {
+    reader_.read_layer(request_id, Tensor::K, layer, kbuf);
+    reader_.read_layer(request_id, Tensor::V, layer, vbuf);
+    reader_.read_layer(request_id, Tensor::Q, layer, qbuf);
+    std::vector<Mat> keys(static_cast<std::size_t>(Hkv)), values(keys.size()), full_v(keys.size());
+    std::vector<StridedMap> kh, vh;
+    for (int kv = 0; kv < Hkv; ++kv) {
+      kh.emplace_back(kbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+      vh.emplace_back(vbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+      keys[static_cast<std::size_t>(kv)] = kh.back().topRows(c);
+      values[static_cast<std::size_t>(kv)] = vh.back().topRows(c);
+      full_v[static_cast<std::size_t>(kv)] = vh.back();
+    }
+    // Shared by every config: full attention of the evaluation queries, outputs, tail parts.
+    std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size()), future(attn.size());
+    std::vector<Eigen::VectorXf> tail_mass(attn.size());
+#pragma omp parallel for schedule(dynamic)
+    for (int qh = 0; qh < Hq; ++qh) {
+      const auto i = static_cast<std::size_t>(qh);
+      const StridedMap qe(qbuf.data() + (first_eval * Hq + qh) * d, E, d, Eigen::OuterStride<>(Hq * d));
+      attn[i] = (qe * kh[static_cast<std::size_t>(qh / G)].transpose()) / std::sqrt(static_cast<float>(d));
+      causal_softmax(attn[i], eval_limit);
+      const Mat& v = full_v[static_cast<std::size_t>(qh / G)];
+      out[i] = attn[i] * v;
+      out_tail[i] = attn[i].rightCols(T - c) * v.bottomRows(T - c);
+      tail_mass[i] = attn[i].rightCols(T - c).rowwise().sum();
+      future[i] = attn[i].leftCols(c);
+    }
+    const ReplaySignals signals(g, layer, c, h, qbuf, std::move(keys), std::move(values), std::move(future));
+
+    const LayerWork work{g, layer, c, E, signals, attn, out, out_tail, tail_mass, full_v};
+    // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
+    std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic)
+    for (std::size_t p = 0; p < P; ++p) {
+      try {
+        replay_config(configs_[p], budget_tokens[p], work, acc[p]);
+      } catch (...) {
+#pragma omp critical(kvsim_replay_failure)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  RequestResult result;
+  result.request = request_id;
+  result.tokens = T;
+  result.compression_point = c;
+  result.eval_queries = E;
+  const double LH = static_cast<double>(L) * Hkv;
+  for (std::size_t p = 0; p < P; ++p) {
+    Accumulator& a = acc[p];
+    ConfigResult r;
+    r.budget_tokens = budget_tokens[p];
+    r.rows = static_cast<std::int64_t>(a.kl.size());
+    double sr = 0, sk = 0, se = 0;
+    for (int l = 0; l < L; ++l) {
+      const auto li = static_cast<std::size_t>(l);
+      const double n = static_cast<double>(a.layer_rows[li]);
+      sr += a.layer_recall[li];
+      sk += a.layer_kl[li];
+      se += a.layer_err[li];
+      r.layer_recall.push_back(a.layer_recall[li] / n);
+      r.layer_kl.push_back(a.layer_kl[li] / n);
+      r.layer_err.push_back(a.layer_err[li] / n);
+    }
+    r.mean_recall = sr / static_cast<double>(r.rows);
+    r.mean_kl = sk / static_cast<double>(r.rows);
+    r.mean_err = se / static_cast<double>(r.rows);
+    r.p95_kl = percentile95(a.kl);
+    r.p95_err = percentile95(a.err);
+    const double bpt = token_bytes[p];
+    const double kept = static_cast<double>(a.kept), tail = static_cast<double>(T - c), cd = static_cast<double>(c);
+    r.kept_fraction = kept / (LH * cd);
+    r.compressed_bytes = kept * bpt;
+    r.budget_bytes = configs_[p].budget * cd * LH * kv_token_bytes;
+    r.final_bytes = kept * bpt + tail * LH * bpt;
+    r.peak_bytes = std::max(cd * LH * bpt, r.final_bytes);
+    r.footprint = LH * bpt * cd * (cd + 1) / 2 + tail * kept * bpt + LH * bpt * tail * (tail + 1) / 2;
+    r.keep_hash = a.hash;
+    if (configs_[p].impl->respects_budget() && configs_[p].budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
+      throw Error("policy " + configs_[p].label() + " kept " + std::to_string(r.compressed_bytes) +
+                  " bytes over budget " + std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
+    result.configs.push_back(std::move(r));
+  }
+  return result;
+}
+
+}  // namespace kvsim

@@ -1,0 +1,61 @@
+#pragma once
+// Teacher-forced replay of one request of a kvtrace against many (policy, budget) configs at
+// once. Each layer is read once; the full attention of the evaluation queries is computed once
+// and shared by every config, which then only pays for the tokens it changes.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "policies/policy.h"
+#include "traces/trace_reader.h"
+
+namespace kvsim {
+
+// QueryAware: compress at the end of the prompt (the question is in the observation window,
+// as LongBench-style SnapKV). QueryAgnostic: compress the context before the question arrives,
+// then evaluate the question and answer on the compressed cache (KVzip / kvpress).
+enum class ReplayMode { QueryAware, QueryAgnostic };
+const char* mode_name(ReplayMode m);
+ReplayMode parse_mode(const std::string& s);
+
+struct ReplayConfig {
+  std::string policy;  // registry name
+  std::string params;  // canonical parameters
+  std::shared_ptr<const Policy> impl;
+  double budget = 1.0;  // fraction of the full fp16 KV bytes at the compression point
+  std::string label() const { return params.empty() ? policy : policy + ":" + params; }
+};
+
+struct ConfigResult {
+  std::int64_t budget_tokens = 0;  // per (layer, KV head), before per-layer/head reallocation
+  std::int64_t rows = 0;           // (layer, query head, evaluation query) rows
+  double mean_recall = 0, mean_kl = 0, p95_kl = 0, mean_err = 0, p95_err = 0;
+  std::vector<double> layer_recall, layer_kl, layer_err;  // per-layer means
+  double kept_fraction = 1.0;      // kept / cached tokens at the compression point
+  double compressed_bytes = 0;     // K/V + policy state right after compression
+  double budget_bytes = 0;         // budget x full fp16 bytes at the compression point
+  double peak_bytes = 0, final_bytes = 0;
+  double footprint = 0;            // bytes x token steps over the whole request
+  std::uint64_t keep_hash = 0;     // FNV-1a of every keep mask: golden tests compare these
+};
+
+struct RequestResult {
+  std::string request;
+  std::int64_t tokens = 0, compression_point = 0, eval_queries = 0;
+  std::vector<ConfigResult> configs;  // same order as the configs given
+};
+
+class Replayer {
+ public:
+  Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs);
+  RequestResult replay(const std::string& request_id) const;
+  const std::vector<ReplayConfig>& configs() const { return configs_; }
+
+ private:
+  const TraceReader& reader_;
+  ReplayMode mode_;
+  std::vector<ReplayConfig> configs_;
+};
+
+}  // namespace kvsim

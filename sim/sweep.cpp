@@ -1,0 +1,247 @@
+#include "sim/sweep.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "policies/registry.h"
+#include "sim/csv.h"
+
+namespace kvsim {
+
+namespace {
+
+const std::vector<std::string> kColumns = {
+    "trace",       "request",        "mode",          "policy",     "params",         "budget",
+    "budget_tokens", "kept_fraction", "mean_recall",  "mean_kl",    "p95_kl",         "mean_out_err",
+    "p95_out_err", "compressed_bytes", "budget_bytes", "peak_bytes", "final_bytes",    "footprint_byte_steps",
+    "eval_queries", "rows",          "keep_hash"};
+
+std::string num(double x) {
+  std::ostringstream os;
+  os << std::setprecision(9) << x;
+  return os.str();
+}
+
+std::string geometry_string(const ModelGeometry& g) {
+  return std::to_string(g.n_layers) + " layers, " + std::to_string(g.n_q_heads) + " q heads, " +
+         std::to_string(g.n_kv_heads) + " kv heads, head_dim " + std::to_string(g.head_dim);
+}
+
+struct CsvState {
+  std::vector<std::string> kept_lines;          // rows of requests that finished
+  std::set<std::pair<std::string, std::string>> done;  // (trace, request)
+};
+
+// Reads an existing result file for --resume: checks the configuration line and keeps only the
+// rows of requests whose every config row is present (a request cut short is redone).
+CsvState read_for_resume(const std::string& path, const std::string& config_line, std::size_t configs_per_request) {
+  std::ifstream in(path);
+  CsvState st;
+  std::string line;
+  std::map<std::pair<std::string, std::string>, std::vector<std::string>> by_request;
+  bool saw_config = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("# config: ", 0) == 0) {
+      saw_config = true;
+      if (line != config_line)
+        throw Error(path + ": --resume with a different configuration; the file was written for\n  " +
+                    line.substr(10) + "\nbut this run is\n  " + config_line.substr(10) +
+                    "\n(use a new --out, or --force to replace it)");
+      continue;
+    }
+    if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
+    const auto f = parse_csv_line(line);
+    if (f.size() != kColumns.size()) continue;  // a row cut short by the kill
+    by_request[{f[0], f[1]}].push_back(line);
+  }
+  if (!saw_config) throw Error(path + ": --resume: no '# config:' line, expected a kvsim sweep result file");
+  for (auto& [key, rows] : by_request) {
+    if (rows.size() != configs_per_request) continue;
+    st.done.insert(key);
+    st.kept_lines.insert(st.kept_lines.end(), rows.begin(), rows.end());
+  }
+  return st;
+}
+
+}  // namespace
+
+std::vector<ReplayConfig> expand_configs(const SweepSpec& spec) {
+  if (spec.policies.empty()) throw Error("no policies given (--policies name[:key=value,...],...)");
+  if (spec.budgets.empty()) throw Error("no budgets given (--budgets 0.1,0.25,0.5)");
+  for (double b : spec.budgets)
+    if (!(b > 0 && b <= 1)) throw Error("budget " + num(b) + ": expected a fraction of the full KV bytes in (0, 1]");
+  std::vector<ReplayConfig> out;
+  for (const auto& p : spec.policies) {
+    PolicyInstance inst = PolicyRegistry::instance().create(p);
+    std::shared_ptr<const Policy> impl(std::move(inst.policy));
+    if (!impl->respects_budget()) {
+      out.push_back({inst.name, inst.params, impl, 1.0});
+      continue;
+    }
+    for (double b : spec.budgets) out.push_back({inst.name, inst.params, impl, b});
+  }
+  return out;
+}
+
+std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs) {
+  nlohmann::json j;
+  j["tool"] = std::string("kvsim sweep ") + KVSIM_VERSION_STRING;
+  j["traces"] = spec.traces;
+  j["mode"] = mode_name(spec.mode);
+  j["budgets"] = spec.budgets;
+  nlohmann::json cfgs = nlohmann::json::array();
+  for (const auto& c : configs) cfgs.push_back({{"policy", c.label()}, {"budget", c.budget}});
+  j["configs"] = cfgs;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& progress) {
+  if (spec.traces.empty()) throw Error("no trace files given");
+  if (spec.out_csv.empty()) throw Error("no output file given (--out results.csv)");
+  const std::vector<ReplayConfig> configs = expand_configs(spec);
+  std::vector<std::unique_ptr<TraceReader>> readers;
+  std::int64_t total_requests = 0;
+  for (const auto& path : spec.traces) {
+    readers.push_back(std::make_unique<TraceReader>(path));
+    const TraceReader& r = *readers.back();
+    if (r.request_ids().empty())
+      throw Error(path + ": no complete requests to replay (empty trace" +
+                  (r.incomplete_request_ids().empty() ? std::string(")") : std::string(", only incomplete ones)")));
+    if (!(r.geometry() == readers.front()->geometry()))
+      throw Error(path + ": model geometry (" + geometry_string(r.geometry()) + ") differs from " +
+                  spec.traces.front() + " (" + geometry_string(readers.front()->geometry()) +
+                  "); one sweep compares configs on one model");
+    total_requests += static_cast<std::int64_t>(r.request_ids().size());
+  }
+
+  const std::string config_line = "# config: " + sweep_config_json(spec, configs);
+  CsvState state;
+  const bool exists = std::filesystem::exists(spec.out_csv);
+  if (exists && spec.resume) {
+    state = read_for_resume(spec.out_csv, config_line, configs.size());
+  } else if (exists && !spec.force) {
+    throw Error(spec.out_csv + ": exists; pass --resume to continue that sweep or --force to replace it");
+  }
+  // (Re)write header + finished rows, atomically, then append as requests finish.
+  {
+    const std::string tmp = spec.out_csv + ".tmp";
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw Error(spec.out_csv + ": cannot write");
+    out << "# kvsim sweep results: one row per trace x request x policy x budget\n" << config_line << "\n";
+    out << csv_line(kColumns) << "\n";
+    for (const auto& l : state.kept_lines) out << l << "\n";
+    out.close();
+    std::filesystem::rename(tmp, spec.out_csv);
+  }
+  std::ofstream csv(spec.out_csv, std::ios::app);
+  std::ofstream detail;
+  if (!spec.detail_jsonl.empty()) {
+    detail.open(spec.detail_jsonl, spec.resume ? std::ios::app : std::ios::trunc);
+    if (!spec.resume || std::filesystem::file_size(spec.detail_jsonl) == 0) detail << config_line.substr(10) << "\n";
+  }
+
+  const bool tty = spec.progress && ::isatty(2);
+  std::int64_t done = 0;
+  for (std::size_t t = 0; t < readers.size(); ++t) {
+    const TraceReader& reader = *readers[t];
+    const Replayer replayer(reader, spec.mode, configs);
+    for (const auto& id : reader.request_ids()) {
+      ++done;
+      if (state.done.count({spec.traces[t], id})) continue;
+      if (spec.progress) {
+        progress << (tty ? "\r" : "") << "sweep: request " << done << "/" << total_requests << " (" << spec.traces[t]
+                 << " " << id << ", " << configs.size() << " configs)" << (tty ? "   " : "\n") << std::flush;
+      }
+      const RequestResult res = replayer.replay(id);
+      for (std::size_t p = 0; p < configs.size(); ++p) {
+        const ConfigResult& r = res.configs[p];
+        csv << csv_line({spec.traces[t], id, mode_name(spec.mode), configs[p].policy, configs[p].params,
+                         num(configs[p].budget), std::to_string(r.budget_tokens), num(r.kept_fraction),
+                         num(r.mean_recall), num(r.mean_kl), num(r.p95_kl), num(r.mean_err), num(r.p95_err),
+                         num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
+                         num(r.footprint), std::to_string(res.eval_queries), std::to_string(r.rows),
+                         std::to_string(r.keep_hash)})
+            << "\n";
+        if (detail.is_open()) {
+          detail << nlohmann::json{{"trace", spec.traces[t]},
+                                   {"request", id},
+                                   {"policy", configs[p].label()},
+                                   {"budget", configs[p].budget},
+                                   {"layer_recall", r.layer_recall},
+                                   {"layer_kl", r.layer_kl},
+                                   {"layer_out_err", r.layer_err}}
+                        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                 << "\n";
+        }
+      }
+      csv.flush();  // a finished request is never lost
+      if (detail.is_open()) detail.flush();
+    }
+  }
+  if (tty) progress << "\n";
+  csv.close();
+
+  // Summary over every row in the file (including resumed ones).
+  std::map<std::pair<double, std::string>, SweepSummaryRow> agg;
+  std::ifstream in(spec.out_csv);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
+    const auto f = parse_csv_line(line);
+    const double budget = std::stod(f[5]);
+    const std::string label = f[4].empty() ? f[3] : f[3] + ":" + f[4];
+    SweepSummaryRow& s = agg[{budget, label}];
+    s.label = label;
+    s.budget = budget;
+    s.mean_recall += std::stod(f[8]);
+    s.mean_kl += std::stod(f[9]);
+    s.p95_kl += std::stod(f[10]);
+    s.mean_err += std::stod(f[11]);
+    s.kept_fraction += std::stod(f[7]);
+    ++s.requests;
+  }
+  std::vector<SweepSummaryRow> rows;
+  for (auto& [key, s] : agg) {
+    const double n = s.requests;
+    s.mean_recall /= n;
+    s.mean_kl /= n;
+    s.p95_kl /= n;
+    s.mean_err /= n;
+    s.kept_fraction /= n;
+    rows.push_back(s);
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.budget != b.budget ? a.budget < b.budget : a.mean_kl < b.mean_kl;
+  });
+  return rows;
+}
+
+void print_summary(const std::vector<SweepSummaryRow>& rows, std::ostream& os) {
+  os << std::left << std::setw(8) << "budget" << std::setw(44) << "policy" << std::right << std::setw(10) << "kept"
+     << std::setw(10) << "recall" << std::setw(10) << "KL" << std::setw(10) << "p95 KL" << std::setw(10) << "out err"
+     << std::setw(6) << "reqs" << "\n";
+  double last = -1;
+  for (const auto& r : rows) {
+    if (r.budget != last && last >= 0) os << "\n";
+    last = r.budget;
+    std::string label = r.label.size() > 42 ? r.label.substr(0, 39) + "..." : r.label;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%-8.3g%-44s%10.3f%10.4f%10.4f%10.4f%10.4f%6d", r.budget, label.c_str(),
+                  r.kept_fraction, r.mean_recall, r.mean_kl, r.p95_kl, r.mean_err, r.requests);
+    os << buf << "\n";
+  }
+}
+
+}  // namespace kvsim

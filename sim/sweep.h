@@ -1,0 +1,42 @@
+#pragma once
+// `kvsim sweep`: every (policy, budget) config over every complete request of every trace, one
+// pass per request. Rows go to a tidy CSV as each request finishes (flushed), so a killed sweep
+// resumes where it stopped; per-layer detail goes to a JSON-lines file beside it.
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "sim/replay.h"
+
+namespace kvsim {
+
+struct SweepSpec {
+  std::vector<std::string> traces;
+  std::vector<std::string> policies;  // "name" or "name:key=value,..."
+  std::vector<double> budgets;        // fractions of the full fp16 KV bytes, in (0, 1]
+  ReplayMode mode = ReplayMode::QueryAware;
+  std::string out_csv;
+  std::string detail_jsonl;           // empty: no per-layer detail
+  bool resume = false;                // skip rows already in out_csv (same configuration only)
+  bool force = false;                 // replace an existing out_csv
+  bool progress = true;               // progress line on stderr
+};
+
+// The configs a spec expands to: `full` once at budget 1.0, every other policy at every budget.
+std::vector<ReplayConfig> expand_configs(const SweepSpec& spec);
+// The resolved configuration echoed at the top of every result file (JSON).
+std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs);
+
+struct SweepSummaryRow {
+  std::string label;
+  double budget = 0, mean_recall = 0, mean_kl = 0, p95_kl = 0, mean_err = 0, kept_fraction = 0;
+  int requests = 0;
+};
+
+// Runs the sweep; returns the per-(policy, budget) means over all requests in out_csv.
+std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& progress);
+
+// Human-readable table, ranked by mean KL within each budget.
+void print_summary(const std::vector<SweepSummaryRow>& rows, std::ostream& os);
+
+}  // namespace kvsim
