@@ -129,10 +129,10 @@ int info(const Args& args) {
   po::variables_map vm;
   if (!parse(args, desc, pos, vm, "kvsim trace info FILE [--json]")) return 0;
   const nlohmann::json j = nlohmann::json::parse(read_isolated(vm["file"].as<std::string>(), [](const TraceReader& r) {
-    return info_json(r).dump();
+    return info_json(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }));
   if (vm.count("json"))
-    std::cout << j.dump(2) << "\n";
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else
     print_info(j, std::cout);
   return 0;
@@ -261,7 +261,7 @@ int dump(const Args& args) {
     j["layer"] = layer;
     j["shape"] = {values.size() / heads / static_cast<std::size_t>(g.head_dim), heads, g.head_dim};
     j["values"] = values;
-    return j.dump();
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }) << "\n";
   return 0;
 }

@@ -4,47 +4,59 @@
 #   KVSIM_CACHE   cache folder outside the repo (default ~/.cache/kvsim): Python venv, later model weights
 #   KVSIM_BUILD   build folder (default build/)
 #   KVSIM_CUDA    AUTO | ON | OFF (default AUTO: the CUDA parts are built when nvcc is found)
+#   KVSIM_JOBS    parallel build jobs (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cache="${KVSIM_CACHE:-$HOME/.cache/kvsim}"
 build="${KVSIM_BUILD:-build}"
 
-apt_packages=(cmake make g++ pkg-config ccache python3 python3-venv
+required=(cmake make g++ pkg-config python3 python3-venv
   libhdf5-dev libboost-program-options-dev libboost-graph-dev libeigen3-dev
-  catch2 nlohmann-json3-dev libpcre2-dev libomp-dev)
+  catch2 nlohmann-json3-dev libpcre2-dev)
+optional=(ccache)  # faster rebuilds; installed alongside the others, never a reason to ask for root
+
+is_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
-for p in "${apt_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-# pyenv or other non-Debian Pythons need no python3-venv package: their venv module is built in.
-if [ ${#missing[@]} -gt 0 ] && command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  filtered=()
-  for p in "${missing[@]}"; do [[ "$p" == python3 || "$p" == python3-venv ]] || filtered+=("$p"); done
-  missing=(${filtered[@]+"${filtered[@]}"})
+for p in "${required[@]}"; do is_installed "$p" || missing+=("$p"); done
+# A non-Debian python3 (pyenv, ...) with a working venv module needs no python3-venv package.
+if command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  kept=()
+  for p in ${missing[@]+"${missing[@]}"}; do [[ "$p" == python3 || "$p" == python3-venv ]] || kept+=("$p"); done
+  missing=(${kept[@]+"${kept[@]}"})
 fi
 if [ ${#missing[@]} -gt 0 ]; then
+  for p in "${optional[@]}"; do is_installed "$p" || missing+=("$p"); done
   echo "setup: installing Debian packages: ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if [ "$(id -u)" -eq 0 ]; then
+    as_root=(env DEBIAN_FRONTEND=noninteractive)
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    as_root=(sudo env DEBIAN_FRONTEND=noninteractive)
+  else
+    echo "setup: these Debian packages are missing and this user cannot install them:" >&2
+    echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+    echo "setup: run that as root, then run this script again" >&2
+    exit 1
+  fi
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 venv="$cache/venv"
-if [ ! -x "$venv/bin/python" ]; then
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "setup: creating Python venv in $venv"
   mkdir -p "$cache"
-  python3 -m venv "$venv"
+  python3 -m venv --clear "$venv"
 fi
 if ! "$venv/bin/python" -c 'import numpy, h5py' 2>/dev/null; then
   echo "setup: installing Python packages into $venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 fi
 
+mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVSIM_CUDA="${KVSIM_CUDA:-AUTO}" \
-  -DPython3_EXECUTABLE="$venv/bin/python" > "$build.configure.log" 2>&1 || {
-  cat "$build.configure.log"
+  -DPython3_EXECUTABLE="$venv/bin/python" > "$build/configure.log" 2>&1 || {
+  cat "$build/configure.log"
   exit 1
 }
 cmake --build "$build" -j "${KVSIM_JOBS:-2}"

@@ -88,14 +88,21 @@ bool link_exists(hid_t loc, const std::string& name) {
 
 bool attr_exists(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
 
+std::string object_name(hid_t obj) {
+  char file[1024] = {}, path[1024] = {};
+  H5Fget_name(obj, file, sizeof file);
+  H5Iget_name(obj, path, sizeof path);
+  return std::string(file) + ":" + path;
+}
+
 namespace {
 
 void write_attr_raw(hid_t obj, const std::string& name, hid_t type, const void* data) {
-  if (attr_exists(obj, name)) check_status(H5Adelete(obj, name.c_str()), "deleting attribute " + name);
-  Handle space = check(H5Screate(H5S_SCALAR), "creating dataspace for attribute " + name);
-  Handle attr = check(H5Acreate2(obj, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                      "creating attribute " + name);
-  check_status(H5Awrite(attr.get(), type, data), "writing attribute " + name);
+  const std::string ctx = object_name(obj) + ": attribute '" + name + "'";
+  if (attr_exists(obj, name)) check_status(H5Adelete(obj, name.c_str()), ctx + ": deleting");
+  Handle space = check(H5Screate(H5S_SCALAR), ctx + ": creating dataspace");
+  Handle attr = check(H5Acreate2(obj, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), ctx + ": creating");
+  check_status(H5Awrite(attr.get(), type, data), ctx + ": writing");
 }
 
 Handle open_attr(hid_t obj, const std::string& name, const std::string& context) {
@@ -112,7 +119,7 @@ void require_scalar(hid_t attr, const std::string& name, const std::string& cont
 }  // namespace
 
 void write_attr_string(hid_t obj, const std::string& name, const std::string& value) {
-  // Fixed-length, null-padded UTF-8: h5py returns it as str, and it is valid under SWMR.
+  // Fixed-length, null-padded UTF-8 (h5py returns bytes: .decode()).
   Handle type = check(H5Tcopy(H5T_C_S1), "string type");
   H5Tset_size(type.get(), value.empty() ? 1 : value.size());
   H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
@@ -176,9 +183,9 @@ double read_attr_f64(hid_t obj, const std::string& name, const std::string& cont
 }
 
 std::vector<hsize_t> dataset_shape(hid_t dset) {
-  Handle space = check(H5Dget_space(dset), "dataset space");
+  Handle space = check(H5Dget_space(dset), object_name(dset) + ": dataspace");
   const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 0) throw FormatError("dataset has an unreadable dataspace");
+  if (rank < 0) throw FormatError(object_name(dset) + ": unreadable dataspace");
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
   if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   return dims;
@@ -190,15 +197,16 @@ std::string shape_string(const std::vector<hsize_t>& shape) {
   return s + "]";
 }
 
-std::vector<std::string> child_names(hid_t group) {
+std::vector<std::string> child_names(hid_t group, const std::string& context) {
   std::vector<std::string> names;
-  H5Literate(
+  const herr_t status = H5Literate(
       group, H5_INDEX_NAME, H5_ITER_INC, nullptr,
       [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
         static_cast<std::vector<std::string>*>(out)->emplace_back(name);
         return 0;
       },
       &names);
+  check_status(status, context + ": listing its members failed (damaged link table)");
   return names;
 }
 

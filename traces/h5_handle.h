@@ -40,6 +40,9 @@ void check_status(herr_t status, const std::string& context);
 // A file-type-equals-memory-type IEEE half, built as h5py does so numpy sees float16.
 hid_t half_type();
 
+// "file:/path/of/object", for error messages.
+std::string object_name(hid_t obj);
+
 bool link_exists(hid_t loc, const std::string& name);
 bool attr_exists(hid_t obj, const std::string& name);
 
@@ -57,6 +60,7 @@ std::vector<hsize_t> dataset_shape(hid_t dset);
 std::string shape_string(const std::vector<hsize_t>& shape);
 
 // Names of the links directly below `group`, in creation order when tracked, else by name.
-std::vector<std::string> child_names(hid_t group);
+// Throws FormatError naming `context` if the iteration fails partway (a damaged link table).
+std::vector<std::string> child_names(hid_t group, const std::string& context);
 
 }  // namespace kvsim::h5

@@ -183,7 +183,13 @@ std::vector<std::string> SynthConfig::problems() const {
   auto need = [&](bool ok, const std::string& msg) {
     if (!ok) out.push_back("synth: " + msg);
   };
-  need(geometry.head_dim >= 8, "head_dim = " + std::to_string(geometry.head_dim) + ", expected >= 8");
+  // Sink, salient and needle directions need 3 orthogonal slow ("content") dims: the slowest
+  // quarter of the rotary pairs plus any unrotated dims.
+  const int pairs = geometry.rope_dim / 2;
+  const int content_dims = 2 * (pairs - pairs * 3 / 4) + (geometry.head_dim - geometry.rope_dim);
+  need(content_dims >= 3, "head_dim = " + std::to_string(geometry.head_dim) + " with rope_dim = " +
+                              std::to_string(geometry.rope_dim) + " leaves " + std::to_string(content_dims) +
+                              " slow dims, expected >= 3 (use head_dim >= 16)");
   need(n_requests >= 1, "requests = " + std::to_string(n_requests) + ", expected >= 1");
   need(system_tokens >= 1, "system tokens = " + std::to_string(system_tokens) + ", expected >= 1 (holds the sink)");
   need(needle_tokens >= 1, "needle tokens = " + std::to_string(needle_tokens) + ", expected >= 1");

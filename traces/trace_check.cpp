@@ -94,10 +94,14 @@ TraceCheckReport check_trace(const std::string& path) {
         check_reference(reader, h, report);
       } catch (const Error& e) {
         add_lines(report.errors, e.what());
+      } catch (const std::exception& e) {  // e.g. bad_alloc from a hostile size: keep the other findings
+        report.errors.push_back(path + ": request '" + id + "': unreadable (" + e.what() + ")");
       }
     }
   } catch (const Error& e) {
     add_lines(report.errors, e.what());
+  } catch (const std::exception& e) {
+    report.errors.push_back(path + ": unreadable (" + e.what() + ")");
   }
   return report;
 }
@@ -114,7 +118,7 @@ TraceCheckReport check_trace_isolated(const std::string& path) {
     return nlohmann::json{{"errors", report.errors},
                           {"requests", report.requests_checked},
                           {"tokens", report.tokens_checked}}
-        .dump();
+        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   });
   TraceCheckReport report;
   switch (r.status) {

@@ -128,17 +128,23 @@ TraceReader::TraceReader(const std::string& path) : path_(path), impl_(std::make
   if (!h5::link_exists(root, layout::kRequestsGroup)) throw FormatError(path + ": group '/requests' is missing");
   impl_->requests = check(H5Gopen2(root, layout::kRequestsGroup, H5P_DEFAULT), path + ": opening /requests");
   std::vector<std::pair<std::int64_t, std::string>> ordered;
-  for (const std::string& id : h5::child_names(impl_->requests.get())) {
+  for (const std::string& id : h5::child_names(impl_->requests.get(), path + ": /requests")) {
     const std::string ctx = path + ": request '" + id + "'";
-    Handle g = check(H5Gopen2(impl_->requests.get(), id.c_str(), H5P_DEFAULT), ctx + ": not a group");
-    const std::string status = h5::attr_exists(g.get(), layout::kStatusAttr)
-                                   ? h5::read_attr_string(g.get(), layout::kStatusAttr, ctx)
-                                   : std::string("missing");
-    const std::int64_t index = attr_or(g.get(), layout::kIndexAttr, 0, ctx);
-    if (status == layout::kStatusComplete)
-      ordered.emplace_back(index, id);
-    else
+    // A request whose group cannot even be opened (a writer killed between two metadata
+    // writes) is incomplete; it must not make the committed ones unreadable.
+    try {
+      Handle g = check(H5Gopen2(impl_->requests.get(), id.c_str(), H5P_DEFAULT), ctx + ": not a group");
+      const std::string status = h5::attr_exists(g.get(), layout::kStatusAttr)
+                                     ? h5::read_attr_string(g.get(), layout::kStatusAttr, ctx)
+                                     : std::string("missing");
+      const std::int64_t index = attr_or(g.get(), layout::kIndexAttr, 0, ctx);
+      if (status == layout::kStatusComplete)
+        ordered.emplace_back(index, id);
+      else
+        incomplete_.push_back(id);
+    } catch (const FormatError&) {
       incomplete_.push_back(id);
+    }
   }
   std::sort(ordered.begin(), ordered.end());
   for (auto& [index, id] : ordered) complete_.push_back(id);

@@ -58,6 +58,16 @@ std::vector<std::string> ModelGeometry::problems(const std::string& context) con
   positive("n_kv_heads", n_kv_heads);
   positive("head_dim", head_dim);
   positive("vocab", vocab);
+  // Upper limits keep every size product far from overflow and reject hostile attributes.
+  auto at_most = [&](const char* field, std::int64_t v, std::int64_t limit) {
+    if (v > limit)
+      out.push_back(context + ": model/" + field + " = " + std::to_string(v) + ", expected <= " + std::to_string(limit));
+  };
+  at_most("n_layers", n_layers, 1024);
+  at_most("n_q_heads", n_q_heads, 1024);
+  at_most("n_kv_heads", n_kv_heads, 1024);
+  at_most("head_dim", head_dim, 4096);
+  at_most("vocab", vocab, std::int64_t{1} << 31);
   if (n_q_heads > 0 && n_kv_heads > 0 && n_q_heads % n_kv_heads != 0)
     out.push_back(context + ": model/n_q_heads = " + std::to_string(n_q_heads) +
                   " is not a multiple of model/n_kv_heads = " + std::to_string(n_kv_heads));

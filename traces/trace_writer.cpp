@@ -32,7 +32,8 @@ struct TraceWriter::Impl {
   bool reference_written = false;
   std::vector<std::uint16_t> scratch;
 
-  std::string ctx() const { return "request '" + id + "'"; }
+  std::string path;
+  std::string ctx() const { return path + ": request '" + id + "'"; }
 
   Handle create_tensor(const char* name, hsize_t rows, hsize_t heads) {
     const hsize_t dims[4] = {static_cast<hsize_t>(geometry.n_layers), rows, heads,
@@ -44,12 +45,13 @@ struct TraceWriter::Impl {
     // Every chunk is written whole: pre-filling it with zeros would only double the writes.
     check_status(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), ctx() + ": fill time " + name);
     if (options.deflate_level > 0) {
-      check_status(H5Pset_shuffle(dcpl.get()), "shuffle filter");
-      check_status(H5Pset_deflate(dcpl.get(), static_cast<unsigned>(options.deflate_level)), "deflate filter");
+      check_status(H5Pset_shuffle(dcpl.get()), ctx() + ": shuffle filter for " + name);
+      check_status(H5Pset_deflate(dcpl.get(), static_cast<unsigned>(options.deflate_level)),
+                   ctx() + ": deflate filter for " + name);
     }
     // Whole-chunk writes: the chunk cache would only add a copy.
     Handle dapl = check(H5Pcreate(H5P_DATASET_ACCESS), "dataset access list");
-    check_status(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), "chunk cache");
+    check_status(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), ctx() + ": chunk cache for " + name);
     return check(H5Dcreate2(group.get(), name, h5::half_type(), space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()),
                  ctx() + ": creating dataset " + name);
   }
@@ -102,9 +104,17 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
     throw Error(path + ": file exists; refusing to overwrite it (pass --force / overwrite to replace)");
   impl_->geometry = geometry;
   impl_->options = options;
+  impl_->path = path;
   // Default (1.8-compatible) format on purpose: the newest superblock records "open for
   // writing" and a killed writer would leave a file that needs h5clear before it can be read.
-  impl_->file = check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), path + ": cannot create file");
+  // Never reuse freed file space: a block freed by a metadata change (a grown group heap) could
+  // otherwise be overwritten by raw data before the next flush, while the last flushed metadata
+  // still points at it -- a killed writer would then lose the whole file, not just one request.
+  Handle fcpl = check(H5Pcreate(H5P_FILE_CREATE), path + ": file creation list");
+  check_status(H5Pset_file_space_strategy(fcpl.get(), H5F_FSPACE_STRATEGY_NONE, 0, 1), path + ": file space strategy");
+  // EXCL when not overwriting: no window between the existence check and the create.
+  impl_->file = check(H5Fcreate(path.c_str(), options.overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT),
+                      path + ": cannot create file");
   const hid_t root = impl_->file.get();
   h5::write_attr_string(root, layout::kFormatAttr, kTraceFormat);
   h5::write_attr_i64(root, layout::kVersionAttr, kTraceVersion);
@@ -154,6 +164,13 @@ void TraceWriter::begin_request(const RequestHeader& header) {
   if (s.ids.count(header.id)) throw FormatError(path_ + ": request id '" + header.id + "' is used twice");
   const std::string ctx = path_ + ": request '" + header.id + "'";
   join_problems(header.problems(s.geometry, ctx));
+  // One layer of one tensor is one HDF5 chunk, and HDF5 caps chunks below 4 GiB.
+  const double q_chunk = static_cast<double>(header.n_queries()) * s.geometry.n_q_heads * s.geometry.head_dim * 2;
+  const double kv_chunk = static_cast<double>(header.n_tokens()) * s.geometry.n_kv_heads * s.geometry.head_dim * 2;
+  if (std::max(q_chunk, kv_chunk) >= 4294967296.0)
+    throw FormatError(ctx + ": one layer of " + (q_chunk > kv_chunk ? "q" : "k/v") + " would be " +
+                      std::to_string(static_cast<std::int64_t>(std::max(q_chunk, kv_chunk))) +
+                      " bytes, expected < 4 GiB (HDF5's chunk limit); record fewer queries or split the request");
 
   s.id = header.id;
   s.header = header;
