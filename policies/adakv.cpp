@@ -92,11 +92,18 @@ class AdaKv : public Policy {
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "adakv", "head-adaptive budgets inside each layer over any scoring policy's scores (prefill one-shot)",
     "Feng et al., NeurIPS 2025, arXiv 2407.11550",
-    {{"base", "snapkv", "scoring policy whose scores are re-allocated (its default parameters)"},
+    {{"base", "snapkv", "scoring policy whose scores are re-allocated; its parameters follow '/': snapkv/window=64"},
      {"alpha", "0.2", "floor: each head keeps at least alpha x its uniform share (repo GQA advice: 0.2)"},
      {"normalize", "false", "scale each head's scores by the mass its own top share keeps"}},
     [](const Params& p) {
-      PolicyInstance base = PolicyRegistry::instance().create(p.text("base"));
+      // The base's own parameters ride along with '/' (commas separate adakv's):
+      // base=snapkv/window=64/kernel=7 means snapkv:window=64,kernel=7.
+      std::string base_spec = p.text("base");
+      if (const auto slash = base_spec.find('/'); slash != std::string::npos) {
+        base_spec[slash] = ':';
+        std::replace(base_spec.begin() + static_cast<std::ptrdiff_t>(slash), base_spec.end(), '/', ',');
+      }
+      PolicyInstance base = PolicyRegistry::instance().create(base_spec);
       if (!dynamic_cast<const ScoringPolicy*>(base.policy.get()))
         throw Error("policy adakv: parameter 'base' = '" + p.text("base") +
                     "' is not a scoring policy (it must rank tokens by a score)");

@@ -1,0 +1,71 @@
+#pragma once
+// A hand-filled LayerSignals for worked examples: every matrix is set by the test.
+#include <map>
+#include <stdexcept>
+#include <vector>
+
+#include "policies/policy.h"
+
+namespace kvsim::test {
+
+struct OwnedMatrix {
+  std::vector<float> data;
+  std::int64_t rows = 0, cols = 0;
+  OwnedMatrix() = default;
+  OwnedMatrix(std::initializer_list<std::initializer_list<float>> rows_in) {
+    for (const auto& r : rows_in) {
+      cols = static_cast<std::int64_t>(r.size());
+      data.insert(data.end(), r.begin(), r.end());
+      ++rows;
+    }
+  }
+  MatrixView view() const { return {data.data(), rows, cols}; }
+};
+
+class FakeSignals : public LayerSignals {
+ public:
+  FakeSignals(int n_q_heads, int n_kv_heads, std::int64_t n, int layer = 0, int n_layers = 1, int head_dim = 2)
+      : n_(n), layer_(layer) {
+    g_.n_layers = n_layers;
+    g_.n_q_heads = n_q_heads;
+    g_.n_kv_heads = n_kv_heads;
+    g_.head_dim = head_dim;
+    for (std::int64_t j = 0; j < n; ++j) {
+      positions_.push_back(static_cast<std::int32_t>(j));
+      segments_.push_back(1);
+      observed_rows_.push_back(static_cast<std::int32_t>(j));
+    }
+  }
+  const KvGeometry& geometry() const override { return g_; }
+  int layer() const override { return layer_; }
+  std::int64_t n_tokens() const override { return n_; }
+  std::span<const std::int32_t> positions() const override { return positions_; }
+  std::span<const std::int8_t> segments() const override { return segments_; }
+  MatrixView keys(int h) const override { return get(keys_, h, "keys"); }
+  MatrixView values(int h) const override { return get(values_, h, "values"); }
+  MatrixView window_attention(int q, int window) const override {
+    const MatrixView v = get(window_, q, "window attention");
+    if (v.rows != window) throw std::runtime_error("fake: window rows differ from the requested window");
+    return v;
+  }
+  MatrixView observed_attention(int q) const override { return get(observed_, q, "observed attention"); }
+  std::span<const std::int32_t> observed_rows() const override { return observed_rows_; }
+  MatrixView future_attention(int q) const override { return get(future_, q, "future attention"); }
+
+  std::map<int, OwnedMatrix> keys_, values_, window_, observed_, future_;
+  std::vector<std::int32_t> observed_rows_;
+
+ private:
+  static MatrixView get(const std::map<int, OwnedMatrix>& m, int h, const char* what) {
+    const auto it = m.find(h);
+    if (it == m.end()) throw std::runtime_error(std::string("fake: no ") + what + " for head " + std::to_string(h));
+    return it->second.view();
+  }
+  KvGeometry g_;
+  std::int64_t n_;
+  int layer_;
+  std::vector<std::int32_t> positions_;
+  std::vector<std::int8_t> segments_;
+};
+
+}  // namespace kvsim::test

@@ -1,0 +1,169 @@
+// Each policy on a worked example small enough to compute by hand: the exact keep-set.
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "core/error.h"
+#include "fake_signals.h"
+#include "policies/registry.h"
+#include "policies/selection.h"
+
+using namespace kvsim;
+using test::FakeSignals;
+
+namespace {
+
+std::set<int> kept(const HeadPlan& p) {
+  std::set<int> s;
+  for (std::size_t j = 0; j < p.codec.size(); ++j)
+    if (p.codec[j] != TokenCodec::Drop) s.insert(static_cast<int>(j));
+  return s;
+}
+
+LayerPlan run(const std::string& spec, const LayerSignals& s, std::int64_t budget) {
+  return PolicyRegistry::instance().create(spec).policy->compress(s, Budget{budget, 0.5});
+}
+
+}  // namespace
+
+TEST_CASE("top-k keeps protected tokens first and breaks ties toward the recent token", "[policy]") {
+  const std::vector<float> score = {0.3f, 0.6f, 0.3f, 0.2f, 0.2f, 0.0f};
+  CHECK(top_k_mask(score, 2) == std::vector<std::uint8_t>{0, 1, 1, 0, 0, 0});  // 0 and 2 tie: 2 wins
+  const std::vector<std::uint8_t> prot = {0, 0, 0, 0, 0, 1};
+  CHECK(top_k_mask(score, 2, prot) == std::vector<std::uint8_t>{0, 1, 0, 0, 0, 1});
+  // More protected tokens than budget: the most recent protected ones stay.
+  CHECK(top_k_mask(score, 1, std::vector<std::uint8_t>{1, 1, 0, 0, 0, 0}) == std::vector<std::uint8_t>{0, 1, 0, 0, 0, 0});
+  CHECK(top_k_mask(score, 0) == std::vector<std::uint8_t>(6, 0));
+  CHECK(top_k_mask(score, 99) == std::vector<std::uint8_t>(6, 1));
+}
+
+TEST_CASE("pooling pads like PyTorch: avg counts zero padding, max ignores it", "[policy]") {
+  const std::vector<float> x = {0.3f, 0.6f, 0.3f, 0.2f};
+  const auto avg = pool1d(x, 3, PoolKind::Avg);
+  CHECK(avg[0] == Approx(0.3));  // (0 + 0.3 + 0.6) / 3
+  CHECK(avg[1] == Approx(0.4));
+  CHECK(avg[3] == Approx((0.3 + 0.2) / 3));
+  const auto mx = pool1d(x, 3, PoolKind::Max);
+  CHECK(mx == std::vector<float>{0.6f, 0.6f, 0.6f, 0.3f});
+}
+
+TEST_CASE("full keeps everything; random keeps exactly the budget, reproducibly", "[policy]") {
+  FakeSignals s(2, 2, 50, 3, 8);
+  CHECK(kept(run("full", s, 5).heads[1]).size() == 50);
+  const auto a = run("random:seed=1", s, 12), b = run("random:seed=1", s, 12), c = run("random:seed=2", s, 12);
+  CHECK(kept(a.heads[0]).size() == 12);
+  CHECK(kept(a.heads[0]) == kept(b.heads[0]));
+  CHECK(kept(a.heads[0]) != kept(c.heads[0]));
+  CHECK(kept(a.heads[0]) != kept(a.heads[1]));
+}
+
+TEST_CASE("streamingllm keeps sinks and the most recent tokens", "[policy]") {
+  FakeSignals s(1, 1, 10);
+  CHECK(kept(run("streamingllm:sinks=2", s, 5).heads[0]) == std::set<int>{0, 1, 7, 8, 9});
+  CHECK(kept(run("streamingllm", s, 6).heads[0]) == std::set<int>{0, 1, 2, 3, 8, 9});
+}
+
+TEST_CASE("snapkv: window votes, pooling, tie rule, GQA aggregation", "[policy]") {
+  FakeSignals s(1, 1, 8);
+  s.window_[0] = {{0.1f, 0.5f, 0.0f, 0.2f, 0.1f, 0.0f, 0.1f, 0.0f}, {0.2f, 0.1f, 0.3f, 0.0f, 0.1f, 0.0f, 0.1f, 0.2f}};
+  // Column sums [0.3 0.6 0.3 0.2 0.2 0 0.2 0.2]; window {6, 7} protected; 0 and 2 tie: 2 is newer.
+  CHECK(kept(run("snapkv:window=2,kernel=1,pool=none", s, 4).heads[0]) == std::set<int>{1, 2, 6, 7});
+  // avg-pooled (kernel 3): [0.3 0.4 0.367 0.233 0.133 0.133 ...]
+  CHECK(kept(run("snapkv:window=2,kernel=3,pool=avg", s, 4).heads[0]) == std::set<int>{1, 2, 6, 7});
+  CHECK(kept(run("snapkv:window=2,kernel=3,pool=avg", s, 5).heads[0]) == std::set<int>{0, 1, 2, 6, 7});
+
+  FakeSignals g(2, 1, 5);  // one KV head shared by two query heads
+  g.window_[0] = {{0.45f, 0.0f, 0.0f, 0.35f, 0.2f}};
+  g.window_[1] = {{0.0f, 0.0f, 0.1f, 0.3f, 0.6f}};
+  CHECK(kept(run("snapkv:window=1,kernel=1,pool=none,gqa=mean", g, 2).heads[0]) == std::set<int>{3, 4});
+  CHECK(kept(run("snapkv:window=1,kernel=1,pool=none,gqa=max", g, 2).heads[0]) == std::set<int>{0, 4});
+}
+
+TEST_CASE("pyramidkv gives low layers more, with the mean at the budget", "[policy]") {
+  // n=100, budget 30, window 4, 4 layers, beta 20: base 26, caps 51 35 19 3 (sum 108 > 104),
+  // trimmed by one each -> 50 34 18 2, plus the window.
+  std::vector<std::int64_t> counts;
+  for (int layer = 0; layer < 4; ++layer) {
+    FakeSignals s(1, 1, 100, layer, 4);
+    test::OwnedMatrix w;
+    w.rows = 4;
+    w.cols = 100;
+    w.data.assign(400, 0.01f);
+    s.window_[0] = w;
+    counts.push_back(static_cast<std::int64_t>(kept(run("pyramidkv:window=4", s, 30).heads[0]).size()));
+  }
+  CHECK(counts == std::vector<std::int64_t>{54, 38, 22, 6});
+}
+
+TEST_CASE("adakv shares a layer's budget across heads with a floor", "[policy]") {
+  FakeSignals s(2, 2, 6);
+  s.window_[0] = {{0.05f, 0.05f, 0.6f, 0.1f, 0.1f, 0.1f}};
+  s.window_[1] = {{0.2f, 0.2f, 0.15f, 0.15f, 0.1f, 0.2f}};
+  // Share 2 per head beyond the window; global top 4 = h0:2, h1:1, h1:0, h1:3 -> won 1 and 3;
+  // caps round(0.8*won + 0.2*2) = 1 and 3.
+  const auto plan = run("adakv:base=snapkv/window=1/kernel=1/pool=none,alpha=0.2", s, 3);
+  CHECK(kept(plan.heads[0]) == std::set<int>{2, 5});
+  CHECK(kept(plan.heads[1]) == std::set<int>{0, 1, 3, 5});
+  // alpha = 1 is the uniform split.
+  const auto uniform = run("adakv:base=snapkv/window=1/kernel=1/pool=none,alpha=1", s, 3);
+  CHECK(kept(uniform.heads[0]) == std::set<int>{2, 4, 5});
+  CHECK_THROWS_WITH(run("adakv:base=keydiff", s, 3), Catch::Contains("is not a scoring policy"));
+}
+
+TEST_CASE("h2o keeps heavy hitters by accumulated attention plus recent tokens", "[policy]") {
+  FakeSignals s(1, 1, 5);
+  s.observed_[0] = {{1, 0, 0, 0, 0}, {0.5f, 0.5f, 0, 0, 0}, {0.2f, 0.6f, 0.2f, 0, 0}, {0.1f, 0.1f, 0.1f, 0.7f, 0},
+                    {0.3f, 0.1f, 0.2f, 0.2f, 0.2f}};
+  // Sums [2.1 1.3 0.5 0.9 0.2]; recent = floor(0.5*3) = 1.
+  CHECK(kept(run("h2o", s, 3).heads[0]) == std::set<int>{0, 1, 4});
+  // Normalised by how many queries saw each token: [0.42 0.325 0.167 0.45 0.2].
+  CHECK(kept(run("h2o:normalize=true", s, 3).heads[0]) == std::set<int>{0, 3, 4});
+}
+
+TEST_CASE("tova uses the last query averaged over all heads, one set for every KV head", "[policy]") {
+  FakeSignals s(2, 2, 5);
+  s.window_[0] = {{0.1f, 0.4f, 0.1f, 0.2f, 0.2f}};
+  s.window_[1] = {{0.5f, 0.0f, 0.1f, 0.2f, 0.2f}};
+  // Mean [0.3 0.2 0.1 0.2 0.2]; last token protected; 1 and 3 tie: 3 is newer.
+  const auto plan = run("tova", s, 3);
+  CHECK(kept(plan.heads[0]) == std::set<int>{0, 3, 4});
+  CHECK(kept(plan.heads[1]) == std::set<int>{0, 3, 4});
+}
+
+TEST_CASE("keydiff keeps the most distinctive keys, one-shot or block by block", "[policy]") {
+  FakeSignals s(1, 1, 5);
+  s.keys_[0] = {{1, 0}, {1, 0.1f}, {0, 1}, {1, -0.1f}, {-1, 0}};
+  CHECK(kept(run("keydiff:block=0", s, 2).heads[0]) == std::set<int>{2, 4});
+  CHECK(kept(run("keydiff:block=0", s, 3).heads[0]) == std::set<int>{2, 3, 4});
+  // Blocks of 2: {0,1} -> {0,1,2,3} cut to {2,3} -> {2,3,4} cut to {3,4}.
+  CHECK(kept(run("keydiff:block=2", s, 2).heads[0]) == std::set<int>{3, 4});
+}
+
+TEST_CASE("oracle_future keeps what the future queries attend to", "[policy]") {
+  FakeSignals s(2, 2, 4);
+  s.future_[0] = {{0.5f, 0.1f, 0.1f, 0.3f}, {0.3f, 0.1f, 0.2f, 0.4f}};
+  s.future_[1] = {{0.1f, 0.1f, 0.1f, 0.7f}, {0.1f, 0.1f, 0.1f, 0.7f}};
+  auto plan = run("oracle_future", s, 2);
+  CHECK(kept(plan.heads[0]) == std::set<int>{0, 3});
+  CHECK(kept(plan.heads[1]) == std::set<int>{2, 3});  // ties at 0.2: the newest wins
+  // alloc=layer: global top 4 of the layer = h1:3, h0:0, h0:3, h0:2.
+  plan = run("oracle_future:alloc=layer", s, 2);
+  CHECK(kept(plan.heads[0]) == std::set<int>{0, 2, 3});
+  CHECK(kept(plan.heads[1]) == std::set<int>{3});
+}
+
+TEST_CASE("the registry rejects unknown policies and parameters, naming the valid ones", "[policy]") {
+  auto& reg = PolicyRegistry::instance();
+  CHECK_THROWS_WITH(reg.create("snapkvv"), Catch::Contains("unknown policy 'snapkvv'") && Catch::Contains("snapkv"));
+  CHECK_THROWS_WITH(reg.create("snapkv:windw=3"),
+                    Catch::Contains("unknown parameter 'windw'") && Catch::Contains("window"));
+  CHECK_THROWS_WITH(reg.create("snapkv:window=abc"), Catch::Contains("'window' = 'abc', expected an integer"));
+  CHECK_THROWS_WITH(reg.create("snapkv:pool=median"), Catch::Contains("expected avg | max | none"));
+  CHECK_THROWS_WITH(reg.create("snapkv:window"), Catch::Contains("is not key=value"));
+  CHECK(reg.create("snapkv:kernel=7").params == "window=32,kernel=7,pool=avg,gqa=mean");
+  for (const PolicyInfo* p : reg.all()) {
+    INFO(p->name);
+    CHECK_FALSE(p->description.empty());
+    CHECK_FALSE(p->citation.empty());
+  }
+}

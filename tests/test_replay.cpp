@@ -1,0 +1,205 @@
+// Replay engine: metrics against a brute-force recomputation, properties every policy must
+// satisfy, and golden keep-sets for every policy at three budgets.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "policies/registry.h"
+#include "sim/replay.h"
+#include "trace_fixtures.h"
+
+using namespace kvsim;
+
+namespace {
+
+SynthConfig replay_config() {
+  SynthConfig cfg = test::small_synth_config(3);
+  cfg.n_requests = 2;
+  cfg.context_tokens = 120;
+  cfg.needle_tokens = 6;
+  cfg.question_tokens = 8;
+  cfg.generated_tokens = 8;
+  cfg.retrieval_head_fraction = 0.5;
+  return cfg;
+}
+
+const std::string& replay_trace() {
+  static const std::string path = test::write_small_trace("replay.h5", replay_config());
+  return path;
+}
+
+std::vector<ReplayConfig> configs(const std::vector<std::string>& specs, const std::vector<double>& budgets) {
+  std::vector<ReplayConfig> out;
+  for (const auto& s : specs) {
+    PolicyInstance inst = PolicyRegistry::instance().create(s);
+    std::shared_ptr<const Policy> impl(std::move(inst.policy));
+    for (double b : budgets) out.push_back({inst.name, inst.params, impl, b});
+  }
+  return out;
+}
+
+// Every registered policy, with parameters that fit the small trace's recorded queries.
+std::vector<std::string> every_policy() {
+  std::vector<std::string> specs;
+  for (const PolicyInfo* p : PolicyRegistry::instance().all()) specs.push_back(p->name);
+  return specs;
+}
+
+}  // namespace
+
+TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const ModelGeometry& g = reader.geometry();
+  const double budget = GENERATE(0.1, 0.75);  // kept side and dropped side of the shortcut
+  const Replayer replayer(reader, ReplayMode::QueryAware, configs({"streamingllm:sinks=4"}, {budget}));
+  const RequestResult res = replayer.replay("r0");
+  const ConfigResult& r = res.configs[0];
+
+  const RequestHeader h = reader.header("r0");
+  const std::int64_t c = h.n_prompt, T = h.n_tokens(), d = g.head_dim, G = g.group_size();
+  const std::int64_t B = static_cast<std::int64_t>(std::floor(budget * static_cast<double>(c)));
+  auto kept = [&](std::int64_t j) { return j >= c || j < 4 || j >= c - (B - 4); };
+  double recall_sum = 0, err_sum = 0;
+  std::int64_t rows = 0;
+  for (int layer = 0; layer < g.n_layers; ++layer) {
+    std::vector<float> k(reader.layer_elements("r0", Tensor::K)), v(k.size()), q(reader.layer_elements("r0", Tensor::Q));
+    reader.read_layer("r0", Tensor::K, layer, k);
+    reader.read_layer("r0", Tensor::V, layer, v);
+    reader.read_layer("r0", Tensor::Q, layer, q);
+    for (std::size_t qi = 0; qi < h.q_index.size(); ++qi) {
+      const std::int64_t t = h.q_index[qi];
+      if (t < c) continue;
+      for (std::int64_t qh = 0; qh < g.n_q_heads; ++qh) {
+        const std::int64_t kv = qh / G;
+        std::vector<double> a(static_cast<std::size_t>(t + 1));
+        double mx = -1e300;
+        for (std::int64_t j = 0; j <= t; ++j) {
+          double dot = 0;
+          for (std::int64_t x = 0; x < d; ++x)
+            dot += static_cast<double>(q[(qi * g.n_q_heads + qh) * d + x]) * k[(j * g.n_kv_heads + kv) * d + x];
+          a[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(d));
+          mx = std::max(mx, a[static_cast<std::size_t>(j)]);
+        }
+        double z = 0, m = 0;
+        for (auto& x : a) z += (x = std::exp(x - mx));
+        std::vector<double> o(static_cast<std::size_t>(d), 0.0), ok(o.size(), 0.0);
+        for (std::int64_t j = 0; j <= t; ++j) {
+          const double p = a[static_cast<std::size_t>(j)] / z;
+          if (kept(j)) m += p;
+          for (std::int64_t x = 0; x < d; ++x) {
+            const double vx = v[(j * g.n_kv_heads + kv) * d + x];
+            o[static_cast<std::size_t>(x)] += p * vx;
+            if (kept(j)) ok[static_cast<std::size_t>(x)] += p * vx;
+          }
+        }
+        double num = 0, den = 0;
+        for (std::int64_t x = 0; x < d; ++x) {
+          const double diff = o[static_cast<std::size_t>(x)] - ok[static_cast<std::size_t>(x)] / m;
+          num += diff * diff;
+          den += o[static_cast<std::size_t>(x)] * o[static_cast<std::size_t>(x)];
+        }
+        recall_sum += m;
+        err_sum += std::sqrt(num / den);
+        ++rows;
+      }
+    }
+  }
+  CHECK(r.rows == rows);
+  CHECK(r.mean_recall == Approx(recall_sum / static_cast<double>(rows)).epsilon(1e-4));
+  CHECK(r.mean_err == Approx(err_sum / static_cast<double>(rows)).epsilon(1e-3));
+  CHECK(r.kept_fraction == Approx(static_cast<double>(B) / static_cast<double>(c)));
+  CHECK(r.compressed_bytes == Approx(static_cast<double>(B * g.n_layers * g.n_kv_heads * 4 * d)));
+  CHECK(res.eval_queries == T - c);
+}
+
+TEST_CASE("one pass over many configs equals replaying each alone", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const auto all = configs({"snapkv", "h2o", "random:seed=4", "keydiff"}, {0.1, 0.5});
+  const RequestResult together = Replayer(reader, ReplayMode::QueryAware, all).replay("r1");
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    const RequestResult alone = Replayer(reader, ReplayMode::QueryAware, {all[p]}).replay("r1");
+    INFO(all[p].label() << " @ " << all[p].budget);
+    CHECK(alone.configs[0].keep_hash == together.configs[p].keep_hash);
+    CHECK(alone.configs[0].mean_kl == Approx(together.configs[p].mean_kl).epsilon(1e-12));
+    CHECK(alone.configs[0].mean_err == Approx(together.configs[p].mean_err).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("replay properties hold for every policy", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
+  const std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75, 1.0};
+  const auto cfgs = configs(every_policy(), budgets);
+  for (const std::string id : {"r0", "r1"}) {
+    const RequestResult res = Replayer(reader, mode, cfgs).replay(id);
+    auto result = [&](const std::string& policy, double budget) -> const ConfigResult& {
+      for (std::size_t p = 0; p < cfgs.size(); ++p)
+        if (cfgs[p].policy == policy && cfgs[p].budget == budget) return res.configs[p];
+      throw Error("no result for " + policy);
+    };
+    for (std::size_t p = 0; p < cfgs.size(); ++p) {
+      const ConfigResult& r = res.configs[p];
+      INFO(mode_name(mode) << " " << id << " " << cfgs[p].label() << " @ " << cfgs[p].budget);
+      if (cfgs[p].budget == 1.0 || cfgs[p].policy == "full") {  // no compression: exact
+        CHECK(r.mean_kl == 0.0);
+        CHECK(r.mean_err == 0.0);
+        CHECK(r.mean_recall == 1.0);
+      } else {
+        CHECK(r.compressed_bytes <= r.budget_bytes);
+        CHECK(r.mean_recall <= 1.0 + 1e-9);
+        CHECK(r.mean_kl >= 0.0);
+      }
+    }
+    for (double b : {0.1, 0.25, 0.5, 0.75}) {
+      const double oracle = result("oracle_future", b).mean_recall;
+      for (const std::string uniform : {"random", "streamingllm", "snapkv", "h2o", "tova", "keydiff"}) {
+        INFO(mode_name(mode) << " " << id << " budget " << b << ": oracle_future vs " << uniform);
+        CHECK(oracle >= result(uniform, b).mean_recall - 1e-6);
+      }
+    }
+    for (auto [lo, hi] : {std::pair{0.1, 0.25}, std::pair{0.25, 0.5}, std::pair{0.5, 0.75}, std::pair{0.75, 1.0}}) {
+      CHECK(result("oracle_future", lo).mean_recall <= result("oracle_future", hi).mean_recall + 1e-9);
+      CHECK(result("oracle_future", lo).mean_kl >= result("oracle_future", hi).mean_kl - 1e-9);
+    }
+  }
+}
+
+TEST_CASE("query-agnostic compression hurts SnapKV on a needle task", "[replay]") {
+  // Longer context, strong retrieval heads: in query-aware mode the question is in SnapKV's
+  // window and votes for the needle; in query-agnostic mode the window never sees it.
+  SynthConfig cfg = replay_config();
+  cfg.context_tokens = 400;
+  cfg.question_tokens = 16;
+  cfg.n_requests = 1;
+  const std::string path = test::write_small_trace("needle.h5", cfg);
+  const TraceReader reader(path);
+  const auto cfgs = configs({"snapkv"}, {0.1});
+  const double aware = Replayer(reader, ReplayMode::QueryAware, cfgs).replay("r0").configs[0].mean_kl;
+  const double agnostic = Replayer(reader, ReplayMode::QueryAgnostic, cfgs).replay("r0").configs[0].mean_kl;
+  INFO("query-aware KL " << aware << ", query-agnostic KL " << agnostic);
+  CHECK(agnostic > 1.5 * aware);
+}
+
+TEST_CASE("golden keep-sets: every policy x 3 budgets", "[replay][golden]") {
+  const TraceReader reader(replay_trace());
+  const auto cfgs = configs(every_policy(), {0.1, 0.25, 0.5});
+  std::ostringstream table;
+  for (const auto mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    const RequestResult res = Replayer(reader, mode, cfgs).replay("r0");
+    for (std::size_t p = 0; p < cfgs.size(); ++p)
+      table << mode_name(mode) << " " << cfgs[p].label() << " " << cfgs[p].budget << " " << res.configs[p].keep_hash
+            << " " << static_cast<std::int64_t>(res.configs[p].compressed_bytes) << "\n";
+  }
+  const std::string golden_path = std::string(KVSIM_TEST_SOURCE_DIR) + "/golden/replay_keepsets.txt";
+  if (std::getenv("KVSIM_UPDATE_GOLDEN")) std::ofstream(golden_path) << table.str();
+  std::ifstream in(golden_path);
+  std::stringstream expected;
+  expected << in.rdbuf();
+  INFO("golden file " << golden_path << " (regenerate with KVSIM_UPDATE_GOLDEN=1 after an intended change);"
+       << " this run produced:\n" << table.str());
+  CHECK(expected.str() == table.str());
+}

@@ -1,0 +1,115 @@
+// kvsim sweep as a whole: config expansion, bad input, resumption after a kill.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "core/error.h"
+#include "sim/sweep.h"
+#include "trace_fixtures.h"
+
+using namespace kvsim;
+
+namespace {
+
+SweepSpec small_spec(const std::string& out) {
+  SweepSpec spec;
+  spec.traces = {test::write_small_trace("sweep.h5")};
+  spec.policies = {"full", "snapkv:window=8", "h2o", "oracle_future"};
+  spec.budgets = {0.2, 0.5};
+  spec.out_csv = test::scratch_file(out);
+  spec.progress = false;
+  spec.force = true;
+  return spec;
+}
+
+std::vector<std::string> data_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty() && l[0] != '#' && l.rfind("trace,", 0) != 0) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a sweep writes one row per request x config and a ranked summary", "[sweep]") {
+  const SweepSpec spec = small_spec("basic.csv");
+  const auto summary = run_sweep(spec, std::cerr);
+  // full once + 3 policies x 2 budgets = 7 configs, 3 requests.
+  CHECK(data_lines(spec.out_csv).size() == 21);
+  REQUIRE(summary.size() == 7);
+  CHECK(summary.back().label == "full");
+  std::ifstream in(spec.out_csv);
+  std::string first, second;
+  std::getline(in, first);
+  std::getline(in, second);
+  CHECK(first.rfind("# kvsim sweep", 0) == 0);
+  CHECK(second.rfind("# config: {", 0) == 0);
+  CHECK(second.find("\"snapkv:window=8,kernel=5,pool=avg,gqa=mean\"") != std::string::npos);
+  for (std::size_t i = 1; i < summary.size(); ++i)
+    if (summary[i].budget == summary[i - 1].budget) CHECK(summary[i].mean_kl >= summary[i - 1].mean_kl);
+}
+
+TEST_CASE("a killed sweep resumes without losing or repeating rows", "[sweep]") {
+  SweepSpec spec = small_spec("resume.csv");
+  run_sweep(spec, std::cerr);
+  const auto complete = data_lines(spec.out_csv);
+  // Simulate a kill: keep the header, the first request's rows and half a row of the second.
+  std::ifstream in(spec.out_csv);
+  std::ostringstream cut;
+  int data = 0;
+  for (std::string l; std::getline(in, l);) {
+    const bool is_data = !l.empty() && l[0] != '#' && l.rfind("trace,", 0) != 0;
+    if (is_data && ++data > 8) break;
+    cut << l << "\n";
+  }
+  cut << complete[8].substr(0, 20);  // a torn row
+  in.close();
+  std::ofstream(spec.out_csv, std::ios::trunc) << cut.str();
+  spec.force = false;
+  spec.resume = true;
+  run_sweep(spec, std::cerr);
+  CHECK(data_lines(spec.out_csv) == complete);
+
+  // Resuming with another configuration is refused, and the file is left alone.
+  spec.budgets = {0.3};
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("--resume with a different configuration"));
+  CHECK(data_lines(spec.out_csv) == complete);
+  spec.resume = false;
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("exists; pass --resume"));
+}
+
+TEST_CASE("bad sweep input is rejected with a clear message", "[sweep]") {
+  SweepSpec spec = small_spec("bad.csv");
+  spec.policies = {"nope"};
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("unknown policy 'nope'") && Catch::Contains("snapkv"));
+  spec.policies = {"h2o:heavy=3"};
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("unknown parameter 'heavy'"));
+  spec.policies = {"snapkv"};
+  for (double b : {0.0, -0.5, 1.5}) {
+    spec.budgets = {b};
+    CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("expected a fraction of the full KV bytes in (0, 1]"));
+  }
+  spec.budgets = {0.5};
+
+  SynthConfig other = test::small_synth_config();
+  other.geometry.n_layers = 3;
+  spec.traces.push_back(test::write_small_trace("other_geometry.h5", other));
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("model geometry (3 layers") && Catch::Contains("differs"));
+
+  const std::string empty = test::scratch_file("empty.h5");
+  { TraceWriter w(empty, test::small_synth_config().geometry, {}, TraceWriterOptions{true, 0}); }
+  spec.traces = {empty};
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("no complete requests"));
+
+  // A policy that needs queries the trace did not record says which.
+  SynthConfig sparse = test::small_synth_config();
+  sparse.all_queries = false;
+  sparse.query_window = 4;
+  spec.traces = {test::write_small_trace("sparse_queries.h5", sparse)};
+  spec.policies = {"snapkv:window=16"};
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("needs the queries of the last 16 tokens"));
+}
