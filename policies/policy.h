@@ -51,6 +51,8 @@ class LayerSignals {
   // Attention rows of every cached token whose query was recorded, [m, n], and their indices.
   virtual MatrixView observed_attention(int q_head) const = 0;
   virtual std::span<const std::int32_t> observed_rows() const = 0;
+  // The recorded post-RoPE queries of those tokens, [m, d] (rows as observed_rows()).
+  virtual MatrixView observed_queries(int q_head) const = 0;
   // Oracle signal, offline only: attention (over the full, uncompressed cache, restricted to
   // the n cached tokens) of the evaluation queries that come after the compression point,
   // [e, n]. Live engines throw: the future is not known there.

@@ -37,6 +37,18 @@ std::vector<const PolicyInfo*> PolicyRegistry::all() const {
   return out;
 }
 
+std::string PolicyRegistry::compact_label(const std::string& name, const std::string& canonical_params) const {
+  const PolicyInfo& info = find(name);
+  const auto given = split_policy_spec(name + (canonical_params.empty() ? "" : ":" + canonical_params)).second;
+  std::string changed;
+  for (const auto& spec : info.params) {
+    const auto it = given.find(spec.key);
+    if (it != given.end() && it->second != spec.default_value)
+      changed += (changed.empty() ? "" : ",") + spec.key + "=" + it->second;
+  }
+  return changed.empty() ? name : name + ":" + changed;
+}
+
 PolicyInstance PolicyRegistry::create(const std::string& spec) const {
   auto [name, given] = split_policy_spec(spec);
   const PolicyInfo& info = find(name);

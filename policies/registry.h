@@ -37,6 +37,8 @@ class PolicyRegistry {
   std::vector<const PolicyInfo*> all() const;  // sorted by name
   // "name" or "name:key=value,...".
   PolicyInstance create(const std::string& spec) const;
+  // "name" plus only the parameters that differ from their defaults: for tables.
+  std::string compact_label(const std::string& name, const std::string& canonical_params) const;
 
  private:
   std::vector<PolicyInfo> infos_;

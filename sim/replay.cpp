@@ -74,6 +74,16 @@ class ReplaySignals final : public LayerSignals {
     return attention(q_head, 0, static_cast<std::int64_t>(observed_.size()), 0);
   }
   std::span<const std::int32_t> observed_rows() const override { return observed_; }
+  MatrixView observed_queries(int q_head) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find({q_head, -1});
+    if (it == cache_.end()) {
+      const int Hq = g_.n_q_heads, d = g_.head_dim;
+      const auto m = static_cast<Eigen::Index>(observed_.size());
+      it = cache_.emplace(std::make_pair(q_head, -1), Mat(StridedMap(q_.data() + q_head * d, m, d, Eigen::OuterStride<>(Hq * d)))).first;
+    }
+    return view(it->second);
+  }
   MatrixView future_attention(int q_head) const override { return view(future_[static_cast<std::size_t>(q_head)]); }
 
  private:

@@ -201,7 +201,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
     const auto f = parse_csv_line(line);
     const double budget = std::stod(f[5]);
-    const std::string label = f[4].empty() ? f[3] : f[3] + ":" + f[4];
+    const std::string label = PolicyRegistry::instance().compact_label(f[3], f[4]);
     SweepSummaryRow& s = agg[{budget, label}];
     s.label = label;
     s.budget = budget;

@@ -51,8 +51,9 @@ class FakeSignals : public LayerSignals {
   MatrixView observed_attention(int q) const override { return get(observed_, q, "observed attention"); }
   std::span<const std::int32_t> observed_rows() const override { return observed_rows_; }
   MatrixView future_attention(int q) const override { return get(future_, q, "future attention"); }
+  MatrixView observed_queries(int q) const override { return get(queries_, q, "observed queries"); }
 
-  std::map<int, OwnedMatrix> keys_, values_, window_, observed_, future_;
+  std::map<int, OwnedMatrix> keys_, values_, window_, observed_, future_, queries_;
   std::vector<std::int32_t> observed_rows_;
 
  private:

@@ -167,3 +167,23 @@ TEST_CASE("the registry rejects unknown policies and parameters, naming the vali
     CHECK_FALSE(p->citation.empty());
   }
 }
+
+TEST_CASE("expected_attention scores keys by expected attention of the mean query times |v|", "[policy]") {
+  FakeSignals s(1, 1, 5);  // head_dim 2, no rotary dims: the mean rotation is the identity
+  s.queries_[0] = {{9, 9}, {1, 0}, {1, 0}, {3, 0}, {3, 0}};  // row 0 is a sink: left out, mean (2, 0)
+  s.keys_[0] = {{0, 0}, {1, 0}, {0, 1}, {-1, 0}, {2, 0}};
+  s.values_[0] = {{1, 0}, {1, 0}, {0, 3}, {1, 0}, {0.1f, 0}};
+  // z = mu.k / sqrt(2): [., 1.41, 0, -1.41, 2.83] -> p = [., .185, .045, .011, .76]; x |v| = [., .185, .135, .011, .076]
+  CHECK(kept(run("expected_attention:sinks=1,covariance=false", s, 2).heads[0]) == std::set<int>{0, 1});
+  CHECK(kept(run("expected_attention:sinks=1,covariance=false", s, 3).heads[0]) == std::set<int>{0, 1, 2});
+  CHECK(kept(run("expected_attention:sinks=1,covariance=false,vnorm=false", s, 2).heads[0]) == std::set<int>{0, 4});
+}
+
+TEST_CASE("oracle_golden keeps by the best block, oracle_future by the total", "[policy]") {
+  FakeSignals s(1, 1, 3);
+  s.future_[0] = {{0.0f, 0.9f, 0.1f}, {0.6f, 0.1f, 0.3f}, {0.0f, 0.5f, 0.5f}};
+  // Block maxima [0.6 0.9 0.5] vs sums [0.6 1.5 0.9].
+  CHECK(kept(run("oracle_golden:block=1", s, 2).heads[0]) == std::set<int>{0, 1});
+  CHECK(kept(run("oracle_future", s, 2).heads[0]) == std::set<int>{1, 2});
+  CHECK(kept(run("oracle_golden:block=3", s, 2).heads[0]) == std::set<int>{1, 2});  // one block: the mean
+}

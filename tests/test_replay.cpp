@@ -156,7 +156,8 @@ TEST_CASE("replay properties hold for every policy", "[replay]") {
     }
     for (double b : {0.1, 0.25, 0.5, 0.75}) {
       const double oracle = result("oracle_future", b).mean_recall;
-      for (const std::string uniform : {"random", "streamingllm", "snapkv", "h2o", "tova", "keydiff"}) {
+      for (const std::string uniform :
+           {"random", "streamingllm", "snapkv", "h2o", "tova", "keydiff", "expected_attention", "oracle_golden"}) {
         INFO(mode_name(mode) << " " << id << " budget " << b << ": oracle_future vs " << uniform);
         CHECK(oracle >= result(uniform, b).mean_recall - 1e-6);
       }

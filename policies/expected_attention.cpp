@@ -1,0 +1,143 @@
+// Expected Attention — Devoto, Jeblick, Jégou, "Expected Attention: KV Cache Compression by
+// Estimating Attention from Future Queries Distribution", arXiv 2510.00636
+// (kvpress expected_attention_press.py).
+// Rule: model future queries as a Gaussian fitted to the prompt's pre-RoPE queries, rotated to
+// the next positions on average; score each key by its expected attention times ‖v‖.
+#include <Eigen/Dense>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rope.h"
+#include "policies/registry.h"
+#include "policies/selection.h"
+
+namespace kvsim {
+namespace {
+
+using Mat = Eigen::MatrixXd;
+
+struct Options {
+  std::int64_t future = 512;
+  std::int64_t sinks = 4;
+  bool covariance = true;
+  bool vnorm = true;
+  double epsilon = 0.0;
+};
+
+// Mean RoPE rotation over positions [start, start + count): per pair, mean cos and mean sin.
+Mat mean_rotation(const RopeSpec& rope, std::int64_t start, std::int64_t count) {
+  Mat r = Mat::Identity(rope.head_dim, rope.head_dim);
+  for (int i = 0; i < rope.rope_dim / 2; ++i) {
+    const double w = rope_frequency(rope, i);
+    double c = 0, s = 0;
+    for (std::int64_t t = start; t < start + count; ++t) {
+      c += std::cos(static_cast<double>(t) * w);
+      s += std::sin(static_cast<double>(t) * w);
+    }
+    c /= static_cast<double>(count);
+    s /= static_cast<double>(count);
+    const int a = rope_pair_first(rope, i), b = rope_pair_second(rope, i);
+    r(a, a) = c;
+    r(a, b) = -s;
+    r(b, a) = s;
+    r(b, b) = c;
+  }
+  return r;
+}
+
+class ExpectedAttention : public ScoringPolicy {
+ public:
+  explicit ExpectedAttention(Options o) : o_(o) {}
+
+  std::vector<HeadScores> score(const LayerSignals& s) const override {
+    const KvGeometry& g = s.geometry();
+    const int d = g.head_dim;
+    const std::int64_t n = s.n_tokens();
+    const auto rows = s.observed_rows();
+    const auto positions = s.positions();
+    RopeSpec rope = g.rope;
+    rope.head_dim = d;
+    const Mat rbar = mean_rotation(rope, positions[static_cast<std::size_t>(n - 1)] + 1, o_.future);
+    std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
+    for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+      const MatrixView keys = s.keys(kv), values = s.values(kv);
+      std::vector<std::vector<float>> per_q;
+      for (int r = 0; r < g.group(); ++r) {
+        const int qh = kv * g.group() + r;
+        const MatrixView q = s.observed_queries(qh);
+        // Pre-RoPE statistics of the prompt queries past the sinks.
+        std::vector<float> x(static_cast<std::size_t>(d));
+        Eigen::VectorXd mu = Eigen::VectorXd::Zero(d);
+        Mat sigma = Mat::Zero(d, d);
+        std::vector<Eigen::VectorXd> pre;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          if (rows[i] < o_.sinks) continue;
+          std::copy(q.row(static_cast<std::int64_t>(i)), q.row(static_cast<std::int64_t>(i)) + d, x.begin());
+          apply_rope(rope, x.data(), 1, positions[static_cast<std::size_t>(rows[i])], true);
+          pre.push_back(Eigen::Map<const Eigen::VectorXf>(x.data(), d).cast<double>());
+          mu += pre.back();
+        }
+        if (pre.empty())
+          throw Error("policy expected_attention: no recorded prompt queries past the " + std::to_string(o_.sinks) +
+                      " sinks to fit the query distribution");
+        mu /= static_cast<double>(pre.size());
+        if (o_.covariance)
+          for (const auto& v : pre) sigma += (v - mu) * (v - mu).transpose();
+        sigma /= static_cast<double>(pre.size());
+        const Eigen::VectorXd mu_r = rbar * mu;
+        const Mat sigma_r = rbar * sigma * rbar.transpose();
+        // log E[exp(q.k / sqrt d)] for Gaussian q, softmax over the non-sink keys.
+        std::vector<double> z(static_cast<std::size_t>(n), -INFINITY);
+        double zmax = -INFINITY;
+        for (std::int64_t j = o_.sinks; j < n; ++j) {
+          const Eigen::VectorXd k = Eigen::Map<const Eigen::VectorXf>(keys.row(j), d).cast<double>();
+          const double v = mu_r.dot(k) / std::sqrt(static_cast<double>(d)) + k.dot(sigma_r * k) / (2.0 * d);
+          z[static_cast<std::size_t>(j)] = v;
+          zmax = std::max(zmax, v);
+        }
+        double sum = 0;
+        for (std::int64_t j = o_.sinks; j < n; ++j) sum += std::exp(z[static_cast<std::size_t>(j)] - zmax);
+        std::vector<float> p(static_cast<std::size_t>(n), 0.0f);
+        for (std::int64_t j = o_.sinks; j < n; ++j)
+          p[static_cast<std::size_t>(j)] = static_cast<float>(std::exp(z[static_cast<std::size_t>(j)] - zmax) / sum);
+        per_q.push_back(std::move(p));
+      }
+      HeadScores& hs = out[static_cast<std::size_t>(kv)];
+      hs.score = aggregate_group(per_q, GqaAgg::Mean);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double vn = o_.vnorm ? Eigen::Map<const Eigen::VectorXf>(values.row(j), d).norm() : 1.0;
+        hs.score[static_cast<std::size_t>(j)] = static_cast<float>((hs.score[static_cast<std::size_t>(j)] + o_.epsilon) * vn);
+      }
+      hs.protect = protect_ends(n, o_.sinks, 0);
+    }
+    return out;
+  }
+
+ private:
+  Options o_;
+};
+
+}  // namespace
+
+KVSIM_REGISTER_POLICY(PolicyInfo{
+    "expected_attention",
+    "closed-form expected attention of Gaussian future queries (pre-RoPE prompt statistics, mean rotation) x |v|",
+    "Devoto et al., arXiv 2510.00636 (kvpress)",
+    {{"future", "512", "number of future positions the rotation is averaged over"},
+     {"sinks", "4", "first tokens kept and left out of the statistics"},
+     {"covariance", "true", "use the query covariance (false: mean only)"},
+     {"vnorm", "true", "multiply by the value norm"},
+     {"epsilon", "0", "added to the probabilities before the value norm (kvpress leaderboard with AdaKV: 0.01)"}},
+    [](const Params& p) {
+      Options o;
+      o.future = p.integer("future");
+      o.sinks = p.integer("sinks");
+      o.covariance = p.boolean("covariance");
+      o.vnorm = p.boolean("vnorm");
+      o.epsilon = p.number("epsilon");
+      if (o.future < 1) throw Error("policy expected_attention: parameter 'future' must be >= 1");
+      if (o.sinks < 0) throw Error("policy expected_attention: parameter 'sinks' must be >= 0");
+      return std::make_unique<ExpectedAttention>(o);
+    }});
+
+}  // namespace kvsim
