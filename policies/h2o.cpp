@@ -2,7 +2,11 @@
 // Language Models", NeurIPS 2023 (FMInference/H2O; prefill forms: KVCache-Factory H2OKVCluster,
 // kvpress observed_attention_press.py).
 // Rule: keep the recent tokens plus the "heavy hitters" with the largest accumulated attention.
-// This is the prefill one-shot form: accumulated over the prompt queries recorded in the trace.
+// phase=decode (the paper's real-drop cache): scores start from the prompt queries' attention and
+// keep accumulating the renormalised attention of every decode step, evicting the lowest-scored
+// token outside the recent window whenever the cache exceeds its budget. phase=prefill: one cut.
+#include <map>
+
 #include "core/error.h"
 #include "policies/registry.h"
 #include "policies/selection.h"
@@ -10,10 +14,55 @@
 namespace kvsim {
 namespace {
 
-class H2oPrefill : public ScoringPolicy {
+class H2oDecode : public DecodeState {
  public:
-  H2oPrefill(double recent_ratio, bool normalize, GqaAgg gqa)
-      : recent_ratio_(recent_ratio), normalize_(normalize), gqa_(gqa) {}
+  H2oDecode(std::vector<std::map<std::int32_t, double>> scores, std::int64_t recent, GqaAgg gqa, int group)
+      : scores_(std::move(scores)), recent_(recent), gqa_(gqa), group_(group) {}
+
+  void step(const DecodeStep& s, std::vector<std::vector<std::int32_t>>& evict) override {
+    for (std::size_t kv = 0; kv < s.cache.size(); ++kv) {
+      const auto& cache = s.cache[kv];
+      auto& sc = scores_[kv];
+      // Accumulate this step's attention (the new token starts from its own column).
+      std::vector<double> add(cache.size(), gqa_ == GqaAgg::Max ? -1.0 : 0.0);
+      for (int r = 0; r < group_; ++r) {
+        const auto& w = s.attention[kv * static_cast<std::size_t>(group_) + static_cast<std::size_t>(r)];
+        for (std::size_t m = 0; m < cache.size(); ++m) add[m] = gqa_ == GqaAgg::Max ? std::max(add[m], double(w[m])) : add[m] + w[m];
+      }
+      for (std::size_t m = 0; m < cache.size(); ++m) sc[cache[m]] += gqa_ == GqaAgg::Mean ? add[m] / group_ : add[m];
+      auto excess = static_cast<std::int64_t>(cache.size()) - s.budget;
+      const auto protected_from = static_cast<std::int64_t>(cache.size()) - recent_;
+      while (excess-- > 0) {
+        // Lowest score outside the recent window; ties drop the older token.
+        std::int32_t worst = -1;
+        double worst_score = 0;
+        for (std::int64_t m = 0; m < protected_from; ++m) {
+          const std::int32_t j = cache[static_cast<std::size_t>(m)];
+          const auto it = sc.find(j);
+          if (it == sc.end()) continue;  // already evicted this step
+          if (worst < 0 || it->second < worst_score) {
+            worst = j;
+            worst_score = it->second;
+          }
+        }
+        if (worst < 0) break;
+        sc.erase(worst);
+        evict[kv].push_back(worst);
+      }
+    }
+  }
+
+ private:
+  std::vector<std::map<std::int32_t, double>> scores_;  // per KV head: token -> accumulated attention
+  std::int64_t recent_;
+  GqaAgg gqa_;
+  int group_;
+};
+
+class H2o : public ScoringPolicy {
+ public:
+  H2o(double recent_ratio, bool normalize, GqaAgg gqa, bool decode)
+      : recent_ratio_(recent_ratio), normalize_(normalize), gqa_(gqa), decode_(decode) {}
 
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
@@ -40,31 +89,46 @@ class H2oPrefill : public ScoringPolicy {
 
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     auto scores = score(s);
-    const auto recent = static_cast<std::int64_t>(recent_ratio_ * static_cast<double>(budget.tokens));
-    for (auto& h : scores) h.protect = protect_ends(s.n_tokens(), 0, recent);
+    for (auto& h : scores) h.protect = protect_ends(s.n_tokens(), 0, recent(budget));
     return select_uniform(scores, budget);
+  }
+  std::unique_ptr<DecodeState> start_decode(const LayerSignals& s, const LayerPlan& initial,
+                                            const Budget& budget) const override {
+    if (!decode_) return nullptr;
+    const auto scores = score(s);
+    std::vector<std::map<std::int32_t, double>> kept(scores.size());
+    for (std::size_t kv = 0; kv < scores.size(); ++kv)
+      for (std::size_t j = 0; j < scores[kv].score.size(); ++j)
+        if (initial.heads[kv].codec[j] != TokenCodec::Drop) kept[kv][static_cast<std::int32_t>(j)] = scores[kv].score[j];
+    return std::make_unique<H2oDecode>(std::move(kept), recent(budget), gqa_, s.geometry().group());
   }
   // The accumulated score lives beside each cached token: one fp32.
   double state_bytes_per_token() const override { return 4.0; }
 
  private:
+  std::int64_t recent(const Budget& b) const {
+    return static_cast<std::int64_t>(recent_ratio_ * static_cast<double>(b.tokens));
+  }
   double recent_ratio_;
   bool normalize_;
   GqaAgg gqa_;
+  bool decode_;
 };
 
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "h2o", "recent window + heavy hitters by accumulated attention of the recorded prompt queries (prefill one-shot)",
+    "h2o", "recent window + heavy hitters by accumulated attention (prompt queries, then every decode step)",
     "Zhang et al., NeurIPS 2023, arXiv 2306.14048",
     {{"recent_ratio", "0.5", "share of the budget given to the most recent tokens (paper: heavy = recent)"},
      {"normalize", "false", "divide by the number of queries that saw each token (kvpress ObservedAttention)"},
-     {"gqa", "sum", "GQA aggregation: mean | max | sum (RLKV's H2O baseline: sum)"}},
+     {"gqa", "sum", "GQA aggregation: mean | max | sum (RLKV's H2O baseline: sum)"},
+     {"phase", "decode", "decode: keep accumulating and evicting every step (paper) | prefill: one cut"}},
     [](const Params& p) {
       const double r = p.number("recent_ratio");
       if (r < 0 || r > 1) throw Error("policy h2o: parameter 'recent_ratio' must be in [0, 1]");
-      return std::make_unique<H2oPrefill>(r, p.boolean("normalize"), parse_gqa(p.text("gqa"), "h2o"));
+      return std::make_unique<H2o>(r, p.boolean("normalize"), parse_gqa(p.text("gqa"), "h2o"),
+                                   p.choice("phase", {"decode", "prefill"}) == "decode");
     }});
 
 }  // namespace kvsim

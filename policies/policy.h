@@ -78,6 +78,25 @@ struct Budget {
   double fraction = 1.0;  // the byte budget as a fraction of the full fp16 cache
 };
 
+// One decode step as a decode-time policy sees it: token `token` has joined every KV head's cache
+// and its query has attended over the cache, with the weights renormalised over the kept tokens
+// (softmax restricted to the cache), as in the original H2O and TOVA.
+struct DecodeStep {
+  std::int64_t token = 0;
+  std::span<const std::vector<std::int32_t>> cache;  // [n_kv_heads] token indices, increasing
+  std::span<const std::vector<float>> attention;     // [n_q_heads] weights aligned with cache[q / group]
+  std::int64_t budget = 0;                           // tokens each KV head may keep after the step
+};
+
+// Per-layer state of a policy that keeps evicting while decoding; created at the compression
+// point, then fed every decode step by the engine (offline replay or live).
+class DecodeState {
+ public:
+  virtual ~DecodeState() = default;
+  // Fills evict[kv] with the token indices to drop from KV head kv's cache after this step.
+  virtual void step(const DecodeStep& step, std::vector<std::vector<std::int32_t>>& evict) = 0;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -88,6 +107,13 @@ class Policy {
   virtual double state_bytes_per_token() const { return 0.0; }
   // False for the `full` reference: it ignores budgets.
   virtual bool respects_budget() const { return true; }
+  // Decode-time policies return their per-layer state, starting from the plan compress() made;
+  // one-shot (prefill) policies return nullptr and never evict again.
+  virtual std::unique_ptr<DecodeState> start_decode(const LayerSignals& signals, const LayerPlan& initial,
+                                                    const Budget& budget) const {
+    (void)signals, (void)initial, (void)budget;
+    return nullptr;
+  }
 };
 
 }  // namespace kvsim

@@ -1,32 +1,70 @@
 // TOVA — Oren et al., "Transformers are Multi-State RNNs", EMNLP 2024
 // (schwartz-lab-NLP/TOVA tova_cache.py; kvpress tova_press.py for the prefill form).
-// Rule: keep the tokens the current (last) query attends to most, averaged over all query heads
-// of the layer; one token set for every KV head. Prefill one-shot form.
+// Rule: keep the tokens the current query attends to most, averaged over all query heads of the
+// layer; one token set for every KV head. phase=decode (the paper) drops the lowest token at
+// every step; phase=prefill (kvpress) cuts once using the last prompt query.
+#include <algorithm>
+#include <limits>
+
 #include "policies/registry.h"
 #include "policies/selection.h"
 
 namespace kvsim {
 namespace {
 
+class TovaDecode : public DecodeState {
+ public:
+  void step(const DecodeStep& s, std::vector<std::vector<std::int32_t>>& evict) override {
+    // Every KV head holds the same tokens (one set per layer), so the weights of all query
+    // heads line up position by position.
+    const auto& cache = s.cache[0];
+    std::vector<double> mean(cache.size(), 0.0);
+    for (const auto& w : s.attention)
+      for (std::size_t m = 0; m < cache.size(); ++m) mean[m] += w[m];
+    std::vector<std::uint8_t> gone(cache.size(), 0);
+    auto excess = static_cast<std::int64_t>(cache.size()) - s.budget;
+    for (; excess > 0; --excess) {
+      // Lowest mean weight, the newest token (the current query) excluded; ties drop the older.
+      std::size_t worst = cache.size();
+      for (std::size_t m = 0; m + 1 < cache.size(); ++m)
+        if (!gone[m] && (worst == cache.size() || mean[m] < mean[worst])) worst = m;
+      if (worst == cache.size()) break;
+      gone[worst] = 1;
+      for (auto& e : evict) e.push_back(cache[worst]);
+    }
+  }
+};
+
 class Tova : public ScoringPolicy {
  public:
+  explicit Tova(bool decode) : decode_(decode) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
     std::vector<std::vector<float>> rows;
     for (int q = 0; q < g.n_q_heads; ++q) rows.push_back(column_sums(s.window_attention(q, 1)));
     HeadScores h;
     h.score = aggregate_group(rows, GqaAgg::Mean);
-    h.protect = protect_ends(s.n_tokens(), 0, 1);  // kvpress keeps the last token
+    h.protect = protect_ends(s.n_tokens(), 0, 1);  // the current (last) token stays
     return std::vector<HeadScores>(static_cast<std::size_t>(g.n_kv_heads), h);
   }
+  std::unique_ptr<DecodeState> start_decode(const LayerSignals&, const LayerPlan&, const Budget&) const override {
+    return decode_ ? std::make_unique<TovaDecode>() : nullptr;
+  }
+
+ private:
+  bool decode_;
 };
 
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{"tova",
-                                 "attention of the last query, mean over all heads of the layer, same set for "
-                                 "every KV head (prefill one-shot)",
-                                 "Oren et al., EMNLP 2024, arXiv 2401.06104", {},
-                                 [](const Params&) { return std::make_unique<Tova>(); }});
+                                 "attention of the current query, mean over all heads of the layer, same set for "
+                                 "every KV head",
+                                 "Oren et al., EMNLP 2024, arXiv 2401.06104",
+                                 {{"phase", "decode",
+                                   "decode: drop the lowest token every step (paper) | prefill: once (kvpress)"}},
+                                 [](const Params& p) {
+                                   return std::make_unique<Tova>(p.choice("phase", {"decode", "prefill"}) == "decode");
+                                 }});
 
 }  // namespace kvsim

@@ -123,15 +123,29 @@ struct Accumulator {
   std::vector<float> kl, err;
   std::vector<double> layer_recall, layer_kl, layer_err;
   std::vector<std::int64_t> layer_rows;
-  std::int64_t kept = 0;
+  std::int64_t kept = 0;                    // right after compression, over layers and heads
+  std::vector<double> kept_after_step;      // [T - c] cache size after each later step
   std::uint64_t hash = 1469598103934665603ull;
+
+  void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
+  void add_row(int layer, double recall, double row_err) {
+    recall = std::clamp(recall, 1e-30, 1.0);
+    const double kl_row = -std::log(recall);
+    kl.push_back(static_cast<float>(kl_row));
+    err.push_back(static_cast<float>(row_err));
+    layer_recall[static_cast<std::size_t>(layer)] += recall;
+    layer_kl[static_cast<std::size_t>(layer)] += kl_row;
+    layer_err[static_cast<std::size_t>(layer)] += row_err;
+    ++layer_rows[static_cast<std::size_t>(layer)];
+  }
 };
 
 // Everything one layer shares across configs.
 struct LayerWork {
   const KvGeometry& g;
   int layer;
-  std::int64_t c, E;
+  std::int64_t c, E, T;
+  const std::vector<std::int64_t>& eval_tokens;  // [E] token index of each evaluation row
   const ReplaySignals& signals;
   const std::vector<Mat>& attn;       // [Hq] full attention of the evaluation rows, E x T
   const std::vector<Mat>& out;        // [Hq] full attention outputs, E x d
@@ -139,6 +153,69 @@ struct LayerWork {
   const std::vector<Eigen::VectorXf>& tail_mass;
   const std::vector<Mat>& full_v;     // [Hkv] T x d
 };
+
+// Decode-time policies: the cache changes every step, so each evaluation row is scored against
+// its own kept set. Softmax restricted to the cache is the full softmax renormalised over it,
+// so the shared full attention still serves; only the O(|cache| d) output is per config.
+void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, const LayerPlan& plan,
+                   DecodeState& state, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, G = w.g.group(), d = w.g.head_dim;
+  const std::int64_t c = w.c;
+  if (w.E != w.T - w.c)
+    throw Error("policy " + cfg.policy + " evicts at every decode step and needs the query of every token after the "
+                "compression point (" + std::to_string(w.T - w.c) + "), but the trace recorded " + std::to_string(w.E) +
+                "; capture with all decode-step queries");
+  std::vector<std::vector<std::int32_t>> cache(static_cast<std::size_t>(Hkv));
+  for (int kv = 0; kv < Hkv; ++kv) {
+    const HeadPlan& hp = plan.heads[static_cast<std::size_t>(kv)];
+    for (std::int64_t j = 0; j < c; ++j)
+      if (hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) cache[static_cast<std::size_t>(kv)].push_back(static_cast<std::int32_t>(j));
+    a.kept += static_cast<std::int64_t>(cache[static_cast<std::size_t>(kv)].size());
+    a.mix(cache[static_cast<std::size_t>(kv)].size());
+  }
+  std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
+  std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(Hkv));
+  Eigen::VectorXf approx(d);
+  for (std::int64_t i = 0; i < w.E; ++i) {
+    const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
+    for (auto& ch : cache) ch.push_back(t);
+    for (int qh = 0; qh < Hq; ++qh) {
+      const auto& ch = cache[static_cast<std::size_t>(qh / G)];
+      const Mat& A = w.attn[static_cast<std::size_t>(qh)];
+      const Mat& V = w.full_v[static_cast<std::size_t>(qh / G)];
+      auto& wt = weights[static_cast<std::size_t>(qh)];
+      wt.resize(ch.size());
+      double recall = 0;
+      for (std::size_t m = 0; m < ch.size(); ++m) recall += (wt[m] = A(i, ch[m]));
+      approx.setZero();
+      for (std::size_t m = 0; m < ch.size(); ++m) {
+        wt[m] = static_cast<float>(wt[m] / recall);
+        approx += wt[m] * V.row(ch[m]).transpose();
+      }
+      const auto o = w.out[static_cast<std::size_t>(qh)].row(i).transpose();
+      const double norm = o.norm();
+      a.add_row(w.layer, recall, norm > 0 ? (o - approx).norm() / norm : 0.0);
+    }
+    for (auto& e : evict) e.clear();
+    state.step(DecodeStep{t, cache, weights, budget_tokens}, evict);
+    std::int64_t size = 0;
+    for (int kv = 0; kv < Hkv; ++kv) {
+      auto& ch = cache[static_cast<std::size_t>(kv)];
+      for (auto j : evict[static_cast<std::size_t>(kv)]) {
+        const auto it = std::lower_bound(ch.begin(), ch.end(), j);
+        if (it == ch.end() || *it != j)
+          throw Error("policy " + cfg.policy + ": evicted token " + std::to_string(j) + " that is not in the cache");
+        ch.erase(it);
+        a.mix(static_cast<std::uint64_t>(j) + 1);
+      }
+      if (static_cast<std::int64_t>(ch.size()) > std::max<std::int64_t>(budget_tokens, 0))
+        throw Error("policy " + cfg.policy + ": cache holds " + std::to_string(ch.size()) + " tokens after step " +
+                    std::to_string(t) + ", over its budget of " + std::to_string(budget_tokens));
+      size += static_cast<std::int64_t>(ch.size());
+    }
+    a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
+  }
+}
 
 // Applies one config's plan to one layer and accumulates its metrics.
 void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, Accumulator& a) {
@@ -158,6 +235,10 @@ void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
     if (static_cast<int>(plan.heads.size()) != Hkv)
       throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) +
                   " heads, expected " + std::to_string(Hkv));
+    if (auto state = cfg.impl->start_decode(signals, plan, Budget{budget_tokens, cfg.budget})) {
+      replay_decode(cfg, budget_tokens, w, plan, *state, a);
+      return;
+    }
   }
   for (int kv = 0; kv < Hkv; ++kv) {
     std::vector<std::int32_t> dropped, kept;
@@ -169,12 +250,14 @@ void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
       for (std::int64_t j = 0; j < c; ++j) {
         const bool keep = hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop;
         (keep ? kept : dropped).push_back(static_cast<std::int32_t>(j));
-        a.hash = (a.hash ^ (keep ? 0x9dull : 0x3bull)) * 1099511628211ull;
+        a.mix(keep ? 0x9dull : 0x3bull);
       }
     } else {
-      a.hash = (a.hash ^ static_cast<std::uint64_t>(c)) * 1099511628211ull;
+      a.mix(static_cast<std::uint64_t>(c));
     }
-    a.kept += compress ? static_cast<std::int64_t>(kept.size()) : c;
+    const std::int64_t kept_now = compress ? static_cast<std::int64_t>(kept.size()) : c;
+    a.kept += kept_now;
+    for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept_now + i + 1);
     // Sum over whichever side is smaller: r = A[:, D] V[D] costs |D| per row.
     const bool use_dropped = dropped.size() <= kept.size();
     const std::vector<std::int32_t>& D = use_dropped ? dropped : kept;
@@ -205,14 +288,7 @@ void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
         recall = std::clamp(recall, 1e-30, 1.0);
         approx /= static_cast<float>(recall);
         const double norm = out[qh].row(i).norm();
-        const double err = norm > 0 ? (out[qh].row(i).transpose() - approx).norm() / norm : 0.0;
-        const double kl = -std::log(recall);
-        a.kl.push_back(static_cast<float>(kl));
-        a.err.push_back(static_cast<float>(err));
-        a.layer_recall[static_cast<std::size_t>(layer)] += recall;
-        a.layer_kl[static_cast<std::size_t>(layer)] += kl;
-        a.layer_err[static_cast<std::size_t>(layer)] += err;
-        ++a.layer_rows[static_cast<std::size_t>(layer)];
+        a.add_row(layer, recall, norm > 0 ? (out[qh].row(i).transpose() - approx).norm() / norm : 0.0);
       }
     }
   }
@@ -269,6 +345,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     a.layer_kl.assign(static_cast<std::size_t>(L), 0);
     a.layer_err.assign(static_cast<std::size_t>(L), 0);
     a.layer_rows.assign(static_cast<std::size_t>(L), 0);
+    a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
   }
 
   std::vector<float> kbuf(reader_.layer_elements(request_id, Tensor::K)), vbuf(kbuf.size());
@@ -303,7 +380,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     }
     const ReplaySignals signals(g, layer, c, h, qbuf, std::move(keys), std::move(values), std::move(future));
 
-    const LayerWork work{g, layer, c, E, signals, attn, out, out_tail, tail_mass, full_v};
+    const LayerWork work{g, layer, c, E, T, eval_limit, signals, attn, out, out_tail, tail_mass, full_v};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
     std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic)
@@ -350,9 +427,19 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     r.kept_fraction = kept / (LH * cd);
     r.compressed_bytes = kept * bpt;
     r.budget_bytes = configs_[p].budget * cd * LH * kv_token_bytes;
-    r.final_bytes = kept * bpt + tail * LH * bpt;
-    r.peak_bytes = std::max(cd * LH * bpt, r.final_bytes);
-    r.footprint = LH * bpt * cd * (cd + 1) / 2 + tail * kept * bpt + LH * bpt * tail * (tail + 1) / 2;
+    // Prefill grows the cache to c tokens, compression cuts it, then each step adds a token
+    // (and decode-time policies evict back to budget); the newest token is always present
+    // during its own step, hence the +LH transient for evicting policies.
+    r.final_bytes = a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt;
+    r.peak_bytes = cd * LH * bpt;
+    r.footprint = LH * bpt * cd * (cd + 1) / 2;
+    double prev = kept;
+    for (double k : a.kept_after_step) {
+      r.peak_bytes = std::max(r.peak_bytes, std::max(k, prev + LH) * bpt);
+      r.footprint += k * bpt;
+      prev = k;
+    }
+    (void)tail;
     r.keep_hash = a.hash;
     if (configs_[p].impl->respects_budget() && configs_[p].budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
       throw Error("policy " + configs_[p].label() + " kept " + std::to_string(r.compressed_bytes) +

@@ -187,3 +187,49 @@ TEST_CASE("oracle_golden keeps by the best block, oracle_future by the total", "
   CHECK(kept(run("oracle_future", s, 2).heads[0]) == std::set<int>{1, 2});
   CHECK(kept(run("oracle_golden:block=3", s, 2).heads[0]) == std::set<int>{1, 2});  // one block: the mean
 }
+
+namespace {
+std::vector<std::vector<std::int32_t>> step(DecodeState& state, std::int64_t token,
+                                             const std::vector<std::vector<std::int32_t>>& cache,
+                                             const std::vector<std::vector<float>>& weights, std::int64_t budget) {
+  std::vector<std::vector<std::int32_t>> evict(cache.size());
+  state.step(DecodeStep{token, cache, weights, budget}, evict);
+  return evict;
+}
+}  // namespace
+
+TEST_CASE("decode-time h2o keeps accumulating renormalised attention and evicts outside the recent window",
+          "[policy]") {
+  FakeSignals s(1, 1, 5);
+  s.observed_[0] = {{1, 0, 0, 0, 0}, {0.5f, 0.5f, 0, 0, 0}, {0.2f, 0.6f, 0.2f, 0, 0}, {0.1f, 0.1f, 0.1f, 0.7f, 0},
+                    {0.3f, 0.1f, 0.2f, 0.2f, 0.2f}};
+  const auto inst = PolicyRegistry::instance().create("h2o");
+  const LayerPlan plan = inst.policy->compress(s, Budget{3, 0.5});
+  REQUIRE(kept(plan.heads[0]) == std::set<int>{0, 1, 4});  // scores 2.1, 1.3, 0.2
+  auto state = inst.policy->start_decode(s, plan, Budget{3, 0.5});
+  REQUIRE(state);
+  // Step 5: scores 2.2 1.8 0.3 | 0.3 (newest, protected): token 4 goes.
+  CHECK(step(*state, 5, {{0, 1, 4, 5}}, {{0.1f, 0.5f, 0.1f, 0.3f}}, 3)[0] == std::vector<std::int32_t>{4});
+  // Step 6: scores 2.3 1.9 1.0 | 0.1: token 5 goes, although 6 has the lowest score.
+  CHECK(step(*state, 6, {{0, 1, 5, 6}}, {{0.1f, 0.1f, 0.7f, 0.1f}}, 3)[0] == std::vector<std::int32_t>{5});
+  CHECK_FALSE(PolicyRegistry::instance().create("h2o:phase=prefill").policy->start_decode(s, plan, Budget{3, 0.5}));
+}
+
+TEST_CASE("decode-time tova drops the token with the lowest mean attention, one set per layer", "[policy]") {
+  FakeSignals s(2, 2, 5);
+  const auto inst = PolicyRegistry::instance().create("tova");
+  auto state = inst.policy->start_decode(s, LayerPlan{}, Budget{3, 0.5});
+  REQUIRE(state);
+  // Sums [0.375 0.375 0.75 0.5] (exact in binary): 0 and 2 tie, the older (0) goes, from both heads.
+  const auto evict = step(*state, 7, {{0, 2, 3, 7}, {0, 2, 3, 7}},
+                          {{0.125f, 0.25f, 0.375f, 0.25f}, {0.25f, 0.125f, 0.375f, 0.25f}}, 3);
+  CHECK(evict[0] == std::vector<std::int32_t>{0});
+  CHECK(evict[1] == std::vector<std::int32_t>{0});
+}
+
+TEST_CASE("decode-time streamingllm drops the oldest tokens past the sinks", "[policy]") {
+  FakeSignals s(1, 1, 5);
+  auto state = PolicyRegistry::instance().create("streamingllm:sinks=2").policy->start_decode(s, LayerPlan{}, Budget{3, 0.5});
+  REQUIRE(state);
+  CHECK(step(*state, 7, {{0, 1, 5, 6, 7}}, {{0.2f, 0.2f, 0.2f, 0.2f, 0.2f}}, 3)[0] == std::vector<std::int32_t>{5, 6});
+}

@@ -55,14 +55,22 @@ TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
   const TraceReader reader(replay_trace());
   const ModelGeometry& g = reader.geometry();
   const double budget = GENERATE(0.1, 0.75);  // kept side and dropped side of the shortcut
-  const Replayer replayer(reader, ReplayMode::QueryAware, configs({"streamingllm:sinks=4"}, {budget}));
+  const std::string phase = GENERATE(as<std::string>{}, "prefill", "decode");
+  INFO("budget " << budget << ", phase " << phase);
+  const Replayer replayer(reader, ReplayMode::QueryAware, configs({"streamingllm:sinks=4,phase=" + phase}, {budget}));
   const RequestResult res = replayer.replay("r0");
   const ConfigResult& r = res.configs[0];
 
   const RequestHeader h = reader.header("r0");
   const std::int64_t c = h.n_prompt, T = h.n_tokens(), d = g.head_dim, G = g.group_size();
   const std::int64_t B = static_cast<std::int64_t>(std::floor(budget * static_cast<double>(c)));
-  auto kept = [&](std::int64_t j) { return j >= c || j < 4 || j >= c - (B - 4); };
+  // Row t sees: prefill phase, the cut made at c plus everything after it; decode phase, the
+  // sinks plus the B - 4 tokens before t (evicted back to budget after every step) plus t.
+  std::int64_t t = 0;
+  auto kept = [&](std::int64_t j) {
+    if (phase == "prefill") return j >= c || j < 4 || j >= c - (B - 4);
+    return j < 4 || j >= t - (B - 4);
+  };
   double recall_sum = 0, err_sum = 0;
   std::int64_t rows = 0;
   for (int layer = 0; layer < g.n_layers; ++layer) {
@@ -71,7 +79,7 @@ TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
     reader.read_layer("r0", Tensor::V, layer, v);
     reader.read_layer("r0", Tensor::Q, layer, q);
     for (std::size_t qi = 0; qi < h.q_index.size(); ++qi) {
-      const std::int64_t t = h.q_index[qi];
+      t = h.q_index[qi];
       if (t < c) continue;
       for (std::int64_t qh = 0; qh < g.n_q_heads; ++qh) {
         const std::int64_t kv = qh / G;
@@ -112,6 +120,8 @@ TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
   CHECK(r.mean_recall == Approx(recall_sum / static_cast<double>(rows)).epsilon(1e-4));
   CHECK(r.mean_err == Approx(err_sum / static_cast<double>(rows)).epsilon(1e-3));
   CHECK(r.kept_fraction == Approx(static_cast<double>(B) / static_cast<double>(c)));
+  const double bytes_per_step = static_cast<double>(g.n_layers * g.n_kv_heads * 4 * d);
+  CHECK(r.final_bytes == Approx(bytes_per_step * static_cast<double>(phase == "prefill" ? B + (T - c) : B)));
   CHECK(r.compressed_bytes == Approx(static_cast<double>(B * g.n_layers * g.n_kv_heads * 4 * d)));
   CHECK(res.eval_queries == T - c);
 }
@@ -133,12 +143,23 @@ TEST_CASE("replay properties hold for every policy", "[replay]") {
   const TraceReader reader(replay_trace());
   const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
   const std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75, 1.0};
-  const auto cfgs = configs(every_policy(), budgets);
+  // Every policy with its defaults, plus the one-shot forms of the decode-time ones: the
+  // future oracle bounds one-shot keep-sets of the same size (decode-time policies keep fewer
+  // tokens at each step and are only checked for the general properties).
+  auto specs = every_policy();
+  for (const char* p : {"h2o:phase=prefill", "tova:phase=prefill", "streamingllm:phase=prefill"}) specs.push_back(p);
+  const auto cfgs = configs(specs, budgets);
   for (const std::string id : {"r0", "r1"}) {
     const RequestResult res = Replayer(reader, mode, cfgs).replay(id);
+    // `policy` is a name, or name:phase=prefill for the one-shot form.
     auto result = [&](const std::string& policy, double budget) -> const ConfigResult& {
+      const auto colon = policy.find(':');
+      const std::string name = policy.substr(0, colon);
+      const bool one_shot = colon != std::string::npos;
       for (std::size_t p = 0; p < cfgs.size(); ++p)
-        if (cfgs[p].policy == policy && cfgs[p].budget == budget) return res.configs[p];
+        if (cfgs[p].policy == name && cfgs[p].budget == budget &&
+            (cfgs[p].params.find("phase=prefill") != std::string::npos) == one_shot)
+          return res.configs[p];
       throw Error("no result for " + policy);
     };
     for (std::size_t p = 0; p < cfgs.size(); ++p) {
@@ -157,7 +178,8 @@ TEST_CASE("replay properties hold for every policy", "[replay]") {
     for (double b : {0.1, 0.25, 0.5, 0.75}) {
       const double oracle = result("oracle_future", b).mean_recall;
       for (const std::string uniform :
-           {"random", "streamingllm", "snapkv", "h2o", "tova", "keydiff", "expected_attention", "oracle_golden"}) {
+           {"random", "streamingllm:phase=prefill", "snapkv", "h2o:phase=prefill", "tova:phase=prefill", "keydiff",
+            "expected_attention", "oracle_golden"}) {
         INFO(mode_name(mode) << " " << id << " budget " << b << ": oracle_future vs " << uniform);
         CHECK(oracle >= result(uniform, b).mean_recall - 1e-6);
       }
