@@ -19,7 +19,7 @@ class AdaKv : public Policy {
       : base_(std::move(base)), alpha_(alpha), normalize_(normalize) {}
 
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
-    std::vector<HeadScores> scores = scorer().score(s);
+    std::vector<HeadScores> scores = scorer().cached_score(s);  // a copy: normalize edits it
     const auto H = scores.size();
     const std::int64_t n = s.n_tokens();
     std::vector<std::int64_t> prot(H, 0), share(H, 0);

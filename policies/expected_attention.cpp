@@ -86,12 +86,16 @@ class ExpectedAttention : public ScoringPolicy {
         sigma /= static_cast<double>(pre.size());
         const Eigen::VectorXd mu_r = rbar * mu;
         const Mat sigma_r = rbar * sigma * rbar.transpose();
-        // log E[exp(q.k / sqrt d)] for Gaussian q, softmax over the non-sink keys.
+        // log E[exp(q.k / sqrt d)] for Gaussian q, softmax over the non-sink keys; the
+        // quadratic term for all keys at once as rowwise(K S) . K.
+        using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+        const Eigen::Map<const RowMat> K(keys.data, n, d);
+        const Eigen::VectorXf lin = K * (mu_r.cast<float>() / std::sqrt(static_cast<float>(d)));
+        const Eigen::VectorXf quad = (K * sigma_r.cast<float>()).cwiseProduct(K).rowwise().sum() / (2.0f * static_cast<float>(d));
         std::vector<double> z(static_cast<std::size_t>(n), -INFINITY);
         double zmax = -INFINITY;
         for (std::int64_t j = o_.sinks; j < n; ++j) {
-          const Eigen::VectorXd k = Eigen::Map<const Eigen::VectorXf>(keys.row(j), d).cast<double>();
-          const double v = mu_r.dot(k) / std::sqrt(static_cast<double>(d)) + k.dot(sigma_r * k) / (2.0 * d);
+          const double v = static_cast<double>(lin(j)) + static_cast<double>(quad(j));
           z[static_cast<std::size_t>(j)] = v;
           zmax = std::max(zmax, v);
         }

@@ -5,8 +5,6 @@
 // phase=decode (the paper's real-drop cache): scores start from the prompt queries' attention and
 // keep accumulating the renormalised attention of every decode step, evicting the lowest-scored
 // token outside the recent window whenever the cache exceeds its budget. phase=prefill: one cut.
-#include <map>
-
 #include "core/error.h"
 #include "policies/registry.h"
 #include "policies/selection.h"
@@ -16,44 +14,48 @@ namespace {
 
 class H2oDecode : public DecodeState {
  public:
-  H2oDecode(std::vector<std::map<std::int32_t, double>> scores, std::int64_t recent, GqaAgg gqa, int group)
+  // scores[kv][m] belongs to the m-th token of that head's cache, which the engine keeps in
+  // token order: appends the new token, erases what we evict.
+  H2oDecode(std::vector<std::vector<double>> scores, std::int64_t recent, GqaAgg gqa, int group)
       : scores_(std::move(scores)), recent_(recent), gqa_(gqa), group_(group) {}
 
   void step(const DecodeStep& s, std::vector<std::vector<std::int32_t>>& evict) override {
     for (std::size_t kv = 0; kv < s.cache.size(); ++kv) {
       const auto& cache = s.cache[kv];
       auto& sc = scores_[kv];
-      // Accumulate this step's attention (the new token starts from its own column).
-      std::vector<double> add(cache.size(), gqa_ == GqaAgg::Max ? -1.0 : 0.0);
-      for (int r = 0; r < group_; ++r) {
-        const auto& w = s.attention[kv * static_cast<std::size_t>(group_) + static_cast<std::size_t>(r)];
-        for (std::size_t m = 0; m < cache.size(); ++m) add[m] = gqa_ == GqaAgg::Max ? std::max(add[m], double(w[m])) : add[m] + w[m];
-      }
-      for (std::size_t m = 0; m < cache.size(); ++m) sc[cache[m]] += gqa_ == GqaAgg::Mean ? add[m] / group_ : add[m];
-      auto excess = static_cast<std::int64_t>(cache.size()) - s.budget;
-      const auto protected_from = static_cast<std::int64_t>(cache.size()) - recent_;
-      while (excess-- > 0) {
-        // Lowest score outside the recent window; ties drop the older token.
-        std::int32_t worst = -1;
-        double worst_score = 0;
-        for (std::int64_t m = 0; m < protected_from; ++m) {
-          const std::int32_t j = cache[static_cast<std::size_t>(m)];
-          const auto it = sc.find(j);
-          if (it == sc.end()) continue;  // already evicted this step
-          if (worst < 0 || it->second < worst_score) {
-            worst = j;
-            worst_score = it->second;
-          }
+      sc.push_back(0.0);  // the new token starts from its own column
+      if (sc.size() != cache.size()) throw Error("h2o: decode state out of step with the cache");
+      // Accumulate this step's renormalised attention.
+      for (std::size_t m = 0; m < cache.size(); ++m) {
+        double add = 0.0;  // weights are >= 0, so 0 also starts a max
+        for (int r = 0; r < group_; ++r) {
+          const double w = s.attention[kv * static_cast<std::size_t>(group_) + static_cast<std::size_t>(r)][m];
+          add = gqa_ == GqaAgg::Max ? std::max(add, w) : add + w;
         }
-        if (worst < 0) break;
-        sc.erase(worst);
-        evict[kv].push_back(worst);
+        sc[m] += gqa_ == GqaAgg::Mean ? add / group_ : add;
       }
+      auto excess = static_cast<std::int64_t>(cache.size()) - s.budget;
+      const auto candidates = static_cast<std::int64_t>(cache.size()) - recent_;  // the rest is the recent window
+      std::vector<std::uint8_t> gone(cache.size(), 0);
+      for (; excess > 0; --excess) {
+        // Lowest score outside the recent window; ties drop the older token.
+        std::int64_t worst = -1;
+        for (std::int64_t m = 0; m < candidates; ++m)
+          if (!gone[static_cast<std::size_t>(m)] && (worst < 0 || sc[static_cast<std::size_t>(m)] < sc[static_cast<std::size_t>(worst)]))
+            worst = m;
+        if (worst < 0) break;
+        gone[static_cast<std::size_t>(worst)] = 1;
+        evict[kv].push_back(cache[static_cast<std::size_t>(worst)]);
+      }
+      std::size_t out = 0;
+      for (std::size_t m = 0; m < sc.size(); ++m)
+        if (!gone[m]) sc[out++] = sc[m];
+      sc.resize(out);
     }
   }
 
  private:
-  std::vector<std::map<std::int32_t, double>> scores_;  // per KV head: token -> accumulated attention
+  std::vector<std::vector<double>> scores_;  // per KV head, aligned with its cache
   std::int64_t recent_;
   GqaAgg gqa_;
   int group_;
@@ -88,18 +90,18 @@ class H2o : public ScoringPolicy {
   }
 
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
-    auto scores = score(s);
+    auto scores = cached_score(s);  // a copy: the protected window depends on the budget
     for (auto& h : scores) h.protect = protect_ends(s.n_tokens(), 0, recent(budget));
     return select_uniform(scores, budget);
   }
   std::unique_ptr<DecodeState> start_decode(const LayerSignals& s, const LayerPlan& initial,
                                             const Budget& budget) const override {
     if (!decode_) return nullptr;
-    const auto scores = score(s);
-    std::vector<std::map<std::int32_t, double>> kept(scores.size());
+    const auto& scores = cached_score(s);
+    std::vector<std::vector<double>> kept(scores.size());
     for (std::size_t kv = 0; kv < scores.size(); ++kv)
       for (std::size_t j = 0; j < scores[kv].score.size(); ++j)
-        if (initial.heads[kv].codec[j] != TokenCodec::Drop) kept[kv][static_cast<std::int32_t>(j)] = scores[kv].score[j];
+        if (initial.heads[kv].codec[j] != TokenCodec::Drop) kept[kv].push_back(scores[kv].score[j]);
     return std::make_unique<H2oDecode>(std::move(kept), recent(budget), gqa_, s.geometry().group());
   }
   // The accumulated score lives beside each cached token: one fp32.

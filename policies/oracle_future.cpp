@@ -24,9 +24,9 @@ class OracleFuture : public ScoringPolicy {
     return out;
   }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
-    if (!per_layer_) return select_uniform(score(s), budget);
+    if (!per_layer_) return select_uniform(cached_score(s), budget);
     // Exact maximiser of the layer's total retained mass: global top over (head, token).
-    auto scores = score(s);
+    const auto& scores = cached_score(s);
     const std::int64_t n = s.n_tokens();
     std::vector<float> flat;
     for (const auto& h : scores) flat.insert(flat.end(), h.score.begin(), h.score.end());

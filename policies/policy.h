@@ -4,6 +4,7 @@
 // engine's KV manager (live verify) change cache state. Nothing here knows about traces or HDF5,
 // so the same policy objects run offline and live.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +54,10 @@ class LayerSignals {
   virtual std::span<const std::int32_t> observed_rows() const = 0;
   // The recorded post-RoPE queries of those tokens, [m, d] (rows as observed_rows()).
   virtual MatrixView observed_queries(int q_head) const = 0;
+  // Per-layer memo: the first call with `owner` stores make()'s result, later calls (e.g. the
+  // same policy at other budgets) get it back. Thread-safe; lives as long as this view.
+  virtual std::shared_ptr<const void> memo(const void* owner,
+                                           const std::function<std::shared_ptr<const void>()>& make) const = 0;
   // Oracle signal, offline only: attention (over the full, uncompressed cache, restricted to
   // the n cached tokens) of the evaluation queries that come after the compression point,
   // [e, n]. Live engines throw: the future is not known there.

@@ -106,6 +106,11 @@ std::vector<std::uint8_t> protect_ends(std::int64_t n, std::int64_t sinks, std::
   return p;
 }
 
+const std::vector<HeadScores>& ScoringPolicy::cached_score(const LayerSignals& signals) const {
+  const auto p = signals.memo(this, [&] { return std::make_shared<const std::vector<HeadScores>>(score(signals)); });
+  return *static_cast<const std::vector<HeadScores>*>(p.get());
+}
+
 LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& budget) {
   LayerPlan plan;
   for (const auto& h : scores) plan.heads.push_back(plan_from_mask(top_k_mask(h.score, budget.tokens, h.protect)));

@@ -50,8 +50,10 @@ LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& bu
 class ScoringPolicy : public Policy {
  public:
   virtual std::vector<HeadScores> score(const LayerSignals& signals) const = 0;
+  // score(), computed once per layer and shared by every budget of this policy object.
+  const std::vector<HeadScores>& cached_score(const LayerSignals& signals) const;
   LayerPlan compress(const LayerSignals& signals, const Budget& budget) const override {
-    return select_uniform(score(signals), budget);
+    return select_uniform(cached_score(signals), budget);
   }
 };
 

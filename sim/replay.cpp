@@ -2,6 +2,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -40,9 +41,8 @@ void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit) {
 class ReplaySignals final : public LayerSignals {
  public:
   ReplaySignals(const KvGeometry& g, int layer, std::int64_t c, const RequestHeader& h, const std::vector<float>& q,
-                std::vector<Mat> keys, std::vector<Mat> values, std::vector<Mat> future)
-      : g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(std::move(keys)), values_(std::move(values)),
-        future_(std::move(future)) {
+                const std::vector<Mat>& keys, const std::vector<Mat>& values, const std::vector<Mat>& future)
+      : g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(keys), values_(values), future_(future) {
     for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < c; ++r) observed_.push_back(h.q_index[r]);
   }
   const KvGeometry& geometry() const override { return g_; }
@@ -85,6 +85,18 @@ class ReplaySignals final : public LayerSignals {
     return view(it->second);
   }
   MatrixView future_attention(int q_head) const override { return view(future_[static_cast<std::size_t>(q_head)]); }
+  std::shared_ptr<const void> memo(const void* owner,
+                                   const std::function<std::shared_ptr<const void>()>& make) const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = memo_.find(owner);
+      if (it != memo_.end()) return it->second;
+    }
+    // Computed outside the lock (it may need the signals); a racing duplicate is discarded.
+    auto value = make();
+    std::lock_guard<std::mutex> lock(mu_);
+    return memo_.emplace(owner, std::move(value)).first->second;
+  }
 
  private:
   static MatrixView view(const Mat& m) { return {m.data(), m.rows(), m.cols()}; }
@@ -112,10 +124,13 @@ class ReplaySignals final : public LayerSignals {
   std::int64_t c_;
   const RequestHeader& h_;
   const std::vector<float>& q_;
-  std::vector<Mat> keys_, values_, future_;
+  const std::vector<Mat>& keys_;
+  const std::vector<Mat>& values_;
+  const std::vector<Mat>& future_;
   std::vector<std::int32_t> observed_;
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, int>, Mat> cache_;
+  mutable std::map<const void*, std::shared_ptr<const void>> memo_;
 };
 
 // Accumulates one config's per-row metrics over the layers of a request.
@@ -165,11 +180,14 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
     throw Error("policy " + cfg.policy + " evicts at every decode step and needs the query of every token after the "
                 "compression point (" + std::to_string(w.T - w.c) + "), but the trace recorded " + std::to_string(w.E) +
                 "; capture with all decode-step queries");
-  std::vector<std::vector<std::int32_t>> cache(static_cast<std::size_t>(Hkv));
+  // cache: what each KV head holds; dropped: everything before the current token it does not,
+  // so the output sum can run over whichever is smaller.
+  std::vector<std::vector<std::int32_t>> cache(static_cast<std::size_t>(Hkv)), dropped(cache.size());
   for (int kv = 0; kv < Hkv; ++kv) {
     const HeadPlan& hp = plan.heads[static_cast<std::size_t>(kv)];
     for (std::int64_t j = 0; j < c; ++j)
-      if (hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) cache[static_cast<std::size_t>(kv)].push_back(static_cast<std::int32_t>(j));
+      (hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop ? cache : dropped)[static_cast<std::size_t>(kv)].push_back(
+          static_cast<std::int32_t>(j));
     a.kept += static_cast<std::int64_t>(cache[static_cast<std::size_t>(kv)].size());
     a.mix(cache[static_cast<std::size_t>(kv)].size());
   }
@@ -187,12 +205,17 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
       wt.resize(ch.size());
       double recall = 0;
       for (std::size_t m = 0; m < ch.size(); ++m) recall += (wt[m] = A(i, ch[m]));
-      approx.setZero();
-      for (std::size_t m = 0; m < ch.size(); ++m) {
-        wt[m] = static_cast<float>(wt[m] / recall);
-        approx += wt[m] * V.row(ch[m]).transpose();
-      }
       const auto o = w.out[static_cast<std::size_t>(qh)].row(i).transpose();
+      const auto& dr = dropped[static_cast<std::size_t>(qh / G)];
+      approx.setZero();
+      if (dr.size() < ch.size()) {  // o minus what the dropped tokens contributed
+        for (auto j : dr) approx.noalias() -= A(i, j) * V.row(j).transpose();
+        approx += o;
+        approx /= static_cast<float>(recall);
+      } else {
+        for (std::size_t m = 0; m < ch.size(); ++m) approx.noalias() += (wt[m] / static_cast<float>(recall)) * V.row(ch[m]).transpose();
+      }
+      for (auto& x : wt) x = static_cast<float>(x / recall);
       const double norm = o.norm();
       a.add_row(w.layer, recall, norm > 0 ? (o - approx).norm() / norm : 0.0);
     }
@@ -206,6 +229,8 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
         if (it == ch.end() || *it != j)
           throw Error("policy " + cfg.policy + ": evicted token " + std::to_string(j) + " that is not in the cache");
         ch.erase(it);
+        auto& dr = dropped[static_cast<std::size_t>(kv)];
+        dr.insert(std::lower_bound(dr.begin(), dr.end(), j), j);
         a.mix(static_cast<std::uint64_t>(j) + 1);
       }
       if (static_cast<std::int64_t>(ch.size()) > std::max<std::int64_t>(budget_tokens, 0))
@@ -258,32 +283,44 @@ void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
     const std::int64_t kept_now = compress ? static_cast<std::int64_t>(kept.size()) : c;
     a.kept += kept_now;
     for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept_now + i + 1);
-    // Sum over whichever side is smaller: r = A[:, D] V[D] costs |D| per row.
+    // Sum over whichever side is smaller: r = A[:, D] V[D] costs |D| per row. The group's
+    // query heads share D and V, so their rows go through one GEMM.
     const bool use_dropped = dropped.size() <= kept.size();
     const std::vector<std::int32_t>& D = use_dropped ? dropped : kept;
     const auto nd = static_cast<Eigen::Index>(D.size());
     const Mat& vfull = full_v[static_cast<std::size_t>(kv)];
-    Mat vd(nd, d);
+    // Thread-local scratch: these run once per config, head and layer.
+    thread_local std::vector<float> vd_buf, ad_buf, r_buf;
+    vd_buf.resize(static_cast<std::size_t>(nd * d));
+    ad_buf.resize(static_cast<std::size_t>(G * E * nd));
+    r_buf.resize(static_cast<std::size_t>(G * E * d));
+    Eigen::Map<Mat> vd(vd_buf.data(), nd, d), ad(ad_buf.data(), G * E, nd), rsum(r_buf.data(), G * E, d);
     for (Eigen::Index j = 0; j < nd; ++j) vd.row(j) = vfull.row(D[static_cast<std::size_t>(j)]);
     for (int r = 0; r < G; ++r) {
-      const auto qh = static_cast<std::size_t>(kv * G + r);
-      const Mat& A = attn[qh];
-      Mat ad(E, nd);
-      for (Eigen::Index j = 0; j < nd; ++j) ad.col(j) = A.col(D[static_cast<std::size_t>(j)]);
-      const Eigen::VectorXf mass = ad.rowwise().sum();
-      const Mat rsum = ad * vd;
+      const Mat& A = attn[static_cast<std::size_t>(kv * G + r)];
       for (Eigen::Index i = 0; i < E; ++i) {
+        const float* src = A.row(i).data();
+        float* dst = ad.row(r * E + i).data();
+        for (Eigen::Index j = 0; j < nd; ++j) dst[j] = src[D[static_cast<std::size_t>(j)]];
+      }
+    }
+    const Eigen::VectorXf mass = ad.rowwise().sum();
+    rsum.noalias() = ad * vd;
+    Eigen::VectorXf approx(d);
+    for (int r = 0; r < G; ++r) {
+      const auto qh = static_cast<std::size_t>(kv * G + r);
+      for (Eigen::Index i = 0; i < E; ++i) {
+        const Eigen::Index row = r * E + i;
         double recall;
-        Eigen::VectorXf approx;
         if (!compress) {
           recall = 1.0;
           approx = out[qh].row(i).transpose();
         } else if (use_dropped) {
-          recall = 1.0 - mass(i);
-          approx = (out[qh].row(i) - rsum.row(i)).transpose();
+          recall = 1.0 - mass(row);
+          approx = (out[qh].row(i) - rsum.row(row)).transpose();
         } else {
-          recall = mass(i) + tail_mass[qh](i);
-          approx = (rsum.row(i) + out_tail[qh].row(i)).transpose();
+          recall = mass(row) + tail_mass[qh](i);
+          approx = (rsum.row(row) + out_tail[qh].row(i)).transpose();
         }
         recall = std::clamp(recall, 1e-30, 1.0);
         approx /= static_cast<float>(recall);
@@ -348,13 +385,24 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
   }
 
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  double read_s = 0, attention_s = 0, config_s = 0;
   std::vector<float> kbuf(reader_.layer_elements(request_id, Tensor::K)), vbuf(kbuf.size());
   std::vector<float> qbuf(reader_.layer_elements(request_id, Tensor::Q));
+  // Per-layer buffers live across layers: same shapes every layer, so no reallocation (large
+  // allocations churn mmap/munmap and TLB shootdowns otherwise).
+  std::vector<Mat> keys(static_cast<std::size_t>(Hkv)), values(keys.size()), full_v(keys.size());
+  std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size()), future(attn.size());
+  std::vector<Eigen::VectorXf> tail_mass(attn.size());
   for (int layer = 0; layer < L; ++layer) {
+    auto t0 = Clock::now();
     reader_.read_layer(request_id, Tensor::K, layer, kbuf);
     reader_.read_layer(request_id, Tensor::V, layer, vbuf);
     reader_.read_layer(request_id, Tensor::Q, layer, qbuf);
-    std::vector<Mat> keys(static_cast<std::size_t>(Hkv)), values(keys.size()), full_v(keys.size());
+    read_s += since(t0);
+    t0 = Clock::now();
+
     std::vector<StridedMap> kh, vh;
     for (int kv = 0; kv < Hkv; ++kv) {
       kh.emplace_back(kbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
@@ -364,8 +412,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       full_v[static_cast<std::size_t>(kv)] = vh.back();
     }
     // Shared by every config: full attention of the evaluation queries, outputs, tail parts.
-    std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size()), future(attn.size());
-    std::vector<Eigen::VectorXf> tail_mass(attn.size());
+
 #pragma omp parallel for schedule(dynamic)
     for (int qh = 0; qh < Hq; ++qh) {
       const auto i = static_cast<std::size_t>(qh);
@@ -378,7 +425,9 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       tail_mass[i] = attn[i].rightCols(T - c).rowwise().sum();
       future[i] = attn[i].leftCols(c);
     }
-    const ReplaySignals signals(g, layer, c, h, qbuf, std::move(keys), std::move(values), std::move(future));
+    attention_s += since(t0);
+    t0 = Clock::now();
+    const ReplaySignals signals(g, layer, c, h, qbuf, keys, values, future);
 
     const LayerWork work{g, layer, c, E, T, eval_limit, signals, attn, out, out_tail, tail_mass, full_v};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
@@ -393,6 +442,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       }
     }
     if (failure) std::rethrow_exception(failure);
+    config_s += since(t0);
   }
 
   RequestResult result;
@@ -400,6 +450,12 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   result.tokens = T;
   result.compression_point = c;
   result.eval_queries = E;
+  result.read_seconds = read_s;
+  result.attention_seconds = attention_s;
+  result.config_seconds = config_s;
+  // Per layer and query head: Q K^T and A V over all T keys, plus the tail product.
+  result.attention_flops = static_cast<double>(L) * Hq * 2.0 * static_cast<double>(E) * d *
+                           (2.0 * static_cast<double>(T) + static_cast<double>(T - c));
   const double LH = static_cast<double>(L) * Hkv;
   for (std::size_t p = 0; p < P; ++p) {
     Accumulator& a = acc[p];

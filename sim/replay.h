@@ -44,6 +44,9 @@ struct RequestResult {
   std::string request;
   std::int64_t tokens = 0, compression_point = 0, eval_queries = 0;
   std::vector<ConfigResult> configs;  // same order as the configs given
+  // Where the time went (wall seconds), and the floating-point work of the shared attention.
+  double read_seconds = 0, attention_seconds = 0, config_seconds = 0;
+  double attention_flops = 0;
 };
 
 class Replayer {

@@ -52,6 +52,13 @@ class FakeSignals : public LayerSignals {
   std::span<const std::int32_t> observed_rows() const override { return observed_rows_; }
   MatrixView future_attention(int q) const override { return get(future_, q, "future attention"); }
   MatrixView observed_queries(int q) const override { return get(queries_, q, "observed queries"); }
+  // Worked examples build a fresh policy per call (a new object may reuse a freed address), so
+  // nothing is shared: every call recomputes, and the results live as long as this view.
+  std::shared_ptr<const void> memo(const void*, const std::function<std::shared_ptr<const void>()>& make) const override {
+    kept_alive_.push_back(make());
+    return kept_alive_.back();
+  }
+  mutable std::vector<std::shared_ptr<const void>> kept_alive_;
 
   std::map<int, OwnedMatrix> keys_, values_, window_, observed_, future_, queries_;
   std::vector<std::int32_t> observed_rows_;
