@@ -24,6 +24,9 @@ namespace {
 
 using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using StridedMap = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
+// Layer buffers aligned like Eigen's own storage, so vectorised kernels take the same path
+// whatever address the allocator returns (bit-reproducible runs).
+using FloatBuffer = std::vector<float, Eigen::aligned_allocator<float>>;
 
 // Row-wise causal softmax in place: row i may see keys [0, limit[i]]; the rest become 0.
 void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit) {
@@ -40,7 +43,7 @@ void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit) {
 // One layer of one request, as policies see it at the compression point c.
 class ReplaySignals final : public LayerSignals {
  public:
-  ReplaySignals(const KvGeometry& g, int layer, std::int64_t c, const RequestHeader& h, const std::vector<float>& q,
+  ReplaySignals(const KvGeometry& g, int layer, std::int64_t c, const RequestHeader& h, const FloatBuffer& q,
                 const std::vector<Mat>& keys, const std::vector<Mat>& values, const std::vector<Mat>& future)
       : g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(keys), values_(values), future_(future) {
     for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < c; ++r) observed_.push_back(h.q_index[r]);
@@ -123,7 +126,7 @@ class ReplaySignals final : public LayerSignals {
   int layer_;
   std::int64_t c_;
   const RequestHeader& h_;
-  const std::vector<float>& q_;
+  const FloatBuffer& q_;
   const std::vector<Mat>& keys_;
   const std::vector<Mat>& values_;
   const std::vector<Mat>& future_;
@@ -193,31 +196,51 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
   }
   std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
   std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(Hkv));
-  Eigen::VectorXf approx(d);
+  std::vector<double> recall(static_cast<std::size_t>(G));
+  std::vector<float> acc(static_cast<std::size_t>(G * d));
   for (std::int64_t i = 0; i < w.E; ++i) {
     const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
     for (auto& ch : cache) ch.push_back(t);
-    for (int qh = 0; qh < Hq; ++qh) {
-      const auto& ch = cache[static_cast<std::size_t>(qh / G)];
-      const Mat& A = w.attn[static_cast<std::size_t>(qh)];
-      const Mat& V = w.full_v[static_cast<std::size_t>(qh / G)];
-      auto& wt = weights[static_cast<std::size_t>(qh)];
-      wt.resize(ch.size());
-      double recall = 0;
-      for (std::size_t m = 0; m < ch.size(); ++m) recall += (wt[m] = A(i, ch[m]));
-      const auto o = w.out[static_cast<std::size_t>(qh)].row(i).transpose();
-      const auto& dr = dropped[static_cast<std::size_t>(qh / G)];
-      approx.setZero();
-      if (dr.size() < ch.size()) {  // o minus what the dropped tokens contributed
-        for (auto j : dr) approx.noalias() -= A(i, j) * V.row(j).transpose();
-        approx += o;
-        approx /= static_cast<float>(recall);
-      } else {
-        for (std::size_t m = 0; m < ch.size(); ++m) approx.noalias() += (wt[m] / static_cast<float>(recall)) * V.row(ch[m]).transpose();
+    for (int kv = 0; kv < Hkv; ++kv) {
+      const auto& ch = cache[static_cast<std::size_t>(kv)];
+      const auto& dr = dropped[static_cast<std::size_t>(kv)];
+      const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
+      for (int r = 0; r < G; ++r) {
+        const Mat& A = w.attn[static_cast<std::size_t>(kv * G + r)];
+        auto& wt = weights[static_cast<std::size_t>(kv * G + r)];
+        wt.resize(ch.size());
+        double m = 0;
+        for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
+        recall[static_cast<std::size_t>(r)] = m;
       }
-      for (auto& x : wt) x = static_cast<float>(x / recall);
-      const double norm = o.norm();
-      a.add_row(w.layer, recall, norm > 0 ? (o - approx).norm() / norm : 0.0);
+      // The group's heads share the token set: read each V row once for all of them, over
+      // whichever side is smaller (the dropped side is subtracted from the full output).
+      const bool use_dropped = dr.size() < ch.size();
+      const auto& side = use_dropped ? dr : ch;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (std::size_t k = 0; k < side.size(); ++k) {
+        const float* v = V.row(side[k]).data();
+        for (int r = 0; r < G; ++r) {
+          const float coef = use_dropped ? w.attn[static_cast<std::size_t>(kv * G + r)](i, side[k])
+                                         : weights[static_cast<std::size_t>(kv * G + r)][k];
+          float* out_row = acc.data() + r * d;
+          for (int x = 0; x < d; ++x) out_row[x] += coef * v[x];
+        }
+      }
+      for (int r = 0; r < G; ++r) {
+        const auto qh = static_cast<std::size_t>(kv * G + r);
+        const double m = recall[static_cast<std::size_t>(r)];
+        const auto o = w.out[qh].row(i);
+        double diff2 = 0, norm2 = 0;
+        for (int x = 0; x < d; ++x) {
+          const double sum = acc[static_cast<std::size_t>(r * d + x)];
+          const double approx = (use_dropped ? o(x) - sum : sum) / m;
+          diff2 += (o(x) - approx) * (o(x) - approx);
+          norm2 += static_cast<double>(o(x)) * o(x);
+        }
+        for (auto& x : weights[qh]) x = static_cast<float>(x / m);
+        a.add_row(w.layer, m, norm2 > 0 ? std::sqrt(diff2 / norm2) : 0.0);
+      }
     }
     for (auto& e : evict) e.clear();
     state.step(DecodeStep{t, cache, weights, budget_tokens}, evict);
@@ -289,8 +312,10 @@ void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
     const std::vector<std::int32_t>& D = use_dropped ? dropped : kept;
     const auto nd = static_cast<Eigen::Index>(D.size());
     const Mat& vfull = full_v[static_cast<std::size_t>(kv)];
-    // Thread-local scratch: these run once per config, head and layer.
-    thread_local std::vector<float> vd_buf, ad_buf, r_buf;
+    // Thread-local scratch: these run once per config, head and layer. Always aligned alike:
+    // Eigen's vectorised reductions peel by alignment, so a buffer landing at another address
+    // would sum in another order and break bit-reproducibility between runs.
+    thread_local FloatBuffer vd_buf, ad_buf, r_buf;
     vd_buf.resize(static_cast<std::size_t>(nd * d));
     ad_buf.resize(static_cast<std::size_t>(G * E * nd));
     r_buf.resize(static_cast<std::size_t>(G * E * d));
@@ -388,8 +413,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   double read_s = 0, attention_s = 0, config_s = 0;
-  std::vector<float> kbuf(reader_.layer_elements(request_id, Tensor::K)), vbuf(kbuf.size());
-  std::vector<float> qbuf(reader_.layer_elements(request_id, Tensor::Q));
+  FloatBuffer kbuf(reader_.layer_elements(request_id, Tensor::K)), vbuf(kbuf.size());
+  FloatBuffer qbuf(reader_.layer_elements(request_id, Tensor::Q));
   // Per-layer buffers live across layers: same shapes every layer, so no reallocation (large
   // allocations churn mmap/munmap and TLB shootdowns otherwise).
   std::vector<Mat> keys(static_cast<std::size_t>(Hkv)), values(keys.size()), full_v(keys.size());
