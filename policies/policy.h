@@ -100,6 +100,9 @@ class DecodeState {
   virtual ~DecodeState() = default;
   // Fills evict[kv] with the token indices to drop from KV head kv's cache after this step.
   virtual void step(const DecodeStep& step, std::vector<std::vector<std::int32_t>>& evict) = 0;
+  // False when step() never reads DecodeStep::attention (e.g. position-only rules): the engine
+  // then skips gathering it.
+  virtual bool needs_attention() const { return true; }
 };
 
 class Policy {

@@ -12,6 +12,7 @@ namespace {
 class StreamingDecode : public DecodeState {
  public:
   explicit StreamingDecode(std::int64_t sinks) : sinks_(sinks) {}
+  bool needs_attention() const override { return false; }
   void step(const DecodeStep& s, std::vector<std::vector<std::int32_t>>& evict) override {
     for (std::size_t kv = 0; kv < s.cache.size(); ++kv) {
       const auto& cache = s.cache[kv];

@@ -205,24 +205,32 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
       const auto& ch = cache[static_cast<std::size_t>(kv)];
       const auto& dr = dropped[static_cast<std::size_t>(kv)];
       const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
+      const bool use_dropped = dr.size() < ch.size();
       for (int r = 0; r < G; ++r) {
         const Mat& A = w.attn[static_cast<std::size_t>(kv * G + r)];
         auto& wt = weights[static_cast<std::size_t>(kv * G + r)];
-        wt.resize(ch.size());
         double m = 0;
-        for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
+        if (state.needs_attention()) {
+          wt.resize(ch.size());
+          for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
+        } else if (use_dropped) {  // only the recall is needed: sum the smaller side
+          m = 1.0;
+          for (auto j : dr) m -= A(i, j);
+        } else {
+          for (auto j : ch) m += A(i, j);
+        }
         recall[static_cast<std::size_t>(r)] = m;
       }
       // The group's heads share the token set: read each V row once for all of them, over
       // whichever side is smaller (the dropped side is subtracted from the full output).
-      const bool use_dropped = dr.size() < ch.size();
       const auto& side = use_dropped ? dr : ch;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (std::size_t k = 0; k < side.size(); ++k) {
         const float* v = V.row(side[k]).data();
         for (int r = 0; r < G; ++r) {
-          const float coef = use_dropped ? w.attn[static_cast<std::size_t>(kv * G + r)](i, side[k])
-                                         : weights[static_cast<std::size_t>(kv * G + r)][k];
+          const float coef = use_dropped || !state.needs_attention()
+                                 ? w.attn[static_cast<std::size_t>(kv * G + r)](i, side[k])
+                                 : weights[static_cast<std::size_t>(kv * G + r)][k];
           float* out_row = acc.data() + r * d;
           for (int x = 0; x < d; ++x) out_row[x] += coef * v[x];
         }
