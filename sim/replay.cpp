@@ -2,7 +2,9 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <bit>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -313,93 +315,175 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
                 err[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)]);
 }
 
-// Applies one config's plan to one layer and accumulates its metrics.
-void replay_config(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, Accumulator& a) {
-  const int Hkv = w.g.n_kv_heads, G = w.g.group(), d = w.g.head_dim, layer = w.layer;
-  const std::int64_t c = w.c, E = w.E;
-  const auto& attn = w.attn;
-  const auto& out = w.out;
-  const auto& out_tail = w.out_tail;
-  const auto& tail_mass = w.tail_mass;
-  const auto& full_v = w.full_v;
-  const auto& signals = w.signals;
+// A one-shot config's keep-sets in one layer: a bitset over the c cached tokens per KV head.
+struct OneShot {
+  std::size_t config = 0;
+  std::vector<std::vector<std::uint64_t>> bits;  // [Hkv][ceil(c / 64)]
+  std::vector<std::int64_t> count;               // kept tokens per KV head
+};
 
+// Phase A of a layer, for one config: asks the policy for its plan. Decode-time configs are
+// replayed entirely here; uncompressed ones record exact rows; one-shot ones return their
+// keep-sets for the shared phase B.
+std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
+                                   const LayerWork& w, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads;
+  const std::int64_t c = w.c;
   const bool compress = cfg.impl->respects_budget() && cfg.budget < 1.0;
-  LayerPlan plan;
-  if (compress) {
-    plan = cfg.impl->compress(signals, Budget{budget_tokens, cfg.budget});
-    if (static_cast<int>(plan.heads.size()) != Hkv)
-      throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) +
-                  " heads, expected " + std::to_string(Hkv));
-    if (auto state = cfg.impl->start_decode(signals, plan, Budget{budget_tokens, cfg.budget})) {
-      replay_decode(cfg, budget_tokens, w, plan, *state, a);
-      return;
+  if (!compress) {  // the full cache: exact by definition
+    for (int kv = 0; kv < Hkv; ++kv) a.mix(static_cast<std::uint64_t>(c));
+    a.kept += c * Hkv;
+    for (std::int64_t i = 0; i < w.T - c; ++i)
+      a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>((c + i + 1) * Hkv);
+    for (std::int64_t row = 0; row < w.E * w.g.n_q_heads; ++row) a.add_row(w.layer, 1.0, 0.0);
+    return std::nullopt;
+  }
+  LayerPlan plan = cfg.impl->compress(w.signals, Budget{budget_tokens, cfg.budget});
+  if (static_cast<int>(plan.heads.size()) != Hkv)
+    throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
+                std::to_string(Hkv));
+  for (const HeadPlan& hp : plan.heads)
+    if (static_cast<std::int64_t>(hp.codec.size()) != c)
+      throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
+                  std::to_string(c));
+  if (auto state = cfg.impl->start_decode(w.signals, plan, Budget{budget_tokens, cfg.budget})) {
+    replay_decode(cfg, budget_tokens, w, plan, *state, a);
+    return std::nullopt;
+  }
+  OneShot shot;
+  shot.config = index;
+  const auto words = static_cast<std::size_t>((c + 63) / 64);
+  for (const HeadPlan& hp : plan.heads) {
+    std::vector<std::uint64_t> bits(words, 0);
+    std::int64_t kept = 0;
+    for (std::int64_t j = 0; j < c; ++j) {
+      const bool keep = hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop;
+      if (keep) bits[static_cast<std::size_t>(j / 64)] |= std::uint64_t{1} << (j % 64);
+      kept += keep;
+      a.mix(keep ? 0x9dull : 0x3bull);
+    }
+    shot.bits.push_back(std::move(bits));
+    shot.count.push_back(kept);
+    a.kept += kept;
+    for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept + i + 1);
+  }
+  return shot;
+}
+
+std::int64_t symmetric_difference(const std::vector<std::uint64_t>& x, const std::vector<std::uint64_t>& y) {
+  std::int64_t n = 0;
+  for (std::size_t k = 0; k < x.size(); ++k) n += std::popcount(x[k] ^ y[k]);
+  return n;
+}
+
+// Order in which to build the shots' partial outputs for one KV head: a minimum spanning tree
+// over the keep-sets, rooted at the empty set (partial output 0) and the full set (known from
+// the shared pass), with edge cost |symmetric difference|. Each shot is then its parent plus
+// the tokens it adds minus those it removes: similar policies and neighbouring budgets of one
+// policy cost only their difference. parent: -1 empty, -2 full, else a shot index.
+struct BuildOrder {
+  std::vector<std::size_t> order;
+  std::vector<std::int64_t> parent;
+};
+
+BuildOrder spanning_tree(const std::vector<OneShot>& shots, int kv, std::int64_t c) {
+  const std::size_t n = shots.size();
+  BuildOrder b;
+  b.parent.assign(n, -1);
+  std::vector<std::int64_t> dist(n);
+  std::vector<char> done(n, 0);
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::int64_t kept = shots[p].count[static_cast<std::size_t>(kv)];
+    dist[p] = std::min(kept, c - kept);
+    b.parent[p] = kept <= c - kept ? -1 : -2;
+  }
+  for (std::size_t step = 0; step < n; ++step) {
+    std::size_t best = n;
+    for (std::size_t p = 0; p < n; ++p)
+      if (!done[p] && (best == n || dist[p] < dist[best])) best = p;
+    done[best] = 1;
+    b.order.push_back(best);
+    for (std::size_t p = 0; p < n; ++p) {
+      if (done[p]) continue;
+      const std::int64_t dd = symmetric_difference(shots[p].bits[static_cast<std::size_t>(kv)],
+                                                   shots[best].bits[static_cast<std::size_t>(kv)]);
+      if (dd < dist[p]) {
+        dist[p] = dd;
+        b.parent[p] = static_cast<std::int64_t>(best);
+      }
     }
   }
-  for (int kv = 0; kv < Hkv; ++kv) {
-    std::vector<std::int32_t> dropped, kept;
-    if (compress) {
-      const HeadPlan& hp = plan.heads[static_cast<std::size_t>(kv)];
-      if (static_cast<std::int64_t>(hp.codec.size()) != c)
-        throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) +
-                    " tokens, expected " + std::to_string(c));
-      for (std::int64_t j = 0; j < c; ++j) {
-        const bool keep = hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop;
-        (keep ? kept : dropped).push_back(static_cast<std::int32_t>(j));
-        a.mix(keep ? 0x9dull : 0x3bull);
+  return b;
+}
+
+// Phase B for one query head: every shot's partial output P = sum over kept tokens before c of
+// a_ij [v_j, 1] (the last column is the kept attention mass), built along the spanning tree,
+// then the per-row recall and output error.
+void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const BuildOrder& tree, int q_head,
+                 std::vector<std::vector<double>>& recall_out, std::vector<std::vector<double>>& err_out) {
+  const int kv = q_head / w.g.group(), d = w.g.head_dim;
+  const std::int64_t c = w.c, E = w.E;
+  const Mat& A = w.attn[static_cast<std::size_t>(q_head)];
+  const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
+  Mat full(E, d + 1);  // the full set's partial output, from the shared pass
+  full.leftCols(d) = w.out[static_cast<std::size_t>(q_head)] - w.out_tail[static_cast<std::size_t>(q_head)];
+  full.col(d) = (1.0f - w.tail_mass[static_cast<std::size_t>(q_head)].array()).matrix();
+  std::vector<Mat> partial(shots.size());
+  thread_local FloatBuffer wbuf, vbuf;
+  std::vector<std::int32_t> add, rem;
+  for (const std::size_t p : tree.order) {
+    const std::int64_t parent = tree.parent[p];
+    const auto& bits = shots[p].bits[static_cast<std::size_t>(kv)];
+    add.clear();
+    rem.clear();
+    for (std::size_t k = 0; k < bits.size(); ++k) {
+      const std::uint64_t base = parent == -1 ? 0 : parent == -2 ? ~std::uint64_t{0}
+                                                                 : shots[static_cast<std::size_t>(parent)].bits[static_cast<std::size_t>(kv)][k];
+      for (std::uint64_t x = bits[k] & ~base; x; x &= x - 1)
+        add.push_back(static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(x))));
+      for (std::uint64_t x = base & ~bits[k]; x; x &= x - 1) {
+        const auto j = static_cast<std::int64_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(x)));
+        if (j < c) rem.push_back(static_cast<std::int32_t>(j));
       }
-    } else {
-      a.mix(static_cast<std::uint64_t>(c));
     }
-    const std::int64_t kept_now = compress ? static_cast<std::int64_t>(kept.size()) : c;
-    a.kept += kept_now;
-    for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept_now + i + 1);
-    // Sum over whichever side is smaller: r = A[:, D] V[D] costs |D| per row. The group's
-    // query heads share D and V, so their rows go through one GEMM.
-    const bool use_dropped = dropped.size() <= kept.size();
-    const std::vector<std::int32_t>& D = use_dropped ? dropped : kept;
-    const auto nd = static_cast<Eigen::Index>(D.size());
-    const Mat& vfull = full_v[static_cast<std::size_t>(kv)];
-    // Thread-local scratch: these run once per config, head and layer. Always aligned alike:
-    // Eigen's vectorised reductions peel by alignment, so a buffer landing at another address
-    // would sum in another order and break bit-reproducibility between runs.
-    thread_local FloatBuffer vd_buf, ad_buf, r_buf;
-    vd_buf.resize(static_cast<std::size_t>(nd * d));
-    ad_buf.resize(static_cast<std::size_t>(G * E * nd));
-    r_buf.resize(static_cast<std::size_t>(G * E * d));
-    Eigen::Map<Mat> vd(vd_buf.data(), nd, d), ad(ad_buf.data(), G * E, nd), rsum(r_buf.data(), G * E, d);
-    for (Eigen::Index j = 0; j < nd; ++j) vd.row(j) = vfull.row(D[static_cast<std::size_t>(j)]);
-    for (int r = 0; r < G; ++r) {
-      const Mat& A = attn[static_cast<std::size_t>(kv * G + r)];
+    Mat& P = partial[p];
+    P = parent == -1 ? Mat::Zero(E, d + 1) : parent == -2 ? full : partial[static_cast<std::size_t>(parent)];
+    const auto nd = static_cast<Eigen::Index>(add.size() + rem.size());
+    if (nd > 0) {
+      wbuf.resize(static_cast<std::size_t>(E * nd));
+      vbuf.resize(static_cast<std::size_t>(nd * (d + 1)));
+      Eigen::Map<Mat> Wd(wbuf.data(), E, nd), Vd(vbuf.data(), nd, d + 1);
+      for (Eigen::Index k = 0; k < nd; ++k) {
+        const bool adding = k < static_cast<Eigen::Index>(add.size());
+        const std::int32_t j = adding ? add[static_cast<std::size_t>(k)] : rem[static_cast<std::size_t>(k) - add.size()];
+        const float sign = adding ? 1.0f : -1.0f;
+        Vd.row(k).head(d) = sign * V.row(j);
+        Vd(k, d) = sign;
+      }
       for (Eigen::Index i = 0; i < E; ++i) {
         const float* src = A.row(i).data();
-        float* dst = ad.row(r * E + i).data();
-        for (Eigen::Index j = 0; j < nd; ++j) dst[j] = src[D[static_cast<std::size_t>(j)]];
+        float* dst = Wd.row(i).data();
+        for (std::size_t k = 0; k < add.size(); ++k) dst[k] = src[add[k]];
+        for (std::size_t k = 0; k < rem.size(); ++k) dst[add.size() + k] = src[rem[k]];
       }
+      P.noalias() += Wd * Vd;
     }
-    const Eigen::VectorXf mass = ad.rowwise().sum();
-    rsum.noalias() = ad * vd;
-    Eigen::VectorXf approx(d);
-    for (int r = 0; r < G; ++r) {
-      const auto qh = static_cast<std::size_t>(kv * G + r);
-      for (Eigen::Index i = 0; i < E; ++i) {
-        const Eigen::Index row = r * E + i;
-        double recall;
-        if (!compress) {
-          recall = 1.0;
-          approx = out[qh].row(i).transpose();
-        } else if (use_dropped) {
-          recall = 1.0 - mass(row);
-          approx = (out[qh].row(i) - rsum.row(row)).transpose();
-        } else {
-          recall = mass(row) + tail_mass[qh](i);
-          approx = (rsum.row(row) + out_tail[qh].row(i)).transpose();
-        }
-        recall = std::clamp(recall, 1e-30, 1.0);
-        approx /= static_cast<float>(recall);
-        const double norm = out[qh].row(i).norm();
-        a.add_row(layer, recall, norm > 0 ? (out[qh].row(i).transpose() - approx).norm() / norm : 0.0);
+    auto& rec = recall_out[p];
+    auto& er = err_out[p];
+    rec.resize(static_cast<std::size_t>(E));
+    er.resize(static_cast<std::size_t>(E));
+    for (Eigen::Index i = 0; i < E; ++i) {
+      const double m = std::clamp(static_cast<double>(P(i, d)) + w.tail_mass[static_cast<std::size_t>(q_head)](i), 1e-30, 1.0);
+      const auto o = w.out[static_cast<std::size_t>(q_head)].row(i);
+      const auto tail = w.out_tail[static_cast<std::size_t>(q_head)].row(i);
+      double diff2 = 0, norm2 = 0;
+      for (int x = 0; x < d; ++x) {
+        const double approx = (static_cast<double>(P(i, x)) + tail(x)) / m;
+        diff2 += (o(x) - approx) * (o(x) - approx);
+        norm2 += static_cast<double>(o(x)) * o(x);
       }
+      rec[static_cast<std::size_t>(i)] = m;
+      er[static_cast<std::size_t>(i)] = norm2 > 0 ? std::sqrt(diff2 / norm2) : 0.0;
     }
   }
 }
@@ -505,16 +589,42 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     const LayerWork work{g, layer, c, E, T, eval_limit, signals, attn, out, out_tail, tail_mass, full_v};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
     std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic)
-    for (std::size_t p = 0; p < P; ++p) {
+    auto guard = [&](auto&& fn) {
       try {
-        replay_config(configs_[p], budget_tokens[p], work, acc[p]);
+        fn();
       } catch (...) {
 #pragma omp critical(kvsim_replay_failure)
         if (!failure) failure = std::current_exception();
       }
+    };
+    // Phase A: plans (decode-time configs run to the end here).
+    std::vector<std::optional<OneShot>> planned(P);
+#pragma omp parallel for schedule(dynamic)
+    for (std::size_t p = 0; p < P; ++p)
+      guard([&] { planned[p] = plan_config(p, configs_[p], budget_tokens[p], work, acc[p]); });
+    if (failure) std::rethrow_exception(failure);
+    std::vector<OneShot> shots;
+    for (auto& s : planned)
+      if (s) shots.push_back(std::move(*s));
+    // Phase B: one-shot configs share partial outputs along a spanning tree per KV head.
+    std::vector<BuildOrder> trees(static_cast<std::size_t>(Hkv));
+    for (int kv = 0; kv < Hkv; ++kv) trees[static_cast<std::size_t>(kv)] = spanning_tree(shots, kv, c);
+    std::vector<std::vector<std::vector<double>>> rec(static_cast<std::size_t>(Hq)), err(rec.size());
+#pragma omp parallel for schedule(dynamic)
+    for (int qh = 0; qh < Hq; ++qh) {
+      rec[static_cast<std::size_t>(qh)].resize(shots.size());
+      err[static_cast<std::size_t>(qh)].resize(shots.size());
+      guard([&] {
+        score_shots(work, shots, trees[static_cast<std::size_t>(qh / G)], qh, rec[static_cast<std::size_t>(qh)],
+                    err[static_cast<std::size_t>(qh)]);
+      });
     }
     if (failure) std::rethrow_exception(failure);
+    for (std::size_t k = 0; k < shots.size(); ++k)
+      for (int qh = 0; qh < Hq; ++qh)
+        for (std::int64_t i = 0; i < E; ++i)
+          acc[shots[k].config].add_row(layer, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
+                                       err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)]);
     config_s += since(t0);
   }
 

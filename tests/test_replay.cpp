@@ -134,8 +134,11 @@ TEST_CASE("one pass over many configs equals replaying each alone", "[replay]") 
     const RequestResult alone = Replayer(reader, ReplayMode::QueryAware, {all[p]}).replay("r1");
     INFO(all[p].label() << " @ " << all[p].budget);
     CHECK(alone.configs[0].keep_hash == together.configs[p].keep_hash);
-    CHECK(alone.configs[0].mean_kl == Approx(together.configs[p].mean_kl).epsilon(1e-12));
-    CHECK(alone.configs[0].mean_err == Approx(together.configs[p].mean_err).epsilon(1e-12));
+    // Same keep-sets exactly; metrics equal up to float rounding (together, a config's output is
+    // built from a neighbouring config's plus their difference, alone from the empty/full set).
+    CHECK(alone.configs[0].mean_kl == Approx(together.configs[p].mean_kl).epsilon(1e-6));
+    CHECK(alone.configs[0].mean_err == Approx(together.configs[p].mean_err).epsilon(1e-6));
+    CHECK(alone.configs[0].compressed_bytes == together.configs[p].compressed_bytes);
   }
 }
 
