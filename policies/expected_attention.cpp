@@ -28,14 +28,14 @@ struct Options {
 Mat mean_rotation(const RopeSpec& rope, std::int64_t start, std::int64_t count) {
   Mat r = Mat::Identity(rope.head_dim, rope.head_dim);
   for (int i = 0; i < rope.rope_dim / 2; ++i) {
+    // Closed form of the mean of cos/sin(t w) over t = start .. start + count - 1:
+    // sum = sin(count w / 2) / sin(w / 2) * {cos, sin}(start w + (count - 1) w / 2).
     const double w = rope_frequency(rope, i);
-    double c = 0, s = 0;
-    for (std::int64_t t = start; t < start + count; ++t) {
-      c += std::cos(static_cast<double>(t) * w);
-      s += std::sin(static_cast<double>(t) * w);
-    }
-    c /= static_cast<double>(count);
-    s /= static_cast<double>(count);
+    const double half = std::sin(w / 2);
+    const double gain = std::abs(half) < 1e-12 ? static_cast<double>(count) : std::sin(static_cast<double>(count) * w / 2) / half;
+    const double mid = static_cast<double>(start) * w + static_cast<double>(count - 1) * w / 2;
+    const double c = gain * std::cos(mid) / static_cast<double>(count);
+    const double s = gain * std::sin(mid) / static_cast<double>(count);
     const int a = rope_pair_first(rope, i), b = rope_pair_second(rope, i);
     r(a, a) = c;
     r(a, b) = -s;

@@ -3,8 +3,8 @@
 // block_press.py).
 // Rule: keep the tokens whose keys are least similar (cosine) to the mean normalised key,
 // processing the prompt block by block as the paper does.
+#include <Eigen/Dense>
 #include <cmath>
-#include <numeric>
 
 #include "core/error.h"
 #include "policies/registry.h"
@@ -13,25 +13,16 @@
 namespace kvsim {
 namespace {
 
-// -cos(k_j, anchor) for the candidate tokens, anchor = mean of their normalised keys.
-std::vector<float> distinctiveness(const MatrixView& keys, const std::vector<std::int32_t>& cand) {
-  const auto d = static_cast<std::size_t>(keys.cols);
-  std::vector<double> anchor(d, 0.0);
-  std::vector<double> norms(cand.size());
-  for (std::size_t c = 0; c < cand.size(); ++c) {
-    const float* k = keys.row(cand[c]);
-    double nn = 0;
-    for (std::size_t x = 0; x < d; ++x) nn += static_cast<double>(k[x]) * k[x];
-    norms[c] = std::sqrt(nn) + 1e-12;
-    for (std::size_t x = 0; x < d; ++x) anchor[x] += k[x] / norms[c];
-  }
-  const double an = std::sqrt(std::inner_product(anchor.begin(), anchor.end(), anchor.begin(), 0.0)) + 1e-12;
-  std::vector<float> out(cand.size());
-  for (std::size_t c = 0; c < cand.size(); ++c) {
-    const float* k = keys.row(cand[c]);
-    double dot = 0;
-    for (std::size_t x = 0; x < d; ++x) dot += k[x] * anchor[x];
-    out[c] = static_cast<float>(-dot / (norms[c] * an));
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Unit-normalised keys of every KV head of the layer, shared by all budgets of this policy.
+std::vector<RowMat> normalised_keys(const LayerSignals& s) {
+  std::vector<RowMat> out;
+  for (int h = 0; h < s.geometry().n_kv_heads; ++h) {
+    const MatrixView k = s.keys(h);
+    RowMat m = Eigen::Map<const RowMat>(k.data, k.rows, k.cols);
+    for (Eigen::Index j = 0; j < m.rows(); ++j) m.row(j) /= std::max(m.row(j).norm(), 1e-12f);
+    out.push_back(std::move(m));
   }
   return out;
 }
@@ -40,28 +31,43 @@ class KeyDiff : public Policy {
  public:
   explicit KeyDiff(std::int64_t block) : block_(block) {}
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
+    const auto memo = s.memo(this, [&] { return std::make_shared<const std::vector<RowMat>>(normalised_keys(s)); });
+    const auto& unit = *static_cast<const std::vector<RowMat>*>(memo.get());
     const std::int64_t n = s.n_tokens(), keep = std::min(budget.tokens, n);
     LayerPlan plan;
     for (int h = 0; h < s.geometry().n_kv_heads; ++h) {
-      const MatrixView keys = s.keys(h);
-      // Kept set so far; each block joins the candidates and the set is cut back to `keep`.
+      const RowMat& kh = unit[static_cast<std::size_t>(h)];
+      // Kept set so far, and the sum of its unit keys; each block joins the candidates, the
+      // anchor is their mean unit key, and the set is cut back to `keep` by -cos(k, anchor)
+      // (ranked by -k_unit . anchor: the anchor's norm does not change the order).
       std::vector<std::int32_t> kept;
+      Eigen::VectorXf kept_sum = Eigen::VectorXf::Zero(kh.cols());
       const std::int64_t step = block_ > 0 ? block_ : n;
       std::int64_t next = 0;
       while (next < n) {
         const std::int64_t end = next == 0 && block_ > 0 ? std::min(n, std::max(keep, block_)) : std::min(n, next + step);
         std::vector<std::int32_t> cand = kept;
-        for (std::int64_t j = next; j < end; ++j) cand.push_back(static_cast<std::int32_t>(j));
+        Eigen::VectorXf anchor = kept_sum;
+        for (std::int64_t j = next; j < end; ++j) {
+          cand.push_back(static_cast<std::int32_t>(j));
+          anchor += kh.row(j).transpose();
+        }
         next = end;
         if (static_cast<std::int64_t>(cand.size()) <= keep) {
-          kept = cand;
+          kept = std::move(cand);
+          kept_sum = anchor;
           continue;
         }
-        const auto score = distinctiveness(keys, cand);
+        std::vector<float> score(cand.size());
+        for (std::size_t c = 0; c < cand.size(); ++c) score[c] = -kh.row(cand[c]).dot(anchor);
         const auto mask = top_k_mask(score, keep);  // candidates are in token order: ties keep the later one
         kept.clear();
-        for (std::size_t c = 0; c < cand.size(); ++c)
-          if (mask[c]) kept.push_back(cand[c]);
+        kept_sum.setZero();
+        for (std::size_t c = 0; c < cand.size(); ++c) {
+          if (!mask[c]) continue;
+          kept.push_back(cand[c]);
+          kept_sum += kh.row(cand[c]).transpose();
+        }
       }
       std::vector<std::uint8_t> m(static_cast<std::size_t>(n), 0);
       for (auto j : kept) m[static_cast<std::size_t>(j)] = 1;
