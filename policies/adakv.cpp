@@ -20,13 +20,14 @@ class AdaKv : public Policy {
 
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     std::vector<HeadScores> scores = scorer().cached_score(s);  // a copy: normalize edits it
-    const auto H = scores.size();
+    const auto H = scores.size();  // plan entries: KV heads, or query heads (per_query_head)
     const std::int64_t n = s.n_tokens();
+    const std::int64_t per_entry = budget.tokens * s.geometry().n_kv_heads / static_cast<std::int64_t>(H);
     std::vector<std::int64_t> prot(H, 0), share(H, 0);
     for (std::size_t h = 0; h < H; ++h) {
       const auto& p = scores[h].protect;
-      prot[h] = std::min<std::int64_t>(budget.tokens, std::accumulate(p.begin(), p.end(), std::int64_t{0}));
-      share[h] = std::min(budget.tokens - prot[h], n - prot[h]);
+      prot[h] = std::min<std::int64_t>(per_entry, std::accumulate(p.begin(), p.end(), std::int64_t{0}));
+      share[h] = std::min(per_entry - prot[h], n - prot[h]);
     }
     if (normalize_) {  // scale each head by the share of its mass its own top-B' would keep
       for (std::size_t h = 0; h < H; ++h) {

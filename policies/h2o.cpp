@@ -75,24 +75,22 @@ class H2o : public ScoringPolicy {
     std::vector<float> seen(static_cast<std::size_t>(n), 0.0f);
     for (auto r : rows)
       for (std::int64_t j = 0; j <= std::min<std::int64_t>(r, n - 1); ++j) seen[static_cast<std::size_t>(j)] += 1;
-    std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
-    for (int h = 0; h < g.n_kv_heads; ++h) {
-      std::vector<std::vector<float>> per_q;
-      for (int r = 0; r < g.group(); ++r) {
-        auto col = column_sums(s.observed_attention(h * g.group() + r));
-        if (normalize_)
-          for (std::size_t j = 0; j < col.size(); ++j) col[j] = seen[j] > 0 ? col[j] / seen[j] : 0.0f;
-        per_q.push_back(std::move(col));
-      }
-      out[static_cast<std::size_t>(h)].score = aggregate_group(per_q, gqa_);
+    std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
+    for (int q = 0; q < g.n_q_heads; ++q) {
+      auto col = column_sums(s.observed_attention(q));
+      if (normalize_)
+        for (std::size_t j = 0; j < col.size(); ++j) col[j] = seen[j] > 0 ? col[j] / seen[j] : 0.0f;
+      per_q[static_cast<std::size_t>(q)].score = std::move(col);
     }
-    return out;
+    return group_scores(std::move(per_q), g.group(), gqa_);
   }
 
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     auto scores = cached_score(s);  // a copy: the protected window depends on the budget
-    for (auto& h : scores) h.protect = protect_ends(s.n_tokens(), 0, recent(budget));
-    return select_uniform(scores, budget);
+    Budget entry = budget;          // per plan entry: per KV head, or per query head
+    entry.tokens = budget.tokens * s.geometry().n_kv_heads / static_cast<std::int64_t>(scores.size());
+    for (auto& h : scores) h.protect = protect_ends(s.n_tokens(), 0, recent(entry));
+    return select_uniform(scores, budget, s.geometry().n_kv_heads);
   }
   std::unique_ptr<DecodeState> start_decode(const LayerSignals& s, const LayerPlan& initial,
                                             const Budget& budget) const override {
@@ -124,13 +122,16 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
     "Zhang et al., NeurIPS 2023, arXiv 2306.14048",
     {{"recent_ratio", "0.5", "share of the budget given to the most recent tokens (paper: heavy = recent)"},
      {"normalize", "false", "divide by the number of queries that saw each token (kvpress ObservedAttention)"},
-     {"gqa", "sum", "GQA aggregation: mean | max | sum (RLKV's H2O baseline: sum)"},
+     {"gqa", "sum", "GQA aggregation: mean | max | sum (RLKV's H2O baseline: sum) | per_query_head (prefill only)"},
      {"phase", "decode", "decode: keep accumulating and evicting every step (paper) | prefill: one cut"}},
     [](const Params& p) {
       const double r = p.number("recent_ratio");
       if (r < 0 || r > 1) throw Error("policy h2o: parameter 'recent_ratio' must be in [0, 1]");
-      return std::make_unique<H2o>(r, p.boolean("normalize"), parse_gqa(p.text("gqa"), "h2o"),
-                                   p.choice("phase", {"decode", "prefill"}) == "decode");
+      const GqaAgg gqa = parse_gqa(p.text("gqa"), "h2o");
+      const bool decode = p.choice("phase", {"decode", "prefill"}) == "decode";
+      if (decode && gqa == GqaAgg::PerQueryHead)
+        throw Error("policy h2o: gqa=per_query_head is supported with phase=prefill only");
+      return std::make_unique<H2o>(r, p.boolean("normalize"), gqa, decode);
     }});
 
 }  // namespace kvsim

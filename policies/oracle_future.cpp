@@ -24,7 +24,7 @@ class OracleFuture : public ScoringPolicy {
     return out;
   }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
-    if (!per_layer_) return select_uniform(cached_score(s), budget);
+    if (!per_layer_) return select_uniform(cached_score(s), budget, s.geometry().n_kv_heads);
     // Exact maximiser of the layer's total retained mass: global top over (head, token).
     const auto& scores = cached_score(s);
     const std::int64_t n = s.n_tokens();

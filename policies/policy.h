@@ -72,12 +72,16 @@ struct HeadPlan {
   std::int64_t kept() const;      // tokens not dropped
 };
 
+// heads has one entry per KV head (the group's query heads share it), or one per query head:
+// each query head then keeps its own copy of K/V, as SnapKV's original code does by repeating
+// K/V before compressing (G times the memory per kept token; the engine counts every copy).
 struct LayerPlan {
-  std::vector<HeadPlan> heads;  // [n_kv_heads]
+  std::vector<HeadPlan> heads;  // [n_kv_heads] or [n_q_heads]
 };
 
 // Tokens each (layer, KV head) may keep at this compression point, derived by the engine from
 // the byte budget and the policy's per-token state bytes; protected windows count inside it.
+// A plan with one entry per query head shares this among the group: tokens / group each.
 struct Budget {
   std::int64_t tokens = 0;
   double fraction = 1.0;  // the byte budget as a fraction of the full fp16 cache

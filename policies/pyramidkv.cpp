@@ -37,7 +37,7 @@ class PyramidKv : public ScoringPolicy {
       const std::int64_t trim = excess / L + (s.layer() < excess % L ? 1 : 0);
       layer_budget.tokens = max_num - s.layer() * step + w - trim;
     }
-    return select_uniform(cached_score(s), layer_budget);
+    return select_uniform(cached_score(s), layer_budget, s.geometry().n_kv_heads);
   }
 
  private:

@@ -76,10 +76,33 @@ GqaAgg parse_gqa(const std::string& s, const std::string& policy) {
   if (s == "mean") return GqaAgg::Mean;
   if (s == "max") return GqaAgg::Max;
   if (s == "sum") return GqaAgg::Sum;
-  throw Error("policy " + policy + ": parameter 'gqa' = '" + s + "', expected mean | max | sum");
+  if (s == "per_query_head") return GqaAgg::PerQueryHead;
+  throw Error("policy " + policy + ": parameter 'gqa' = '" + s + "', expected mean | max | sum | per_query_head");
 }
 
-const char* gqa_name(GqaAgg a) { return a == GqaAgg::Mean ? "mean" : a == GqaAgg::Max ? "max" : "sum"; }
+const char* gqa_name(GqaAgg a) {
+  switch (a) {
+    case GqaAgg::Mean: return "mean";
+    case GqaAgg::Max: return "max";
+    case GqaAgg::Sum: return "sum";
+    case GqaAgg::PerQueryHead: return "per_query_head";
+  }
+  return "?";
+}
+
+std::vector<HeadScores> group_scores(std::vector<HeadScores> per_q_head, int group, GqaAgg agg) {
+  if (agg == GqaAgg::PerQueryHead) return per_q_head;
+  std::vector<HeadScores> out;
+  for (std::size_t h = 0; h < per_q_head.size(); h += static_cast<std::size_t>(group)) {
+    std::vector<std::vector<float>> scores;
+    for (int r = 0; r < group; ++r) scores.push_back(std::move(per_q_head[h + static_cast<std::size_t>(r)].score));
+    HeadScores hs;
+    hs.score = aggregate_group(scores, agg);
+    hs.protect = std::move(per_q_head[h].protect);
+    out.push_back(std::move(hs));
+  }
+  return out;
+}
 
 std::vector<float> aggregate_group(const std::vector<std::vector<float>>& per_q_head, GqaAgg agg) {
   std::vector<float> out(per_q_head.front().size(), agg == GqaAgg::Max ? -std::numeric_limits<float>::infinity() : 0.0f);
@@ -111,9 +134,10 @@ const std::vector<HeadScores>& ScoringPolicy::cached_score(const LayerSignals& s
   return *static_cast<const std::vector<HeadScores>*>(p.get());
 }
 
-LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& budget) {
+LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& budget, int n_kv_heads) {
+  const std::int64_t tokens = budget.tokens * n_kv_heads / static_cast<std::int64_t>(scores.size());
   LayerPlan plan;
-  for (const auto& h : scores) plan.heads.push_back(plan_from_mask(top_k_mask(h.score, budget.tokens, h.protect)));
+  for (const auto& h : scores) plan.heads.push_back(plan_from_mask(top_k_mask(h.score, tokens, h.protect)));
   return plan;
 }
 

@@ -31,11 +31,17 @@ PoolKind parse_pool(const std::string& s, const std::string& policy);
 // count_include_pad), max ignores it. Kernel 1 or PoolKind::None returns x unchanged.
 std::vector<float> pool1d(std::span<const float> x, int kernel, PoolKind kind);
 
-enum class GqaAgg { Mean, Max, Sum };
+// How a GQA group's query heads combine their scores: into one keep-set per KV head (mean, max,
+// sum), or not at all (per_query_head: one keep-set per query head, K/V copied per head).
+enum class GqaAgg { Mean, Max, Sum, PerQueryHead };
 GqaAgg parse_gqa(const std::string& s, const std::string& policy);
 const char* gqa_name(GqaAgg a);
 // Combines the per-query-head scores of one GQA group into one score per token.
 std::vector<float> aggregate_group(const std::vector<std::vector<float>>& per_q_head, GqaAgg agg);
+
+// Per-query-head scores of a whole layer ([n_q_heads]) turned into plan entries: one per KV head
+// (aggregated over each group) or, for PerQueryHead, one per query head.
+std::vector<HeadScores> group_scores(std::vector<HeadScores> per_q_head, int group, GqaAgg agg);
 
 // Sum over rows of an attention matrix [rows, n] -> [n].
 std::vector<float> column_sums(const MatrixView& a);
@@ -43,8 +49,9 @@ std::vector<float> column_sums(const MatrixView& a);
 // Marks the last `window` of n tokens (and the first `sinks`) as protected.
 std::vector<std::uint8_t> protect_ends(std::int64_t n, std::int64_t sinks, std::int64_t window);
 
-// Default selection: every KV head keeps its own top budget.tokens.
-LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& budget);
+// Default selection: every entry keeps its own top tokens: budget.tokens per KV-head entry, or
+// budget.tokens * n_kv / n_entries when there is one entry per query head.
+LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& budget, int n_kv_heads);
 
 // A policy defined by its scores; selection is uniform top-B unless overridden.
 class ScoringPolicy : public Policy {
@@ -53,7 +60,7 @@ class ScoringPolicy : public Policy {
   // score(), computed once per layer and shared by every budget of this policy object.
   const std::vector<HeadScores>& cached_score(const LayerSignals& signals) const;
   LayerPlan compress(const LayerSignals& signals, const Budget& budget) const override {
-    return select_uniform(cached_score(signals), budget);
+    return select_uniform(cached_score(signals), budget, signals.geometry().n_kv_heads);
   }
 };
 

@@ -12,24 +12,21 @@ std::vector<HeadScores> snapkv_scores(const LayerSignals& s, const SnapKvOptions
   const KvGeometry& g = s.geometry();
   const std::int64_t n = s.n_tokens();
   const int w = static_cast<int>(std::min<std::int64_t>(o.window, n));
-  std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
-  for (int h = 0; h < g.n_kv_heads; ++h) {
-    std::vector<std::vector<float>> per_q;
-    for (int r = 0; r < g.group(); ++r) {
-      const auto summed = column_sums(s.window_attention(h * g.group() + r, w));
-      per_q.push_back(pool1d(summed, o.kernel, o.pool));
-    }
-    out[static_cast<std::size_t>(h)].score = aggregate_group(per_q, o.gqa);
-    out[static_cast<std::size_t>(h)].protect = protect_ends(n, 0, w);
+  std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
+  for (int q = 0; q < g.n_q_heads; ++q) {
+    per_q[static_cast<std::size_t>(q)].score = pool1d(column_sums(s.window_attention(q, w)), o.kernel, o.pool);
+    per_q[static_cast<std::size_t>(q)].protect = protect_ends(n, 0, w);
   }
-  return out;
+  return group_scores(std::move(per_q), g.group(), o.gqa);
 }
 
 std::vector<ParamSpec> snapkv_param_specs() {
   return {{"window", "32", "observation window: last prompt tokens whose queries vote (repo: 32; kvpress: 64)"},
           {"kernel", "5", "pooling kernel (repo: 5; paper LongBench: 7)"},
           {"pool", "avg", "avg | max | none (repo: avg; paper LongBench: max)"},
-          {"gqa", "mean", "GQA aggregation over a group's query heads: mean | max | sum (kvpress: mean)"}};
+          {"gqa", "mean",
+           "GQA: mean | max | sum over a group's query heads (kvpress: mean), or per_query_head (the original "
+           "SnapKV: each query head keeps its own K/V copy, budget shared by the group)"}};
 }
 
 SnapKvOptions snapkv_options(const Params& p) {

@@ -315,11 +315,12 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
                 err[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)]);
 }
 
-// A one-shot config's keep-sets in one layer: a bitset over the c cached tokens per KV head.
+// A one-shot config's keep-sets in one layer: a bitset over the c cached tokens per query head
+// (query heads of a group share their KV head's set unless the plan has one per query head).
 struct OneShot {
   std::size_t config = 0;
-  std::vector<std::vector<std::uint64_t>> bits;  // [Hkv][ceil(c / 64)]
-  std::vector<std::int64_t> count;               // kept tokens per KV head
+  std::vector<std::vector<std::uint64_t>> bits;  // [Hq][ceil(c / 64)]
+  std::vector<std::int64_t> count;               // kept tokens per query head
 };
 
 // Phase A of a layer, for one config: asks the policy for its plan. Decode-time configs are
@@ -338,15 +339,18 @@ std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, s
     for (std::int64_t row = 0; row < w.E * w.g.n_q_heads; ++row) a.add_row(w.layer, 1.0, 0.0);
     return std::nullopt;
   }
+  const int Hq = w.g.n_q_heads, G = w.g.group();
   LayerPlan plan = cfg.impl->compress(w.signals, Budget{budget_tokens, cfg.budget});
-  if (static_cast<int>(plan.heads.size()) != Hkv)
+  const bool per_query_head = static_cast<int>(plan.heads.size()) == Hq && Hq != Hkv;
+  if (static_cast<int>(plan.heads.size()) != Hkv && !per_query_head)
     throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
-                std::to_string(Hkv));
+                std::to_string(Hkv) + " (one per KV head) or " + std::to_string(Hq) + " (one per query head)");
   for (const HeadPlan& hp : plan.heads)
     if (static_cast<std::int64_t>(hp.codec.size()) != c)
       throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
                   std::to_string(c));
   if (auto state = cfg.impl->start_decode(w.signals, plan, Budget{budget_tokens, cfg.budget})) {
+    if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     replay_decode(cfg, budget_tokens, w, plan, *state, a);
     return std::nullopt;
   }
@@ -362,10 +366,13 @@ std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, s
       kept += keep;
       a.mix(keep ? 0x9dull : 0x3bull);
     }
-    shot.bits.push_back(std::move(bits));
-    shot.count.push_back(kept);
+    // Memory: every entry holds its own K/V (a per-query-head plan stores G copies per group).
     a.kept += kept;
     for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept + i + 1);
+    for (int r = 0; r < (per_query_head ? 1 : G); ++r) {
+      shot.bits.push_back(bits);
+      shot.count.push_back(kept);
+    }
   }
   return shot;
 }
@@ -386,14 +393,15 @@ struct BuildOrder {
   std::vector<std::int64_t> parent;
 };
 
-BuildOrder spanning_tree(const std::vector<OneShot>& shots, int kv, std::int64_t c) {
+BuildOrder spanning_tree(const std::vector<OneShot>& shots, int q_head, std::int64_t c) {
+  const auto kv = static_cast<std::size_t>(q_head);  // (indexes the per-query-head sets)
   const std::size_t n = shots.size();
   BuildOrder b;
   b.parent.assign(n, -1);
   std::vector<std::int64_t> dist(n);
   std::vector<char> done(n, 0);
   for (std::size_t p = 0; p < n; ++p) {
-    const std::int64_t kept = shots[p].count[static_cast<std::size_t>(kv)];
+    const std::int64_t kept = shots[p].count[kv];
     dist[p] = std::min(kept, c - kept);
     b.parent[p] = kept <= c - kept ? -1 : -2;
   }
@@ -405,8 +413,7 @@ BuildOrder spanning_tree(const std::vector<OneShot>& shots, int kv, std::int64_t
     b.order.push_back(best);
     for (std::size_t p = 0; p < n; ++p) {
       if (done[p]) continue;
-      const std::int64_t dd = symmetric_difference(shots[p].bits[static_cast<std::size_t>(kv)],
-                                                   shots[best].bits[static_cast<std::size_t>(kv)]);
+      const std::int64_t dd = symmetric_difference(shots[p].bits[kv], shots[best].bits[kv]);
       if (dd < dist[p]) {
         dist[p] = dd;
         b.parent[p] = static_cast<std::int64_t>(best);
@@ -433,12 +440,12 @@ void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const Bu
   std::vector<std::int32_t> add, rem;
   for (const std::size_t p : tree.order) {
     const std::int64_t parent = tree.parent[p];
-    const auto& bits = shots[p].bits[static_cast<std::size_t>(kv)];
+    const auto& bits = shots[p].bits[static_cast<std::size_t>(q_head)];
     add.clear();
     rem.clear();
     for (std::size_t k = 0; k < bits.size(); ++k) {
       const std::uint64_t base = parent == -1 ? 0 : parent == -2 ? ~std::uint64_t{0}
-                                                                 : shots[static_cast<std::size_t>(parent)].bits[static_cast<std::size_t>(kv)][k];
+                                                                 : shots[static_cast<std::size_t>(parent)].bits[static_cast<std::size_t>(q_head)][k];
       for (std::uint64_t x = bits[k] & ~base; x; x &= x - 1)
         add.push_back(static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(x))));
       for (std::uint64_t x = base & ~bits[k]; x; x &= x - 1) {
@@ -607,15 +614,17 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     for (auto& s : planned)
       if (s) shots.push_back(std::move(*s));
     // Phase B: one-shot configs share partial outputs along a spanning tree per KV head.
-    std::vector<BuildOrder> trees(static_cast<std::size_t>(Hkv));
-    for (int kv = 0; kv < Hkv; ++kv) trees[static_cast<std::size_t>(kv)] = spanning_tree(shots, kv, c);
+    // (Per query head: identical trees within a group unless a plan keeps per-query-head sets;
+    // building them is a negligible popcount pass.)
+    std::vector<BuildOrder> trees(static_cast<std::size_t>(Hq));
+    for (int qh = 0; qh < Hq; ++qh) trees[static_cast<std::size_t>(qh)] = spanning_tree(shots, qh, c);
     std::vector<std::vector<std::vector<double>>> rec(static_cast<std::size_t>(Hq)), err(rec.size());
 #pragma omp parallel for schedule(dynamic)
     for (int qh = 0; qh < Hq; ++qh) {
       rec[static_cast<std::size_t>(qh)].resize(shots.size());
       err[static_cast<std::size_t>(qh)].resize(shots.size());
       guard([&] {
-        score_shots(work, shots, trees[static_cast<std::size_t>(qh / G)], qh, rec[static_cast<std::size_t>(qh)],
+        score_shots(work, shots, trees[static_cast<std::size_t>(qh)], qh, rec[static_cast<std::size_t>(qh)],
                     err[static_cast<std::size_t>(qh)]);
       });
     }

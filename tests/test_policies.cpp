@@ -233,3 +233,16 @@ TEST_CASE("decode-time streamingllm drops the oldest tokens past the sinks", "[p
   REQUIRE(state);
   CHECK(step(*state, 7, {{0, 1, 5, 6, 7}}, {{0.2f, 0.2f, 0.2f, 0.2f, 0.2f}}, 3)[0] == std::vector<std::int32_t>{5, 6});
 }
+
+TEST_CASE("per_query_head GQA keeps one set per query head within the group's budget", "[policy]") {
+  FakeSignals g(2, 1, 5);  // one KV head shared by two query heads
+  g.window_[0] = {{0.45f, 0.0f, 0.0f, 0.35f, 0.2f}};
+  g.window_[1] = {{0.0f, 0.0f, 0.1f, 0.3f, 0.6f}};
+  // Budget 4 per KV head -> 2 per query head: each keeps the window (token 4) + its own best.
+  const auto plan = run("snapkv:window=1,kernel=1,pool=none,gqa=per_query_head", g, 4);
+  REQUIRE(plan.heads.size() == 2);
+  CHECK(kept(plan.heads[0]) == std::set<int>{0, 4});
+  CHECK(kept(plan.heads[1]) == std::set<int>{3, 4});
+  CHECK_THROWS_WITH(PolicyRegistry::instance().create("h2o:gqa=per_query_head"),
+                    Catch::Contains("phase=prefill only"));
+}

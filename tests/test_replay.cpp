@@ -150,7 +150,9 @@ TEST_CASE("replay properties hold for every policy", "[replay]") {
   // future oracle bounds one-shot keep-sets of the same size (decode-time policies keep fewer
   // tokens at each step and are only checked for the general properties).
   auto specs = every_policy();
-  for (const char* p : {"h2o:phase=prefill", "tova:phase=prefill", "streamingllm:phase=prefill"}) specs.push_back(p);
+  for (const char* p : {"h2o:phase=prefill", "tova:phase=prefill", "streamingllm:phase=prefill",
+                        "snapkv:gqa=per_query_head", "adakv:base=snapkv/gqa=per_query_head"})
+    specs.push_back(p);
   const auto cfgs = configs(specs, budgets);
   for (const std::string id : {"r0", "r1"}) {
     const RequestResult res = Replayer(reader, mode, cfgs).replay(id);
