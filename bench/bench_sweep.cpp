@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
     write_synth_trace(cfg, w);
   }
   const std::vector<std::string> policies = {"random",         "streamingllm", "snapkv", "pyramidkv",
-                                             "adakv",          "h2o",          "h2o:phase=prefill", "tova",
-                                             "keydiff",        "expected_attention", "oracle_future", "oracle_golden"};
+                                             "adakv",          "h2o:queries=recorded", "h2o:phase=prefill,queries=recorded", "tova",
+                                             "keydiff",        "expected_attention:queries=recorded", "oracle_future", "oracle_golden"};
   const std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75};
   std::vector<ReplayConfig> configs;
   for (const auto& p : policies) {

@@ -93,7 +93,9 @@ class AdaKv : public Policy {
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "adakv", "head-adaptive budgets inside each layer over any scoring policy's scores (prefill one-shot)",
     "Feng et al., NeurIPS 2025, arXiv 2407.11550",
-    {{"base", "snapkv", "scoring policy whose scores are re-allocated; its parameters follow '/': snapkv/window=64"},
+    {{"base", "snapkv",
+      "one-shot scoring policy whose scores are re-allocated; its parameters follow '/': snapkv/window=64. "
+      "Default snapkv uses its own defaults (kernel 5, avg); the AdaKV repo uses base=snapkv/kernel=7/pool=max"},
      {"alpha", "0.2", "floor: each head keeps at least alpha x its uniform share (repo GQA advice: 0.2)"},
      {"normalize", "false", "scale each head's scores by the mass its own top share keeps"}},
     [](const Params& p) {
@@ -105,9 +107,15 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
         std::replace(base_spec.begin() + static_cast<std::ptrdiff_t>(slash), base_spec.end(), '/', ',');
       }
       PolicyInstance base = PolicyRegistry::instance().create(base_spec);
-      if (!dynamic_cast<const ScoringPolicy*>(base.policy.get()))
+      const auto* scorer = dynamic_cast<const ScoringPolicy*>(base.policy.get());
+      if (!scorer)
         throw Error("policy adakv: parameter 'base' = '" + p.text("base") +
                     "' is not a scoring policy (it must rank tokens by a score)");
+      if (!scorer->selection_is_uniform())
+        throw Error("policy adakv: parameter 'base' = '" + p.text("base") +
+                    "' selects by more than its scores (layer budgets, budget-dependent windows or decode-time "
+                    "eviction) and Ada-KV would drop that part; use a one-shot scoring policy such as snapkv, "
+                    "expected_attention or tova:phase=prefill");
       const double alpha = p.number("alpha");
       if (alpha < 0 || alpha > 1) throw Error("policy adakv: parameter 'alpha' must be in [0, 1]");
       return std::make_unique<AdaKv>(std::move(base.policy), alpha, p.boolean("normalize"));

@@ -22,6 +22,7 @@ struct Options {
   bool covariance = true;
   bool vnorm = true;
   double epsilon = 0.0;
+  bool all_queries = true;
 };
 
 // Mean RoPE rotation over positions [start, start + count): per pair, mean cos and mean sin.
@@ -57,6 +58,7 @@ class ExpectedAttention : public ScoringPolicy {
     const auto positions = s.positions();
     RopeSpec rope = g.rope;
     rope.head_dim = d;
+    if (o_.all_queries) require_all_prompt_queries(s, o_.sinks, "expected_attention");
     const Mat rbar = mean_rotation(rope, positions[static_cast<std::size_t>(n - 1)] + 1, o_.future);
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
@@ -131,7 +133,8 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
      {"sinks", "4", "first tokens kept and left out of the statistics"},
      {"covariance", "true", "use the query covariance (false: mean only)"},
      {"vnorm", "true", "multiply by the value norm"},
-     {"epsilon", "0", "added to the probabilities before the value norm (kvpress leaderboard with AdaKV: 0.01)"}},
+     {"epsilon", "0", "added to the probabilities before the value norm (kvpress leaderboard with AdaKV: 0.01)"},
+     {"queries", "all", "all: fit on every prompt query past the sinks | recorded: the ones the trace has"}},
     [](const Params& p) {
       Options o;
       o.future = p.integer("future");
@@ -139,6 +142,7 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
       o.covariance = p.boolean("covariance");
       o.vnorm = p.boolean("vnorm");
       o.epsilon = p.number("epsilon");
+      o.all_queries = p.choice("queries", {"all", "recorded"}) == "all";
       if (o.future < 1) throw Error("policy expected_attention: parameter 'future' must be >= 1");
       if (o.sinks < 0) throw Error("policy expected_attention: parameter 'sinks' must be >= 0");
       return std::make_unique<ExpectedAttention>(o);

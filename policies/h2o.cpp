@@ -63,12 +63,13 @@ class H2oDecode : public DecodeState {
 
 class H2o : public ScoringPolicy {
  public:
-  H2o(double recent_ratio, bool normalize, GqaAgg gqa, bool decode)
-      : recent_ratio_(recent_ratio), normalize_(normalize), gqa_(gqa), decode_(decode) {}
+  H2o(double recent_ratio, bool normalize, GqaAgg gqa, bool decode, bool all_queries)
+      : recent_ratio_(recent_ratio), normalize_(normalize), gqa_(gqa), decode_(decode), all_queries_(all_queries) {}
 
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
     const std::int64_t n = s.n_tokens();
+    if (all_queries_) require_all_prompt_queries(s, 0, "h2o");
     const auto rows = s.observed_rows();
     // kvpress normalisation: divide by how many observed queries could see each token, so
     // early tokens are not favoured just for being visible longer.
@@ -77,7 +78,7 @@ class H2o : public ScoringPolicy {
       for (std::int64_t j = 0; j <= std::min<std::int64_t>(r, n - 1); ++j) seen[static_cast<std::size_t>(j)] += 1;
     std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
     for (int q = 0; q < g.n_q_heads; ++q) {
-      auto col = column_sums(s.observed_attention(q));
+      auto col = column_sums(s.observed_attention(q).view());
       if (normalize_)
         for (std::size_t j = 0; j < col.size(); ++j) col[j] = seen[j] > 0 ? col[j] / seen[j] : 0.0f;
       per_q[static_cast<std::size_t>(q)].score = std::move(col);
@@ -102,6 +103,7 @@ class H2o : public ScoringPolicy {
         if (initial.heads[kv].codec[j] != TokenCodec::Drop) kept[kv].push_back(scores[kv].score[j]);
     return std::make_unique<H2oDecode>(std::move(kept), recent(budget), gqa_, s.geometry().group());
   }
+  bool selection_is_uniform() const override { return false; }
   // The accumulated score lives beside each cached token: one fp32.
   double state_bytes_per_token() const override { return 4.0; }
 
@@ -113,6 +115,7 @@ class H2o : public ScoringPolicy {
   bool normalize_;
   GqaAgg gqa_;
   bool decode_;
+  bool all_queries_;
 };
 
 }  // namespace
@@ -123,7 +126,8 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
     {{"recent_ratio", "0.5", "share of the budget given to the most recent tokens (paper: heavy = recent)"},
      {"normalize", "false", "divide by the number of queries that saw each token (kvpress ObservedAttention)"},
      {"gqa", "sum", "GQA aggregation: mean | max | sum (RLKV's H2O baseline: sum) | per_query_head (prefill only)"},
-     {"phase", "decode", "decode: keep accumulating and evicting every step (paper) | prefill: one cut"}},
+     {"phase", "decode", "decode: keep accumulating and evicting every step (paper) | prefill: one cut"},
+     {"queries", "all", "all: the prompt scores need every prompt query | recorded: use the ones the trace has"}},
     [](const Params& p) {
       const double r = p.number("recent_ratio");
       if (r < 0 || r > 1) throw Error("policy h2o: parameter 'recent_ratio' must be in [0, 1]");
@@ -131,7 +135,10 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
       const bool decode = p.choice("phase", {"decode", "prefill"}) == "decode";
       if (decode && gqa == GqaAgg::PerQueryHead)
         throw Error("policy h2o: gqa=per_query_head is supported with phase=prefill only");
-      return std::make_unique<H2o>(r, p.boolean("normalize"), gqa, decode);
+      const bool normalize = p.boolean("normalize");
+      if (decode && normalize)  // per-step increments are not normalised: the scales would mix
+        throw Error("policy h2o: normalize=true is supported with phase=prefill only");
+      return std::make_unique<H2o>(r, normalize, gqa, decode, p.choice("queries", {"all", "recorded"}) == "all");
     }});
 
 }  // namespace kvsim

@@ -45,7 +45,9 @@ class KeyDiff : public Policy {
       const std::int64_t step = block_ > 0 ? block_ : n;
       std::int64_t next = 0;
       while (next < n) {
-        const std::int64_t end = next == 0 && block_ > 0 ? std::min(n, std::max(keep, block_)) : std::min(n, next + step);
+        // The first `keep` tokens fill the cache, then blocks of `block` join it (kvpress BlockPress).
+        const std::int64_t end = next == 0 && block_ > 0 ? std::min(n, std::max<std::int64_t>(keep, 1))
+                                                         : std::min(n, next + step);
         std::vector<std::int32_t> cand = kept;
         Eigen::VectorXf anchor = kept_sum;
         for (std::int64_t j = next; j < end; ++j) {

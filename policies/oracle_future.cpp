@@ -13,6 +13,7 @@ namespace {
 class OracleFuture : public ScoringPolicy {
  public:
   explicit OracleFuture(bool per_layer) : per_layer_(per_layer) {}
+  bool selection_is_uniform() const override { return !per_layer_; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));

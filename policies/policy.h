@@ -33,6 +33,14 @@ struct MatrixView {
   bool empty() const { return rows == 0; }
 };
 
+// A row-major matrix the caller owns (for signals too large to keep around per layer).
+struct OwnedMatrix {
+  std::vector<float> data;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  MatrixView view() const { return {data.data(), rows, cols}; }
+};
+
 // What a policy may look at for one layer at a compression point. The cache holds the
 // request's tokens [0, n) in order; all tensors are post-RoPE, as the engine caches them.
 class LayerSignals {
@@ -50,7 +58,9 @@ class LayerSignals {
   // those queries were not recorded.
   virtual MatrixView window_attention(int q_head, int window) const = 0;
   // Attention rows of every cached token whose query was recorded, [m, n], and their indices.
-  virtual MatrixView observed_attention(int q_head) const = 0;
+  // Computed on each call and owned by the caller: with every prompt query recorded it is
+  // n x n per query head, too large to keep for a whole layer.
+  virtual OwnedMatrix observed_attention(int q_head) const = 0;
   virtual std::span<const std::int32_t> observed_rows() const = 0;
   // The recorded post-RoPE queries of those tokens, [m, d] (rows as observed_rows()).
   virtual MatrixView observed_queries(int q_head) const = 0;

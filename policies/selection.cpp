@@ -122,6 +122,17 @@ std::vector<float> column_sums(const MatrixView& a) {
   return out;
 }
 
+void require_all_prompt_queries(const LayerSignals& s, std::int64_t first, const std::string& policy) {
+  const auto rows = s.observed_rows();
+  const std::int64_t needed = std::max<std::int64_t>(0, s.n_tokens() - first);
+  std::int64_t have = 0;
+  for (auto r : rows) have += r >= first;
+  if (have < needed)
+    throw Error("policy " + policy + " accumulates over every prompt query from token " + std::to_string(first) +
+                ", but the trace recorded " + std::to_string(have) + " of " + std::to_string(needed) +
+                "; capture all queries, or pass " + policy + ":queries=recorded to use the recorded ones only");
+}
+
 std::vector<std::uint8_t> protect_ends(std::int64_t n, std::int64_t sinks, std::int64_t window) {
   std::vector<std::uint8_t> p(static_cast<std::size_t>(n), 0);
   for (std::int64_t j = 0; j < std::min(sinks, n); ++j) p[static_cast<std::size_t>(j)] = 1;

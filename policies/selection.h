@@ -46,6 +46,11 @@ std::vector<HeadScores> group_scores(std::vector<HeadScores> per_q_head, int gro
 // Sum over rows of an attention matrix [rows, n] -> [n].
 std::vector<float> column_sums(const MatrixView& a);
 
+// Policies whose statistics need the queries of every prompt token (from `first` on) check it
+// here, unless the user accepted the recorded subset (parameter queries=recorded). Throws
+// naming the policy, how many were recorded and how to fix it.
+void require_all_prompt_queries(const LayerSignals& s, std::int64_t first, const std::string& policy);
+
 // Marks the last `window` of n tokens (and the first `sinks`) as protected.
 std::vector<std::uint8_t> protect_ends(std::int64_t n, std::int64_t sinks, std::int64_t window);
 
@@ -59,6 +64,10 @@ class ScoringPolicy : public Policy {
   virtual std::vector<HeadScores> score(const LayerSignals& signals) const = 0;
   // score(), computed once per layer and shared by every budget of this policy object.
   const std::vector<HeadScores>& cached_score(const LayerSignals& signals) const;
+  // False when compress() does more than "each head keeps its top budget" (budgets per layer,
+  // budget-dependent protection, decode-time eviction): wrappers that re-allocate budgets from
+  // score() alone would silently drop that part of the rule.
+  virtual bool selection_is_uniform() const { return true; }
   LayerPlan compress(const LayerSignals& signals, const Budget& budget) const override {
     return select_uniform(cached_score(signals), budget, signals.geometry().n_kv_heads);
   }

@@ -14,7 +14,13 @@ std::vector<HeadScores> snapkv_scores(const LayerSignals& s, const SnapKvOptions
   const int w = static_cast<int>(std::min<std::int64_t>(o.window, n));
   std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
   for (int q = 0; q < g.n_q_heads; ++q) {
-    per_q[static_cast<std::size_t>(q)].score = pool1d(column_sums(s.window_attention(q, w)), o.kernel, o.pool);
+    // Pool the prefix scores only (j < n - w, as SnapKV and kvpress do): the window's attention
+    // to itself must not leak into its neighbours' scores. The window is kept regardless.
+    auto summed = column_sums(s.window_attention(q, w));
+    summed.resize(static_cast<std::size_t>(n - w));
+    auto pooled = pool1d(summed, o.kernel, o.pool);
+    pooled.resize(static_cast<std::size_t>(n), 0.0f);
+    per_q[static_cast<std::size_t>(q)].score = std::move(pooled);
     per_q[static_cast<std::size_t>(q)].protect = protect_ends(n, 0, w);
   }
   return group_scores(std::move(per_q), g.group(), o.gqa);

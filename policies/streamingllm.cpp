@@ -35,6 +35,7 @@ class StreamingLlm : public ScoringPolicy {
   std::unique_ptr<DecodeState> start_decode(const LayerSignals&, const LayerPlan&, const Budget&) const override {
     return decode_ ? std::make_unique<StreamingDecode>(sinks_) : nullptr;
   }
+  bool selection_is_uniform() const override { return !decode_; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     HeadScores h;
     h.score.resize(static_cast<std::size_t>(s.n_tokens()));

@@ -50,6 +50,7 @@ class Tova : public ScoringPolicy {
   std::unique_ptr<DecodeState> start_decode(const LayerSignals&, const LayerPlan&, const Budget&) const override {
     return decode_ ? std::make_unique<TovaDecode>() : nullptr;
   }
+  bool selection_is_uniform() const override { return !decode_; }
 
  private:
   bool decode_;

@@ -9,7 +9,7 @@ build="${KVSIM_BUILD:-build}"
 mkdir -p out
 "$build/kvsim" trace synth --out out/demo.h5 --force --requests 4 --context 2048 --queries eval --seed 1
 "$build/kvsim" trace check out/demo.h5
-policies="full,random,streamingllm,snapkv,pyramidkv,adakv,h2o,tova,keydiff,oracle_future"
+policies="full,random,streamingllm,snapkv,pyramidkv,adakv,h2o:queries=recorded,tova,keydiff,expected_attention:queries=recorded,oracle_future"
 for mode in query-aware query-agnostic; do
   echo
   "$build/kvsim" sweep out/demo.h5 --policies "$policies" --budgets 0.1,0.25,0.5 --mode "$mode" \

@@ -72,11 +72,12 @@ class ReplaySignals final : public LayerSignals {
                   "--queries all, or a larger --query-window)");
     return attention(q_head, m - window, window, 1000 + window);
   }
-  MatrixView observed_attention(int q_head) const override {
+  OwnedMatrix observed_attention(int q_head) const override {
     if (observed_.empty())
       throw Error("request '" + h_.id + "': the policy needs prompt queries before the compression point (token " +
                   std::to_string(c_) + "), but the trace recorded none there");
-    return attention(q_head, 0, static_cast<std::int64_t>(observed_.size()), 0);
+    const Mat s = compute_attention(q_head, 0, static_cast<std::int64_t>(observed_.size()));
+    return OwnedMatrix{std::vector<float>(s.data(), s.data() + s.size()), s.rows(), s.cols()};
   }
   std::span<const std::int32_t> observed_rows() const override { return observed_; }
   MatrixView observed_queries(int q_head) const override {
@@ -106,22 +107,28 @@ class ReplaySignals final : public LayerSignals {
  private:
   static MatrixView view(const Mat& m) { return {m.data(), m.rows(), m.cols()}; }
 
-  // Causal attention of observed rows [first, first + count) over the c cached keys, cached.
+  // Causal attention of observed rows [first, first + count) over the c cached keys.
+  Mat compute_attention(int q_head, std::int64_t first, std::int64_t count) const {
+    const int Hq = g_.n_q_heads, d = g_.head_dim;
+    const StridedMap q(q_.data() + (first * Hq + q_head) * d, count, d, Eigen::OuterStride<>(Hq * d));
+    Mat s = (q * keys_[static_cast<std::size_t>(q_head / g_.group())].transpose()) / std::sqrt(static_cast<float>(d));
+    std::vector<std::int64_t> limit(static_cast<std::size_t>(count));
+    for (std::int64_t i = 0; i < count; ++i) limit[static_cast<std::size_t>(i)] = observed_[static_cast<std::size_t>(first + i)];
+    causal_softmax(s, limit);
+    return s;
+  }
+  // The same, kept for the layer (small: observation windows). Computed outside the lock so
+  // threads do not queue behind one GEMM; a racing duplicate is discarded.
   MatrixView attention(int q_head, std::int64_t first, std::int64_t count, int tag) const {
-    std::lock_guard<std::mutex> lock(mu_);
     const auto key = std::make_pair(q_head, tag);
-    auto it = cache_.find(key);
-    if (it == cache_.end()) {
-      const int Hq = g_.n_q_heads, d = g_.head_dim;
-      const StridedMap q(q_.data() + (first * Hq + q_head) * d, count, d, Eigen::OuterStride<>(Hq * d));
-      Mat s = (q * keys_[static_cast<std::size_t>(q_head / g_.group())].transpose()) /
-              std::sqrt(static_cast<float>(d));
-      std::vector<std::int64_t> limit(static_cast<std::size_t>(count));
-      for (std::int64_t i = 0; i < count; ++i) limit[static_cast<std::size_t>(i)] = observed_[static_cast<std::size_t>(first + i)];
-      causal_softmax(s, limit);
-      it = cache_.emplace(key, std::move(s)).first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = cache_.find(key);
+      if (it != cache_.end()) return view(it->second);
     }
-    return view(it->second);
+    Mat s = compute_attention(q_head, first, count);
+    std::lock_guard<std::mutex> lock(mu_);
+    return view(cache_.emplace(key, std::move(s)).first->second);
   }
 
   const KvGeometry& g_;
@@ -140,7 +147,7 @@ class ReplaySignals final : public LayerSignals {
 
 // Accumulates one config's per-row metrics over the layers of a request.
 struct Accumulator {
-  std::vector<float> kl, err;
+  std::vector<std::vector<float>> kl, err;  // [layer][row]
   std::vector<double> layer_recall, layer_kl, layer_err;
   std::vector<std::int64_t> layer_rows;
   std::int64_t kept = 0;                    // right after compression, over layers and heads
@@ -151,8 +158,8 @@ struct Accumulator {
   void add_row(int layer, double recall, double row_err) {
     recall = std::clamp(recall, 1e-30, 1.0);
     const double kl_row = -std::log(recall);
-    kl.push_back(static_cast<float>(kl_row));
-    err.push_back(static_cast<float>(row_err));
+    kl[static_cast<std::size_t>(layer)].push_back(static_cast<float>(kl_row));
+    err[static_cast<std::size_t>(layer)].push_back(static_cast<float>(row_err));
     layer_recall[static_cast<std::size_t>(layer)] += recall;
     layer_kl[static_cast<std::size_t>(layer)] += kl_row;
     layer_err[static_cast<std::size_t>(layer)] += row_err;
@@ -330,7 +337,22 @@ std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, s
                                    const LayerWork& w, Accumulator& a) {
   const int Hkv = w.g.n_kv_heads;
   const std::int64_t c = w.c;
-  const bool compress = cfg.impl->respects_budget() && cfg.budget < 1.0;
+  bool compress = cfg.impl->respects_budget() && cfg.budget < 1.0;
+  if (!compress && cfg.impl->respects_budget()) {
+    // Budget 1.0 fits the whole cache: nothing may be dropped (and no decode-time eviction
+    // starts: the cache never exceeds its budget). Ask the policy anyway, so that a policy
+    // that drops tokens it has room for is caught. Per-query-head plans are the exception:
+    // G copies of the cache do not fit the bytes of one, so they compress as usual.
+    const LayerPlan plan = cfg.impl->compress(w.signals, Budget{c, cfg.budget});
+    if (static_cast<int>(plan.heads.size()) != Hkv) {
+      compress = true;
+    } else {
+      for (const HeadPlan& hp : plan.heads)
+        if (hp.kept() != c)
+          throw Error("policy " + cfg.policy + ": dropped " + std::to_string(c - hp.kept()) +
+                      " tokens with a budget that fits the whole cache (" + std::to_string(c) + " tokens)");
+    }
+  }
   if (!compress) {  // the full cache: exact by definition
     for (int kv = 0; kv < Hkv; ++kv) a.mix(static_cast<std::uint64_t>(c));
     a.kept += c * Hkv;
@@ -345,10 +367,15 @@ std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, s
   if (static_cast<int>(plan.heads.size()) != Hkv && !per_query_head)
     throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
                 std::to_string(Hkv) + " (one per KV head) or " + std::to_string(Hq) + " (one per query head)");
-  for (const HeadPlan& hp : plan.heads)
+  for (const HeadPlan& hp : plan.heads) {
     if (static_cast<std::int64_t>(hp.codec.size()) != c)
       throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
                   std::to_string(c));
+    for (TokenCodec codec : hp.codec)
+      if (codec != TokenCodec::Drop && codec != TokenCodec::Fp16)
+        throw Error("policy " + cfg.policy + ": plan uses a quantized or low-rank encoding, which this replay does "
+                    "not reconstruct yet (only drop and fp16)");
+  }
   if (auto state = cfg.impl->start_decode(w.signals, plan, Budget{budget_tokens, cfg.budget})) {
     if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     replay_decode(cfg, budget_tokens, w, plan, *state, a);
@@ -546,6 +573,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     a.layer_kl.assign(static_cast<std::size_t>(L), 0);
     a.layer_err.assign(static_cast<std::size_t>(L), 0);
     a.layer_rows.assign(static_cast<std::size_t>(L), 0);
+    a.kl.assign(static_cast<std::size_t>(L), {});
+    a.err.assign(static_cast<std::size_t>(L), {});
     a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
   }
 
@@ -653,7 +682,15 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     Accumulator& a = acc[p];
     ConfigResult r;
     r.budget_tokens = budget_tokens[p];
-    r.rows = static_cast<std::int64_t>(a.kl.size());
+    std::vector<float> all_kl, all_err;
+    for (int l = 0; l < L; ++l) {
+      const auto li = static_cast<std::size_t>(l);
+      all_kl.insert(all_kl.end(), a.kl[li].begin(), a.kl[li].end());
+      all_err.insert(all_err.end(), a.err[li].begin(), a.err[li].end());
+      r.layer_p95_kl.push_back(percentile95(a.kl[li]));
+      r.layer_p95_err.push_back(percentile95(a.err[li]));
+    }
+    r.rows = static_cast<std::int64_t>(all_kl.size());
     double sr = 0, sk = 0, se = 0;
     for (int l = 0; l < L; ++l) {
       const auto li = static_cast<std::size_t>(l);
@@ -668,8 +705,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     r.mean_recall = sr / static_cast<double>(r.rows);
     r.mean_kl = sk / static_cast<double>(r.rows);
     r.mean_err = se / static_cast<double>(r.rows);
-    r.p95_kl = percentile95(a.kl);
-    r.p95_err = percentile95(a.err);
+    r.p95_kl = percentile95(all_kl);
+    r.p95_err = percentile95(all_err);
     const double bpt = token_bytes[p];
     const double kept = static_cast<double>(a.kept), tail = static_cast<double>(T - c), cd = static_cast<double>(c);
     r.kept_fraction = kept / (LH * cd);

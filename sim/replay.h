@@ -32,6 +32,7 @@ struct ConfigResult {
   std::int64_t rows = 0;           // (layer, query head, evaluation query) rows
   double mean_recall = 0, mean_kl = 0, p95_kl = 0, mean_err = 0, p95_err = 0;
   std::vector<double> layer_recall, layer_kl, layer_err;  // per-layer means
+  std::vector<double> layer_p95_kl, layer_p95_err;        // per-layer tails
   double kept_fraction = 1.0;      // kept / cached K/V entries at the compression point (per-query-head copies count)
   double compressed_bytes = 0;     // K/V + policy state right after compression
   double budget_bytes = 0;         // budget x full fp16 bytes at the compression point

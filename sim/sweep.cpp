@@ -181,7 +181,9 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                                    {"budget", configs[p].budget},
                                    {"layer_recall", r.layer_recall},
                                    {"layer_kl", r.layer_kl},
-                                   {"layer_out_err", r.layer_err}}
+                                   {"layer_out_err", r.layer_err},
+                                   {"layer_p95_kl", r.layer_p95_kl},
+                                   {"layer_p95_out_err", r.layer_p95_err}}
                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                  << "\n";
         }

@@ -8,11 +8,11 @@
 
 namespace kvsim::test {
 
-struct OwnedMatrix {
+struct Rows {
   std::vector<float> data;
   std::int64_t rows = 0, cols = 0;
-  OwnedMatrix() = default;
-  OwnedMatrix(std::initializer_list<std::initializer_list<float>> rows_in) {
+  Rows() = default;
+  Rows(std::initializer_list<std::initializer_list<float>> rows_in) {
     for (const auto& r : rows_in) {
       cols = static_cast<std::int64_t>(r.size());
       data.insert(data.end(), r.begin(), r.end());
@@ -48,7 +48,10 @@ class FakeSignals : public LayerSignals {
     if (v.rows != window) throw std::runtime_error("fake: window rows differ from the requested window");
     return v;
   }
-  MatrixView observed_attention(int q) const override { return get(observed_, q, "observed attention"); }
+  OwnedMatrix observed_attention(int q) const override {
+    const MatrixView v = get(observed_, q, "observed attention");
+    return OwnedMatrix{std::vector<float>(v.data, v.data + v.rows * v.cols), v.rows, v.cols};
+  }
   std::span<const std::int32_t> observed_rows() const override { return observed_rows_; }
   MatrixView future_attention(int q) const override { return get(future_, q, "future attention"); }
   MatrixView observed_queries(int q) const override { return get(queries_, q, "observed queries"); }
@@ -60,11 +63,11 @@ class FakeSignals : public LayerSignals {
   }
   mutable std::vector<std::shared_ptr<const void>> kept_alive_;
 
-  std::map<int, OwnedMatrix> keys_, values_, window_, observed_, future_, queries_;
+  std::map<int, Rows> keys_, values_, window_, observed_, future_, queries_;
   std::vector<std::int32_t> observed_rows_;
 
  private:
-  static MatrixView get(const std::map<int, OwnedMatrix>& m, int h, const char* what) {
+  static MatrixView get(const std::map<int, Rows>& m, int h, const char* what) {
     const auto it = m.find(h);
     if (it == m.end()) throw std::runtime_error(std::string("fake: no ") + what + " for head " + std::to_string(h));
     return it->second.view();

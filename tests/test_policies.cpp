@@ -72,6 +72,12 @@ TEST_CASE("snapkv: window votes, pooling, tie rule, GQA aggregation", "[policy]"
   CHECK(kept(run("snapkv:window=2,kernel=3,pool=avg", s, 4).heads[0]) == std::set<int>{1, 2, 6, 7});
   CHECK(kept(run("snapkv:window=2,kernel=3,pool=avg", s, 5).heads[0]) == std::set<int>{0, 1, 2, 6, 7});
 
+  // Pooling covers the prefix only: the window's strong self-attention (token 6) must not lift
+  // its neighbour (token 5). Sums [.3 .3 0 0 0 0 1.2 .2]; pooled prefix [.2 .2 .1 0 0 0].
+  FakeSignals b(1, 1, 8);
+  b.window_[0] = {{0.2f, 0.2f, 0, 0, 0, 0, 0.6f, 0}, {0.1f, 0.1f, 0, 0, 0, 0, 0.6f, 0.2f}};
+  CHECK(kept(run("snapkv:window=2,kernel=3,pool=avg", b, 3).heads[0]) == std::set<int>{1, 6, 7});
+
   FakeSignals g(2, 1, 5);  // one KV head shared by two query heads
   g.window_[0] = {{0.45f, 0.0f, 0.0f, 0.35f, 0.2f}};
   g.window_[1] = {{0.0f, 0.0f, 0.1f, 0.3f, 0.6f}};
@@ -85,7 +91,7 @@ TEST_CASE("pyramidkv gives low layers more, with the mean at the budget", "[poli
   std::vector<std::int64_t> counts;
   for (int layer = 0; layer < 4; ++layer) {
     FakeSignals s(1, 1, 100, layer, 4);
-    test::OwnedMatrix w;
+    test::Rows w;
     w.rows = 4;
     w.cols = 100;
     w.data.assign(400, 0.01f);
@@ -117,7 +123,7 @@ TEST_CASE("h2o keeps heavy hitters by accumulated attention plus recent tokens",
   // Sums [2.1 1.3 0.5 0.9 0.2]; recent = floor(0.5*3) = 1.
   CHECK(kept(run("h2o", s, 3).heads[0]) == std::set<int>{0, 1, 4});
   // Normalised by how many queries saw each token: [0.42 0.325 0.167 0.45 0.2].
-  CHECK(kept(run("h2o:normalize=true", s, 3).heads[0]) == std::set<int>{0, 3, 4});
+  CHECK(kept(run("h2o:normalize=true,phase=prefill", s, 3).heads[0]) == std::set<int>{0, 3, 4});
 }
 
 TEST_CASE("tova uses the last query averaged over all heads, one set for every KV head", "[policy]") {
@@ -137,6 +143,8 @@ TEST_CASE("keydiff keeps the most distinctive keys, one-shot or block by block",
   CHECK(kept(run("keydiff:block=0", s, 3).heads[0]) == std::set<int>{2, 3, 4});
   // Blocks of 2: {0,1} -> {0,1,2,3} cut to {2,3} -> {2,3,4} cut to {3,4}.
   CHECK(kept(run("keydiff:block=2", s, 2).heads[0]) == std::set<int>{3, 4});
+  // Budget below the block: the first token alone, then {0,1,2} -> {2}, then {2,3,4} -> {3}.
+  CHECK(kept(run("keydiff:block=2", s, 1).heads[0]) == std::set<int>{3});
 }
 
 TEST_CASE("oracle_future keeps what the future queries attend to", "[policy]") {
