@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -47,7 +48,11 @@ struct CsvState {
 // Reads an existing result file for --resume: checks the configuration line and keeps only the
 // rows of requests whose every config row is present (a request cut short is redone).
 CsvState read_for_resume(const std::string& path, const std::string& config_line, std::size_t configs_per_request) {
-  std::ifstream in(path);
+  std::ifstream file(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // A line without its newline was cut by the kill, even if it happens to have every field.
+  if (!text.empty() && text.back() != '\n') text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+  std::istringstream in(text);
   CsvState st;
   std::string line;
   std::map<std::pair<std::string, std::string>, std::vector<std::string>> by_request;
@@ -148,8 +153,33 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
   std::ofstream csv(spec.out_csv, std::ios::app);
   std::ofstream detail;
   if (!spec.detail_jsonl.empty()) {
-    detail.open(spec.detail_jsonl, spec.resume ? std::ios::app : std::ios::trunc);
-    if (!spec.resume || std::filesystem::file_size(spec.detail_jsonl) == 0) detail << config_line.substr(10) << "\n";
+    // Keep the detail of finished requests only (a cut request is redone), behind the same
+    // configuration line as the CSV.
+    std::vector<std::string> kept_detail;
+    if (spec.resume && std::filesystem::exists(spec.detail_jsonl)) {
+      std::ifstream in(spec.detail_jsonl);
+      std::string line;
+      bool first = true;
+      while (std::getline(in, line)) {
+        if (first) {
+          first = false;
+          if (line != config_line.substr(10))
+            throw Error(spec.detail_jsonl + ": --resume with a different configuration than this detail file's");
+          continue;
+        }
+        try {
+          const auto j = nlohmann::json::parse(line);
+          if (state.done.count({j.at("trace").get<std::string>(), j.at("request").get<std::string>()}))
+            kept_detail.push_back(line);
+        } catch (const std::exception&) {
+          // a line cut by the kill: its request is redone
+        }
+      }
+    }
+    detail.open(spec.detail_jsonl, std::ios::trunc);
+    if (!detail) throw Error(spec.detail_jsonl + ": cannot write");
+    detail << config_line.substr(10) << "\n";
+    for (const auto& l : kept_detail) detail << l << "\n";
   }
 
   const bool tty = spec.progress && ::isatty(2);
@@ -165,9 +195,10 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                  << " " << id << ", " << configs.size() << " configs)" << (tty ? "   " : "\n") << std::flush;
       }
       const RequestResult res = replayer.replay(id);
+      std::ostringstream rows;  // one write per request: a kill leaves whole requests or a torn tail
       for (std::size_t p = 0; p < configs.size(); ++p) {
         const ConfigResult& r = res.configs[p];
-        csv << csv_line({spec.traces[t], id, mode_name(spec.mode), configs[p].policy, configs[p].params,
+        rows << csv_line({spec.traces[t], id, mode_name(spec.mode), configs[p].policy, configs[p].params,
                          num(configs[p].budget), std::to_string(r.budget_tokens), num(r.kept_fraction),
                          num(r.mean_recall), num(r.mean_kl), num(r.p95_kl), num(r.mean_err), num(r.p95_err),
                          num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
@@ -188,6 +219,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                  << "\n";
         }
       }
+      csv << rows.str();
       csv.flush();  // a finished request is never lost
       if (detail.is_open()) detail.flush();
     }

@@ -36,6 +36,7 @@ class FakeSignals : public LayerSignals {
       observed_rows_.push_back(static_cast<std::int32_t>(j));
     }
   }
+  void set_rope(const RopeSpec& rope) { g_.rope = rope; }
   const KvGeometry& geometry() const override { return g_; }
   int layer() const override { return layer_; }
   std::int64_t n_tokens() const override { return n_; }

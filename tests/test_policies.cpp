@@ -7,6 +7,7 @@
 #include "fake_signals.h"
 #include "policies/registry.h"
 #include "policies/selection.h"
+#include "traces/trace_schema.h"
 
 using namespace kvsim;
 using test::FakeSignals;
@@ -253,4 +254,48 @@ TEST_CASE("per_query_head GQA keeps one set per query head within the group's bu
   CHECK(kept(plan.heads[1]) == std::set<int>{3, 4});
   CHECK_THROWS_WITH(PolicyRegistry::instance().create("h2o:gqa=per_query_head"),
                     Catch::Contains("phase=prefill only"));
+}
+
+TEST_CASE("expected_attention inverts RoPE and averages the future rotation, both pairings", "[policy]") {
+  for (RopeType type : {RopeType::Norm, RopeType::Neox}) {
+    const RopeSpec rope{type, 4, 4, 100.0};
+    const std::int64_t n = 6, future = 8;
+    FakeSignals s(1, 1, n, 0, 1, 4);
+    s.set_rope(rope);
+    // Every prompt query is the same pre-RoPE vector, rotated to its position: the fitted mean
+    // is that vector (no covariance), and the score uses its rotation averaged over the next
+    // `future` positions, computed here by brute force.
+    const std::vector<float> pre = {0.9f, -0.4f, 1.3f, 0.2f};
+    test::Rows q;
+    q.cols = 4;
+    for (std::int64_t t = 0; t < n; ++t) {
+      std::vector<float> x = pre;
+      apply_rope(rope, x.data(), 1, t);
+      q.data.insert(q.data.end(), x.begin(), x.end());
+      ++q.rows;
+    }
+    s.queries_[0] = q;
+    s.keys_[0] = {{0.1f, 0.2f, 0.3f, 0.4f}, {1.0f, -1.0f, 0.5f, 0.0f}, {-0.7f, 0.3f, 0.9f, -0.2f},
+                  {0.4f, 0.8f, -0.6f, 1.1f}, {-1.2f, -0.3f, 0.2f, 0.6f}, {0.6f, -0.9f, -0.4f, 0.3f}};
+    s.values_[0] = {{1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}};
+    std::vector<double> mean_q(4, 0.0);
+    for (std::int64_t t = n; t < n + future; ++t) {
+      std::vector<float> x = pre;
+      apply_rope(rope, x.data(), 1, t);
+      for (int k = 0; k < 4; ++k) mean_q[static_cast<std::size_t>(k)] += x[static_cast<std::size_t>(k)] / double(future);
+    }
+    std::vector<float> z(static_cast<std::size_t>(n));
+    const MatrixView keys = s.keys(0);
+    for (std::int64_t j = 0; j < n; ++j) {
+      double dot = 0;
+      for (int k = 0; k < 4; ++k) dot += mean_q[static_cast<std::size_t>(k)] * keys.at(j, k);
+      z[static_cast<std::size_t>(j)] = static_cast<float>(dot / 2.0);  // / sqrt(d); softmax keeps the order
+    }
+    z[0] = 1e9f;  // token 0 is the sink: always kept
+    const auto expect = top_k_mask(z, 3);
+    const auto plan = run("expected_attention:sinks=1,covariance=false,future=8", s, 3);
+    INFO(rope_type_name(type));
+    CHECK(plan.heads[0].codec.size() == 6);
+    for (std::size_t j = 0; j < 6; ++j) CHECK((plan.heads[0].codec[j] != TokenCodec::Drop) == (expect[j] != 0));
+  }
 }

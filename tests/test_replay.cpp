@@ -52,7 +52,11 @@ std::vector<std::string> every_policy() {
 }  // namespace
 
 TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
-  const TraceReader reader(replay_trace());
+  // 40 decode steps: more than one 16-step block of the decode path, with in-block evictions.
+  SynthConfig cfg = replay_config();
+  cfg.generated_tokens = 40;
+  static const std::string path = test::write_small_trace("replay_long.h5", cfg);
+  const TraceReader reader(path);
   const ModelGeometry& g = reader.geometry();
   const double budget = GENERATE(0.1, 0.75);  // kept side and dropped side of the shortcut
   const std::string phase = GENERATE(as<std::string>{}, "prefill", "decode");
@@ -128,7 +132,9 @@ TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
 
 TEST_CASE("one pass over many configs equals replaying each alone", "[replay]") {
   const TraceReader reader(replay_trace());
-  const auto all = configs({"snapkv", "h2o", "random:seed=4", "keydiff"}, {0.1, 0.5});
+  const auto all = configs({"snapkv", "h2o", "random:seed=4", "keydiff", "tova", "streamingllm",
+                            "snapkv:gqa=per_query_head", "oracle_future:alloc=layer"},
+                           {0.1, 0.5});
   const RequestResult together = Replayer(reader, ReplayMode::QueryAware, all).replay("r1");
   for (std::size_t p = 0; p < all.size(); ++p) {
     const RequestResult alone = Replayer(reader, ReplayMode::QueryAware, {all[p]}).replay("r1");

@@ -1,6 +1,7 @@
 // kvsim sweep as a whole: config expansion, bad input, resumption after a kill.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -55,8 +56,18 @@ TEST_CASE("a sweep writes one row per request x config and a ranked summary", "[
 
 TEST_CASE("a killed sweep resumes without losing or repeating rows", "[sweep]") {
   SweepSpec spec = small_spec("resume.csv");
+  spec.detail_jsonl = test::scratch_file("resume.jsonl");
   run_sweep(spec, std::cerr);
   const auto complete = data_lines(spec.out_csv);
+  auto detail_lines = [&] {
+    std::ifstream in(spec.detail_jsonl);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    std::sort(out.begin() + 1, out.end());
+    return out;
+  };
+  const auto complete_detail = detail_lines();
+  REQUIRE(complete_detail.size() == 1 + 21);
   // Simulate a kill: keep the header, the first request's rows and half a row of the second.
   std::ifstream in(spec.out_csv);
   std::ostringstream cut;
@@ -66,13 +77,26 @@ TEST_CASE("a killed sweep resumes without losing or repeating rows", "[sweep]") 
     if (is_data && ++data > 8) break;
     cut << l << "\n";
   }
-  cut << complete[8].substr(0, 20);  // a torn row
+  // A torn row that lost only the end of its last field (it still has every column).
+  cut << complete[8].substr(0, complete[8].size() - 3);
   in.close();
   std::ofstream(spec.out_csv, std::ios::trunc) << cut.str();
+  // The detail file lost its tail too: keep the header, 9 lines and half a line.
+  {
+    std::ifstream din(spec.detail_jsonl);
+    std::ostringstream dcut;
+    std::string l;
+    for (int i = 0; i < 10 && std::getline(din, l); ++i) dcut << l << "\n";
+    std::getline(din, l);
+    dcut << l.substr(0, l.size() / 2);
+    din.close();
+    std::ofstream(spec.detail_jsonl, std::ios::trunc) << dcut.str();
+  }
   spec.force = false;
   spec.resume = true;
   run_sweep(spec, std::cerr);
   CHECK(data_lines(spec.out_csv) == complete);
+  CHECK(detail_lines() == complete_detail);
 
   // Resuming with another configuration is refused, and the file is left alone.
   spec.budgets = {0.3};
