@@ -80,6 +80,7 @@ class AdaKv : public Policy {
     return plan;
   }
   double state_bytes_per_token() const override { return base_->state_bytes_per_token(); }
+  double state_bytes_per_head() const override { return 4.0; }  // per-head lengths: the cache is ragged
 
  private:
   const ScoringPolicy& scorer() const { return static_cast<const ScoringPolicy&>(*base_); }

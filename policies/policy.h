@@ -127,6 +127,9 @@ class Policy {
   // Bytes of per-token state the policy keeps beside K/V in each (layer, KV head), e.g. an
   // fp32 accumulated score: counted in the memory model and in the budget.
   virtual double state_bytes_per_token() const { return 0.0; }
+  // Bytes of fixed state per plan entry (per KV head, or per query head) and layer: e.g. the
+  // int32 length table of a ragged cache whose heads keep different numbers of tokens.
+  virtual double state_bytes_per_head() const { return 0.0; }
   // False for the `full` reference: it ignores budgets.
   virtual bool respects_budget() const { return true; }
   // Decode-time policies return their per-layer state, starting from the plan compress() made;

@@ -16,6 +16,7 @@ class PyramidKv : public ScoringPolicy {
   PyramidKv(SnapKvOptions o, std::int64_t beta) : o_(o), beta_(beta) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override { return snapkv_scores(s, o_); }
   bool selection_is_uniform() const override { return false; }
+  double state_bytes_per_head() const override { return 4.0; }  // layers differ in length: a length table
 
   // KVCache-Factory's integer arithmetic for cap_l; the window comes on top of it.
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {

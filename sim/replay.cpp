@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "policies/codec.h"
 
 namespace kvsim {
 
@@ -151,6 +152,7 @@ struct Accumulator {
   std::vector<double> layer_recall, layer_kl, layer_err;
   std::vector<std::int64_t> layer_rows;
   std::int64_t kept = 0;                    // right after compression, over layers and heads
+  std::int64_t entries = 0;                 // plan entries of one layer (KV or query heads)
   std::vector<double> kept_after_step;      // [T - c] cache size after each later step
   std::uint64_t hash = 1469598103934665603ull;
 
@@ -372,15 +374,17 @@ std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, s
       throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
                   std::to_string(c));
     for (TokenCodec codec : hp.codec)
-      if (codec != TokenCodec::Drop && codec != TokenCodec::Fp16)
-        throw Error("policy " + cfg.policy + ": plan uses a quantized or low-rank encoding, which this replay does "
-                    "not reconstruct yet (only drop and fp16)");
+      if (!codec_supported(codec))
+        throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
+                    ", which this replay does not reconstruct yet (drop and fp16 only)");
   }
   if (auto state = cfg.impl->start_decode(w.signals, plan, Budget{budget_tokens, cfg.budget})) {
     if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
+    a.entries = Hkv;
     replay_decode(cfg, budget_tokens, w, plan, *state, a);
     return std::nullopt;
   }
+  a.entries = static_cast<std::int64_t>(plan.heads.size());
   OneShot shot;
   shot.config = index;
   const auto words = static_cast<std::size_t>((c + 63) / 64);
@@ -556,15 +560,19 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   for (std::int64_t i = 0; i < E; ++i) eval_limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(first_eval + i)];
 
   const int L = g.n_layers, Hq = g.n_q_heads, Hkv = g.n_kv_heads, d = g.head_dim, G = g.group();
-  const double kv_token_bytes = 4.0 * d;  // K and V in fp16 per (layer, KV head, token)
+  const double kv_token_bytes = codec_token_bytes(TokenCodec::Fp16, d);  // per (layer, KV head, token)
   const std::size_t P = configs_.size();
   std::vector<std::int64_t> budget_tokens(P);
-  std::vector<double> token_bytes(P);
+  std::vector<double> token_bytes(P), head_bytes(P);
   for (std::size_t p = 0; p < P; ++p) {
     const bool compress = configs_[p].impl->respects_budget() && configs_[p].budget < 1.0;
     token_bytes[p] = kv_token_bytes + (compress ? configs_[p].impl->state_bytes_per_token() : 0.0);
-    budget_tokens[p] = compress ? static_cast<std::int64_t>(std::floor(configs_[p].budget * static_cast<double>(c) *
-                                                                        kv_token_bytes / token_bytes[p]))
+    head_bytes[p] = compress ? configs_[p].impl->state_bytes_per_head() : 0.0;
+    // Tokens per (layer, KV head) that fit the byte budget after the policy's own state.
+    budget_tokens[p] = compress ? std::max<std::int64_t>(
+                                      0, static_cast<std::int64_t>(std::floor(
+                                             (configs_[p].budget * static_cast<double>(c) * kv_token_bytes - head_bytes[p]) /
+                                             token_bytes[p])))
                                 : c;
   }
   std::vector<Accumulator> acc(P);
@@ -708,20 +716,22 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     r.p95_kl = percentile95(all_kl);
     r.p95_err = percentile95(all_err);
     const double bpt = token_bytes[p];
+    // Per-entry fixed state (length tables), counted for every layer and plan entry.
+    const double fixed = head_bytes[p] * static_cast<double>(L) * static_cast<double>(a.entries);
     const double kept = static_cast<double>(a.kept), tail = static_cast<double>(T - c), cd = static_cast<double>(c);
     r.kept_fraction = kept / (LH * cd);
-    r.compressed_bytes = kept * bpt;
+    r.compressed_bytes = kept * bpt + fixed;
     r.budget_bytes = configs_[p].budget * cd * LH * kv_token_bytes;
     // Prefill grows the cache to c tokens, compression cuts it, then each step adds a token
     // (and decode-time policies evict back to budget); the newest token is always present
     // during its own step, hence the +LH transient for evicting policies.
-    r.final_bytes = a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt;
+    r.final_bytes = fixed + (a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt);
     r.peak_bytes = cd * LH * bpt;
     r.footprint = LH * bpt * cd * (cd + 1) / 2;
     double prev = kept;
     for (double k : a.kept_after_step) {
-      r.peak_bytes = std::max(r.peak_bytes, std::max(k, prev + LH) * bpt);
-      r.footprint += k * bpt;
+      r.peak_bytes = std::max(r.peak_bytes, std::max(k, prev + LH) * bpt + fixed);
+      r.footprint += k * bpt + fixed;
       prev = k;
     }
     (void)tail;
