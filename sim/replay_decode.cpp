@@ -1,0 +1,150 @@
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "sim/replay_internal.h"
+
+namespace kvsim::replay_detail {
+
+// Decode-time policies: the cache changes every step, so each evaluation row is scored against
+// its own kept set. Softmax restricted to the cache is the full softmax renormalised over it,
+// so the shared full attention still serves. Two phases: (1) walk the steps, gathering the
+// weights the policy reads and logging its evictions; (2) compute the outputs in blocks of
+// steps with one GEMM per block over the set at the block's start (on the smaller side), then
+// correct each row for the few tokens evicted earlier in the same block. Tokens that join
+// later in the block need no correction: causality already gives them zero weight.
+void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, const LayerPlan& plan,
+                   DecodeState& state, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, G = w.g.group(), d = w.g.head_dim;
+  const std::int64_t c = w.c, E = w.E;
+  if (E != w.T - c)
+    throw Error("policy " + cfg.policy + " evicts at every decode step and needs the query of every token after the "
+                "compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
+                "; capture with all decode-step queries");
+  std::vector<std::vector<std::int32_t>> initial(static_cast<std::size_t>(Hkv));
+  for (int kv = 0; kv < Hkv; ++kv) {
+    const HeadPlan& hp = plan.heads[static_cast<std::size_t>(kv)];
+    for (std::int64_t j = 0; j < c; ++j)
+      if (hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) initial[static_cast<std::size_t>(kv)].push_back(static_cast<std::int32_t>(j));
+    a.kept += static_cast<std::int64_t>(initial[static_cast<std::size_t>(kv)].size());
+    a.mix(initial[static_cast<std::size_t>(kv)].size());
+  }
+
+  // Phase 1: the policy's walk. evicted[i][kv]: tokens dropped after step i.
+  std::vector<std::vector<std::vector<std::int32_t>>> evicted(static_cast<std::size_t>(E));
+  std::vector<std::vector<double>> recall(static_cast<std::size_t>(Hq), std::vector<double>(static_cast<std::size_t>(E)));
+  {
+    std::vector<std::vector<std::int32_t>> cache = initial;
+    std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
+    for (std::int64_t i = 0; i < E; ++i) {
+      const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
+      for (auto& ch : cache) ch.push_back(t);
+      for (int qh = 0; qh < Hq; ++qh) {
+        const auto& ch = cache[static_cast<std::size_t>(qh / G)];
+        const Mat& A = w.attn[static_cast<std::size_t>(qh)];
+        auto& wt = weights[static_cast<std::size_t>(qh)];
+        wt.resize(ch.size());
+        double m = 0;
+        for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
+        recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = m;
+        if (state.needs_attention())
+          for (auto& x : wt) x = static_cast<float>(x / m);
+      }
+      auto& ev = evicted[static_cast<std::size_t>(i)];
+      ev.assign(static_cast<std::size_t>(Hkv), {});
+      state.step(DecodeStep{t, cache, weights, budget_tokens}, ev);
+      std::int64_t size = 0;
+      for (int kv = 0; kv < Hkv; ++kv) {
+        auto& ch = cache[static_cast<std::size_t>(kv)];
+        for (auto j : ev[static_cast<std::size_t>(kv)]) {
+          const auto it = std::lower_bound(ch.begin(), ch.end(), j);
+          if (it == ch.end() || *it != j)
+            throw Error("policy " + cfg.policy + ": evicted token " + std::to_string(j) + " that is not in the cache");
+          ch.erase(it);
+          a.mix(static_cast<std::uint64_t>(j) + 1);
+        }
+        if (static_cast<std::int64_t>(ch.size()) > std::max<std::int64_t>(budget_tokens, 0))
+          throw Error("policy " + cfg.policy + ": cache holds " + std::to_string(ch.size()) + " tokens after step " +
+                      std::to_string(t) + ", over its budget of " + std::to_string(budget_tokens));
+        size += static_cast<std::int64_t>(ch.size());
+      }
+      a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
+    }
+  }
+
+  // Phase 2: outputs, block by block.
+  constexpr std::int64_t kBlock = 16;
+  thread_local FloatBuffer wbuf, vbuf, rbuf;
+  std::vector<std::vector<double>> err(static_cast<std::size_t>(Hq), std::vector<double>(static_cast<std::size_t>(E)));
+  for (int kv = 0; kv < Hkv; ++kv) {
+    std::vector<std::int32_t> cache = initial[static_cast<std::size_t>(kv)], dropped;
+    {
+      std::size_t k = 0;
+      for (std::int32_t j = 0; j < static_cast<std::int32_t>(c); ++j) {
+        if (k < cache.size() && cache[k] == j) ++k;
+        else dropped.push_back(j);
+      }
+    }
+    const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
+    for (std::int64_t b0 = 0; b0 < E; b0 += kBlock) {
+      const std::int64_t nb = std::min(kBlock, E - b0);
+      std::vector<std::int32_t> kept_side = cache;
+      for (std::int64_t i = b0; i < b0 + nb; ++i) kept_side.push_back(static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
+      const bool use_dropped = dropped.size() < kept_side.size();
+      const auto& side = use_dropped ? dropped : kept_side;
+      const auto ns = static_cast<Eigen::Index>(side.size());
+      wbuf.resize(static_cast<std::size_t>(G * nb * ns));
+      vbuf.resize(static_cast<std::size_t>(ns * d));
+      rbuf.resize(static_cast<std::size_t>(G * nb * d));
+      Eigen::Map<Mat> W(wbuf.data(), G * nb, ns), VS(vbuf.data(), ns, d), R(rbuf.data(), G * nb, d);
+      for (Eigen::Index k = 0; k < ns; ++k) VS.row(k) = V.row(side[static_cast<std::size_t>(k)]);
+      for (int r = 0; r < G; ++r) {
+        const Mat& A = w.attn[static_cast<std::size_t>(kv * G + r)];
+        for (std::int64_t i = 0; i < nb; ++i) {
+          const float* src = A.row(b0 + i).data();
+          float* dst = W.row(r * nb + i).data();
+          for (Eigen::Index k = 0; k < ns; ++k) dst[k] = src[side[static_cast<std::size_t>(k)]];
+        }
+      }
+      R.noalias() = W * VS;
+      // Rows after an in-block eviction: that token left the kept side (or joined the dropped one).
+      for (std::int64_t i = b0; i < b0 + nb; ++i) {
+        for (std::int64_t e = b0; e < i; ++e) {
+          for (auto j : evicted[static_cast<std::size_t>(e)][static_cast<std::size_t>(kv)]) {
+            for (int r = 0; r < G; ++r) {
+              const float coef = w.attn[static_cast<std::size_t>(kv * G + r)](i, j);
+              R.row(r * nb + (i - b0)) += (use_dropped ? coef : -coef) * V.row(j);
+            }
+          }
+        }
+        for (int r = 0; r < G; ++r) {
+          const auto qh = static_cast<std::size_t>(kv * G + r);
+          const double m = recall[qh][static_cast<std::size_t>(i)];
+          const auto o = w.out[qh].row(i);
+          double diff2 = 0, norm2 = 0;
+          for (int x = 0; x < d; ++x) {
+            const double sum = R(r * nb + (i - b0), x);
+            const double approx = (use_dropped ? o(x) - sum : sum) / m;
+            diff2 += (o(x) - approx) * (o(x) - approx);
+            norm2 += static_cast<double>(o(x)) * o(x);
+          }
+          err[qh][static_cast<std::size_t>(i)] = norm2 > 0 ? std::sqrt(diff2 / norm2) : 0.0;
+        }
+      }
+      // Advance the sets past this block.
+      for (std::int64_t i = b0; i < b0 + nb; ++i) {
+        cache.push_back(static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
+        for (auto j : evicted[static_cast<std::size_t>(i)][static_cast<std::size_t>(kv)]) {
+          cache.erase(std::lower_bound(cache.begin(), cache.end(), j));
+          dropped.insert(std::lower_bound(dropped.begin(), dropped.end(), j), j);
+        }
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < E; ++i)
+    for (int qh = 0; qh < Hq; ++qh)
+      a.add_row(w.layer, recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)],
+                err[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)]);
+}
+
+}  // namespace kvsim::replay_detail

@@ -1,0 +1,201 @@
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "core/error.h"
+#include "policies/codec.h"
+#include "sim/replay_internal.h"
+
+namespace kvsim::replay_detail {
+
+
+// Phase A of a layer, for one config: asks the policy for its plan. Decode-time configs are
+// replayed entirely here; uncompressed ones record exact rows; one-shot ones return their
+// keep-sets for the shared phase B.
+std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
+                                   const LayerWork& w, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads;
+  const std::int64_t c = w.c;
+  bool compress = cfg.impl->respects_budget() && cfg.budget < 1.0;
+  if (!compress && cfg.impl->respects_budget()) {
+    // Budget 1.0 fits the whole cache: nothing may be dropped (and no decode-time eviction
+    // starts: the cache never exceeds its budget). Ask the policy anyway, so that a policy
+    // that drops tokens it has room for is caught. Per-query-head plans are the exception:
+    // G copies of the cache do not fit the bytes of one, so they compress as usual.
+    const LayerPlan plan = cfg.impl->compress(w.signals, Budget{c, cfg.budget});
+    if (static_cast<int>(plan.heads.size()) != Hkv) {
+      compress = true;
+    } else {
+      for (const HeadPlan& hp : plan.heads)
+        if (hp.kept() != c)
+          throw Error("policy " + cfg.policy + ": dropped " + std::to_string(c - hp.kept()) +
+                      " tokens with a budget that fits the whole cache (" + std::to_string(c) + " tokens)");
+    }
+  }
+  if (!compress) {  // the full cache: exact by definition
+    for (int kv = 0; kv < Hkv; ++kv) a.mix(static_cast<std::uint64_t>(c));
+    a.kept += c * Hkv;
+    for (std::int64_t i = 0; i < w.T - c; ++i)
+      a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>((c + i + 1) * Hkv);
+    for (std::int64_t row = 0; row < w.E * w.g.n_q_heads; ++row) a.add_row(w.layer, 1.0, 0.0);
+    return std::nullopt;
+  }
+  const int Hq = w.g.n_q_heads, G = w.g.group();
+  LayerPlan plan = cfg.impl->compress(w.signals, Budget{budget_tokens, cfg.budget});
+  const bool per_query_head = static_cast<int>(plan.heads.size()) == Hq && Hq != Hkv;
+  if (static_cast<int>(plan.heads.size()) != Hkv && !per_query_head)
+    throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
+                std::to_string(Hkv) + " (one per KV head) or " + std::to_string(Hq) + " (one per query head)");
+  for (const HeadPlan& hp : plan.heads) {
+    if (static_cast<std::int64_t>(hp.codec.size()) != c)
+      throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
+                  std::to_string(c));
+    for (TokenCodec codec : hp.codec)
+      if (!codec_supported(codec))
+        throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
+                    ", which this replay does not reconstruct yet (drop and fp16 only)");
+  }
+  if (auto state = cfg.impl->start_decode(w.signals, plan, Budget{budget_tokens, cfg.budget})) {
+    if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
+    a.entries = Hkv;
+    replay_decode(cfg, budget_tokens, w, plan, *state, a);
+    return std::nullopt;
+  }
+  a.entries = static_cast<std::int64_t>(plan.heads.size());
+  OneShot shot;
+  shot.config = index;
+  const auto words = static_cast<std::size_t>((c + 63) / 64);
+  for (const HeadPlan& hp : plan.heads) {
+    std::vector<std::uint64_t> bits(words, 0);
+    std::int64_t kept = 0;
+    for (std::int64_t j = 0; j < c; ++j) {
+      const bool keep = hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop;
+      if (keep) bits[static_cast<std::size_t>(j / 64)] |= std::uint64_t{1} << (j % 64);
+      kept += keep;
+      a.mix(keep ? 0x9dull : 0x3bull);
+    }
+    // Memory: every entry holds its own K/V (a per-query-head plan stores G copies per group).
+    a.kept += kept;
+    for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept + i + 1);
+    for (int r = 0; r < (per_query_head ? 1 : G); ++r) {
+      shot.bits.push_back(bits);
+      shot.count.push_back(kept);
+    }
+  }
+  return shot;
+}
+
+static std::int64_t symmetric_difference(const std::vector<std::uint64_t>& x, const std::vector<std::uint64_t>& y) {
+  std::int64_t n = 0;
+  for (std::size_t k = 0; k < x.size(); ++k) n += std::popcount(x[k] ^ y[k]);
+  return n;
+}
+
+// Order in which to build the shots' partial outputs for one KV head: a minimum spanning tree
+// over the keep-sets, rooted at the empty set (partial output 0) and the full set (known from
+// the shared pass), with edge cost |symmetric difference|. Each shot is then its parent plus
+// the tokens it adds minus those it removes: similar policies and neighbouring budgets of one
+// policy cost only their difference. parent: -1 empty, -2 full, else a shot index.
+BuildOrder spanning_tree(const std::vector<OneShot>& shots, int q_head, std::int64_t c) {
+  const auto kv = static_cast<std::size_t>(q_head);  // (indexes the per-query-head sets)
+  const std::size_t n = shots.size();
+  BuildOrder b;
+  b.parent.assign(n, -1);
+  std::vector<std::int64_t> dist(n);
+  std::vector<char> done(n, 0);
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::int64_t kept = shots[p].count[kv];
+    dist[p] = std::min(kept, c - kept);
+    b.parent[p] = kept <= c - kept ? -1 : -2;
+  }
+  for (std::size_t step = 0; step < n; ++step) {
+    std::size_t best = n;
+    for (std::size_t p = 0; p < n; ++p)
+      if (!done[p] && (best == n || dist[p] < dist[best])) best = p;
+    done[best] = 1;
+    b.order.push_back(best);
+    for (std::size_t p = 0; p < n; ++p) {
+      if (done[p]) continue;
+      const std::int64_t dd = symmetric_difference(shots[p].bits[kv], shots[best].bits[kv]);
+      if (dd < dist[p]) {
+        dist[p] = dd;
+        b.parent[p] = static_cast<std::int64_t>(best);
+      }
+    }
+  }
+  return b;
+}
+
+// Phase B for one query head: every shot's partial output P = sum over kept tokens before c of
+// a_ij [v_j, 1] (the last column is the kept attention mass), built along the spanning tree,
+// then the per-row recall and output error.
+void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const BuildOrder& tree, int q_head,
+                 std::vector<std::vector<double>>& recall_out, std::vector<std::vector<double>>& err_out) {
+  const int kv = q_head / w.g.group(), d = w.g.head_dim;
+  const std::int64_t c = w.c, E = w.E;
+  const Mat& A = w.attn[static_cast<std::size_t>(q_head)];
+  const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
+  Mat full(E, d + 1);  // the full set's partial output, from the shared pass
+  full.leftCols(d) = w.out[static_cast<std::size_t>(q_head)] - w.out_tail[static_cast<std::size_t>(q_head)];
+  full.col(d) = (1.0f - w.tail_mass[static_cast<std::size_t>(q_head)].array()).matrix();
+  std::vector<Mat> partial(shots.size());
+  thread_local FloatBuffer wbuf, vbuf;
+  std::vector<std::int32_t> add, rem;
+  for (const std::size_t p : tree.order) {
+    const std::int64_t parent = tree.parent[p];
+    const auto& bits = shots[p].bits[static_cast<std::size_t>(q_head)];
+    add.clear();
+    rem.clear();
+    for (std::size_t k = 0; k < bits.size(); ++k) {
+      const std::uint64_t base = parent == -1 ? 0 : parent == -2 ? ~std::uint64_t{0}
+                                                                 : shots[static_cast<std::size_t>(parent)].bits[static_cast<std::size_t>(q_head)][k];
+      for (std::uint64_t x = bits[k] & ~base; x; x &= x - 1)
+        add.push_back(static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(x))));
+      for (std::uint64_t x = base & ~bits[k]; x; x &= x - 1) {
+        const auto j = static_cast<std::int64_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(x)));
+        if (j < c) rem.push_back(static_cast<std::int32_t>(j));
+      }
+    }
+    Mat& P = partial[p];
+    P = parent == -1 ? Mat::Zero(E, d + 1) : parent == -2 ? full : partial[static_cast<std::size_t>(parent)];
+    const auto nd = static_cast<Eigen::Index>(add.size() + rem.size());
+    if (nd > 0) {
+      wbuf.resize(static_cast<std::size_t>(E * nd));
+      vbuf.resize(static_cast<std::size_t>(nd * (d + 1)));
+      Eigen::Map<Mat> Wd(wbuf.data(), E, nd), Vd(vbuf.data(), nd, d + 1);
+      for (Eigen::Index k = 0; k < nd; ++k) {
+        const bool adding = k < static_cast<Eigen::Index>(add.size());
+        const std::int32_t j = adding ? add[static_cast<std::size_t>(k)] : rem[static_cast<std::size_t>(k) - add.size()];
+        const float sign = adding ? 1.0f : -1.0f;
+        Vd.row(k).head(d) = sign * V.row(j);
+        Vd(k, d) = sign;
+      }
+      for (Eigen::Index i = 0; i < E; ++i) {
+        const float* src = A.row(i).data();
+        float* dst = Wd.row(i).data();
+        for (std::size_t k = 0; k < add.size(); ++k) dst[k] = src[add[k]];
+        for (std::size_t k = 0; k < rem.size(); ++k) dst[add.size() + k] = src[rem[k]];
+      }
+      P.noalias() += Wd * Vd;
+    }
+    auto& rec = recall_out[p];
+    auto& er = err_out[p];
+    rec.resize(static_cast<std::size_t>(E));
+    er.resize(static_cast<std::size_t>(E));
+    for (Eigen::Index i = 0; i < E; ++i) {
+      const double m = std::clamp(static_cast<double>(P(i, d)) + w.tail_mass[static_cast<std::size_t>(q_head)](i), 1e-30, 1.0);
+      const auto o = w.out[static_cast<std::size_t>(q_head)].row(i);
+      const auto tail = w.out_tail[static_cast<std::size_t>(q_head)].row(i);
+      double diff2 = 0, norm2 = 0;
+      for (int x = 0; x < d; ++x) {
+        const double approx = (static_cast<double>(P(i, x)) + tail(x)) / m;
+        diff2 += (o(x) - approx) * (o(x) - approx);
+        norm2 += static_cast<double>(o(x)) * o(x);
+      }
+      rec[static_cast<std::size_t>(i)] = m;
+      er[static_cast<std::size_t>(i)] = norm2 > 0 ? std::sqrt(diff2 / norm2) : 0.0;
+    }
+  }
+}
+
+}  // namespace kvsim::replay_detail
