@@ -124,7 +124,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     }
     attention_s += since(t0);
     t0 = Clock::now();
-    const ReplaySignals signals(g, layer, c, h, qbuf, keys, values, future);
+    const ReplaySignals signals(ctx, g, layer, c, h, qbuf, keys, values, future);
 
     const LayerWork work{g, layer, c, E, T, eval_limit, signals, attn, out, out_tail, tail_mass, full_v};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.

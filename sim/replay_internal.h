@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "policies/policy.h"
@@ -28,9 +29,12 @@ void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit);
 // One layer of one request, as policies see it at the compression point c.
 class ReplaySignals final : public LayerSignals {
  public:
-  ReplaySignals(const KvGeometry& g, int layer, std::int64_t c, const RequestHeader& h, const FloatBuffer& q,
-                const std::vector<Mat>& keys, const std::vector<Mat>& values, const std::vector<Mat>& future)
-      : g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(keys), values_(values), future_(future) {
+  // `where` names the trace and request in error messages.
+  ReplaySignals(std::string where, const KvGeometry& g, int layer, std::int64_t c, const RequestHeader& h,
+                const FloatBuffer& q, const std::vector<Mat>& keys, const std::vector<Mat>& values,
+                const std::vector<Mat>& future)
+      : where_(std::move(where)), g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(keys), values_(values),
+        future_(future) {
     for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < c; ++r) observed_.push_back(h.q_index[r]);
   }
   const KvGeometry& geometry() const override { return g_; }
@@ -49,7 +53,7 @@ class ReplaySignals final : public LayerSignals {
     // `window` tokens before the compression point.
     const auto m = static_cast<std::int64_t>(observed_.size());
     if (m < window || observed_[static_cast<std::size_t>(m - window)] != c_ - window)
-      throw Error("request '" + h_.id + "': the policy needs the queries of the last " + std::to_string(window) +
+      throw Error(where_ + ": needs the queries of the last " + std::to_string(window) +
                   " tokens before the compression point (token " + std::to_string(c_) +
                   "), but the trace did not record them all; capture with more queries (e.g. kvsim trace synth "
                   "--queries all, or a larger --query-window)");
@@ -57,7 +61,7 @@ class ReplaySignals final : public LayerSignals {
   }
   OwnedMatrix observed_attention(int q_head) const override {
     if (observed_.empty())
-      throw Error("request '" + h_.id + "': the policy needs prompt queries before the compression point (token " +
+      throw Error(where_ + ": needs prompt queries before the compression point (token " +
                   std::to_string(c_) + "), but the trace recorded none there");
     const Mat s = compute_attention(q_head, 0, static_cast<std::int64_t>(observed_.size()));
     return OwnedMatrix{std::vector<float>(s.data(), s.data() + s.size()), s.rows(), s.cols()};
@@ -114,6 +118,7 @@ class ReplaySignals final : public LayerSignals {
     return view(cache_.emplace(key, std::move(s)).first->second);
   }
 
+  std::string where_;
   const KvGeometry& g_;
   int layer_;
   std::int64_t c_;

@@ -12,7 +12,7 @@ namespace kvsim::replay_detail {
 // Phase A of a layer, for one config: asks the policy for its plan. Decode-time configs are
 // replayed entirely here; uncompressed ones record exact rows; one-shot ones return their
 // keep-sets for the shared phase B.
-std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
+static std::optional<OneShot> plan_config_unchecked(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
                                    const LayerWork& w, Accumulator& a) {
   const int Hkv = w.g.n_kv_heads;
   const std::int64_t c = w.c;
@@ -195,6 +195,18 @@ void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const Bu
       rec[static_cast<std::size_t>(i)] = m;
       er[static_cast<std::size_t>(i)] = norm2 > 0 ? std::sqrt(diff2 / norm2) : 0.0;
     }
+  }
+}
+
+// Errors raised while a policy runs name the policy (unless they already do).
+std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
+                                   const LayerWork& w, Accumulator& a) {
+  try {
+    return plan_config_unchecked(index, cfg, budget_tokens, w, a);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (msg.rfind("policy ", 0) == 0) throw;
+    throw Error("policy " + cfg.label() + ": " + msg);
   }
 }
 
