@@ -21,17 +21,17 @@ class AdaKv : public Policy {
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     std::vector<HeadScores> scores = scorer().cached_score(s);  // a copy: normalize edits it
     const auto H = scores.size();  // plan entries: KV heads, or query heads (per_query_head)
-    const std::int64_t n = s.n_tokens();
     const std::int64_t per_entry = budget.tokens * s.geometry().n_kv_heads / static_cast<std::int64_t>(H);
     std::vector<std::int64_t> prot(H, 0), share(H, 0);
     for (std::size_t h = 0; h < H; ++h) {
       const auto& p = scores[h].protect;
       prot[h] = std::min<std::int64_t>(per_entry, std::accumulate(p.begin(), p.end(), std::int64_t{0}));
-      share[h] = std::min(per_entry - prot[h], n - prot[h]);
+      share[h] = std::min(per_entry - prot[h], static_cast<std::int64_t>(scores[h].score.size()) - prot[h]);
     }
     if (normalize_) {  // scale each head by the share of its mass its own top-B' would keep
       for (std::size_t h = 0; h < H; ++h) {
         std::vector<float> free_scores;
+        const auto n = static_cast<std::int64_t>(scores[h].score.size());
         for (std::int64_t j = 0; j < n; ++j)
           if (scores[h].protect.empty() || !scores[h].protect[static_cast<std::size_t>(j)])
             free_scores.push_back(scores[h].score[static_cast<std::size_t>(j)]);
@@ -49,7 +49,7 @@ class AdaKv : public Policy {
     };
     std::vector<Cand> cands;
     for (std::size_t h = 0; h < H; ++h)
-      for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t j = 0; j < static_cast<std::int64_t>(scores[h].score.size()); ++j)
         if (scores[h].protect.empty() || !scores[h].protect[static_cast<std::size_t>(j)])
           cands.push_back({scores[h].score[static_cast<std::size_t>(j)], static_cast<std::int32_t>(h),
                            static_cast<std::int32_t>(j)});
@@ -66,7 +66,7 @@ class AdaKv : public Policy {
     // Floor blend, then trim rounding overshoot so the layer never exceeds its total.
     std::vector<std::int64_t> cap(H);
     for (std::size_t h = 0; h < H; ++h)
-      cap[h] = std::min<std::int64_t>(n - prot[h], std::llround(static_cast<double>(won[h]) * (1 - alpha_) +
+      cap[h] = std::min<std::int64_t>(static_cast<std::int64_t>(scores[h].score.size()) - prot[h], std::llround(static_cast<double>(won[h]) * (1 - alpha_) +
                                                   alpha_ * static_cast<double>(share[h])));
     std::int64_t sum = std::accumulate(cap.begin(), cap.end(), std::int64_t{0});
     while (sum > total) {

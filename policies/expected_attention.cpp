@@ -53,16 +53,20 @@ class ExpectedAttention : public ScoringPolicy {
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
     const int d = g.head_dim;
-    const std::int64_t n = s.n_tokens();
+    const std::int64_t seen = s.n_tokens();
     const auto rows = s.observed_rows();
     const auto positions = s.positions();
     RopeSpec rope = g.rope;
     rope.head_dim = d;
     if (o_.all_queries) require_all_prompt_queries(s, o_.sinks, "expected_attention");
-    const Mat rbar = mean_rotation(rope, positions[static_cast<std::size_t>(n - 1)] + 1, o_.future);
+    const Mat rbar = mean_rotation(rope, positions[static_cast<std::size_t>(seen - 1)] + 1, o_.future);
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
       const MatrixView keys = s.keys(kv), values = s.values(kv);
+      const auto cached = s.cached(kv);
+      const auto n = static_cast<std::int64_t>(cached.size());
+      // Sinks (tokens below `sinks`) are kept and left out of the softmax.
+      auto is_sink = [&](std::int64_t m) { return cached[static_cast<std::size_t>(m)] < o_.sinks; };
       std::vector<std::vector<float>> per_q;
       for (int r = 0; r < g.group(); ++r) {
         const int qh = kv * g.group() + r;
@@ -96,16 +100,18 @@ class ExpectedAttention : public ScoringPolicy {
         const Eigen::VectorXf quad = (K * sigma_r.cast<float>()).cwiseProduct(K).rowwise().sum() / (2.0f * static_cast<float>(d));
         std::vector<double> z(static_cast<std::size_t>(n), -INFINITY);
         double zmax = -INFINITY;
-        for (std::int64_t j = o_.sinks; j < n; ++j) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          if (is_sink(j)) continue;
           const double v = static_cast<double>(lin(j)) + static_cast<double>(quad(j));
           z[static_cast<std::size_t>(j)] = v;
           zmax = std::max(zmax, v);
         }
         double sum = 0;
-        for (std::int64_t j = o_.sinks; j < n; ++j) sum += std::exp(z[static_cast<std::size_t>(j)] - zmax);
+        for (std::int64_t j = 0; j < n; ++j)
+          if (!is_sink(j)) sum += std::exp(z[static_cast<std::size_t>(j)] - zmax);
         std::vector<float> p(static_cast<std::size_t>(n), 0.0f);
-        for (std::int64_t j = o_.sinks; j < n; ++j)
-          p[static_cast<std::size_t>(j)] = static_cast<float>(std::exp(z[static_cast<std::size_t>(j)] - zmax) / sum);
+        for (std::int64_t j = 0; j < n; ++j)
+          if (!is_sink(j)) p[static_cast<std::size_t>(j)] = static_cast<float>(std::exp(z[static_cast<std::size_t>(j)] - zmax) / sum);
         per_q.push_back(std::move(p));
       }
       HeadScores& hs = out[static_cast<std::size_t>(kv)];
@@ -114,7 +120,7 @@ class ExpectedAttention : public ScoringPolicy {
         const double vn = o_.vnorm ? Eigen::Map<const Eigen::VectorXf>(values.row(j), d).norm() : 1.0;
         hs.score[static_cast<std::size_t>(j)] = static_cast<float>((hs.score[static_cast<std::size_t>(j)] + o_.epsilon) * vn);
       }
-      hs.protect = protect_ends(n, o_.sinks, 0);
+      hs.protect = protect_cached(cached, o_.sinks, 0);
     }
     return out;
   }

@@ -10,8 +10,8 @@ class Full : public Policy {
  public:
   LayerPlan compress(const LayerSignals& s, const Budget&) const override {
     LayerPlan plan;
-    const std::vector<std::uint8_t> all(static_cast<std::size_t>(s.n_tokens()), 1);
-    for (int h = 0; h < s.geometry().n_kv_heads; ++h) plan.heads.push_back(plan_from_mask(all));
+    for (int h = 0; h < s.geometry().n_kv_heads; ++h)
+      plan.heads.push_back(plan_from_mask(std::vector<std::uint8_t>(static_cast<std::size_t>(cache_size(s, h)), 1)));
     return plan;
   }
   bool respects_budget() const override { return false; }

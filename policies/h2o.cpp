@@ -5,6 +5,8 @@
 // phase=decode (the paper's real-drop cache): scores start from the prompt queries' attention and
 // keep accumulating the renormalised attention of every decode step, evicting the lowest-scored
 // token outside the recent window whenever the cache exceeds its budget. phase=prefill: one cut.
+#include <algorithm>
+
 #include "core/error.h"
 #include "policies/registry.h"
 #include "policies/selection.h"
@@ -68,19 +70,20 @@ class H2o : public ScoringPolicy {
 
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
-    const std::int64_t n = s.n_tokens();
     if (all_queries_) require_all_prompt_queries(s, 0, "h2o");
-    const auto rows = s.observed_rows();
-    // kvpress normalisation: divide by how many observed queries could see each token, so
-    // early tokens are not favoured just for being visible longer.
-    std::vector<float> seen(static_cast<std::size_t>(n), 0.0f);
-    for (auto r : rows)
-      for (std::int64_t j = 0; j <= std::min<std::int64_t>(r, n - 1); ++j) seen[static_cast<std::size_t>(j)] += 1;
+    const auto rows = s.observed_rows();  // increasing token indices
     std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
     for (int q = 0; q < g.n_q_heads; ++q) {
+      const auto cached = s.cached(q / g.group());
       auto col = column_sums(s.observed_attention(q).view());
-      if (normalize_)
-        for (std::size_t j = 0; j < col.size(); ++j) col[j] = seen[j] > 0 ? col[j] / seen[j] : 0.0f;
+      if (normalize_) {
+        // kvpress normalisation: divide by how many observed queries could see each token, so
+        // early tokens are not favoured just for being visible longer.
+        for (std::size_t m = 0; m < col.size(); ++m) {
+          const auto seen = rows.end() - std::lower_bound(rows.begin(), rows.end(), cached[m]);
+          col[m] = seen > 0 ? col[m] / static_cast<float>(seen) : 0.0f;
+        }
+      }
       per_q[static_cast<std::size_t>(q)].score = std::move(col);
     }
     return group_scores(std::move(per_q), g.group(), gqa_);
@@ -90,7 +93,7 @@ class H2o : public ScoringPolicy {
     auto scores = cached_score(s);  // a copy: the protected window depends on the budget
     Budget entry = budget;          // per plan entry: per KV head, or per query head
     entry.tokens = budget.tokens * s.geometry().n_kv_heads / static_cast<std::int64_t>(scores.size());
-    for (auto& h : scores) h.protect = protect_ends(s.n_tokens(), 0, recent(entry));
+    for (auto& h : scores) h.protect = protect_ends(static_cast<std::int64_t>(h.score.size()), 0, recent(entry));
     return select_uniform(scores, budget, s.geometry().n_kv_heads);
   }
   std::unique_ptr<DecodeState> start_decode(const LayerSignals& s, const LayerPlan& initial,

@@ -33,10 +33,10 @@ class KeyDiff : public Policy {
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const auto memo = s.memo(this, [&] { return std::make_shared<const std::vector<RowMat>>(normalised_keys(s)); });
     const auto& unit = *static_cast<const std::vector<RowMat>*>(memo.get());
-    const std::int64_t n = s.n_tokens(), keep = std::min(budget.tokens, n);
     LayerPlan plan;
     for (int h = 0; h < s.geometry().n_kv_heads; ++h) {
       const RowMat& kh = unit[static_cast<std::size_t>(h)];
+      const std::int64_t n = kh.rows(), keep = std::min(budget.tokens, n);  // entries of this head's cache
       // Kept set so far, and the sum of its unit keys; each block joins the candidates, the
       // anchor is their mean unit key, and the set is cut back to `keep` by -cos(k, anchor)
       // (ranked by -k_unit . anchor: the anchor's norm does not change the order).

@@ -28,14 +28,15 @@ class OracleFuture : public ScoringPolicy {
     if (!per_layer_) return select_uniform(cached_score(s), budget, s.geometry().n_kv_heads);
     // Exact maximiser of the layer's total retained mass: global top over (head, token).
     const auto& scores = cached_score(s);
-    const std::int64_t n = s.n_tokens();
     std::vector<float> flat;
     for (const auto& h : scores) flat.insert(flat.end(), h.score.begin(), h.score.end());
     const auto mask = top_k_mask(flat, budget.tokens * static_cast<std::int64_t>(scores.size()));
     LayerPlan plan;
-    for (std::size_t h = 0; h < scores.size(); ++h)
-      plan.heads.push_back(plan_from_mask(std::span(mask).subspan(h * static_cast<std::size_t>(n),
-                                                                  static_cast<std::size_t>(n))));
+    std::size_t offset = 0;
+    for (const auto& h : scores) {
+      plan.heads.push_back(plan_from_mask(std::span(mask).subspan(offset, h.score.size())));
+      offset += h.score.size();
+    }
     return plan;
   }
 

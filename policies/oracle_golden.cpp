@@ -16,9 +16,9 @@ class OracleGolden : public ScoringPolicy {
   explicit OracleGolden(std::int64_t block) : block_(block) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
-    const std::int64_t n = s.n_tokens();
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+      const std::int64_t n = cache_size(s, kv);
       std::vector<float> best(static_cast<std::size_t>(n), 0.0f);
       const std::int64_t rows = s.future_attention(kv * g.group()).rows;
       for (std::int64_t b0 = 0; b0 < rows; b0 += block_) {

@@ -41,25 +41,29 @@ struct OwnedMatrix {
   MatrixView view() const { return {data.data(), rows, cols}; }
 };
 
-// What a policy may look at for one layer at a compression point. The cache holds the
-// request's tokens [0, n) in order; all tensors are post-RoPE, as the engine caches them.
+// What a policy may look at for one layer at a compression point. The request has seen tokens
+// [0, n); each KV head's cache holds some of them (all, until a compression dropped some).
+// Per-head quantities have one entry per cached token of that head, in cached() order; all
+// tensors are post-RoPE, as the engine caches them.
 class LayerSignals {
  public:
   virtual ~LayerSignals() = default;
   virtual const KvGeometry& geometry() const = 0;
   virtual int layer() const = 0;
-  virtual std::int64_t n_tokens() const = 0;
-  virtual std::span<const std::int32_t> positions() const = 0;  // [n]
-  virtual std::span<const std::int8_t> segments() const = 0;    // [n], Segment codes
-  virtual MatrixView keys(int kv_head) const = 0;                // [n, d]
-  virtual MatrixView values(int kv_head) const = 0;              // [n, d]
-  // Attention rows of the queries of the last `window` cached tokens (causal softmax over the
-  // n cached keys, fp32), [window, n], for one query head. Throws naming what is missing when
-  // those queries were not recorded.
+  virtual std::int64_t n_tokens() const = 0;                     // tokens seen, n
+  virtual std::span<const std::int32_t> positions() const = 0;  // [n], by token index
+  virtual std::span<const std::int8_t> segments() const = 0;    // [n], Segment codes, by token index
+  // The token indices KV head kv_head holds, increasing; the newest tokens are always there.
+  virtual std::span<const std::int32_t> cached(int kv_head) const = 0;
+  virtual MatrixView keys(int kv_head) const = 0;                // [cached, d]
+  virtual MatrixView values(int kv_head) const = 0;              // [cached, d]
+  // Attention rows of the queries of the last `window` tokens (causal softmax over the head's
+  // cached keys, fp32), [window, cached], for one query head. Throws naming what is missing
+  // when those queries were not recorded.
   virtual MatrixView window_attention(int q_head, int window) const = 0;
-  // Attention rows of every cached token whose query was recorded, [m, n], and their indices.
-  // Computed on each call and owned by the caller: with every prompt query recorded it is
-  // n x n per query head, too large to keep for a whole layer.
+  // Attention rows, over the head's cached keys, of every seen token whose query was recorded,
+  // [m, cached], and those tokens' indices. Computed on each call and owned by the caller: with
+  // every prompt query recorded it is n x n per query head, too large to keep for a layer.
   virtual OwnedMatrix observed_attention(int q_head) const = 0;
   virtual std::span<const std::int32_t> observed_rows() const = 0;
   // The recorded post-RoPE queries of those tokens, [m, d] (rows as observed_rows()).
@@ -69,16 +73,16 @@ class LayerSignals {
   virtual std::shared_ptr<const void> memo(const void* owner,
                                            const std::function<std::shared_ptr<const void>()>& make) const = 0;
   // Oracle signal, offline only: attention (over the full, uncompressed cache, restricted to
-  // the n cached tokens) of the evaluation queries that come after the compression point,
-  // [e, n]. Live engines throw: the future is not known there.
+  // the head's cached tokens) of the evaluation queries after the compression point,
+  // [e, cached]. Live engines throw: the future is not known there.
   virtual MatrixView future_attention(int q_head) const = 0;
 };
 
 enum class TokenCodec : std::uint8_t { Drop = 0, Fp16, Int8, Int4, Int2, LowRank };
 
-// Encoding of each cached token of one KV head (keys and values alike).
+// Encoding of each cached token of one KV head (keys and values alike), in cached() order.
 struct HeadPlan {
-  std::vector<TokenCodec> codec;  // [n]
+  std::vector<TokenCodec> codec;  // [cached]
   std::int64_t kept() const;      // tokens not dropped
 };
 

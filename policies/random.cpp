@@ -21,10 +21,12 @@ class Random : public ScoringPolicy {
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     std::vector<HeadScores> out(static_cast<std::size_t>(s.geometry().n_kv_heads));
     for (std::size_t h = 0; h < out.size(); ++h) {
-      out[h].score.resize(static_cast<std::size_t>(s.n_tokens()));
-      for (std::size_t j = 0; j < out[h].score.size(); ++j) {
+      const auto cached = s.cached(static_cast<int>(h));
+      out[h].score.resize(cached.size());
+      for (std::size_t m = 0; m < cached.size(); ++m) {
+        const auto j = static_cast<std::uint64_t>(cached[m]);  // by token, whatever the cache holds
         const std::uint64_t r = mix(mix(mix(seed_ ^ static_cast<std::uint64_t>(s.layer())) ^ h) ^ j);
-        out[h].score[j] = static_cast<float>(r >> 40) * 0x1.0p-24f;
+        out[h].score[m] = static_cast<float>(r >> 40) * 0x1.0p-24f;
       }
     }
     return out;

@@ -145,6 +145,14 @@ const std::vector<HeadScores>& ScoringPolicy::cached_score(const LayerSignals& s
   return *static_cast<const std::vector<HeadScores>*>(p.get());
 }
 
+std::vector<std::uint8_t> protect_cached(std::span<const std::int32_t> cached, std::int64_t sinks, std::int64_t window) {
+  const auto n = static_cast<std::int64_t>(cached.size());
+  std::vector<std::uint8_t> p(static_cast<std::size_t>(n), 0);
+  for (std::int64_t m = 0; m < n; ++m)
+    if (cached[static_cast<std::size_t>(m)] < sinks || m >= n - window) p[static_cast<std::size_t>(m)] = 1;
+  return p;
+}
+
 LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& budget, int n_kv_heads) {
   const std::int64_t tokens = budget.tokens * n_kv_heads / static_cast<std::int64_t>(scores.size());
   LayerPlan plan;

@@ -53,6 +53,12 @@ void require_all_prompt_queries(const LayerSignals& s, std::int64_t first, const
 
 // Marks the last `window` of n tokens (and the first `sinks`) as protected.
 std::vector<std::uint8_t> protect_ends(std::int64_t n, std::int64_t sinks, std::int64_t window);
+// The same over a head's cache: entries whose token index is below `sinks`, and the last
+// `window` entries.
+std::vector<std::uint8_t> protect_cached(std::span<const std::int32_t> cached, std::int64_t sinks, std::int64_t window);
+
+// Entries in KV head kv's cache.
+inline std::int64_t cache_size(const LayerSignals& s, int kv) { return static_cast<std::int64_t>(s.cached(kv).size()); }
 
 // Default selection: every entry keeps its own top tokens: budget.tokens per KV-head entry, or
 // budget.tokens * n_kv / n_entries when there is one entry per query head.

@@ -10,10 +10,10 @@ namespace kvsim {
 
 std::vector<HeadScores> snapkv_scores(const LayerSignals& s, const SnapKvOptions& o) {
   const KvGeometry& g = s.geometry();
-  const std::int64_t n = s.n_tokens();
-  const int w = static_cast<int>(std::min<std::int64_t>(o.window, n));
   std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
   for (int q = 0; q < g.n_q_heads; ++q) {
+    const std::int64_t n = cache_size(s, q / g.group());
+    const int w = static_cast<int>(std::min<std::int64_t>(o.window, n));
     // Pool the prefix scores only (j < n - w, as SnapKV and kvpress do): the window's attention
     // to itself must not leak into its neighbours' scores. The window is kept regardless.
     auto summed = column_sums(s.window_attention(q, w));

@@ -37,11 +37,15 @@ class StreamingLlm : public ScoringPolicy {
   }
   bool selection_is_uniform() const override { return !decode_; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    HeadScores h;
-    h.score.resize(static_cast<std::size_t>(s.n_tokens()));
-    for (std::size_t j = 0; j < h.score.size(); ++j) h.score[j] = static_cast<float>(j);  // recency
-    h.protect = protect_ends(s.n_tokens(), sinks_, 0);
-    return std::vector<HeadScores>(static_cast<std::size_t>(s.geometry().n_kv_heads), h);
+    std::vector<HeadScores> out(static_cast<std::size_t>(s.geometry().n_kv_heads));
+    for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
+      const auto cached = s.cached(kv);
+      HeadScores& h = out[static_cast<std::size_t>(kv)];
+      h.score.resize(cached.size());
+      for (std::size_t m = 0; m < cached.size(); ++m) h.score[m] = static_cast<float>(cached[m]);  // recency
+      h.protect = protect_cached(cached, sinks_, 0);
+    }
+    return out;
   }
 
  private:

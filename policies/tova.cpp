@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/error.h"
 #include "policies/registry.h"
 #include "policies/selection.h"
 
@@ -40,11 +41,15 @@ class Tova : public ScoringPolicy {
   explicit Tova(bool decode) : decode_(decode) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
+    // One token set for the layer: every KV head must hold the same tokens.
+    for (int kv = 1; kv < g.n_kv_heads; ++kv)
+      if (!std::equal(s.cached(kv).begin(), s.cached(kv).end(), s.cached(0).begin(), s.cached(0).end()))
+        throw Error("policy tova: KV heads hold different tokens; TOVA keeps one set per layer");
     std::vector<std::vector<float>> rows;
     for (int q = 0; q < g.n_q_heads; ++q) rows.push_back(column_sums(s.window_attention(q, 1)));
     HeadScores h;
     h.score = aggregate_group(rows, GqaAgg::Mean);
-    h.protect = protect_ends(s.n_tokens(), 0, 1);  // the current (last) token stays
+    h.protect = protect_ends(cache_size(s, 0), 0, 1);  // the current (last) token stays
     return std::vector<HeadScores>(static_cast<std::size_t>(g.n_kv_heads), h);
   }
   std::unique_ptr<DecodeState> start_decode(const LayerSignals&, const LayerPlan&, const Budget&) const override {

@@ -36,6 +36,8 @@ class ReplaySignals final : public LayerSignals {
       : where_(std::move(where)), g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(keys), values_(values),
         future_(future) {
     for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < c; ++r) observed_.push_back(h.q_index[r]);
+    prefix_.resize(static_cast<std::size_t>(c));
+    for (std::int64_t j = 0; j < c; ++j) prefix_[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
   }
   const KvGeometry& geometry() const override { return g_; }
   int layer() const override { return layer_; }
@@ -44,6 +46,7 @@ class ReplaySignals final : public LayerSignals {
     return {h_.positions.data(), static_cast<std::size_t>(c_)};
   }
   std::span<const std::int8_t> segments() const override { return {h_.segments.data(), static_cast<std::size_t>(c_)}; }
+  std::span<const std::int32_t> cached(int) const override { return prefix_; }
   MatrixView keys(int kv_head) const override { return view(keys_[static_cast<std::size_t>(kv_head)]); }
   MatrixView values(int kv_head) const override { return view(values_[static_cast<std::size_t>(kv_head)]); }
 
@@ -128,6 +131,7 @@ class ReplaySignals final : public LayerSignals {
   const std::vector<Mat>& values_;
   const std::vector<Mat>& future_;
   std::vector<std::int32_t> observed_;
+  std::vector<std::int32_t> prefix_;  // every KV head holds all tokens seen: [0, c)
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, int>, Mat> cache_;
   mutable std::map<const void*, std::shared_ptr<const void>> memo_;

@@ -34,6 +34,7 @@ class FakeSignals : public LayerSignals {
       positions_.push_back(static_cast<std::int32_t>(j));
       segments_.push_back(1);
       observed_rows_.push_back(static_cast<std::int32_t>(j));
+      observed_rows_all_.push_back(static_cast<std::int32_t>(j));
     }
   }
   void set_rope(const RopeSpec& rope) { g_.rope = rope; }
@@ -42,6 +43,7 @@ class FakeSignals : public LayerSignals {
   std::int64_t n_tokens() const override { return n_; }
   std::span<const std::int32_t> positions() const override { return positions_; }
   std::span<const std::int8_t> segments() const override { return segments_; }
+  std::span<const std::int32_t> cached(int) const override { return observed_rows_all_; }
   MatrixView keys(int h) const override { return get(keys_, h, "keys"); }
   MatrixView values(int h) const override { return get(values_, h, "values"); }
   MatrixView window_attention(int q, int window) const override {
@@ -68,6 +70,7 @@ class FakeSignals : public LayerSignals {
   std::vector<std::int32_t> observed_rows_;
 
  private:
+  std::vector<std::int32_t> observed_rows_all_;  // every head caches every token
   static MatrixView get(const std::map<int, Rows>& m, int h, const char* what) {
     const auto it = m.find(h);
     if (it == m.end()) throw std::runtime_error(std::string("fake: no ") + what + " for head " + std::to_string(h));
