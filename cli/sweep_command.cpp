@@ -63,6 +63,9 @@ int sweep_command(const Args& args) {
       "budgets: fractions of the full fp16 KV bytes at the compression point, in (0, 1]")(
       "mode", po::value(&mode)->default_value(mode),
       "query-aware (compress after the question) | query-agnostic (compress the context before it)")(
+      "prefill-chunk", po::value(&spec.prefill_chunk)->default_value(0),
+      "prefill the prompt in chunks of N tokens, compressing to the budget at every boundary where the cache "
+      "exceeds it (0: one compression at the end of the prefill)")(
       "out,o", po::value(&spec.out_csv)->default_value("sweep.csv"), "result CSV")(
       "detail", po::value(&spec.detail_jsonl), "per-layer metrics as JSON lines (optional)")(
       "sweep-file", po::value(&sweep_file), "JSON sweep file: {traces, policies, budgets, mode} (CLI values win)")(

@@ -20,8 +20,9 @@ class PyramidKv : public ScoringPolicy {
 
   // KVCache-Factory's integer arithmetic for cap_l; the window comes on top of it.
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
-    std::int64_t n = 0;
-    for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) n = std::max(n, cache_size(s, kv));
+    // Layer budgets from the tokens seen, the same in every layer (not from a layer's own cache
+    // size, which earlier chunk cuts made differ): their sum then stays within L x budget.
+    const std::int64_t n = s.n_tokens();
     const std::int64_t w = o_.window, L = s.geometry().n_layers, B = budget.tokens;
     const std::int64_t base = B - w;
     Budget layer_budget = budget;

@@ -31,8 +31,11 @@ double percentile95(std::vector<float>& v) {
 
 }  // namespace
 
-Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs)
-    : reader_(reader), mode_(mode), configs_(std::move(configs)) {}
+Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs,
+                   std::int64_t prefill_chunk)
+    : reader_(reader), mode_(mode), configs_(std::move(configs)), prefill_chunk_(prefill_chunk) {
+  if (prefill_chunk < 0) throw Error("--prefill-chunk must be >= 0 (0: no chunking)");
+}
 
 RequestResult Replayer::replay(const std::string& request_id) const {
   const ModelGeometry& mg = reader_.geometry();
@@ -80,6 +83,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     a.kl.assign(static_cast<std::size_t>(L), {});
     a.err.assign(static_cast<std::size_t>(L), {});
     a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
+    a.prefill_size.assign(static_cast<std::size_t>(c), 0.0);
   }
 
   using Clock = std::chrono::steady_clock;
@@ -89,8 +93,15 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   FloatBuffer qbuf(reader_.layer_elements(request_id, Tensor::Q));
   // Per-layer buffers live across layers: same shapes every layer, so no reallocation (large
   // allocations churn mmap/munmap and TLB shootdowns otherwise).
-  std::vector<Mat> keys(static_cast<std::size_t>(Hkv)), values(keys.size()), full_v(keys.size());
-  std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size()), future(attn.size());
+  std::vector<Mat> full_k(static_cast<std::size_t>(Hkv)), full_v(full_k.size());
+  std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size());
+  CacheView prefix;  // every KV head holds [0, c): the single compression point without chunking
+  prefix.tokens.assign(static_cast<std::size_t>(Hkv), std::vector<std::int32_t>(static_cast<std::size_t>(c)));
+  for (auto& t : prefix.tokens)
+    for (std::int64_t j = 0; j < c; ++j) t[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+  prefix.keys.resize(static_cast<std::size_t>(Hkv));
+  prefix.values.resize(static_cast<std::size_t>(Hkv));
+  prefix.future.resize(static_cast<std::size_t>(Hq));
   std::vector<Eigen::VectorXf> tail_mass(attn.size());
   for (int layer = 0; layer < L; ++layer) {
     auto t0 = Clock::now();
@@ -104,8 +115,9 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     for (int kv = 0; kv < Hkv; ++kv) {
       kh.emplace_back(kbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
       vh.emplace_back(vbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-      keys[static_cast<std::size_t>(kv)] = kh.back().topRows(c);
-      values[static_cast<std::size_t>(kv)] = vh.back().topRows(c);
+      prefix.keys[static_cast<std::size_t>(kv)] = kh.back().topRows(c);
+      prefix.values[static_cast<std::size_t>(kv)] = vh.back().topRows(c);
+      full_k[static_cast<std::size_t>(kv)] = kh.back();
       full_v[static_cast<std::size_t>(kv)] = vh.back();
     }
     // Shared by every config: full attention of the evaluation queries, outputs, tail parts.
@@ -120,13 +132,14 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       out[i] = attn[i] * v;
       out_tail[i] = attn[i].rightCols(T - c) * v.bottomRows(T - c);
       tail_mass[i] = attn[i].rightCols(T - c).rowwise().sum();
-      future[i] = attn[i].leftCols(c);
+      prefix.future[i] = attn[i].leftCols(c);
     }
     attention_s += since(t0);
     t0 = Clock::now();
-    const ReplaySignals signals(ctx, g, layer, c, h, qbuf, keys, values, future);
+    const ReplaySignals signals(ctx, g, layer, c, h, qbuf, prefix);
 
-    const LayerWork work{g, layer, c, E, T, eval_limit, signals, attn, out, out_tail, tail_mass, full_v};
+    const LayerWork work{g,        layer, c,        E,   T,    prefill_chunk_, ctx, h, qbuf, full_k, eval_limit,
+                         signals, attn,  out,      out_tail, tail_mass, full_v};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
     std::exception_ptr failure;
     auto guard = [&](auto&& fn) {
@@ -222,8 +235,12 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     // (and decode-time policies evict back to budget); the newest token is always present
     // during its own step, hence the +LH transient for evicting policies.
     r.final_bytes = fixed + (a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt);
-    r.peak_bytes = cd * LH * bpt;
-    r.footprint = LH * bpt * cd * (cd + 1) / 2;
+    r.peak_bytes = 0;
+    r.footprint = 0;
+    for (double k : a.prefill_size) {
+      r.peak_bytes = std::max(r.peak_bytes, k * bpt);
+      r.footprint += k * bpt;
+    }
     double prev = kept;
     for (double k : a.kept_after_step) {
       r.peak_bytes = std::max(r.peak_bytes, std::max(k, prev + LH) * bpt + fixed);

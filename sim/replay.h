@@ -52,7 +52,10 @@ struct RequestResult {
 
 class Replayer {
  public:
-  Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs);
+  // prefill_chunk > 0: the prompt is prefilled in chunks of that many tokens and compressed to
+  // the budget at every chunk boundary where the cache exceeds it, not only at the end.
+  Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs,
+           std::int64_t prefill_chunk = 0);
   RequestResult replay(const std::string& request_id) const;
   const std::vector<ReplayConfig>& configs() const { return configs_; }
 
@@ -60,6 +63,7 @@ class Replayer {
   const TraceReader& reader_;
   ReplayMode mode_;
   std::vector<ReplayConfig> configs_;
+  std::int64_t prefill_chunk_ = 0;
 };
 
 }  // namespace kvsim

@@ -2,6 +2,7 @@
 // Internals of the replay engine (sim/replay_*.cpp only): shared types and the steps of one
 // layer. Eigen stays here, out of sim/replay.h.
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -26,18 +27,28 @@ using FloatBuffer = std::vector<float, Eigen::aligned_allocator<float>>;
 // Row-wise causal softmax in place: row i may see keys [0, limit[i]]; the rest become 0.
 void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit);
 
-// One layer of one request, as policies see it at the compression point c.
+// The cache at one compression point: per KV head the tokens it holds (increasing) and their
+// K/V rows; per query head the evaluation rows' attention restricted to them (the oracle signal).
+struct CacheView {
+  std::vector<std::vector<std::int32_t>> tokens;  // [Hkv]
+  std::vector<Mat> keys, values;                  // [Hkv], one row per cached token
+  std::vector<Mat> future;                        // [Hq], E x cached tokens of its KV head
+};
+
+// Gathers a CacheView for `tokens` from a layer's full K/V ([T, d] per KV head) and the
+// evaluation rows' attention ([E, T] per query head).
+CacheView gather_view(std::vector<std::vector<std::int32_t>> tokens, const std::vector<Mat>& full_k,
+                      const std::vector<Mat>& full_v, const std::vector<Mat>& attn, int group);
+
+// One layer of one request, as policies see it at a compression point after n tokens.
 class ReplaySignals final : public LayerSignals {
  public:
   // `where` names the trace and request in error messages.
-  ReplaySignals(std::string where, const KvGeometry& g, int layer, std::int64_t c, const RequestHeader& h,
-                const FloatBuffer& q, const std::vector<Mat>& keys, const std::vector<Mat>& values,
-                const std::vector<Mat>& future)
-      : where_(std::move(where)), g_(g), layer_(layer), c_(c), h_(h), q_(q), keys_(keys), values_(values),
-        future_(future) {
-    for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < c; ++r) observed_.push_back(h.q_index[r]);
-    prefix_.resize(static_cast<std::size_t>(c));
-    for (std::int64_t j = 0; j < c; ++j) prefix_[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+  ReplaySignals(std::string where, const KvGeometry& g, int layer, std::int64_t n, const RequestHeader& h,
+                const FloatBuffer& q, const CacheView& view)
+      : where_(std::move(where)), g_(g), layer_(layer), c_(n), h_(h), q_(q), keys_(view.keys), values_(view.values),
+        future_(view.future), tokens_(view.tokens) {
+    for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < n; ++r) observed_.push_back(h.q_index[r]);
   }
   const KvGeometry& geometry() const override { return g_; }
   int layer() const override { return layer_; }
@@ -46,7 +57,7 @@ class ReplaySignals final : public LayerSignals {
     return {h_.positions.data(), static_cast<std::size_t>(c_)};
   }
   std::span<const std::int8_t> segments() const override { return {h_.segments.data(), static_cast<std::size_t>(c_)}; }
-  std::span<const std::int32_t> cached(int) const override { return prefix_; }
+  std::span<const std::int32_t> cached(int kv_head) const override { return tokens_[static_cast<std::size_t>(kv_head)]; }
   MatrixView keys(int kv_head) const override { return view(keys_[static_cast<std::size_t>(kv_head)]); }
   MatrixView values(int kv_head) const override { return view(values_[static_cast<std::size_t>(kv_head)]); }
 
@@ -101,9 +112,14 @@ class ReplaySignals final : public LayerSignals {
   Mat compute_attention(int q_head, std::int64_t first, std::int64_t count) const {
     const int Hq = g_.n_q_heads, d = g_.head_dim;
     const StridedMap q(q_.data() + (first * Hq + q_head) * d, count, d, Eigen::OuterStride<>(Hq * d));
-    Mat s = (q * keys_[static_cast<std::size_t>(q_head / g_.group())].transpose()) / std::sqrt(static_cast<float>(d));
+    const auto kv = static_cast<std::size_t>(q_head / g_.group());
+    Mat s = (q * keys_[kv].transpose()) / std::sqrt(static_cast<float>(d));
+    // Row i sees the cached tokens up to its own: the last entry not after it.
+    const auto& tokens = tokens_[kv];
     std::vector<std::int64_t> limit(static_cast<std::size_t>(count));
-    for (std::int64_t i = 0; i < count; ++i) limit[static_cast<std::size_t>(i)] = observed_[static_cast<std::size_t>(first + i)];
+    for (std::int64_t i = 0; i < count; ++i)
+      limit[static_cast<std::size_t>(i)] =
+          (std::upper_bound(tokens.begin(), tokens.end(), observed_[static_cast<std::size_t>(first + i)]) - tokens.begin()) - 1;
     causal_softmax(s, limit);
     return s;
   }
@@ -130,8 +146,8 @@ class ReplaySignals final : public LayerSignals {
   const std::vector<Mat>& keys_;
   const std::vector<Mat>& values_;
   const std::vector<Mat>& future_;
+  const std::vector<std::vector<std::int32_t>>& tokens_;
   std::vector<std::int32_t> observed_;
-  std::vector<std::int32_t> prefix_;  // every KV head holds all tokens seen: [0, c)
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, int>, Mat> cache_;
   mutable std::map<const void*, std::shared_ptr<const void>> memo_;
@@ -145,6 +161,7 @@ struct Accumulator {
   std::int64_t kept = 0;                    // right after compression, over layers and heads
   std::int64_t entries = 0;                 // plan entries of one layer (KV or query heads)
   std::vector<double> kept_after_step;      // [T - c] cache size after each later step
+  std::vector<double> prefill_size;         // [c] cache size at each prefill step (all layers, heads)
   std::uint64_t hash = 1469598103934665603ull;
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
@@ -165,6 +182,11 @@ struct LayerWork {
   const KvGeometry& g;
   int layer;
   std::int64_t c, E, T;
+  std::int64_t prefill_chunk;                     // 0: one compression at c; else also every this many tokens
+  const std::string& where;
+  const RequestHeader& h;
+  const FloatBuffer& q;                           // this layer's recorded queries
+  const std::vector<Mat>& full_k;                 // [Hkv] T x d
   const std::vector<std::int64_t>& eval_tokens;  // [E] token index of each evaluation row
   const ReplaySignals& signals;
   const std::vector<Mat>& attn;       // [Hq] full attention of the evaluation rows, E x T

@@ -9,6 +9,97 @@
 namespace kvsim::replay_detail {
 
 
+namespace {
+
+// Checks a plan against the cache it was made for: entry counts and encodings.
+void check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vector<std::int64_t>& cache_sizes,
+                int n_q_heads, int group) {
+  const int Hkv = static_cast<int>(cache_sizes.size());
+  const bool per_query_head = static_cast<int>(plan.heads.size()) == n_q_heads && n_q_heads != Hkv;
+  if (static_cast<int>(plan.heads.size()) != Hkv && !per_query_head)
+    throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
+                std::to_string(Hkv) + " (one per KV head) or " + std::to_string(n_q_heads) + " (one per query head)");
+  for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+    const HeadPlan& hp = plan.heads[e];
+    const std::int64_t expect = cache_sizes[per_query_head ? e / static_cast<std::size_t>(group) : e];
+    if (static_cast<std::int64_t>(hp.codec.size()) != expect)
+      throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
+                  std::to_string(expect));
+    for (TokenCodec codec : hp.codec)
+      if (!codec_supported(codec))
+        throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
+                    ", which this replay does not reconstruct yet (drop and fp16 only)");
+  }
+}
+
+struct LayerDecision {
+  LayerPlan plan;  // one codec per token of [0, c) per entry; tokens dropped earlier are Drop
+  std::unique_ptr<DecodeState> state;
+};
+
+// The policy's decision for one layer at the compression point c, with the cache size at every
+// prefill step added to `a`. With chunked prefill the policy also cuts the cache at every chunk
+// boundary where it exceeds the budget, and sees only what survived earlier cuts.
+LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads, G = w.g.group();
+  const std::int64_t c = w.c;
+  const Budget budget{budget_tokens, cfg.budget};
+  LayerDecision d;
+  if (w.prefill_chunk <= 0 || w.prefill_chunk >= c) {
+    d.plan = cfg.impl->compress(w.signals, budget);
+    check_plan(cfg, d.plan, std::vector<std::int64_t>(static_cast<std::size_t>(Hkv), c), w.g.n_q_heads, G);
+    d.state = cfg.impl->start_decode(w.signals, d.plan, budget);
+    for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
+    return d;
+  }
+  std::vector<std::vector<std::int32_t>> tokens(static_cast<std::size_t>(Hkv));
+  std::int64_t prev = 0;
+  for (std::int64_t b = w.prefill_chunk;; b += w.prefill_chunk) {
+    b = std::min(b, c);
+    std::vector<std::int64_t> sizes;
+    bool over = false;
+    for (auto& t : tokens) {
+      const auto base = static_cast<std::int64_t>(t.size());
+      for (std::int64_t j = prev; j < b; ++j) {
+        t.push_back(static_cast<std::int32_t>(j));
+        a.prefill_size[static_cast<std::size_t>(j)] += static_cast<double>(base + (j - prev + 1));
+      }
+      sizes.push_back(static_cast<std::int64_t>(t.size()));
+      over |= static_cast<std::int64_t>(t.size()) > budget_tokens;
+    }
+    prev = b;
+    const bool last = b == c;
+    if (!last && !over) continue;
+    const CacheView view = gather_view(tokens, w.full_k, w.full_v, w.attn, G);
+    const ReplaySignals signals(w.where, w.g, w.layer, b, w.h, w.q, view);
+    const LayerPlan plan = cfg.impl->compress(signals, budget);
+    check_plan(cfg, plan, sizes, w.g.n_q_heads, G);
+    if (static_cast<int>(plan.heads.size()) != Hkv)
+      throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with a chunked prefill");
+    if (last) {
+      d.state = cfg.impl->start_decode(signals, plan, budget);
+      for (int kv = 0; kv < Hkv; ++kv) {
+        HeadPlan full;
+        full.codec.assign(static_cast<std::size_t>(c), TokenCodec::Drop);
+        const auto& t = tokens[static_cast<std::size_t>(kv)];
+        for (std::size_t m = 0; m < t.size(); ++m)
+          full.codec[static_cast<std::size_t>(t[m])] = plan.heads[static_cast<std::size_t>(kv)].codec[m];
+        d.plan.heads.push_back(std::move(full));
+      }
+      return d;
+    }
+    for (int kv = 0; kv < Hkv; ++kv) {
+      auto& t = tokens[static_cast<std::size_t>(kv)];
+      std::vector<std::int32_t> kept;
+      for (std::size_t m = 0; m < t.size(); ++m)
+        if (plan.heads[static_cast<std::size_t>(kv)].codec[m] != TokenCodec::Drop) kept.push_back(t[m]);
+      t = std::move(kept);
+    }
+  }
+}
+
+}  // namespace
+
 // Phase A of a layer, for one config: asks the policy for its plan. Decode-time configs are
 // replayed entirely here; uncompressed ones record exact rows; one-shot ones return their
 // keep-sets for the shared phase B.
@@ -35,30 +126,20 @@ static std::optional<OneShot> plan_config_unchecked(std::size_t index, const Rep
   if (!compress) {  // the full cache: exact by definition
     for (int kv = 0; kv < Hkv; ++kv) a.mix(static_cast<std::uint64_t>(c));
     a.kept += c * Hkv;
+    for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
     for (std::int64_t i = 0; i < w.T - c; ++i)
       a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>((c + i + 1) * Hkv);
     for (std::int64_t row = 0; row < w.E * w.g.n_q_heads; ++row) a.add_row(w.layer, 1.0, 0.0);
     return std::nullopt;
   }
-  const int Hq = w.g.n_q_heads, G = w.g.group();
-  LayerPlan plan = cfg.impl->compress(w.signals, Budget{budget_tokens, cfg.budget});
-  const bool per_query_head = static_cast<int>(plan.heads.size()) == Hq && Hq != Hkv;
-  if (static_cast<int>(plan.heads.size()) != Hkv && !per_query_head)
-    throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
-                std::to_string(Hkv) + " (one per KV head) or " + std::to_string(Hq) + " (one per query head)");
-  for (const HeadPlan& hp : plan.heads) {
-    if (static_cast<std::int64_t>(hp.codec.size()) != c)
-      throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
-                  std::to_string(c));
-    for (TokenCodec codec : hp.codec)
-      if (!codec_supported(codec))
-        throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
-                    ", which this replay does not reconstruct yet (drop and fp16 only)");
-  }
-  if (auto state = cfg.impl->start_decode(w.signals, plan, Budget{budget_tokens, cfg.budget})) {
+  const int G = w.g.group();
+  LayerDecision d = decide(cfg, budget_tokens, w, a);
+  const LayerPlan& plan = d.plan;
+  const bool per_query_head = static_cast<int>(plan.heads.size()) != Hkv;
+  if (d.state) {
     if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     a.entries = Hkv;
-    replay_decode(cfg, budget_tokens, w, plan, *state, a);
+    replay_decode(cfg, budget_tokens, w, plan, *d.state, a);
     return std::nullopt;
   }
   a.entries = static_cast<std::int64_t>(plan.heads.size());
