@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "sim/event_queue.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim::replay_detail {
@@ -34,9 +35,13 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
   std::vector<std::vector<std::vector<std::int32_t>>> evicted(static_cast<std::size_t>(E));
   std::vector<std::vector<double>> recall(static_cast<std::size_t>(Hq), std::vector<double>(static_cast<std::size_t>(E)));
   {
+    // On the token-step clock: at each decode step the token joins and its query attends over
+    // the cache (priority 0), then the policy evicts (priority 1).
+    enum Priority { kAttend = 0, kEvict = 1 };
+    EventQueue<std::int64_t> clock;
     std::vector<std::vector<std::int32_t>> cache = initial;
     std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
-    for (std::int64_t i = 0; i < E; ++i) {
+    auto attend = [&](std::int64_t i) {
       const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
       for (auto& ch : cache) ch.push_back(t);
       for (int qh = 0; qh < Hq; ++qh) {
@@ -50,6 +55,9 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
         if (state.needs_attention())
           for (auto& x : wt) x = static_cast<float>(x / m);
       }
+    };
+    auto evict = [&](std::int64_t i) {
+      const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
       auto& ev = evicted[static_cast<std::size_t>(i)];
       ev.assign(static_cast<std::size_t>(Hkv), {});
       state.step(DecodeStep{t, cache, weights, budget_tokens}, ev);
@@ -69,7 +77,13 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
         size += static_cast<std::int64_t>(ch.size());
       }
       a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
+    };
+    for (std::int64_t i = 0; i < E; ++i) {
+      const std::int64_t t = w.eval_tokens[static_cast<std::size_t>(i)];
+      clock.schedule(t, kAttend, [&, i] { attend(i); });
+      clock.schedule(t, kEvict, [&, i] { evict(i); });
     }
+    clock.run();
   }
 
   // Phase 2: outputs, block by block.

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "policies/codec.h"
+#include "sim/event_queue.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim::replay_detail {
@@ -54,22 +55,27 @@ LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const 
   }
   std::vector<std::vector<std::int32_t>> tokens(static_cast<std::size_t>(Hkv));
   std::int64_t prev = 0;
-  for (std::int64_t b = w.prefill_chunk;; b += w.prefill_chunk) {
-    b = std::min(b, c);
-    std::vector<std::int64_t> sizes;
-    bool over = false;
-    for (auto& t : tokens) {
+  // The prefill on the token-step clock: at each chunk boundary b the chunk's tokens join the
+  // cache first, then the policy may cut it (same time, lower priority value first).
+  enum Priority { kJoin = 0, kCut = 1 };
+  EventQueue<std::int64_t> clock;
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(Hkv), 0);
+  auto join = [&](std::int64_t b) {
+    for (int kv = 0; kv < Hkv; ++kv) {
+      auto& t = tokens[static_cast<std::size_t>(kv)];
       const auto base = static_cast<std::int64_t>(t.size());
       for (std::int64_t j = prev; j < b; ++j) {
         t.push_back(static_cast<std::int32_t>(j));
         a.prefill_size[static_cast<std::size_t>(j)] += static_cast<double>(base + (j - prev + 1));
       }
-      sizes.push_back(static_cast<std::int64_t>(t.size()));
-      over |= static_cast<std::int64_t>(t.size()) > budget_tokens;
+      sizes[static_cast<std::size_t>(kv)] = static_cast<std::int64_t>(t.size());
     }
     prev = b;
+  };
+  auto cut = [&](std::int64_t b) {
     const bool last = b == c;
-    if (!last && !over) continue;
+    const bool over = std::any_of(sizes.begin(), sizes.end(), [&](std::int64_t n) { return n > budget_tokens; });
+    if (!last && !over) return;
     const CacheView view = gather_view(tokens, w.full_k, w.full_v, w.attn, G);
     const ReplaySignals signals(w.where, w.g, w.layer, b, w.h, w.q, view);
     const LayerPlan plan = cfg.impl->compress(signals, budget);
@@ -86,7 +92,7 @@ LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const 
           full.codec[static_cast<std::size_t>(t[m])] = plan.heads[static_cast<std::size_t>(kv)].codec[m];
         d.plan.heads.push_back(std::move(full));
       }
-      return d;
+      return;
     }
     for (int kv = 0; kv < Hkv; ++kv) {
       auto& t = tokens[static_cast<std::size_t>(kv)];
@@ -95,7 +101,14 @@ LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const 
         if (plan.heads[static_cast<std::size_t>(kv)].codec[m] != TokenCodec::Drop) kept.push_back(t[m]);
       t = std::move(kept);
     }
+  };
+  for (std::int64_t b = std::min(w.prefill_chunk, c);; b = std::min(b + w.prefill_chunk, c)) {
+    clock.schedule(b, kJoin, [&, b] { join(b); });
+    clock.schedule(b, kCut, [&, b] { cut(b); });
+    if (b == c) break;
   }
+  clock.run();
+  return d;
 }
 
 }  // namespace
