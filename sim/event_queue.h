@@ -3,6 +3,8 @@
 // simulator (time = milliseconds). Events fire in (time, priority, insertion order): ties never
 // depend on pointers or hash order, so a run is reproducible from its seed alone.
 #include <cstdint>
+
+#include "core/rng.h"
 #include <functional>
 #include <queue>
 #include <stdexcept>
@@ -14,6 +16,12 @@ template <typename Time>
 class EventQueue {
  public:
   using Action = std::function<void()>;
+
+  // Every random choice a simulation makes comes from rng(), seeded here (and the seed is
+  // written to every output by the caller), so a run is reproducible from its seed.
+  explicit EventQueue(std::uint64_t seed = 0) : seed_(seed), rng_(seed) {}
+  std::uint64_t seed() const { return seed_; }
+  Rng& rng() { return rng_; }
 
   // Lower priority values fire first among events at the same time.
   void schedule(Time when, int priority, Action action) {
@@ -57,6 +65,8 @@ class EventQueue {
       return a.seq > b.seq;
     }
   };
+  std::uint64_t seed_;
+  Rng rng_;
   std::priority_queue<Entry, std::vector<Entry>, Later> heap_;
   Time now_{};
   std::uint64_t next_seq_ = 0;

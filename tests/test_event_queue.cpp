@@ -35,3 +35,23 @@ TEST_CASE("schedule refuses the past and run_until stops at the horizon", "[des]
   q.step();
   CHECK_THROWS_AS(q.schedule(2.5, 0, [] {}), std::logic_error);
 }
+
+TEST_CASE("the event core's random numbers follow its seed", "[des]") {
+  EventQueue<std::int64_t> a(42), b(42), c(43);
+  std::vector<double> xa, xb, xc;
+  for (int i = 0; i < 5; ++i) {
+    xa.push_back(a.rng().uniform());
+    xb.push_back(b.rng().normal());
+    xc.push_back(c.rng().uniform());
+  }
+  EventQueue<std::int64_t> a2(42);
+  CHECK(a2.rng().uniform() == xa[0]);
+  CHECK(xa != xc);
+  CHECK(a.seed() == 42);
+  for (double x : xa) CHECK((x >= 0.0 && x < 1.0));
+  // Rng streams: the same (seed, stream ids) gives the same numbers, other ids other ones.
+  Rng s1(7, 1, 2), s2(7, 1, 2), s3(7, 1, 3);
+  const auto v1 = s1.below(1000000), v2 = s2.below(1000000), v3 = s3.below(1000000);
+  CHECK(v1 == v2);
+  CHECK(v1 != v3);
+}

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/rope.h"
 #include "traces/trace_writer.h"
 
@@ -30,41 +31,6 @@ namespace {
 // Key amplitude along each planted direction; query coefficients are sized from the target
 // logit so that (c * A) / sqrt(d) equals it.
 constexpr double kKeyAmplitude = 4.0;
-
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// mt19937_64's output sequence is fixed by the standard; the distributions on top are ours so
-// a seed means the same trace with every standard library.
-class Rng {
- public:
-  Rng(std::uint64_t seed, std::uint64_t a, std::uint64_t b = 0, std::uint64_t c = 0, std::uint64_t d = 0)
-      : gen_(splitmix(splitmix(splitmix(splitmix(seed ^ splitmix(a)) ^ b) ^ c) ^ d)) {}
-  double uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }
-  std::uint64_t below(std::uint64_t n) { return gen_() % n; }  // n << 2^64: bias negligible
-  double normal() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    double u1 = uniform();
-    while (u1 <= 0.0) u1 = uniform();
-    const double u2 = uniform();
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    spare_ = r * std::sin(2.0 * M_PI * u2);
-    has_spare_ = true;
-    return r * std::cos(2.0 * M_PI * u2);
-  }
-
- private:
-  std::mt19937_64 gen_;
-  double spare_ = 0.0;
-  bool has_spare_ = false;
-};
 
 enum Stream : std::uint64_t { kRoles = 1, kDirections, kPlan, kKeys, kQueries, kReference };
 
