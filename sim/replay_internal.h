@@ -77,7 +77,15 @@ class ReplaySignals final : public LayerSignals {
     if (observed_.empty())
       throw Error(where_ + ": needs prompt queries before the compression point (token " +
                   std::to_string(c_) + "), but the trace recorded none there");
-    const Mat s = compute_attention(q_head, 0, static_cast<std::int64_t>(observed_.size()));
+    const auto m = static_cast<std::int64_t>(observed_.size());
+    const auto n = static_cast<std::int64_t>(tokens_[static_cast<std::size_t>(q_head / g_.group())].size());
+    // Small enough (a few recorded rows): keep it for the other policies of this layer; all of
+    // a long prompt's rows would be n x n per head, so those are recomputed per call instead.
+    if (m * n <= (std::int64_t{1} << 20)) {
+      const MatrixView v = attention(q_head, 0, m, -2);
+      return OwnedMatrix{std::vector<float>(v.data, v.data + v.rows * v.cols), v.rows, v.cols};
+    }
+    const Mat s = compute_attention(q_head, 0, m);
     return OwnedMatrix{std::vector<float>(s.data(), s.data() + s.size()), s.rows(), s.cols()};
   }
   std::span<const std::int32_t> observed_rows() const override { return observed_; }
