@@ -46,19 +46,25 @@ class AdaKv : public Policy {
     struct Cand {
       float score;
       std::int32_t head, j;
+      std::int32_t token;  // what j holds: heads' caches may differ after earlier cuts
+    };
+    const int Hkv = s.geometry().n_kv_heads;
+    auto token_of = [&](std::size_t h, std::int64_t j) {
+      const int kv = static_cast<int>(H) == Hkv ? static_cast<int>(h) : static_cast<int>(h) / s.geometry().group();
+      return s.cached(kv)[static_cast<std::size_t>(j)];
     };
     std::vector<Cand> cands;
     for (std::size_t h = 0; h < H; ++h)
       for (std::int64_t j = 0; j < static_cast<std::int64_t>(scores[h].score.size()); ++j)
         if (scores[h].protect.empty() || !scores[h].protect[static_cast<std::size_t>(j)])
           cands.push_back({scores[h].score[static_cast<std::size_t>(j)], static_cast<std::int32_t>(h),
-                           static_cast<std::int32_t>(j)});
+                           static_cast<std::int32_t>(j), token_of(h, j)});
     const std::int64_t total = std::accumulate(share.begin(), share.end(), std::int64_t{0});
     const auto take = std::min<std::size_t>(static_cast<std::size_t>(total), cands.size());
     std::nth_element(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(take), cands.end(),
                      [](const Cand& a, const Cand& b) {
                        if (a.score != b.score) return a.score > b.score;
-                       if (a.j != b.j) return a.j > b.j;  // tie: the more recent token
+                       if (a.token != b.token) return a.token > b.token;  // tie: the more recent token
                        return a.head < b.head;
                      });
     std::vector<std::int64_t> won(H, 0);

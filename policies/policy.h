@@ -112,7 +112,8 @@ struct DecodeStep {
 };
 
 // Per-layer state of a policy that keeps evicting while decoding; created at the compression
-// point, then fed every decode step by the engine (offline replay or live).
+// point, then fed every decode step by the engine (offline replay or live). It must copy what
+// it needs from the LayerSignals it starts from: those do not outlive start_decode().
 class DecodeState {
  public:
   virtual ~DecodeState() = default;

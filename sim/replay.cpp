@@ -240,8 +240,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     r.peak_bytes = 0;
     r.footprint = 0;
     for (double k : a.prefill_size) {
-      r.peak_bytes = std::max(r.peak_bytes, k * bpt);
-      r.footprint += k * bpt;
+      r.peak_bytes = std::max(r.peak_bytes, k * bpt + fixed);
+      r.footprint += k * bpt + fixed;
     }
     double prev = kept;
     for (double k : a.kept_after_step) {

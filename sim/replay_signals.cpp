@@ -10,6 +10,10 @@ void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit) {
   for (Eigen::Index i = 0; i < s.rows(); ++i) {
     const Eigen::Index last = std::min<Eigen::Index>(limit[static_cast<std::size_t>(i)], s.cols() - 1);
     auto row = s.row(i);
+    if (last < 0) {  // no cached key at or before this query (a chunk cut dropped them all)
+      row.setZero();
+      continue;
+    }
     const float m = row.head(last + 1).maxCoeff();
     row.head(last + 1) = (row.head(last + 1).array() - m).exp();
     row.head(last + 1) /= row.head(last + 1).sum();
