@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   static const kvsim::cli::Subcommand commands[] = {
       {"trace", "inspect, validate and synthesize kvtrace HDF5 files", kvsim::cli::trace_command},
       {"sweep", "replay traces against many (policy, budget) configs in one pass", kvsim::cli::sweep_command},
+      {"model", "inspect GGUF model files (metadata, tensors, dequantized rows)", kvsim::cli::model_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what kvsim needs (Debian packages, a Python venv) when missing, then builds.
 # Idempotent: a second run only rebuilds what changed. Honoured environment variables:
-#   KVSIM_CACHE   cache folder outside the repo (default ~/.cache/kvsim): Python venv, later model weights
+#   KVSIM_CACHE   cache folder outside the repo (default ~/.cache/kvsim): Python venv, model weights
 #   KVSIM_BUILD   build folder (default build/)
 #   KVSIM_CUDA    AUTO | ON | OFF (default AUTO: the CUDA parts are built when nvcc is found)
 #   KVSIM_JOBS    parallel build jobs (default 2)
@@ -48,14 +48,16 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   mkdir -p "$cache"
   python3 -m venv --clear "$venv"
 fi
-if ! "$venv/bin/python" -c 'import numpy, h5py' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import numpy, h5py, gguf' 2>/dev/null; then
   echo "setup: installing Python packages into $venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 fi
 
+scripts/fetch_model.sh "$venv/bin/python" "$cache"
+
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVSIM_CUDA="${KVSIM_CUDA:-AUTO}" \
-  -DPython3_EXECUTABLE="$venv/bin/python" > "$build/configure.log" 2>&1 || {
+  -DPython3_EXECUTABLE="$venv/bin/python" -DKVSIM_MODEL_DIR="$cache/models" > "$build/configure.log" 2>&1 || {
   cat "$build/configure.log"
   exit 1
 }

@@ -1,0 +1,103 @@
+// `kvsim model {info,dump}`: look inside GGUF model files.
+#include <boost/program_options.hpp>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "capture/gguf.h"
+#include "cli/dispatch.h"
+#include "core/error.h"
+
+namespace po = boost::program_options;
+
+namespace kvsim::cli {
+namespace {
+
+std::string value_text(const GgufValue& v) {
+  if (const auto* i = std::get_if<std::int64_t>(&v.value)) return std::to_string(*i);
+  if (const auto* u = std::get_if<std::uint64_t>(&v.value)) return std::to_string(*u);
+  if (const auto* d = std::get_if<double>(&v.value)) {
+    std::ostringstream os;
+    os << *d;
+    return os.str();
+  }
+  if (const auto* b = std::get_if<bool>(&v.value)) return *b ? "true" : "false";
+  if (const auto* s = std::get_if<std::string>(&v.value)) return s->size() > 60 ? "\"" + s->substr(0, 57) + "...\"" : "\"" + *s + "\"";
+  const auto& a = std::get<std::vector<GgufValue>>(v.value);
+  return "[" + std::to_string(a.size()) + " items]";
+}
+
+int info(const Args& args) {
+  std::string file;
+  po::options_description desc("kvsim model info: GGUF metadata and tensor table");
+  desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
+      "tensors", "list every tensor");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kvsim model info FILE [--tensors]\n\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  const GgufFile f(file);
+  std::cout << file << ": GGUF v" << f.version() << ", " << f.metadata().size() << " metadata entries, "
+            << f.tensors().size() << " tensors, alignment " << f.alignment() << "\n";
+  for (const auto& [k, v] : f.metadata()) std::cout << "  " << std::left << std::setw(44) << k << value_text(v) << "\n";
+  std::map<std::string, int> by_type;
+  for (const auto& t : f.tensors()) ++by_type[ggml_type_info(static_cast<std::uint32_t>(t.type))->name];
+  std::cout << "  tensor types:";
+  for (const auto& [t, n] : by_type) std::cout << " " << t << " x" << n;
+  std::cout << "\n";
+  if (vm.count("tensors"))
+    for (const auto& t : f.tensors()) {
+      std::cout << "  " << std::left << std::setw(28) << t.name << std::setw(6)
+                << ggml_type_info(static_cast<std::uint32_t>(t.type))->name << " [";
+      for (std::size_t i = 0; i < t.ne.size(); ++i) std::cout << (i ? ", " : "") << t.ne[i];
+      std::cout << "]\n";
+    }
+  return 0;
+}
+
+int dump(const Args& args) {
+  std::string file, name;
+  std::int64_t row0 = 0, rows = 1;
+  po::options_description desc("kvsim model dump: rows of a tensor, dequantized to f32, as JSON");
+  desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
+      "tensor", po::value(&name)->required(), "tensor name")("row", po::value(&row0)->default_value(0), "first row")(
+      "rows", po::value(&rows)->default_value(1), "number of rows (-1: all)");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kvsim model dump FILE --tensor NAME [--row R --rows N]\n\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  const GgufFile f(file);
+  const GgufTensor& t = f.tensor(name);
+  if (rows < 0) rows = t.rows() - row0;
+  std::vector<float> out(static_cast<std::size_t>(rows * t.row_size()));
+  f.dequantize_rows(t, row0, rows, out);
+  nlohmann::json j;
+  j["tensor"] = name;
+  j["type"] = ggml_type_info(static_cast<std::uint32_t>(t.type))->name;
+  j["row"] = row0;
+  j["rows"] = rows;
+  j["row_size"] = t.row_size();
+  j["values"] = out;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int model_command(const Args& args) {
+  static const Subcommand subs[] = {{"info", "GGUF metadata and tensor table", info},
+                                    {"dump", "rows of a tensor, dequantized to f32, as JSON", dump}};
+  return dispatch("kvsim model", subs, args);
+}
+
+}  // namespace kvsim::cli
