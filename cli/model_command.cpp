@@ -1,10 +1,13 @@
 // `kvsim model {info,dump}`: look inside GGUF model files.
 #include <boost/program_options.hpp>
+#include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "capture/gguf.h"
+#include "capture/tokenizer.h"
 #include "cli/dispatch.h"
 #include "core/error.h"
 
@@ -92,11 +95,44 @@ int dump(const Args& args) {
   return 0;
 }
 
+int tokenize(const Args& args) {
+  std::string file, text, text_file;
+  po::options_description desc("kvsim model tokenize: token ids of a text (JSON), with the model's own tokenizer");
+  desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
+      "text", po::value(&text), "the text")("text-file", po::value(&text_file), "read the text from a file (UTF-8)")(
+      "no-special", "treat <|...|> control-token text as plain text")(
+      "chat", "wrap the text as a ChatML user turn (with the default system prompt)");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kvsim model tokenize FILE (--text T | --text-file F) [--chat] [--no-special]\n\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  if (!text_file.empty()) {
+    std::ifstream in(text_file, std::ios::binary);
+    if (!in) throw Error(text_file + ": cannot open");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const GgufFile f(file);
+  const Tokenizer tok(f);
+  if (vm.count("chat")) text = Tokenizer::chatml("", text);
+  const auto ids = tok.encode(text, vm.count("no-special") == 0);
+  nlohmann::json j;
+  j["ids"] = ids;
+  j["decoded"] = tok.decode(ids);
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int model_command(const Args& args) {
   static const Subcommand subs[] = {{"info", "GGUF metadata and tensor table", info},
-                                    {"dump", "rows of a tensor, dequantized to f32, as JSON", dump}};
+                                    {"dump", "rows of a tensor, dequantized to f32, as JSON", dump},
+                                    {"tokenize", "token ids of a text with the model's tokenizer", tokenize}};
   return dispatch("kvsim model", subs, args);
 }
 
