@@ -1,5 +1,6 @@
 // `kvsim model {info,dump}`: look inside GGUF model files.
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <iterator>
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/gguf.h"
+#include "capture/llama_model.h"
 #include "capture/tokenizer.h"
 #include "cli/dispatch.h"
 #include "core/error.h"
@@ -127,12 +129,67 @@ int tokenize(const Args& args) {
   return 0;
 }
 
+int generate(const Args& args) {
+  std::string file, text;
+  int max_new = 32;
+  po::options_description desc(
+      "kvsim model generate: greedy generation on the CPU engine (f32), for checking a model by eye;\n"
+      "--logits prints the next-token logits of the prompt as JSON instead");
+  desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
+      "text", po::value(&text)->required(), "prompt")("chat", "wrap the prompt as a ChatML user turn")(
+      "max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")(
+      "logits", "print the prompt's next-token logits (JSON) and exit");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kvsim model generate FILE --text T [--chat] [--max-new N] [--logits]\n\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  const GgufFile f(file);
+  const Tokenizer tok(f);
+  LlamaModel model(f);
+  if (vm.count("chat")) text = Tokenizer::chatml("", text);
+  std::vector<std::int32_t> ids = tok.encode(text);
+  if (tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
+  std::vector<std::int32_t> pos_ids(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) pos_ids[i] = static_cast<std::int32_t>(i);
+  const std::int64_t last = static_cast<std::int64_t>(ids.size()) - 1;
+  std::vector<float> logits = model.forward(ids, pos_ids, std::span<const std::int64_t>(&last, 1));
+  if (vm.count("logits")) {
+    nlohmann::json j;
+    j["ids"] = ids;
+    j["logits"] = logits;
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  std::vector<std::int32_t> out;
+  for (int step = 0; step < max_new; ++step) {
+    const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(next);
+    if (next == tok.eos()) break;
+    const std::int32_t p = static_cast<std::int32_t>(model.cached_tokens());
+    const std::int64_t zero = 0;
+    logits = model.forward(std::span<const std::int32_t>(&next, 1), std::span<const std::int32_t>(&p, 1),
+                           std::span<const std::int64_t>(&zero, 1));
+  }
+  nlohmann::json j;
+  j["prompt_ids"] = ids;
+  j["generated_ids"] = out;
+  j["generated"] = tok.decode(out);
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int model_command(const Args& args) {
   static const Subcommand subs[] = {{"info", "GGUF metadata and tensor table", info},
                                     {"dump", "rows of a tensor, dequantized to f32, as JSON", dump},
-                                    {"tokenize", "token ids of a text with the model's tokenizer", tokenize}};
+                                    {"tokenize", "token ids of a text with the model's tokenizer", tokenize},
+                                    {"generate", "greedy generation on the CPU engine (or the prompt's logits)", generate}};
   return dispatch("kvsim model", subs, args);
 }
 

@@ -1,0 +1,56 @@
+#pragma once
+// A Llama-family transformer (llama: SmolLM2, Llama, Mistral; qwen2 adds Q/K/V biases and NEOX
+// RoPE) evaluated on the CPU in f32: weights dequantized once at load, Eigen GEMMs, a KV cache,
+// and a per-layer hook that sees the post-RoPE Q/K/V the capture driver records.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/rope.h"
+
+namespace kvsim {
+
+class GgufFile;
+
+struct LlamaConfig {
+  std::string arch;  // "llama" | "qwen2"
+  int n_layers = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
+  std::int64_t vocab = 0;
+  double rms_eps = 1e-5;
+  RopeSpec rope;
+  bool tied_embeddings = false;
+  static LlamaConfig from_gguf(const GgufFile& f);  // throws naming a missing or bad key
+};
+
+// What a forward pass exposes per layer, for n new tokens (rows), post-RoPE, row-major:
+// q [n, n_head, head_dim], k and v [n, n_head_kv, head_dim].
+struct LayerActivations {
+  int layer;
+  std::int64_t n;
+  std::span<const float> q, k, v;
+};
+
+class LlamaModel {
+ public:
+  explicit LlamaModel(const GgufFile& f);
+  ~LlamaModel();
+  const LlamaConfig& config() const { return cfg_; }
+
+  // Appends `tokens` at `positions` to the KV cache and returns the logits of the rows listed
+  // in `logit_rows` (indices into tokens), [rows, vocab]. `hook` (optional) sees every layer.
+  std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                             std::span<const std::int64_t> logit_rows,
+                             const std::function<void(const LayerActivations&)>& hook = {});
+  void reset();                           // empties the KV cache
+  std::int64_t cached_tokens() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  LlamaConfig cfg_;
+};
+
+}  // namespace kvsim
