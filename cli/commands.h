@@ -11,5 +11,6 @@ using Args = std::vector<std::string>;
 int trace_command(const Args& args);
 int sweep_command(const Args& args);
 int model_command(const Args& args);
+int capture_command(const Args& args);
 
 }  // namespace kvsim::cli

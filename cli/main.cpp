@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
       {"trace", "inspect, validate and synthesize kvtrace HDF5 files", kvsim::cli::trace_command},
       {"sweep", "replay traces against many (policy, budget) configs in one pass", kvsim::cli::sweep_command},
       {"model", "inspect GGUF model files (metadata, tensors, dequantized rows)", kvsim::cli::model_command},
+      {"capture", "record kvtrace files from a real GGUF model", kvsim::cli::capture_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

@@ -1,0 +1,37 @@
+#pragma once
+// `kvsim capture`: runs a GGUF model over requests and records a kvtrace: post-RoPE K/V of
+// every token and Q of the selected positions for every layer, segments, and the reference
+// next-token distribution (top-k log-probs + logsumexp) for the question and answer tokens.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvsim {
+
+struct CaptureRequest {
+  std::string id, system, context, question, answer, task;
+  std::int64_t line = 0;  // in the JSONL file, for error messages
+};
+
+// Parses JSONL: one object per line with id, context, question (strings), optional system,
+// answer, task; or {"id", "text"} for raw text (all context). Errors name the file and line.
+std::vector<CaptureRequest> read_capture_requests(const std::string& path);
+
+struct CaptureOptions {
+  std::string model_path, out_path;
+  int max_new = 32;            // greedy tokens when a request has no answer
+  int ref_topk = 16;
+  bool all_queries = false;    // false: last `query_window` context tokens + question + answer
+  int query_window = 64;
+  int prefill_chunk = 256;     // tokens per prefill forward pass
+  bool overwrite = false;
+};
+
+struct CaptureSummary {
+  std::int64_t requests = 0, tokens = 0;
+  double seconds = 0;
+};
+
+CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts);
+
+}  // namespace kvsim

@@ -1,0 +1,49 @@
+// `kvsim capture`: record kvtrace files from a real GGUF model.
+#include <boost/program_options.hpp>
+#include <iostream>
+
+#include "capture/capture_driver.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace po = boost::program_options;
+
+namespace kvsim::cli {
+
+int capture_command(const Args& args) {
+  CaptureOptions o;
+  std::string requests, queries = "eval";
+  po::options_description desc(
+      "kvsim capture: run a GGUF model (CPU, f32) over JSONL requests and write a kvtrace file with\n"
+      "post-RoPE K/V/Q per layer, segments and the reference next-token distribution");
+  desc.add_options()("help,h", "show this help")("model,m", po::value(&o.model_path)->required(), "GGUF model file")(
+      "requests,r", po::value(&requests)->required(),
+      "JSONL: {id, context, question, system?, answer?, task?} or {id, text} per line")(
+      "out,o", po::value(&o.out_path)->required(), "output trace (.h5)")(
+      "max-new", po::value(&o.max_new)->default_value(o.max_new), "greedy tokens when a request has no answer")(
+      "ref-topk", po::value(&o.ref_topk)->default_value(o.ref_topk), "width of the reference top-k")(
+      "queries", po::value(&queries)->default_value(queries),
+      "all | eval (queries of the last --query-window context tokens, the question and the answer)")(
+      "query-window", po::value(&o.query_window)->default_value(o.query_window), "see --queries eval")(
+      "prefill-chunk", po::value(&o.prefill_chunk)->default_value(o.prefill_chunk), "tokens per prefill pass")(
+      "force", "replace an existing output file");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]\n\n" << desc;
+    return 0;
+  }
+  po::notify(vm);
+  if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
+  if (o.prefill_chunk < 1 || o.ref_topk < 1 || o.query_window < 0 || o.max_new < 0)
+    throw Error("--prefill-chunk and --ref-topk must be >= 1, --query-window and --max-new >= 0");
+  o.all_queries = queries == "all";
+  o.overwrite = vm.count("force") > 0;
+  const auto reqs = read_capture_requests(requests);
+  const CaptureSummary s = run_capture(reqs, o);
+  std::cout << o.out_path << ": captured " << s.requests << " requests, " << s.tokens << " tokens in " << s.seconds
+            << " s (" << static_cast<double>(s.tokens) / s.seconds << " tokens/s)\n";
+  return 0;
+}
+
+}  // namespace kvsim::cli
