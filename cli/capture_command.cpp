@@ -4,6 +4,7 @@
 
 #include "capture/capture_driver.h"
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 
 namespace po = boost::program_options;
@@ -28,12 +29,7 @@ int capture_command(const Args& args) {
       "prefill-chunk", po::value(&o.prefill_chunk)->default_value(o.prefill_chunk), "tokens per prefill pass")(
       "force", "replace an existing output file");
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]\n\n" << desc;
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]")) return 0;
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
   if (o.prefill_chunk < 1 || o.ref_topk < 1 || o.query_window < 0 || o.max_new < 0)
     throw Error("--prefill-chunk and --ref-topk must be >= 1, --query-window and --max-new >= 0");

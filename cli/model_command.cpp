@@ -11,6 +11,7 @@
 #include "capture/llama_model.h"
 #include "capture/tokenizer.h"
 #include "cli/dispatch.h"
+#include "cli/options.h"
 #include "core/error.h"
 
 namespace po = boost::program_options;
@@ -40,12 +41,7 @@ int info(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: kvsim model info FILE [--tensors]\n\n" << desc;
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(args, desc, pos, vm, "kvsim model info FILE [--tensors]")) return 0;
   const GgufFile f(file);
   std::cout << file << ": GGUF v" << f.version() << ", " << f.metadata().size() << " metadata entries, "
             << f.tensors().size() << " tensors, alignment " << f.alignment() << "\n";
@@ -75,12 +71,7 @@ int dump(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: kvsim model dump FILE --tensor NAME [--row R --rows N]\n\n" << desc;
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(args, desc, pos, vm, "kvsim model dump FILE --tensor NAME [--row R --rows N]")) return 0;
   const GgufFile f(file);
   const GgufTensor& t = f.tensor(name);
   if (rows < 0) rows = t.rows() - row0;
@@ -107,12 +98,7 @@ int tokenize(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: kvsim model tokenize FILE (--text T | --text-file F) [--chat] [--no-special]\n\n" << desc;
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(args, desc, pos, vm, "kvsim model tokenize FILE (--text T | --text-file F) [--chat] [--no-special]")) return 0;
   if (!text_file.empty()) {
     std::ifstream in(text_file, std::ios::binary);
     if (!in) throw Error(text_file + ": cannot open");
@@ -142,12 +128,7 @@ int generate(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: kvsim model generate FILE --text T [--chat] [--max-new N] [--logits]\n\n" << desc;
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(args, desc, pos, vm, "kvsim model generate FILE --text T [--chat] [--max-new N] [--logits]")) return 0;
   const GgufFile f(file);
   const Tokenizer tok(f);
   LlamaModel model(f);

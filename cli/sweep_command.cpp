@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "policies/registry.h"
 #include "sim/sweep.h"
@@ -75,12 +76,7 @@ int sweep_command(const Args& args) {
   po::positional_options_description pos;
   pos.add("trace", -1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]\n\n" << desc;
-    return 0;
-  }
-  po::notify(vm);
+  if (!parse_options(args, desc, pos, vm, "kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]")) return 0;
   if (vm.count("list-policies")) {
     list_policies(std::cout);
     return 0;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/dispatch.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/isolated_call.h"
 #include "traces/synth_trace.h"
@@ -19,18 +20,6 @@ namespace po = boost::program_options;
 
 namespace kvsim::cli {
 namespace {
-
-// Parses `args` against `desc` (+ positionals); prints help and returns false on --help.
-bool parse(const Args& args, const po::options_description& desc, const po::positional_options_description& pos,
-           po::variables_map& vm, const std::string& usage_line) {
-  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-  if (vm.count("help")) {
-    std::cout << "usage: " << usage_line << "\n\n" << desc;
-    return false;
-  }
-  po::notify(vm);
-  return true;
-}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -127,7 +116,7 @@ int info(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  if (!parse(args, desc, pos, vm, "kvsim trace info FILE [--json]")) return 0;
+  if (!parse_options(args, desc, pos, vm, "kvsim trace info FILE [--json]")) return 0;
   const nlohmann::json j = nlohmann::json::parse(read_isolated(vm["file"].as<std::string>(), [](const TraceReader& r) {
     return info_json(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }));
@@ -144,7 +133,7 @@ int check(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  if (!parse(args, desc, pos, vm, "kvsim trace check FILE")) return 0;
+  if (!parse_options(args, desc, pos, vm, "kvsim trace check FILE")) return 0;
   const std::string file = vm["file"].as<std::string>();
   const TraceCheckReport report = check_trace_isolated(file);
   for (const auto& e : report.errors) std::cerr << "error: " << e << "\n";
@@ -195,7 +184,7 @@ int synth(const Args& args) {
       "deflate", po::value(&deflate)->default_value(deflate), "shuffle+deflate level 0-9 (0 = uncompressed)");
   po::positional_options_description pos;
   po::variables_map vm;
-  if (!parse(args, desc, pos, vm, "kvsim trace synth --out FILE [options]")) return 0;
+  if (!parse_options(args, desc, pos, vm, "kvsim trace synth --out FILE [options]")) return 0;
   if (queries != "all" && queries != "eval")
     throw Error("--queries is '" + queries + "', expected 'all' or 'eval'");
   cfg.all_queries = queries == "all";
@@ -240,7 +229,7 @@ int dump(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  if (!parse(args, desc, pos, vm, "kvsim trace dump FILE --request ID --tensor k|v|q --layer L")) return 0;
+  if (!parse_options(args, desc, pos, vm, "kvsim trace dump FILE --request ID --tensor k|v|q --layer L")) return 0;
   Tensor t;
   if (tensor == "k")
     t = Tensor::K;

@@ -1,0 +1,26 @@
+#pragma once
+// Command-line parsing shared by every subcommand: parse, print help on --help, then check
+// required options (so --help works without them).
+#include <boost/program_options.hpp>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.h"
+
+namespace kvsim::cli {
+
+// False when --help was asked for (the help is printed); throws po::error on bad options.
+inline bool parse_options(const Args& args, const boost::program_options::options_description& desc,
+                          const boost::program_options::positional_options_description& pos,
+                          boost::program_options::variables_map& vm, const std::string& usage_line) {
+  namespace po = boost::program_options;
+  po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << "usage: " << usage_line << "\n\n" << desc;
+    return false;
+  }
+  po::notify(vm);
+  return true;
+}
+
+}  // namespace kvsim::cli
