@@ -61,6 +61,12 @@ std::vector<CaptureRequest> read_capture_requests(const std::string& path) {
     r.system = text("system", false);
     r.answer = text("answer", false);
     r.task = text("task", false);
+    if (j.contains("expected")) {
+      const auto& e = j["expected"];
+      if (!e.is_array() || !std::all_of(e.begin(), e.end(), [](const auto& x) { return x.is_string(); }))
+        throw FormatError(where + ": field 'expected' must be an array of strings");
+      r.expected = e.dump();
+    }
     out.push_back(std::move(r));
   }
   if (out.empty()) throw FormatError(path + ": no requests (expected one JSON object per line)");
@@ -284,7 +290,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       RequestHeader h;
       h.id = r.id;
       h.task = r.task;
-      h.answer = r.answer;
+      h.answer = r.answer.empty() ? r.expected : r.answer;
       h.tokens = tokens;
       h.positions.resize(static_cast<std::size_t>(T));
       std::iota(h.positions.begin(), h.positions.end(), 0);

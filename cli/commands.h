@@ -12,5 +12,6 @@ int trace_command(const Args& args);
 int sweep_command(const Args& args);
 int model_command(const Args& args);
 int capture_command(const Args& args);
+int tasks_command(const Args& args);
 
 }  // namespace kvsim::cli

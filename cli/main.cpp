@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
       {"sweep", "replay traces against many (policy, budget) configs in one pass", kvsim::cli::sweep_command},
       {"model", "inspect GGUF model files (metadata, tensors, dequantized rows)", kvsim::cli::model_command},
       {"capture", "record kvtrace files from a real GGUF model", kvsim::cli::capture_command},
+      {"tasks", "generate capture requests (needle tasks, text windows)", kvsim::cli::tasks_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

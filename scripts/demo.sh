@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The demo: set up and build, synthesize a SmolLM2-shaped trace (needle tasks), validate it, then
-# sweep policies x budgets over it in both modes and print the ranked tables.
-# Later issues extend this to the whole pipeline (capture -> sweep -> verify -> report).
+# The demo: set up (build, Python reference packages, SmolLM2 weights), generate needle tasks,
+# capture a real SmolLM2 trace of them on the CPU, validate it, then sweep policies x budgets
+# over it in both modes and print the ranked tables. (verify comes with a later issue.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 build="${KVSIM_BUILD:-build}"
+model="${KVSIM_CACHE:-$HOME/.cache/kvsim}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 mkdir -p out
-"$build/kvsim" trace synth --out out/demo.h5 --force --requests 4 --context 2048 --queries eval --seed 1
+"$build/kvsim" tasks needle --out out/demo-tasks.jsonl --count 4 --tokens 1024 --force
+"$build/kvsim" capture --model "$model" --requests out/demo-tasks.jsonl --out out/demo.h5 --force \
+  --queries eval --query-window 64 --max-new 24
 "$build/kvsim" trace check out/demo.h5
 policies="full,random,streamingllm,snapkv,pyramidkv,adakv,h2o:queries=recorded,tova,keydiff,expected_attention:queries=recorded,oracle_future"
 for mode in query-aware query-agnostic; do
