@@ -192,7 +192,32 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         }
       };
       add("<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n", Segment::System);
+      const auto context_start = static_cast<std::int64_t>(tokens.size());
       add(r.context, Segment::Context);
+      // The needle: the sentence of the context holding the first expected answer, as a token
+      // span (byte-level BPE decodes token by token back to the exact bytes).
+      std::int64_t needle_start = -1, needle_end = -1;
+      if (!r.expected.empty()) {
+        const auto expected = nlohmann::json::parse(r.expected);
+        const std::size_t at = expected.empty() ? std::string::npos : r.context.find(expected[0].get<std::string>());
+        if (at != std::string::npos) {
+          const std::size_t dot = r.context.rfind(". ", at);
+          const std::size_t begin = dot == std::string::npos ? 0 : dot + 2;
+          const std::size_t end_dot = r.context.find('.', at);
+          const std::size_t end = end_dot == std::string::npos ? r.context.size() : end_dot + 1;
+          std::size_t bytes = 0;
+          for (std::int64_t t = context_start; t < static_cast<std::int64_t>(tokens.size()); ++t) {
+            const std::size_t next = bytes + tok.decode({tokens[static_cast<std::size_t>(t)]}).size();
+            if (needle_start < 0 && next > begin) needle_start = t;
+            if (next >= end) {
+              needle_end = t + 1;
+              break;
+            }
+            bytes = next;
+          }
+          if (needle_start < 0 || needle_end <= needle_start) needle_start = needle_end = -1;
+        }
+      }
       const auto question_start = static_cast<std::int64_t>(tokens.size());
       add((r.question.empty() ? "" : "\n\n" + r.question) + "<|im_end|>\n<|im_start|>assistant\n", Segment::Question);
       const auto n_prompt = static_cast<std::int64_t>(tokens.size());
@@ -299,6 +324,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       h.n_prompt = n_prompt;
       h.n_generated = generated;
       h.question_start = question_start;
+      h.needle_start = needle_start;
+      h.needle_end = needle_end;
       h.ref_rows = ref.rows;
       h.ref_topk = ref.rows > 0 ? ref.topk : 0;
       if (ref.rows == 0) ref.topk = 0;
