@@ -2,9 +2,6 @@
 // with its achieved GFLOP/s next to an Eigen GEMM's measured in the same run (target prefill >=
 // 0.5 of GEMM), capture time against plain generation of the same requests (target <= 1.3x), and
 // the peak RSS of capturing a 4K-token request (in a child process).
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <Eigen/Dense>
 #include <chrono>
@@ -19,26 +16,13 @@
 #include "capture/llama_model.h"
 #include "capture/task_gen.h"
 #include "capture/tokenizer.h"
+#include "bench_util.h"
 
 using namespace kvsim;
-using Clock = std::chrono::steady_clock;
+using namespace kvsim::bench;
 
 namespace {
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double eigen_gemm_gflops() {
-  const int n = 1024;
-  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n);
-  Eigen::MatrixXf c(n, n);
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = Clock::now();
-    c.noalias() = a * b;
-    best = std::min(best, since(t0));
-  }
-  return 2.0 * n * n * n / best / 1e9 + 0 * c(0, 0);
-}
 
 // Multiply-adds per token of the weight matrices (the GEMM work of a forward pass).
 double weight_macs(const LlamaConfig& c) {
@@ -53,24 +37,6 @@ std::vector<CaptureRequest> requests(int tokens, int count) {
   return make_needle_tasks(spec);
 }
 
-long child_peak_rss(const char* self, const std::string& model, const std::string& dir) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    close(fds[0]);
-    execl(self, "bench_capture", "--rss-child", model.c_str(), dir.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(fds[1]);
-  char buf[64] = {};
-  const ssize_t n = read(fds[0], buf, sizeof buf - 1);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return n > 0 ? std::atol(buf) : -1;
-}
 
 int rss_child(const std::string& model, const std::string& dir) {
   CaptureOptions o;
@@ -79,10 +45,8 @@ int rss_child(const std::string& model, const std::string& dir) {
   o.overwrite = true;
   o.max_new = 16;
   run_capture(requests(4096, 1), o);
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  std::printf("%ld\n", ru.ru_maxrss * 1024L);
   std::filesystem::remove(o.out_path);
+  bench::print_own_peak_rss();
   return 0;
 }
 
@@ -110,29 +74,19 @@ int main(int argc, char** argv) {
   // Prefill: a ~1K-token prompt in 256-token chunks; decode: 64 greedy steps.
   const auto req = requests(1000, 1).front();
   std::vector<std::int32_t> ids = tok.encode(Tokenizer::chatml("", req.context + "\n\n" + req.question));
-  std::vector<std::int32_t> pos(ids.size());
-  std::iota(pos.begin(), pos.end(), 0);
   double t_prefill = 1e30;
   std::vector<float> logits;
   for (int rep = 0; rep < 2; ++rep) {
     m.reset();
     const auto t0 = Clock::now();
-    for (std::size_t s = 0; s < ids.size(); s += 256) {
-      const std::size_t e = std::min(ids.size(), s + 256);
-      std::vector<std::int64_t> rows;
-      if (e == ids.size()) rows.push_back(static_cast<std::int64_t>(e - s - 1));
-      logits = m.forward(std::span(ids).subspan(s, e - s), std::span(pos).subspan(s, e - s), rows);
-    }
+    logits = m.prefill(ids);
     t_prefill = std::min(t_prefill, since(t0));
   }
   const auto t0 = Clock::now();
   const int steps = 64;
   for (int i = 0; i < steps; ++i) {
     const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    const auto p = static_cast<std::int32_t>(m.cached_tokens());
-    const std::int64_t zero = 0;
-    logits = m.forward(std::span<const std::int32_t>(&next, 1), std::span<const std::int32_t>(&p, 1),
-                       std::span<const std::int64_t>(&zero, 1));
+    logits = m.step(next);
   }
   const double t_decode = since(t0);
   const double gemm = eigen_gemm_gflops();
@@ -160,23 +114,11 @@ int main(int argc, char** argv) {
     for (const auto& r : reqs) {
       plain.reset();
       std::vector<std::int32_t> p = tok.encode(Tokenizer::chatml("", r.context + "\n\n" + r.question));
-      std::vector<std::int32_t> pp(p.size());
-      std::iota(pp.begin(), pp.end(), 0);
-      const std::int64_t last = static_cast<std::int64_t>(p.size()) - 1;
-      std::vector<float> lg;
-      for (std::size_t s = 0; s < p.size(); s += 256) {
-        const std::size_t e = std::min(p.size(), s + 256);
-        std::vector<std::int64_t> rows;
-        if (e == p.size()) rows.push_back(last - static_cast<std::int64_t>(s));
-        lg = plain.forward(std::span(p).subspan(s, e - s), std::span(pp).subspan(s, e - s), rows);
-      }
+      std::vector<float> lg = plain.prefill(p);
       for (int i = 0; i < o.max_new; ++i) {
         const auto next = static_cast<std::int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
         if (next == tok.eos()) break;
-        const auto q = static_cast<std::int32_t>(plain.cached_tokens());
-        const std::int64_t zero = 0;
-        lg = plain.forward(std::span<const std::int32_t>(&next, 1), std::span<const std::int32_t>(&q, 1),
-                           std::span<const std::int64_t>(&zero, 1));
+        lg = plain.step(next);
       }
     }
   }
@@ -186,7 +128,7 @@ int main(int argc, char** argv) {
               t_capture / t_plain, t_capture, t_plain, t_capture / t_plain <= 1.3 ? "OK" : "ABOVE TARGET");
   std::filesystem::remove(o.out_path);
 
-  const long rss = child_peak_rss("/proc/self/exe", model, dir);
+  const long rss = bench::child_peak_rss({"--rss-child", model, dir});
   std::printf("peak RSS, capture of a 4K-token request: %.1f MB (f32 weights %.1f MB)\n", static_cast<double>(rss) / 1e6,
               (weight_macs(c) + static_cast<double>(c.vocab) * c.n_embd) * 4 / 1e6);
   return 0;

@@ -17,28 +17,11 @@
 #include "sim/replay.h"
 #include "traces/synth_trace.h"
 #include "traces/trace_writer.h"
+#include "bench_util.h"
 
 using namespace kvsim;
-using Clock = std::chrono::steady_clock;
+using namespace kvsim::bench;
 
-namespace {
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double eigen_gemm_gflops() {
-  const int n = 1024;
-  const Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n);
-  Eigen::MatrixXf c(n, n);
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = Clock::now();
-    c.noalias() = a * b;
-    best = std::min(best, since(t0));
-  }
-  return 2.0 * n * n * n / best / 1e9 + 0 * c(0, 0);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string dir = "out/bench";
@@ -95,7 +78,7 @@ int main(int argc, char** argv) {
   }
   const double t_sweep = since(t0);
   rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
+  getrusage(RUSAGE_SELF, &ru);  // the sweep is the largest thing this process has done so far
   const double rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
 
   // The same configs, one replay each.

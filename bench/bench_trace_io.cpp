@@ -1,9 +1,6 @@
 // Trace I/O benchmark: kvtrace write and hot read throughput against a raw fwrite/fread of the
 // same bytes measured in the same run, the peak RSS of streaming a whole trace, and the f16->f32
 // conversion rate against memcpy. Prints ratios; absolute times only for context.
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,13 +14,13 @@
 #include "core/half.h"
 #include "traces/trace_reader.h"
 #include "traces/trace_writer.h"
+#include "bench_util.h"
 
 using namespace kvsim;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Shape {
   ModelGeometry g = smollm2_135m_geometry();
@@ -64,7 +61,7 @@ double write_trace(const Shape& s, const std::string& path, const std::vector<st
     w.commit_request();
   }
   w.close();
-  return seconds_since(t0);
+  return bench::since(t0);
 }
 
 double write_raw(const Shape& s, const std::string& path, const std::vector<std::uint16_t>& data) {
@@ -73,7 +70,7 @@ double write_raw(const Shape& s, const std::string& path, const std::vector<std:
   for (int r = 0; r < s.requests; ++r)
     for (int l = 0; l < s.g.n_layers; ++l) std::fwrite(data.data(), 1, s.layer_bytes(), f);
   std::fclose(f);
-  return seconds_since(t0);
+  return bench::since(t0);
 }
 
 double read_raw(const Shape& s, const std::string& path, std::vector<std::uint16_t>& buf) {
@@ -84,7 +81,7 @@ double read_raw(const Shape& s, const std::string& path, std::vector<std::uint16
     for (int l = 0; l < s.g.n_layers; ++l) got += std::fread(buf.data(), 1, s.layer_bytes(), f);
   std::fclose(f);
   if (got != s.total_bytes()) std::fprintf(stderr, "short raw read\n");
-  return seconds_since(t0);
+  return bench::since(t0);
 }
 
 // Streams every (request, layer, tensor) the way replay does; `convert` adds f16 -> f32.
@@ -107,36 +104,16 @@ double read_trace(const std::string& path, bool convert) {
       }
     }
   }
-  return seconds_since(t0);
+  return bench::since(t0);
 }
 
 // Child mode: stream the trace with f32 conversion and print the peak RSS in bytes.
 int rss_child(const std::string& path) {
   read_trace(path, true);
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  std::printf("%ld\n", ru.ru_maxrss * 1024L);
+  bench::print_own_peak_rss();
   return 0;
 }
 
-long measure_child_rss(const char* self, const std::string& path) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    close(fds[0]);
-    execl(self, "bench_trace_io", "--rss-child", path.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(fds[1]);
-  char buf[64] = {};
-  const ssize_t n = read(fds[0], buf, sizeof buf - 1);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return n > 0 ? std::atol(buf) : -1;
-}
 
 void line(const char* what, double bytes, double t_ours, double t_raw, const char* raw_name, double target) {
   const double gb = bytes / 1e9;
@@ -219,16 +196,16 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = Clock::now();
     halves_to_floats(data.data(), out.data(), data.size());
-    t_conv = std::min(t_conv, seconds_since(t0));
+    t_conv = std::min(t_conv, bench::since(t0));
     t0 = Clock::now();
     std::memcpy(out2.data(), src.data(), src.size() * sizeof(float));
-    t_copy = std::min(t_copy, seconds_since(t0));
+    t_copy = std::min(t_copy, bench::since(t0));
   }
   std::printf("%-28s %6.2f Gelem/s | memcpy f32   %6.2f Gelem/s | ratio %.2f (F16C: %s)\n", "f16 -> f32 convert",
               static_cast<double>(data.size()) / t_conv / 1e9, static_cast<double>(data.size()) / t_copy / 1e9,
               t_copy / t_conv, half_simd_available() ? "yes" : "no");
 
-  const long rss = measure_child_rss("/proc/self/exe", trace);
+  const long rss = bench::child_peak_rss({"--rss-child", trace});
   const double layer_f32 = static_cast<double>(s.layer_bytes()) * 2;  // K+V+Q of one request-layer in f32
   const double budget = 2 * layer_f32 + 64e6;
   std::printf("%-28s %.1f MB for a %.2f GB trace | budget 2 layers (%.1f MB) + 64 MB = %.1f MB | %s\n",

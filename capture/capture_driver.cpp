@@ -301,10 +301,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         tokens.push_back(next);
         segments.push_back(static_cast<std::int8_t>(Segment::Generated));
         ++generated;
-        const auto p = static_cast<std::int32_t>(tokens.size() - 1);
-        const std::int64_t zero = 0;
-        last_logits = model.forward(std::span<const std::int32_t>(&next, 1), std::span<const std::int32_t>(&p, 1),
-                                    std::span<const std::int64_t>(&zero, 1), hook);
+        const auto p = static_cast<std::int64_t>(tokens.size() - 1);
+        last_logits = model.step(next, hook);
         record_ref(p, last_logits.data());
         processed = p + 1;
         if (r.answer.empty() && next == tok.eos()) break;

@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -28,6 +29,14 @@ void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& sc, std::uint8_t& 
     sc = static_cast<std::uint8_t>((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
     mn = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// Q4_K / Q5_K: the scale (d * sc) and offset (dmin * m) of 32-element sub-block j, as gguf-py
+// computes them (each a single f32 product).
+std::pair<float, float> sub_block_scale(int j, const std::uint8_t* scales, float d, float dmin) {
+  std::uint8_t sc, mn;
+  scale_min_k4(j, scales, sc, mn);
+  return {d * static_cast<float>(sc), dmin * static_cast<float>(mn)};
 }
 
 void q4_0(const std::uint8_t* b, float* y) {
@@ -84,11 +93,8 @@ void q4_k(const std::uint8_t* b, float* y) {
   const std::uint8_t* scales = b + 4;
   const std::uint8_t* qs = b + 16;
   for (int c = 0; c < 4; ++c) {
-    std::uint8_t sc0, m0, sc1, m1;
-    scale_min_k4(2 * c, scales, sc0, m0);
-    scale_min_k4(2 * c + 1, scales, sc1, m1);
-    const float d0 = d * static_cast<float>(sc0), dm0 = dmin * static_cast<float>(m0);
-    const float d1 = d * static_cast<float>(sc1), dm1 = dmin * static_cast<float>(m1);
+    const auto [d0, dm0] = sub_block_scale(2 * c, scales, d, dmin);
+    const auto [d1, dm1] = sub_block_scale(2 * c + 1, scales, d, dmin);
     for (int l = 0; l < 32; ++l) {
       y[64 * c + l] = d0 * static_cast<float>(qs[32 * c + l] & 0x0F) - dm0;
       y[64 * c + 32 + l] = d1 * static_cast<float>(qs[32 * c + l] >> 4) - dm1;
@@ -102,11 +108,8 @@ void q5_k(const std::uint8_t* b, float* y) {
   const std::uint8_t* qh = b + 16;
   const std::uint8_t* qs = b + 48;
   for (int c = 0; c < 4; ++c) {
-    std::uint8_t sc0, m0, sc1, m1;
-    scale_min_k4(2 * c, scales, sc0, m0);
-    scale_min_k4(2 * c + 1, scales, sc1, m1);
-    const float d0 = d * static_cast<float>(sc0), dm0 = dmin * static_cast<float>(m0);
-    const float d1 = d * static_cast<float>(sc1), dm1 = dmin * static_cast<float>(m1);
+    const auto [d0, dm0] = sub_block_scale(2 * c, scales, d, dmin);
+    const auto [d1, dm1] = sub_block_scale(2 * c + 1, scales, d, dmin);
     for (int l = 0; l < 32; ++l) {
       const int lo = (qs[32 * c + l] & 0x0F) | (((qh[l] >> (2 * c)) & 1) << 4);
       const int hi = (qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);

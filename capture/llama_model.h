@@ -44,6 +44,12 @@ class LlamaModel {
   std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                              std::span<const std::int64_t> logit_rows,
                              const std::function<void(const LayerActivations&)>& hook = {});
+  // Convenience over forward() for sequential use: `tokens` continue the cached sequence at the
+  // next positions, in chunks of `chunk`; returns the last token's logits [vocab].
+  std::vector<float> prefill(std::span<const std::int32_t> tokens, std::int64_t chunk = 256,
+                             const std::function<void(const LayerActivations&)>& hook = {});
+  // One decode step: `token` at the next position; returns its logits [vocab].
+  std::vector<float> step(std::int32_t token, const std::function<void(const LayerActivations&)>& hook = {});
   void reset();                           // empties the KV cache
   std::int64_t cached_tokens() const;
 

@@ -135,10 +135,7 @@ int generate(const Args& args) {
   if (vm.count("chat")) text = Tokenizer::chatml("", text);
   std::vector<std::int32_t> ids = tok.encode(text);
   if (tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
-  std::vector<std::int32_t> pos_ids(ids.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) pos_ids[i] = static_cast<std::int32_t>(i);
-  const std::int64_t last = static_cast<std::int64_t>(ids.size()) - 1;
-  std::vector<float> logits = model.forward(ids, pos_ids, std::span<const std::int64_t>(&last, 1));
+  std::vector<float> logits = model.prefill(ids);
   if (vm.count("logits")) {
     nlohmann::json j;
     j["ids"] = ids;
@@ -151,10 +148,7 @@ int generate(const Args& args) {
     const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
     if (next == tok.eos()) break;
-    const std::int32_t p = static_cast<std::int32_t>(model.cached_tokens());
-    const std::int64_t zero = 0;
-    logits = model.forward(std::span<const std::int32_t>(&next, 1), std::span<const std::int32_t>(&p, 1),
-                           std::span<const std::int64_t>(&zero, 1));
+    logits = model.step(next);
   }
   nlohmann::json j;
   j["prompt_ids"] = ids;

@@ -88,13 +88,24 @@ TEST_CASE("a writer killed from outside at an arbitrary moment leaves a readable
   cfg.context_tokens = 400;
   const int delay_ms = GENERATE(150, 400, 700);
   const std::string path = test::scratch_file("shot" + std::to_string(delay_ms) + ".h5");
+  // The delay counts from the moment the file exists: on a loaded machine the child may take
+  // longer than the delay just to start, and a kill before the file is created tests nothing.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    ::close(ready[0]);
     TraceWriter w(path, cfg.geometry, synth_capture_info(cfg), TraceWriterOptions{true, 0});
+    const char byte = 1;
+    if (::write(ready[1], &byte, 1) != 1) ::_exit(4);
     write_synth_trace(cfg, w);
     ::_exit(0);
   }
+  ::close(ready[1]);
+  char byte = 0;
+  REQUIRE(::read(ready[0], &byte, 1) == 1);
+  ::close(ready[0]);
   std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   ::kill(pid, SIGKILL);
   int status = 0;
