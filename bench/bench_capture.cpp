@@ -16,6 +16,7 @@
 #include "capture/llama_model.h"
 #include "capture/task_gen.h"
 #include "capture/tokenizer.h"
+#include "traces/trace_reader.h"
 #include "bench_util.h"
 
 using namespace kvsim;
@@ -38,14 +39,15 @@ std::vector<CaptureRequest> requests(int tokens, int count) {
 }
 
 
-int rss_child(const std::string& model, const std::string& dir) {
+int rss_child(const std::string& model, const std::string& dir, const std::string& weights, int tokens) {
   CaptureOptions o;
   o.model_path = model;
   o.out_path = dir + "/bench_rss.h5";
   o.overwrite = true;
   o.max_new = 16;
-  run_capture(requests(4096, 1), o);
-  std::filesystem::remove(o.out_path);
+  o.all_queries = true;
+  o.weights = parse_weight_format(weights);
+  run_capture(requests(tokens, 1), o);  // the parent reads the token count from the trace
   bench::print_own_peak_rss();
   return 0;
 }
@@ -53,7 +55,7 @@ int rss_child(const std::string& model, const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], argv[3]);
+  if (argc == 6 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], argv[3], argv[4], std::atoi(argv[5]));
   std::string model = std::string(getenv("HOME") ? getenv("HOME") : ".") + "/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string dir = "out/bench";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -68,35 +70,38 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   const GgufFile gguf(model);
   const Tokenizer tok(gguf);
-  LlamaModel m(gguf);
-  const LlamaConfig& c = m.config();
+  const LlamaConfig c = LlamaConfig::from_gguf(gguf);
 
-  // Prefill: a ~1K-token prompt in 256-token chunks; decode: 64 greedy steps.
+  // Prefill: a ~1K-token prompt in 256-token chunks; decode: 64 greedy steps; once with the
+  // weights dequantized to f32 at load, once kept in their GGUF blocks.
   const auto req = requests(1000, 1).front();
   std::vector<std::int32_t> ids = tok.encode(Tokenizer::chatml("", req.context + "\n\n" + req.question));
-  double t_prefill = 1e30;
-  std::vector<float> logits;
-  for (int rep = 0; rep < 2; ++rep) {
-    m.reset();
-    const auto t0 = Clock::now();
-    logits = m.prefill(ids);
-    t_prefill = std::min(t_prefill, since(t0));
-  }
-  const auto t0 = Clock::now();
-  const int steps = 64;
-  for (int i = 0; i < steps; ++i) {
-    const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    logits = m.step(next);
-  }
-  const double t_decode = since(t0);
   const double gemm = eigen_gemm_gflops();
   const double n = static_cast<double>(ids.size());
-  const double prefill_gflops = 2.0 * weight_macs(c) * n / t_prefill / 1e9;
-  std::printf("SmolLM2-135M CPU engine (f32 weights), %zu-token prompt\n", ids.size());
-  std::printf("prefill          %8.1f tokens/s | %6.1f GFLOP/s (weight GEMMs) | Eigen GEMM 1024^3 %6.1f GFLOP/s | "
-              "ratio %.2f (target >= 0.5) %s\n",
-              n / t_prefill, prefill_gflops, gemm, prefill_gflops / gemm, prefill_gflops / gemm >= 0.5 ? "OK" : "BELOW TARGET");
-  std::printf("decode           %8.1f tokens/s (%d steps after the prompt)\n", steps / t_decode, steps);
+  std::printf("SmolLM2-135M CPU engine, %zu-token prompt; Eigen GEMM 1024^3 %.1f GFLOP/s\n", ids.size(), gemm);
+  for (const WeightFormat fmt : {WeightFormat::F32, WeightFormat::Quantized}) {
+    LlamaModel m(gguf, fmt);
+    double t_prefill = 1e30;
+    std::vector<float> logits;
+    for (int rep = 0; rep < 2; ++rep) {
+      m.reset();
+      const auto t0 = Clock::now();
+      logits = m.prefill(ids);
+      t_prefill = std::min(t_prefill, since(t0));
+    }
+    const auto t0 = Clock::now();
+    const int steps = 64;
+    for (int i = 0; i < steps; ++i) {
+      const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      logits = m.step(next);
+    }
+    const double t_decode = since(t0);
+    const double prefill_gflops = 2.0 * weight_macs(c) * n / t_prefill / 1e9;
+    std::printf("weights %-5s prefill %7.1f tokens/s | %6.1f GFLOP/s (weight GEMMs) | ratio to GEMM %.2f (target >= 0.5) %s | "
+                "decode %6.1f tokens/s (%d steps)\n",
+                weight_format_name(fmt), n / t_prefill, prefill_gflops, prefill_gflops / gemm,
+                prefill_gflops / gemm >= 0.5 ? "OK" : "BELOW TARGET", steps / t_decode, steps);
+  }
 
   // Capture against plain generation of the same requests (same prompts, same greedy length).
   const auto reqs = requests(1000, 3);
@@ -128,8 +133,35 @@ int main(int argc, char** argv) {
               t_capture / t_plain, t_capture, t_plain, t_capture / t_plain <= 1.3 ? "OK" : "ABOVE TARGET");
   std::filesystem::remove(o.out_path);
 
-  const long rss = bench::child_peak_rss({"--rss-child", model, dir});
-  std::printf("peak RSS, capture of a 4K-token request: %.1f MB (f32 weights %.1f MB)\n", static_cast<double>(rss) / 1e6,
-              (weight_macs(c) + static_cast<double>(c.vocab) * c.n_embd) * 4 / 1e6);
+  // Peak RSS of capturing a 4K-token request against a 256-token one, all queries kept. Without
+  // whole-request buffering the difference is the KV cache's growth, three layers of f16 trace
+  // buffers in flight (one being written, one queued, one being converted), the prefill's
+  // attention scores (chunk x tokens per thread) and 16 MB of allocator slack; buffering the
+  // request would add every layer's K/V/Q on top (printed for scale).
+  const double kv_row = static_cast<double>(c.n_head_kv) * c.head_dim, q_row = static_cast<double>(c.n_head) * c.head_dim;
+  auto measure = [&](WeightFormat fmt, int tokens, double& T) {
+    const long rss = bench::child_peak_rss({"--rss-child", model, dir, weight_format_name(fmt), std::to_string(tokens)});
+    const std::string trace = dir + "/bench_rss.h5";
+    {
+      const TraceReader reader(trace);
+      T = static_cast<double>(reader.header(reader.request_ids().front()).tokens.size());
+    }
+    std::filesystem::remove(trace);
+    return static_cast<double>(rss);
+  };
+  for (const WeightFormat fmt : {WeightFormat::Quantized, WeightFormat::F32}) {
+    double t_small = 0, t_big = 0;
+    const double small = measure(fmt, 256, t_small), big = measure(fmt, 4096, t_big);
+    const double kv = 2.0 * c.n_layers * (t_big - t_small) * kv_row * 4;
+    const double layer_buffers = 3.0 * t_big * (2 * kv_row + q_row) * 2;
+    const double scores = 2.0 * o.prefill_chunk * t_big * 4;
+    const double allowed = kv + layer_buffers + scores + 16e6;
+    const double whole_request = c.n_layers * t_big * (2 * kv_row + q_row) * 2;
+    std::printf("peak RSS, weights %-5s: %.0f tokens %7.1f MB, %.0f tokens %7.1f MB | growth %6.1f MB, allowed %6.1f MB "
+                "(KV %.0f + 3 trace layers %.0f + scores %.0f + 16) %s | whole-request buffers would add %.0f MB\n",
+                weight_format_name(fmt), t_small, small / 1e6, t_big, big / 1e6, (big - small) / 1e6, allowed / 1e6, kv / 1e6,
+                layer_buffers / 1e6, scores / 1e6, small > 0 && big > 0 && big - small <= allowed ? "OK" : "OVER",
+                whole_request / 1e6);
+  }
   return 0;
 }

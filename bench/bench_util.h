@@ -1,7 +1,6 @@
 #pragma once
 // Helpers shared by the benchmarks: wall-clock timing, a reference GEMM rate measured in the same
 // run, and peak RSS measured in a fresh child process (so the parent's memory does not count).
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,11 +32,18 @@ inline double eigen_gemm_gflops() {
   return 2.0 * n * n * n / best / 1e9 + 0 * c(0, 0);
 }
 
-// The calling process's peak RSS in bytes, printed on stdout: what a child run ends with.
+// The calling process's peak RSS in bytes, printed on stdout: what a child run ends with. VmHWM
+// belongs to the address space exec created; getrusage's ru_maxrss would also count the
+// parent's RSS at fork time, which Linux carries across exec.
 inline void print_own_peak_rss() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  std::printf("%ld\n", ru.ru_maxrss * 1024L);
+  long kb = -1;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+    std::fclose(f);
+  }
+  std::printf("%ld\n", kb * 1024L);
 }
 
 // Re-runs this benchmark binary with `args` (its child mode must end with print_own_peak_rss)

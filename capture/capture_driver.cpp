@@ -13,9 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
+#include <unistd.h>
 
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
+#include "capture/query_spill.h"
 #include "capture/tokenizer.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -144,13 +146,93 @@ std::string utc_now() {
   return buf;
 }
 
+// The request as the model sees it: ChatML turns, each part tokenized on its own so every token
+// knows its segment.
+struct Prompt {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int8_t> segments;
+  std::int64_t question_start = 0, needle_start = -1, needle_end = -1;
+};
+
+Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r) {
+  Prompt p;
+  const std::string sys = r.system.empty() ? "You are a helpful AI assistant named SmolLM, trained by Hugging Face" : r.system;
+  auto add = [&](const std::string& text, Segment s) {
+    for (auto id : tok.encode(text)) {
+      p.tokens.push_back(id);
+      p.segments.push_back(static_cast<std::int8_t>(s));
+    }
+  };
+  add("<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n", Segment::System);
+  const auto context_start = static_cast<std::int64_t>(p.tokens.size());
+  add(r.context, Segment::Context);
+  // The needle: the sentence of the context holding the first expected answer, as a token span
+  // (byte-level BPE decodes token by token back to the exact bytes).
+  if (!r.expected.empty()) {
+    const auto expected = nlohmann::json::parse(r.expected);
+    const std::size_t at = expected.empty() ? std::string::npos : r.context.find(expected[0].get<std::string>());
+    if (at != std::string::npos) {
+      const std::size_t dot = r.context.rfind(". ", at);
+      const std::size_t begin = dot == std::string::npos ? 0 : dot + 2;
+      const std::size_t end_dot = r.context.find('.', at);
+      const std::size_t end = end_dot == std::string::npos ? r.context.size() : end_dot + 1;
+      std::size_t bytes = 0;
+      for (std::int64_t t = context_start; t < static_cast<std::int64_t>(p.tokens.size()); ++t) {
+        const std::size_t next = bytes + tok.decode({p.tokens[static_cast<std::size_t>(t)]}).size();
+        if (p.needle_start < 0 && next > begin) p.needle_start = t;
+        if (next >= end) {
+          p.needle_end = t + 1;
+          break;
+        }
+        bytes = next;
+      }
+      if (p.needle_start < 0 || p.needle_end <= p.needle_start) p.needle_start = p.needle_end = -1;
+    }
+  }
+  p.question_start = static_cast<std::int64_t>(p.tokens.size());
+  add((r.question.empty() ? "" : "\n\n" + r.question) + "<|im_end|>\n<|im_start|>assistant\n", Segment::Question);
+  return p;
+}
+
+// Top-k log-probs and logsumexp of one position's next-token logits.
+void record_reference(ReferenceDistribution& ref, std::int64_t index, const float* logits, std::int64_t vocab) {
+  const auto V = static_cast<std::size_t>(vocab);
+  const float mx = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (std::size_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const double lse = mx + std::log(sum);
+  std::vector<std::int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  const auto k = std::min<std::size_t>(static_cast<std::size_t>(ref.topk), V);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](std::int32_t a, std::int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
+  ref.index.push_back(static_cast<std::int32_t>(index));
+  ref.lse.push_back(static_cast<float>(lse));
+  for (std::size_t j = 0; j < k; ++j) {
+    ref.topk_ids.push_back(order[j]);
+    ref.topk_logp.push_back(static_cast<float>(logits[order[j]] - lse));
+  }
+  ++ref.rows;
+}
+
+// The directory the trace goes to must exist and be writable before minutes of compute.
+void check_output_path(const std::string& out, bool overwrite) {
+  namespace fs = std::filesystem;
+  if (!overwrite && fs::exists(out)) throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  if (fs::is_directory(out)) throw Error(out + ": is a directory, expected a trace file path");
+  const fs::path dir = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
+  if (!fs::is_directory(dir)) throw Error(out + ": output directory '" + dir.string() + "' does not exist");
+  if (access(dir.c_str(), W_OK) != 0) throw Error(out + ": output directory '" + dir.string() + "' is not writable");
+}
+
 }  // namespace
 
 CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
+  check_output_path(opts.out_path, opts.overwrite);
   const GgufFile gguf(opts.model_path);
   const Tokenizer tok(gguf);
-  LlamaModel model(gguf);
+  LlamaModel model(gguf, opts.weights);
   const LlamaConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);
 
@@ -168,109 +250,39 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   nlohmann::json cfg = {{"tool", "kvsim capture"},        {"model", opts.model_path},
                         {"max_new", opts.max_new},        {"ref_topk", opts.ref_topk},
                         {"queries", opts.all_queries ? "all" : "eval"},
-                        {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk}};
+                        {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk},
+                        {"weights", weight_format_name(opts.weights)}};
   CaptureInfo info{"kvsim 0.1.0", "cpu", utc_now(), 0, cfg.dump()};
-  if (!opts.overwrite && std::filesystem::exists(opts.out_path))
-    throw Error(opts.out_path + ": file exists; refusing to overwrite it (pass --force to replace)");
   const std::string tmp = opts.out_path + ".partial";
   CaptureSummary summary;
   {
     TraceWriter writer(tmp, g, info, TraceWriterOptions{true, 0});
+    QuerySpill spill(tmp, c.n_layers, static_cast<std::int64_t>(c.n_head) * c.head_dim);
     WriterThread io;
     for (const CaptureRequest& r : requests) {
       const std::string where = "request '" + r.id + "' (line " + std::to_string(r.line) + ")";
-      // Segments: each part tokenized on its own so its tokens are known; the model sees their
-      // concatenation.
-      const std::string sys = r.system.empty() ? "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                                               : r.system;
-      std::vector<std::int32_t> tokens;
-      std::vector<std::int8_t> segments;
-      auto add = [&](const std::string& text, Segment s) {
-        for (auto id : tok.encode(text)) {
-          tokens.push_back(id);
-          segments.push_back(static_cast<std::int8_t>(s));
-        }
-      };
-      add("<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n", Segment::System);
-      const auto context_start = static_cast<std::int64_t>(tokens.size());
-      add(r.context, Segment::Context);
-      // The needle: the sentence of the context holding the first expected answer, as a token
-      // span (byte-level BPE decodes token by token back to the exact bytes).
-      std::int64_t needle_start = -1, needle_end = -1;
-      if (!r.expected.empty()) {
-        const auto expected = nlohmann::json::parse(r.expected);
-        const std::size_t at = expected.empty() ? std::string::npos : r.context.find(expected[0].get<std::string>());
-        if (at != std::string::npos) {
-          const std::size_t dot = r.context.rfind(". ", at);
-          const std::size_t begin = dot == std::string::npos ? 0 : dot + 2;
-          const std::size_t end_dot = r.context.find('.', at);
-          const std::size_t end = end_dot == std::string::npos ? r.context.size() : end_dot + 1;
-          std::size_t bytes = 0;
-          for (std::int64_t t = context_start; t < static_cast<std::int64_t>(tokens.size()); ++t) {
-            const std::size_t next = bytes + tok.decode({tokens[static_cast<std::size_t>(t)]}).size();
-            if (needle_start < 0 && next > begin) needle_start = t;
-            if (next >= end) {
-              needle_end = t + 1;
-              break;
-            }
-            bytes = next;
-          }
-          if (needle_start < 0 || needle_end <= needle_start) needle_start = needle_end = -1;
-        }
-      }
-      const auto question_start = static_cast<std::int64_t>(tokens.size());
-      add((r.question.empty() ? "" : "\n\n" + r.question) + "<|im_end|>\n<|im_start|>assistant\n", Segment::Question);
-      const auto n_prompt = static_cast<std::int64_t>(tokens.size());
-      std::vector<std::int32_t> answer = r.answer.empty() ? std::vector<std::int32_t>{} : tok.encode(r.answer);
+      Prompt p = build_prompt(tok, r);
+      const auto n_prompt = static_cast<std::int64_t>(p.tokens.size());
+      const std::vector<std::int32_t> answer = r.answer.empty() ? std::vector<std::int32_t>{} : tok.encode(r.answer);
       const std::int64_t planned = n_prompt + (r.answer.empty() ? opts.max_new : static_cast<std::int64_t>(answer.size()));
       if (planned > ctx_len)
         throw Error(where + ": prompt + answer is " + std::to_string(planned) + " tokens, over the model's context of " +
                     std::to_string(ctx_len));
 
-      // Per-layer f16 buffers: K/V of every token, Q of the kept rows.
+      // K/V come from the engine's cache once the request is done; the kept queries go to the
+      // spill file as they are produced.
       model.reset();
-      const std::size_t q_row = static_cast<std::size_t>(c.n_head) * c.head_dim;
-      std::vector<std::vector<std::uint16_t>> K(static_cast<std::size_t>(c.n_layers)), V(K.size()), Q(K.size());
-      std::vector<std::int32_t> q_index;
-      const std::int64_t first_q = opts.all_queries ? 0 : std::max<std::int64_t>(0, question_start - opts.query_window);
+      model.reserve(planned);
+      spill.clear();
+      const std::int64_t first_q = opts.all_queries ? 0 : std::max<std::int64_t>(0, p.question_start - opts.query_window);
       std::int64_t processed = 0;
+      const std::int64_t q_row = static_cast<std::int64_t>(c.n_head) * c.head_dim;
       auto hook = [&](const LayerActivations& a) {
-        auto& k = K[static_cast<std::size_t>(a.layer)];
-        auto& v = V[static_cast<std::size_t>(a.layer)];
-        auto& q = Q[static_cast<std::size_t>(a.layer)];
-        const std::size_t k0 = k.size();
-        k.resize(k0 + a.k.size());
-        v.resize(k0 + a.v.size());
-        floats_to_halves(a.k.data(), k.data() + k0, a.k.size());
-        floats_to_halves(a.v.data(), v.data() + k0, a.v.size());
-        for (std::int64_t i = 0; i < a.n; ++i) {
-          if (processed + i < first_q) continue;
-          const std::size_t q0 = q.size();
-          q.resize(q0 + q_row);
-          floats_to_halves(a.q.data() + static_cast<std::size_t>(i) * q_row, q.data() + q0, q_row);
-        }
+        const std::int64_t skip = std::clamp<std::int64_t>(first_q - processed, 0, a.n);
+        spill.append(a.layer, a.q.data() + skip * q_row, a.n - skip);
       };
       ReferenceDistribution ref;
       ref.topk = opts.ref_topk;
-      auto record_ref = [&](std::int64_t index, const float* logits) {
-        const auto V_ = static_cast<std::size_t>(c.vocab);
-        const float mx = *std::max_element(logits, logits + V_);
-        double sum = 0;
-        for (std::size_t i = 0; i < V_; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
-        const double lse = mx + std::log(sum);
-        std::vector<std::int32_t> order(V_);
-        std::iota(order.begin(), order.end(), 0);
-        const auto k = std::min<std::size_t>(static_cast<std::size_t>(opts.ref_topk), V_);
-        std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                          [&](std::int32_t a, std::int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
-        ref.index.push_back(static_cast<std::int32_t>(index));
-        ref.lse.push_back(static_cast<float>(lse));
-        for (std::size_t j = 0; j < k; ++j) {
-          ref.topk_ids.push_back(order[j]);
-          ref.topk_logp.push_back(static_cast<float>(logits[order[j]] - lse));
-        }
-        ++ref.rows;
-      };
       // Prefill in chunks; the reference rows of the question come from the prefill logits.
       std::vector<float> last_logits;
       for (std::int64_t s = 0; s < n_prompt; s += opts.prefill_chunk) {
@@ -278,13 +290,12 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         std::vector<std::int32_t> pos(static_cast<std::size_t>(e - s));
         std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(s));
         std::vector<std::int64_t> rows;
-        for (std::int64_t i = std::max(s, question_start); i < e; ++i) rows.push_back(i - s);
-        const auto logits = model.forward(std::span(tokens).subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(e - s)),
+        for (std::int64_t i = std::max(s, p.question_start); i < e; ++i) rows.push_back(i - s);
+        const auto logits = model.forward(std::span(p.tokens).subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(e - s)),
                                           pos, rows, hook);
         for (std::size_t r2 = 0; r2 < rows.size(); ++r2)
-          record_ref(s + rows[r2], logits.data() + r2 * static_cast<std::size_t>(c.vocab));
-        if (e == n_prompt && !rows.empty())
-          last_logits.assign(logits.end() - c.vocab, logits.end());
+          record_reference(ref, s + rows[r2], logits.data() + r2 * static_cast<std::size_t>(c.vocab), c.vocab);
+        if (e == n_prompt && !rows.empty()) last_logits.assign(logits.end() - c.vocab, logits.end());
         processed = e;
       }
       // Answer: teacher-forced on the given answer, else greedy until EOS or max_new.
@@ -298,41 +309,50 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
           if (step >= opts.max_new) break;
           next = static_cast<std::int32_t>(std::max_element(last_logits.begin(), last_logits.end()) - last_logits.begin());
         }
-        tokens.push_back(next);
-        segments.push_back(static_cast<std::int8_t>(Segment::Generated));
+        p.tokens.push_back(next);
+        p.segments.push_back(static_cast<std::int8_t>(Segment::Generated));
         ++generated;
-        const auto p = static_cast<std::int64_t>(tokens.size() - 1);
+        const auto at = static_cast<std::int64_t>(p.tokens.size() - 1);
         last_logits = model.step(next, hook);
-        record_ref(p, last_logits.data());
-        processed = p + 1;
+        record_reference(ref, at, last_logits.data(), c.vocab);
+        processed = at + 1;
         if (r.answer.empty() && next == tok.eos()) break;
       }
-      const auto T = static_cast<std::int64_t>(tokens.size());
-      for (std::int64_t i = first_q; i < T; ++i) q_index.push_back(static_cast<std::int32_t>(i));
+      const auto T = static_cast<std::int64_t>(p.tokens.size());
 
       RequestHeader h;
       h.id = r.id;
       h.task = r.task;
       h.answer = r.answer.empty() ? r.expected : r.answer;
-      h.tokens = tokens;
       h.positions.resize(static_cast<std::size_t>(T));
       std::iota(h.positions.begin(), h.positions.end(), 0);
-      h.segments = segments;
-      h.q_index = q_index;
+      for (std::int64_t i = first_q; i < T; ++i) h.q_index.push_back(static_cast<std::int32_t>(i));
+      h.tokens = std::move(p.tokens);
+      h.segments = std::move(p.segments);
       h.n_prompt = n_prompt;
       h.n_generated = generated;
-      h.question_start = question_start;
-      h.needle_start = needle_start;
-      h.needle_end = needle_end;
+      h.question_start = p.question_start;
+      h.needle_start = p.needle_start;
+      h.needle_end = p.needle_end;
       h.ref_rows = ref.rows;
       h.ref_topk = ref.rows > 0 ? ref.topk : 0;
       if (ref.rows == 0) ref.topk = 0;
       summary.tokens += T;
       ++summary.requests;
-      io.submit([&writer, h = std::move(h), K = std::move(K), V = std::move(V), Q = std::move(Q),
-                 ref = std::move(ref)]() {
-        writer.begin_request(h);
-        for (std::size_t l = 0; l < K.size(); ++l) writer.write_layer(static_cast<int>(l), K[l], V[l], Q[l]);
+      // One job per layer, so at most a few layers of f16 buffers exist at a time; the engine's
+      // cache is converted before submit, so the next request may reuse it while this one is
+      // still being written.
+      io.submit([&writer, h = std::move(h)] { writer.begin_request(h); });
+      for (int l = 0; l < c.n_layers; ++l) {
+        const auto k32 = model.cached_keys(l), v32 = model.cached_values(l);
+        std::vector<std::uint16_t> K(k32.size()), V(v32.size());
+        floats_to_halves(k32.data(), K.data(), K.size());
+        floats_to_halves(v32.data(), V.data(), V.size());
+        io.submit([&writer, l, K = std::move(K), V = std::move(V), Q = spill.read_layer(l)] {
+          writer.write_layer(l, K, V, Q);
+        });
+      }
+      io.submit([&writer, ref = std::move(ref)] {
         writer.write_reference(ref);
         writer.commit_request();
       });

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "capture/weight_matrix.h"
+
 namespace kvsim {
 
 struct CaptureRequest {
@@ -27,6 +29,7 @@ struct CaptureOptions {
   int query_window = 64;
   int prefill_chunk = 256;     // tokens per prefill forward pass
   bool overwrite = false;
+  WeightFormat weights = WeightFormat::Quantized;
 };
 
 struct CaptureSummary {

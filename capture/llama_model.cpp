@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "capture/gguf.h"
+#include "capture/weight_matrix.h"
 #include "core/error.h"
 
 namespace kvsim {
@@ -39,27 +40,43 @@ LlamaConfig LlamaConfig::from_gguf(const GgufFile& f) {
 
 namespace {
 
-Mat load(const GgufFile& f, const std::string& name, std::int64_t rows, std::int64_t cols) {
+Vec load_vec(const GgufFile& f, const std::string& name, std::int64_t n) {
   const GgufTensor& t = f.tensor(name);
-  if (t.row_size() != cols || t.rows() != rows)
+  if (t.row_size() != n || t.rows() != 1)
     throw FormatError(f.path() + ": tensor '" + name + "' has shape [" + std::to_string(t.row_size()) + ", " +
-                      std::to_string(t.rows()) + "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
-  Mat m(rows, cols);
-  f.dequantize_rows(t, 0, rows, std::span<float>(m.data(), static_cast<std::size_t>(m.size())));
-  return m;
+                      std::to_string(t.rows()) + "], expected [" + std::to_string(n) + "]");
+  Vec v(n);
+  f.dequantize_rows(t, 0, 1, std::span<float>(v.data(), static_cast<std::size_t>(n)));
+  return v;
 }
 
-Vec load_vec(const GgufFile& f, const std::string& name, std::int64_t n) {
-  const Mat m = load(f, name, 1, n);
-  return m.row(0).transpose();
-}
+// Grows geometrically unless reserve() sized it: a decode step appends one row per layer, and a
+// resize per step would copy the whole cache every step.
+struct KvRows {
+  std::vector<float> data;
+  std::int64_t width = 0, rows = 0;
+  void append(const float* src, std::int64_t n) {
+    data.insert(data.end(), src, src + n * width);
+    rows += n;
+  }
+  void clear() {
+    data.clear();
+    rows = 0;
+  }
+  Eigen::Map<const Mat> view() const { return {data.data(), rows, width}; }
+};
 
 struct Layer {
   Vec attn_norm, ffn_norm, bq, bk, bv;
-  Mat wq, wk, wv, wo, wgate, wup, wdown;
-  Mat k_cache, v_cache;  // [cached tokens, n_head_kv * head_dim]
-  std::vector<std::int32_t> positions;
+  WeightMatrix wq, wk, wv, wo, wgate, wup, wdown;
+  KvRows k_cache, v_cache;  // [cached tokens, n_head_kv * head_dim]
 };
+
+Mat matmul(const Mat& x, const WeightMatrix& w) {
+  Mat y(x.rows(), w.rows());
+  w.multiply(x.data(), x.rows(), y.data());
+  return y;
+}
 
 // x / sqrt(mean(x^2) + eps) * w, row by row.
 Mat rms_norm(const Mat& x, const Vec& w, double eps) {
@@ -75,37 +92,38 @@ Mat rms_norm(const Mat& x, const Vec& w, double eps) {
 }  // namespace
 
 struct LlamaModel::Impl {
-  Mat embd, output;  // [vocab, n_embd]
+  WeightMatrix embd, output;  // [vocab, n_embd]
   Vec output_norm;
   std::vector<Layer> layers;
 };
 
-LlamaModel::LlamaModel(const GgufFile& f) : impl_(std::make_unique<Impl>()), cfg_(LlamaConfig::from_gguf(f)) {
+LlamaModel::LlamaModel(const GgufFile& f, WeightFormat weights)
+    : impl_(std::make_unique<Impl>()), cfg_(LlamaConfig::from_gguf(f)), weights_(weights) {
   const LlamaConfig& c = cfg_;
   const std::int64_t q_dim = static_cast<std::int64_t>(c.n_head) * c.head_dim;
   const std::int64_t kv_dim = static_cast<std::int64_t>(c.n_head_kv) * c.head_dim;
-  impl_->embd = load(f, "token_embd.weight", c.vocab, c.n_embd);
+  impl_->embd = WeightMatrix(f, "token_embd.weight", c.vocab, c.n_embd, weights);
   impl_->output_norm = load_vec(f, "output_norm.weight", c.n_embd);
-  if (!c.tied_embeddings) impl_->output = load(f, "output.weight", c.vocab, c.n_embd);
+  if (!c.tied_embeddings) impl_->output = WeightMatrix(f, "output.weight", c.vocab, c.n_embd, weights);
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     Layer L;
     L.attn_norm = load_vec(f, b + "attn_norm.weight", c.n_embd);
     L.ffn_norm = load_vec(f, b + "ffn_norm.weight", c.n_embd);
-    L.wq = load(f, b + "attn_q.weight", q_dim, c.n_embd);
-    L.wk = load(f, b + "attn_k.weight", kv_dim, c.n_embd);
-    L.wv = load(f, b + "attn_v.weight", kv_dim, c.n_embd);
-    L.wo = load(f, b + "attn_output.weight", c.n_embd, q_dim);
-    L.wgate = load(f, b + "ffn_gate.weight", c.n_ff, c.n_embd);
-    L.wup = load(f, b + "ffn_up.weight", c.n_ff, c.n_embd);
-    L.wdown = load(f, b + "ffn_down.weight", c.n_embd, c.n_ff);
+    L.wq = WeightMatrix(f, b + "attn_q.weight", q_dim, c.n_embd, weights);
+    L.wk = WeightMatrix(f, b + "attn_k.weight", kv_dim, c.n_embd, weights);
+    L.wv = WeightMatrix(f, b + "attn_v.weight", kv_dim, c.n_embd, weights);
+    L.wo = WeightMatrix(f, b + "attn_output.weight", c.n_embd, q_dim, weights);
+    L.wgate = WeightMatrix(f, b + "ffn_gate.weight", c.n_ff, c.n_embd, weights);
+    L.wup = WeightMatrix(f, b + "ffn_up.weight", c.n_ff, c.n_embd, weights);
+    L.wdown = WeightMatrix(f, b + "ffn_down.weight", c.n_embd, c.n_ff, weights);
     if (f.find(b + "attn_q.bias")) {
       L.bq = load_vec(f, b + "attn_q.bias", q_dim);
       L.bk = load_vec(f, b + "attn_k.bias", kv_dim);
       L.bv = load_vec(f, b + "attn_v.bias", kv_dim);
     }
-    L.k_cache.resize(0, kv_dim);
-    L.v_cache.resize(0, kv_dim);
+    L.k_cache.width = kv_dim;
+    L.v_cache.width = kv_dim;
     impl_->layers.push_back(std::move(L));
   }
 }
@@ -114,10 +132,33 @@ LlamaModel::~LlamaModel() = default;
 
 void LlamaModel::reset() {
   for (auto& L : impl_->layers) {
-    L.k_cache.resize(0, L.k_cache.cols());
-    L.v_cache.resize(0, L.v_cache.cols());
-    L.positions.clear();
+    L.k_cache.clear();
+    L.v_cache.clear();
   }
+}
+
+void LlamaModel::reserve(std::int64_t tokens) {
+  for (auto& L : impl_->layers) {
+    L.k_cache.data.reserve(static_cast<std::size_t>(tokens * L.k_cache.width));
+    L.v_cache.data.reserve(static_cast<std::size_t>(tokens * L.v_cache.width));
+  }
+}
+
+std::span<const float> LlamaModel::cached_keys(int layer) const {
+  const KvRows& k = impl_->layers.at(static_cast<std::size_t>(layer)).k_cache;
+  return {k.data.data(), static_cast<std::size_t>(k.rows * k.width)};
+}
+
+std::span<const float> LlamaModel::cached_values(int layer) const {
+  const KvRows& v = impl_->layers.at(static_cast<std::size_t>(layer)).v_cache;
+  return {v.data.data(), static_cast<std::size_t>(v.rows * v.width)};
+}
+
+std::size_t LlamaModel::weight_heap_bytes() const {
+  std::size_t b = impl_->embd.heap_bytes() + impl_->output.heap_bytes();
+  for (const auto& L : impl_->layers)
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wgate, &L.wup, &L.wdown}) b += w->heap_bytes();
+  return b;
 }
 
 std::vector<float> LlamaModel::prefill(std::span<const std::int32_t> tokens, std::int64_t chunk,
@@ -144,7 +185,7 @@ std::vector<float> LlamaModel::step(std::int32_t token, const std::function<void
                  std::span<const std::int64_t>(&row, 1), hook);
 }
 
-std::int64_t LlamaModel::cached_tokens() const { return impl_->layers.empty() ? 0 : impl_->layers[0].k_cache.rows(); }
+std::int64_t LlamaModel::cached_tokens() const { return impl_->layers.empty() ? 0 : impl_->layers[0].k_cache.rows; }
 
 std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                                        std::span<const std::int64_t> logit_rows,
@@ -157,13 +198,13 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
   for (Eigen::Index i = 0; i < n; ++i) {
     const std::int32_t t = tokens[static_cast<std::size_t>(i)];
     if (t < 0 || t >= c.vocab) throw Error("forward: token id " + std::to_string(t) + " out of range");
-    x.row(i) = impl_->embd.row(t);
+    impl_->embd.row(t, x.row(i).data());
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (int l = 0; l < c.n_layers; ++l) {
     Layer& L = impl_->layers[static_cast<std::size_t>(l)];
     const Mat h = rms_norm(x, L.attn_norm, c.rms_eps);
-    Mat q = h * L.wq.transpose(), k = h * L.wk.transpose(), v = h * L.wv.transpose();
+    Mat q = matmul(h, L.wq), k = matmul(h, L.wk), v = matmul(h, L.wv);
     if (L.bq.size()) {
       q.rowwise() += L.bq.transpose();
       k.rowwise() += L.bk.transpose();
@@ -176,21 +217,22 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
     if (hook)
       hook(LayerActivations{l, n, {q.data(), static_cast<std::size_t>(q.size())},
                             {k.data(), static_cast<std::size_t>(k.size())}, {v.data(), static_cast<std::size_t>(v.size())}});
-    const Eigen::Index past = L.k_cache.rows();
-    L.k_cache.conservativeResize(past + n, Eigen::NoChange);
-    L.v_cache.conservativeResize(past + n, Eigen::NoChange);
-    L.k_cache.bottomRows(n) = k;
-    L.v_cache.bottomRows(n) = v;
-    L.positions.insert(L.positions.end(), positions.begin(), positions.end());
+    const Eigen::Index past = L.k_cache.rows;
+    L.k_cache.append(k.data(), n);
+    L.v_cache.append(v.data(), n);
     const Eigen::Index total = past + n;
+    const auto K = L.k_cache.view(), V = L.v_cache.view();
     Mat attn_out(n, static_cast<Eigen::Index>(c.n_head) * d);
 #pragma omp parallel for schedule(static)
     for (int hq = 0; hq < c.n_head; ++hq) {
       const int hk = hq / G;
       const Mat qh = q.middleCols(static_cast<Eigen::Index>(hq) * d, d);
-      const Mat kh = L.k_cache.middleCols(static_cast<Eigen::Index>(hk) * d, d);
-      const Mat vh = L.v_cache.middleCols(static_cast<Eigen::Index>(hk) * d, d);
-      Mat s = (qh * kh.transpose()) * scale;  // [n, total]
+      // Strided views of the cache, not copies: a copy per head per step would move the whole
+      // cache through memory n_head times per layer.
+      const auto kh = K.middleCols(static_cast<Eigen::Index>(hk) * d, d);
+      const auto vh = V.middleCols(static_cast<Eigen::Index>(hk) * d, d);
+      Mat s(n, total);  // [n, total]
+      s.noalias() = (qh * kh.transpose()) * scale;
       for (Eigen::Index i = 0; i < n; ++i) {
         const Eigen::Index last = past + i;  // causal: itself and everything before it
         auto row = s.row(i);
@@ -199,24 +241,24 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
         row.head(last + 1) /= row.head(last + 1).sum();
         if (last + 1 < total) row.tail(total - last - 1).setZero();
       }
-      attn_out.middleCols(static_cast<Eigen::Index>(hq) * d, d) = s * vh;
+      attn_out.middleCols(static_cast<Eigen::Index>(hq) * d, d).noalias() = s * vh;
     }
-    x += attn_out * L.wo.transpose();
+    x += matmul(attn_out, L.wo);
     const Mat h2 = rms_norm(x, L.ffn_norm, c.rms_eps);
-    const Mat gate = h2 * L.wgate.transpose();
-    const Mat up = h2 * L.wup.transpose();
+    const Mat gate = matmul(h2, L.wgate);
+    const Mat up = matmul(h2, L.wup);
     const Mat act = (gate.array() / (1.0f + (-gate.array()).exp())).matrix().cwiseProduct(up);  // silu(gate) * up
-    x += act * L.wdown.transpose();
+    x += matmul(act, L.wdown);
   }
-  const Mat& out_w = c.tied_embeddings ? impl_->embd : impl_->output;
-  std::vector<float> logits;
-  logits.reserve(logit_rows.size() * static_cast<std::size_t>(c.vocab));
-  for (std::int64_t r : logit_rows) {
+  const WeightMatrix& out_w = c.tied_embeddings ? impl_->embd : impl_->output;
+  Mat xr(static_cast<Eigen::Index>(logit_rows.size()), c.n_embd);
+  for (std::size_t j = 0; j < logit_rows.size(); ++j) {
+    const std::int64_t r = logit_rows[j];
     if (r < 0 || r >= n) throw Error("forward: logit row " + std::to_string(r) + " out of range");
-    const Mat xr = rms_norm(x.row(r), impl_->output_norm, c.rms_eps);
-    const Vec lg = out_w * xr.transpose();
-    logits.insert(logits.end(), lg.data(), lg.data() + lg.size());
+    xr.row(static_cast<Eigen::Index>(j)) = x.row(r);
   }
+  std::vector<float> logits(logit_rows.size() * static_cast<std::size_t>(c.vocab));
+  if (!logit_rows.empty()) out_w.multiply(rms_norm(xr, impl_->output_norm, c.rms_eps).data(), xr.rows(), logits.data());
   return logits;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // A Llama-family transformer (llama: SmolLM2, Llama, Mistral; qwen2 adds Q/K/V biases and NEOX
-// RoPE) evaluated on the CPU in f32: weights dequantized once at load, Eigen GEMMs, a KV cache,
-// and a per-layer hook that sees the post-RoPE Q/K/V the capture driver records.
+// RoPE) evaluated on the CPU in f32 arithmetic: weights kept in their GGUF blocks or dequantized
+// at load (weight_matrix.h), Eigen GEMMs, an f32 KV cache, and a per-layer hook that sees the
+// post-RoPE Q/K/V the capture driver records.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/weight_matrix.h"
 #include "core/rope.h"
 
 namespace kvsim {
@@ -35,7 +37,8 @@ struct LayerActivations {
 
 class LlamaModel {
  public:
-  explicit LlamaModel(const GgufFile& f);
+  // With WeightFormat::Quantized the weights stay in `f`'s mapping: `f` must outlive the model.
+  explicit LlamaModel(const GgufFile& f, WeightFormat weights = WeightFormat::Quantized);
   ~LlamaModel();
   const LlamaConfig& config() const { return cfg_; }
 
@@ -50,13 +53,21 @@ class LlamaModel {
                              const std::function<void(const LayerActivations&)>& hook = {});
   // One decode step: `token` at the next position; returns its logits [vocab].
   std::vector<float> step(std::int32_t token, const std::function<void(const LayerActivations&)>& hook = {});
-  void reset();                           // empties the KV cache
+  void reset();                           // empties the KV cache (keeps its capacity)
+  void reserve(std::int64_t tokens);      // sizes the KV cache for this many tokens
   std::int64_t cached_tokens() const;
+  // Post-RoPE keys / values in the cache, [cached_tokens, n_head_kv * head_dim] row-major; valid
+  // until the next forward() or reset().
+  std::span<const float> cached_keys(int layer) const;
+  std::span<const float> cached_values(int layer) const;
+  WeightFormat weight_format() const { return weights_; }
+  std::size_t weight_heap_bytes() const;  // weights copied to the heap (f32 form)
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   LlamaConfig cfg_;
+  WeightFormat weights_;
 };
 
 }  // namespace kvsim

@@ -13,9 +13,9 @@ namespace kvsim::cli {
 
 int capture_command(const Args& args) {
   CaptureOptions o;
-  std::string requests, queries = "eval";
+  std::string requests, queries = "eval", weights = "quant";
   po::options_description desc(
-      "kvsim capture: run a GGUF model (CPU, f32) over JSONL requests and write a kvtrace file with\n"
+      "kvsim capture: run a GGUF model (CPU) over JSONL requests and write a kvtrace file with\n"
       "post-RoPE K/V/Q per layer, segments and the reference next-token distribution");
   desc.add_options()("help,h", "show this help")("model,m", po::value(&o.model_path)->required(), "GGUF model file")(
       "requests,r", po::value(&requests)->required(),
@@ -27,6 +27,8 @@ int capture_command(const Args& args) {
       "all | eval (queries of the last --query-window context tokens, the question and the answer)")(
       "query-window", po::value(&o.query_window)->default_value(o.query_window), "see --queries eval")(
       "prefill-chunk", po::value(&o.prefill_chunk)->default_value(o.prefill_chunk), "tokens per prefill pass")(
+      "weights", po::value(&weights)->default_value(weights),
+      "quant (keep the GGUF blocks, dequantize on the fly) | f32 (dequantize once at load)")(
       "force", "replace an existing output file");
   po::variables_map vm;
   if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]")) return 0;
@@ -34,6 +36,7 @@ int capture_command(const Args& args) {
   if (o.prefill_chunk < 1 || o.ref_topk < 1 || o.query_window < 0 || o.max_new < 0)
     throw Error("--prefill-chunk and --ref-topk must be >= 1, --query-window and --max-new >= 0");
   o.all_queries = queries == "all";
+  o.weights = parse_weight_format(weights);
   o.overwrite = vm.count("force") > 0;
   const auto reqs = read_capture_requests(requests);
   const CaptureSummary s = run_capture(reqs, o);

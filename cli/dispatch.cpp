@@ -1,7 +1,9 @@
 #include "cli/dispatch.h"
 
+#include <algorithm>
 #include <boost/program_options/errors.hpp>
 #include <iomanip>
+#include <string_view>
 #include <iostream>
 
 #include "core/error.h"
@@ -11,7 +13,10 @@ namespace kvsim::cli {
 int dispatch(const std::string& prog, std::span<const Subcommand> subs, const Args& args) {
   auto usage = [&](std::ostream& os) {
     os << "usage: " << prog << " <command> [options]   (" << prog << " <command> --help for details)\n\ncommands:\n";
-    for (const auto& s : subs) os << "  " << std::left << std::setw(8) << s.name << s.summary << "\n";
+    std::size_t width = 0;
+    for (const auto& s : subs) width = std::max(width, std::string_view(s.name).size());
+    for (const auto& s : subs)
+      os << "  " << std::left << std::setw(static_cast<int>(width + 2)) << s.name << s.summary << "\n";
   };
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     usage(args.empty() ? std::cerr : std::cout);

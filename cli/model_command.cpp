@@ -116,22 +116,23 @@ int tokenize(const Args& args) {
 }
 
 int generate(const Args& args) {
-  std::string file, text;
+  std::string file, text, weights = "quant";
   int max_new = 32;
   po::options_description desc(
-      "kvsim model generate: greedy generation on the CPU engine (f32), for checking a model by eye;\n"
+      "kvsim model generate: greedy generation on the CPU engine, for checking a model by eye;\n"
       "--logits prints the next-token logits of the prompt as JSON instead");
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
       "text", po::value(&text)->required(), "prompt")("chat", "wrap the prompt as a ChatML user turn")(
       "max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")(
-      "logits", "print the prompt's next-token logits (JSON) and exit");
+      "logits", "print the prompt's next-token logits (JSON) and exit")(
+      "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)");
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim model generate FILE --text T [--chat] [--max-new N] [--logits]")) return 0;
   const GgufFile f(file);
   const Tokenizer tok(f);
-  LlamaModel model(f);
+  LlamaModel model(f, parse_weight_format(weights));
   if (vm.count("chat")) text = Tokenizer::chatml("", text);
   std::vector<std::int32_t> ids = tok.encode(text);
   if (tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());

@@ -2,37 +2,19 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "capture/gguf.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "trace_fixtures.h"
+#include "gguf_fixtures.h"
 
 using namespace kvsim;
 
 namespace {
 
-struct Bytes {
-  std::vector<std::uint8_t> b;
-  template <typename T>
-  Bytes& put(T v) {
-    const auto* p = reinterpret_cast<const std::uint8_t*>(&v);
-    b.insert(b.end(), p, p + sizeof(T));
-    return *this;
-  }
-  Bytes& str(const std::string& s) {
-    put<std::uint64_t>(s.size());
-    b.insert(b.end(), s.begin(), s.end());
-    return *this;
-  }
-  Bytes& pad(std::size_t align) {
-    while (b.size() % align) b.push_back(0);
-    return *this;
-  }
-};
+using Bytes = test::GgufBytes;
 
 // One Q8_0 tensor of 2 rows x 32 and one F32 tensor of 4, plus a few metadata types.
 Bytes valid_file(std::uint32_t q8_type = 8, std::uint64_t f32_offset = 96) {
@@ -56,10 +38,7 @@ Bytes valid_file(std::uint32_t q8_type = 8, std::uint64_t f32_offset = 96) {
 }
 
 std::string write(const std::string& name, const std::vector<std::uint8_t>& bytes) {
-  const std::string path = test::scratch_file(name);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              static_cast<std::streamsize>(bytes.size()));
-  return path;
+  return test::write_scratch(name, bytes);
 }
 
 }  // namespace

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """The CPU engine against an independent numpy forward pass (float64, weights dequantized by
-gguf-py): next-token distributions agree (KL < 1e-4) with the same argmax, on a few prompts."""
+gguf-py): next-token distributions agree (KL < 1e-4) with the same argmax on a few prompts, with
+the weights kept quantized and dequantized to f32; and the post-RoPE Q/K/V that `kvsim capture`
+records agree with the reference's, layer by layer, to f16 precision."""
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 from gguf import GGUFReader
@@ -45,7 +49,8 @@ class Reference:
     def norm(self, x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * w
 
-    def logits(self, ids):
+    def logits(self, ids, layers=None):
+        """Last-token logits; when `layers` is a list, appends each layer's post-RoPE (q, k, v)."""
         n = len(ids)
         emb = self.w("token_embd.weight")
         x = emb[ids]
@@ -58,6 +63,8 @@ class Reference:
             k = (h @ self.w(b + "attn_k.weight").T).reshape(n, self.Hkv, self.d)
             v = (h @ self.w(b + "attn_v.weight").T).reshape(n, self.Hkv, self.d)
             q, k = self.rope(q, pos), self.rope(k, pos)
+            if layers is not None:
+                layers.append((q, k, v))
             g = self.H // self.Hkv
             out = np.empty((n, self.H, self.d))
             for hq in range(self.H):
@@ -79,25 +86,60 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum())
 
 
+def check_logits(kvsim, model, ref, failures):
+    for weights in ("quant", "f32"):
+        for p in PROMPTS:
+            out = subprocess.run([kvsim, "model", "generate", model, "--chat", "--text", p, "--logits",
+                                  "--weights", weights], check=True, capture_output=True, text=True)
+            j = json.loads(out.stdout)
+            ours = np.array(j["logits"], dtype=np.float64)
+            theirs = ref.logits(np.array(j["ids"]))
+            lp, lq = log_softmax(theirs), log_softmax(ours)
+            kl = float((np.exp(lp) * (lp - lq)).sum())
+            same = int(ours.argmax()) == int(theirs.argmax())
+            print(f"weights {weights:5s} {p!r}: KL(ref || kvsim) = {kl:.2e}, argmax {int(ours.argmax())} vs "
+                  f"{int(theirs.argmax())}")
+            if not (kl < 1e-4 and same):
+                failures.append(f"logits, weights {weights}, {p!r}")
+
+
+def check_captured_qkv(kvsim, model, ref, failures):
+    """Every layer's Q/K/V in a captured trace against the reference's, relative to each tensor's
+    scale: f16 storage rounds at 2^-11 relative, f32 arithmetic drifts a little with depth."""
+    import h5py
+    with tempfile.TemporaryDirectory() as tmp:
+        jsonl, trace = os.path.join(tmp, "r.jsonl"), os.path.join(tmp, "t.h5")
+        with open(jsonl, "w") as f:
+            f.write(json.dumps({"id": "qkv", "context": "The secret code is 7421. Remember it well.",
+                                "question": "What is the secret code?", "answer": "7421"}) + "\n")
+        subprocess.run([kvsim, "capture", "-m", model, "-r", jsonl, "-o", trace, "--queries", "all"],
+                       check=True, capture_output=True)
+        with h5py.File(trace, "r") as f:
+            req = f["requests"]["qkv"]
+            ids = req["tokens"][:]
+            got = {name: req[name][:].astype(np.float64) for name in ("q", "k", "v")}
+            q_index = req["q_index"][:]
+    layers = []
+    ref.logits(ids, layers)
+    worst = 0.0
+    for l, (q, k, v) in enumerate(layers):
+        for name, want in (("q", q[q_index]), ("k", k), ("v", v)):
+            err = float(np.abs(got[name][l] - want).max() / np.abs(want).max())
+            worst = max(worst, err)
+            if err > 5e-3:
+                failures.append(f"captured {name} of layer {l}: max error {err:.2e} of the tensor's scale")
+    print(f"captured Q/K/V, {len(layers)} layers x {len(ids)} tokens: worst max error {worst:.2e} of scale")
+
+
 def main():
     kvsim, model = sys.argv[1], sys.argv[2]
     ref = Reference(model)
     failures = []
-    for p in PROMPTS:
-        out = subprocess.run([kvsim, "model", "generate", model, "--chat", "--text", p, "--logits"],
-                             check=True, capture_output=True, text=True)
-        j = json.loads(out.stdout)
-        ours = np.array(j["logits"], dtype=np.float64)
-        theirs = ref.logits(np.array(j["ids"]))
-        lp, lq = log_softmax(theirs), log_softmax(ours)
-        kl = float((np.exp(lp) * (lp - lq)).sum())
-        same = int(ours.argmax()) == int(theirs.argmax())
-        print(f"{p!r}: KL(ref || kvsim) = {kl:.2e}, argmax {int(ours.argmax())} vs {int(theirs.argmax())}")
-        if not (kl < 1e-4 and same):
-            failures.append(p)
+    check_logits(kvsim, model, ref, failures)
+    check_captured_qkv(kvsim, model, ref, failures)
     for f in failures:
         print("FAIL:", f)
-    print(f"forward check: {len(PROMPTS) - len(failures)} passed, {len(failures)} failed")
+    print(f"forward check: {'failed' if failures else 'passed'} ({len(failures)} failures)")
     return 1 if failures else 0
 
 
