@@ -154,16 +154,25 @@ struct Prompt {
   std::int64_t question_start = 0, needle_start = -1, needle_end = -1;
 };
 
-Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r) {
+// The system turn a request without one gets: what the model family's own chat template inserts.
+std::string default_system_prompt(const GgufFile& gguf) {
+  const std::string base = gguf.has("general.basename") ? gguf.get_string("general.basename") : "";
+  const std::string arch = gguf.get_string("general.architecture");
+  if (base.rfind("smollm", 0) == 0) return "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+  if (arch == "qwen2") return "You are a helpful assistant.";
+  return "";
+}
+
+Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::string& default_system) {
   Prompt p;
-  const std::string sys = r.system.empty() ? "You are a helpful AI assistant named SmolLM, trained by Hugging Face" : r.system;
+  const std::string sys = r.system.empty() ? default_system : r.system;
   auto add = [&](const std::string& text, Segment s) {
     for (auto id : tok.encode(text)) {
       p.tokens.push_back(id);
       p.segments.push_back(static_cast<std::int8_t>(s));
     }
   };
-  add("<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n", Segment::System);
+  add((sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n") + "<|im_start|>user\n", Segment::System);
   const auto context_start = static_cast<std::int64_t>(p.tokens.size());
   add(r.context, Segment::Context);
   // The needle: the sentence of the context holding the first expected answer, as a token span
@@ -235,6 +244,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   LlamaModel model(gguf, opts.weights);
   const LlamaConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);
+  const std::string default_system = default_system_prompt(gguf);
 
   ModelGeometry g;
   g.name = gguf.has("general.name") ? gguf.get_string("general.name") : "unknown";
@@ -261,7 +271,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
     WriterThread io;
     for (const CaptureRequest& r : requests) {
       const std::string where = "request '" + r.id + "' (line " + std::to_string(r.line) + ")";
-      Prompt p = build_prompt(tok, r);
+      Prompt p = build_prompt(tok, r, default_system);
       const auto n_prompt = static_cast<std::int64_t>(p.tokens.size());
       const std::vector<std::int32_t> answer = r.answer.empty() ? std::vector<std::int32_t>{} : tok.encode(r.answer);
       const std::int64_t planned = n_prompt + (r.answer.empty() ? opts.max_new : static_cast<std::int64_t>(answer.size()));
