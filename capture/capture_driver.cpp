@@ -279,7 +279,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         throw Error(where + ": prompt + answer is " + std::to_string(planned) + " tokens, over the model's context of " +
                     std::to_string(ctx_len));
 
-      // K/V come from the engine's cache once the request is done; the kept queries go to the
+      // K/V come from the engine's cache (which holds every token: capture never compresses)
+      // once the request is done; the kept queries go to the
       // spill file as they are produced.
       model.reset();
       model.reserve(planned);
@@ -354,10 +355,14 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       // still being written.
       io.submit([&writer, h = std::move(h)] { writer.begin_request(h); });
       for (int l = 0; l < c.n_layers; ++l) {
-        const auto k32 = model.cached_keys(l), v32 = model.cached_values(l);
-        std::vector<std::uint16_t> K(k32.size()), V(v32.size());
-        floats_to_halves(k32.data(), K.data(), K.size());
-        floats_to_halves(v32.data(), V.data(), V.size());
+        const auto& entries = model.cache().layers[static_cast<std::size_t>(l)];
+        const auto d = static_cast<std::size_t>(c.head_dim), Hkv = entries.size();
+        std::vector<std::uint16_t> K(static_cast<std::size_t>(T) * Hkv * d), V(K.size());
+        for (std::size_t kv = 0; kv < Hkv; ++kv)  // [T, d] per head -> [T, Hkv, d]
+          for (std::size_t t = 0; t < static_cast<std::size_t>(T); ++t) {
+            floats_to_halves(entries[kv].k.data() + t * d, K.data() + (t * Hkv + kv) * d, d);
+            floats_to_halves(entries[kv].v.data() + t * d, V.data() + (t * Hkv + kv) * d, d);
+          }
         io.submit([&writer, l, K = std::move(K), V = std::move(V), Q = spill.read_layer(l)] {
           writer.write_layer(l, K, V, Q);
         });

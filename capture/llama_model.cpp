@@ -7,6 +7,7 @@
 #include "capture/gguf.h"
 #include "capture/weight_matrix.h"
 #include "core/error.h"
+#include "core/half.h"
 
 namespace kvsim {
 
@@ -50,27 +51,17 @@ Vec load_vec(const GgufFile& f, const std::string& name, std::int64_t n) {
   return v;
 }
 
-// Grows geometrically unless reserve() sized it: a decode step appends one row per layer, and a
-// resize per step would copy the whole cache every step.
-struct KvRows {
-  std::vector<float> data;
-  std::int64_t width = 0, rows = 0;
-  void append(const float* src, std::int64_t n) {
-    data.insert(data.end(), src, src + n * width);
-    rows += n;
-  }
-  void clear() {
-    data.clear();
-    rows = 0;
-  }
-  Eigen::Map<const Mat> view() const { return {data.data(), rows, width}; }
-};
-
 struct Layer {
   Vec attn_norm, ffn_norm, bq, bk, bv;
   WeightMatrix wq, wk, wv, wo, wgate, wup, wdown;
-  KvRows k_cache, v_cache;  // [cached tokens, n_head_kv * head_dim]
 };
+
+// The cache holds f16 values (kv_cache.h): K/V are rounded once, as they are produced.
+void round_to_half(Mat& m) {
+  std::vector<std::uint16_t> h(static_cast<std::size_t>(m.size()));
+  floats_to_halves(m.data(), h.data(), h.size());
+  halves_to_floats(h.data(), m.data(), h.size());
+}
 
 Mat matmul(const Mat& x, const WeightMatrix& w) {
   Mat y(x.rows(), w.rows());
@@ -95,6 +86,9 @@ struct LlamaModel::Impl {
   WeightMatrix embd, output;  // [vocab, n_embd]
   Vec output_norm;
   std::vector<Layer> layers;
+  KvCache cache;
+  bool record_attention = false;
+  std::vector<std::vector<std::vector<float>>> last_attention;  // [layer][q head]
 };
 
 LlamaModel::LlamaModel(const GgufFile& f, WeightFormat weights)
@@ -122,36 +116,53 @@ LlamaModel::LlamaModel(const GgufFile& f, WeightFormat weights)
       L.bk = load_vec(f, b + "attn_k.bias", kv_dim);
       L.bv = load_vec(f, b + "attn_v.bias", kv_dim);
     }
-    L.k_cache.width = kv_dim;
-    L.v_cache.width = kv_dim;
     impl_->layers.push_back(std::move(L));
   }
+  impl_->cache.head_dim = c.head_dim;
+  reset();
 }
 
 LlamaModel::~LlamaModel() = default;
 
 void LlamaModel::reset() {
-  for (auto& L : impl_->layers) {
-    L.k_cache.clear();
-    L.v_cache.clear();
+  KvCache& kv = impl_->cache;
+  kv.seen = 0;
+  kv.layers.resize(static_cast<std::size_t>(cfg_.n_layers));
+  for (auto& l : kv.layers) {
+    l.resize(static_cast<std::size_t>(cfg_.n_head_kv));
+    for (auto& e : l) {
+      e.tokens.clear();
+      e.k.clear();
+      e.v.clear();
+      e.k.shrink_to_fit();  // a compressed cache may have grown per-query-head copies
+      e.v.shrink_to_fit();
+    }
   }
 }
 
 void LlamaModel::reserve(std::int64_t tokens) {
-  for (auto& L : impl_->layers) {
-    L.k_cache.data.reserve(static_cast<std::size_t>(tokens * L.k_cache.width));
-    L.v_cache.data.reserve(static_cast<std::size_t>(tokens * L.v_cache.width));
-  }
+  const auto n = static_cast<std::size_t>(tokens);
+  for (auto& l : impl_->cache.layers)
+    for (auto& e : l) {
+      e.tokens.reserve(n);
+      e.k.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
+      e.v.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
+    }
 }
 
-std::span<const float> LlamaModel::cached_keys(int layer) const {
-  const KvRows& k = impl_->layers.at(static_cast<std::size_t>(layer)).k_cache;
-  return {k.data.data(), static_cast<std::size_t>(k.rows * k.width)};
+const KvCache& LlamaModel::cache() const { return impl_->cache; }
+KvCache& LlamaModel::cache() { return impl_->cache; }
+
+void LlamaModel::set_cache(KvCache cache) {
+  if (cache.layers.size() != impl_->cache.layers.size() || cache.head_dim != cfg_.head_dim)
+    throw Error("set_cache: the cache is shaped for another model");
+  impl_->cache = std::move(cache);
 }
 
-std::span<const float> LlamaModel::cached_values(int layer) const {
-  const KvRows& v = impl_->layers.at(static_cast<std::size_t>(layer)).v_cache;
-  return {v.data.data(), static_cast<std::size_t>(v.rows * v.width)};
+void LlamaModel::record_last_attention(bool on) { impl_->record_attention = on; }
+
+std::span<const float> LlamaModel::last_attention(int layer, int q_head) const {
+  return impl_->last_attention.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
 }
 
 std::size_t LlamaModel::weight_heap_bytes() const {
@@ -185,7 +196,7 @@ std::vector<float> LlamaModel::step(std::int32_t token, const std::function<void
                  std::span<const std::int64_t>(&row, 1), hook);
 }
 
-std::int64_t LlamaModel::cached_tokens() const { return impl_->layers.empty() ? 0 : impl_->layers[0].k_cache.rows; }
+std::int64_t LlamaModel::cached_tokens() const { return impl_->cache.seen; }
 
 std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                                        std::span<const std::int64_t> logit_rows,
@@ -214,33 +225,48 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
       apply_rope(c.rope, q.row(i).data(), c.n_head, positions[static_cast<std::size_t>(i)]);
       apply_rope(c.rope, k.row(i).data(), c.n_head_kv, positions[static_cast<std::size_t>(i)]);
     }
+    round_to_half(k);
+    round_to_half(v);
     if (hook)
       hook(LayerActivations{l, n, {q.data(), static_cast<std::size_t>(q.size())},
                             {k.data(), static_cast<std::size_t>(k.size())}, {v.data(), static_cast<std::size_t>(v.size())}});
-    const Eigen::Index past = L.k_cache.rows;
-    L.k_cache.append(k.data(), n);
-    L.v_cache.append(v.data(), n);
-    const Eigen::Index total = past + n;
-    const auto K = L.k_cache.view(), V = L.v_cache.view();
+    // Append the new tokens to every entry of this layer.
+    auto& entries = impl_->cache.layers[static_cast<std::size_t>(l)];
+    const int n_entries = static_cast<int>(entries.size());
+    const bool per_query_head = n_entries == c.n_head && c.n_head != c.n_head_kv;
+    for (int e = 0; e < n_entries; ++e) {
+      KvEntry& entry = entries[static_cast<std::size_t>(e)];
+      const int hk = per_query_head ? e / G : e;
+      for (Eigen::Index i = 0; i < n; ++i) {
+        entry.tokens.push_back(static_cast<std::int32_t>(impl_->cache.seen + i));
+        const auto col = static_cast<std::ptrdiff_t>(hk) * d;
+        entry.k.insert(entry.k.end(), k.row(i).data() + col, k.row(i).data() + col + d);
+        entry.v.insert(entry.v.end(), v.row(i).data() + col, v.row(i).data() + col + d);
+      }
+    }
+    if (impl_->record_attention) impl_->last_attention.resize(static_cast<std::size_t>(c.n_layers));
+    auto& last_rows = impl_->last_attention;
+    if (impl_->record_attention) last_rows[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(c.n_head));
     Mat attn_out(n, static_cast<Eigen::Index>(c.n_head) * d);
 #pragma omp parallel for schedule(static)
     for (int hq = 0; hq < c.n_head; ++hq) {
-      const int hk = hq / G;
+      const KvEntry& entry = entries[static_cast<std::size_t>(per_query_head ? hq : hq / G)];
+      const Eigen::Index total = entry.rows(), past = total - n;
       const Mat qh = q.middleCols(static_cast<Eigen::Index>(hq) * d, d);
-      // Strided views of the cache, not copies: a copy per head per step would move the whole
-      // cache through memory n_head times per layer.
-      const auto kh = K.middleCols(static_cast<Eigen::Index>(hk) * d, d);
-      const auto vh = V.middleCols(static_cast<Eigen::Index>(hk) * d, d);
+      const Eigen::Map<const Mat> kh(entry.k.data(), total, d), vh(entry.v.data(), total, d);
       Mat s(n, total);  // [n, total]
       s.noalias() = (qh * kh.transpose()) * scale;
       for (Eigen::Index i = 0; i < n; ++i) {
-        const Eigen::Index last = past + i;  // causal: itself and everything before it
+        const Eigen::Index last = past + i;  // causal: itself and everything cached before it
         auto row = s.row(i);
         const float m = row.head(last + 1).maxCoeff();
         row.head(last + 1) = (row.head(last + 1).array() - m).exp();
         row.head(last + 1) /= row.head(last + 1).sum();
         if (last + 1 < total) row.tail(total - last - 1).setZero();
       }
+      if (impl_->record_attention)
+        last_rows[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)].assign(s.row(n - 1).data(),
+                                                                                     s.row(n - 1).data() + total);
       attn_out.middleCols(static_cast<Eigen::Index>(hq) * d, d).noalias() = s * vh;
     }
     x += matmul(attn_out, L.wo);
@@ -250,6 +276,7 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
     const Mat act = (gate.array() / (1.0f + (-gate.array()).exp())).matrix().cwiseProduct(up);  // silu(gate) * up
     x += matmul(act, L.wdown);
   }
+  impl_->cache.seen += n;
   const WeightMatrix& out_w = c.tied_embeddings ? impl_->embd : impl_->output;
   Mat xr(static_cast<Eigen::Index>(logit_rows.size()), c.n_embd);
   for (std::size_t j = 0; j < logit_rows.size(); ++j) {

@@ -1,8 +1,8 @@
 #pragma once
 // A Llama-family transformer (llama: SmolLM2, Llama, Mistral; qwen2 adds Q/K/V biases and NEOX
 // RoPE) evaluated on the CPU in f32 arithmetic: weights kept in their GGUF blocks or dequantized
-// at load (weight_matrix.h), Eigen GEMMs, an f32 KV cache, and a per-layer hook that sees the
-// post-RoPE Q/K/V the capture driver records.
+// at load (weight_matrix.h), Eigen GEMMs, an f16-valued KV cache that compression can edit
+// (kv_cache.h), and a per-layer hook that sees the post-RoPE Q/K/V the capture driver records.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/kv_cache.h"
 #include "capture/weight_matrix.h"
 #include "core/rope.h"
 
@@ -53,13 +54,18 @@ class LlamaModel {
                              const std::function<void(const LayerActivations&)>& hook = {});
   // One decode step: `token` at the next position; returns its logits [vocab].
   std::vector<float> step(std::int32_t token, const std::function<void(const LayerActivations&)>& hook = {});
-  void reset();                           // empties the KV cache (keeps its capacity)
+  void reset();                           // empties the KV cache: one full entry per KV head
   void reserve(std::int64_t tokens);      // sizes the KV cache for this many tokens
-  std::int64_t cached_tokens() const;
-  // Post-RoPE keys / values in the cache, [cached_tokens, n_head_kv * head_dim] row-major; valid
-  // until the next forward() or reset().
-  std::span<const float> cached_keys(int layer) const;
-  std::span<const float> cached_values(int layer) const;
+  std::int64_t cached_tokens() const;     // tokens run through since reset() (the next index)
+  // The cache (kv_cache.h). Compression edits it between forward() calls; set_cache restores a
+  // saved copy (e.g. the state after a shared prefill).
+  const KvCache& cache() const;
+  KvCache& cache();
+  void set_cache(KvCache cache);
+  // When on, forward() keeps each layer's attention weights of its last row over the entry the
+  // query head reads (aligned with that entry's tokens): what decode-time policies read.
+  void record_last_attention(bool on);
+  std::span<const float> last_attention(int layer, int q_head) const;
   WeightFormat weight_format() const { return weights_; }
   std::size_t weight_heap_bytes() const;  // weights copied to the heap (f32 form)
 

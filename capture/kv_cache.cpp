@@ -1,0 +1,71 @@
+#include "capture/kv_cache.h"
+
+#include <algorithm>
+#include <iterator>
+#include <string>
+
+#include "core/error.h"
+
+namespace kvsim {
+
+namespace {
+
+// The rows of `src` whose tokens are in `want` (increasing).
+KvEntry select_rows(const KvEntry& src, const std::vector<std::int32_t>& want, int d, int layer) {
+  KvEntry out;
+  out.tokens.reserve(want.size());
+  out.k.reserve(want.size() * static_cast<std::size_t>(d));
+  out.v.reserve(out.k.capacity());
+  std::size_t at = 0;
+  for (std::int32_t t : want) {
+    while (at < src.tokens.size() && src.tokens[at] < t) ++at;
+    if (at == src.tokens.size() || src.tokens[at] != t)
+      throw Error("KV cache, layer " + std::to_string(layer) + ": cannot keep token " + std::to_string(t) +
+                  ", which is not cached (or the keep list is not increasing)");
+    out.tokens.push_back(t);
+    const auto row = static_cast<std::ptrdiff_t>(at * static_cast<std::size_t>(d));
+    out.k.insert(out.k.end(), src.k.begin() + row, src.k.begin() + row + d);
+    out.v.insert(out.v.end(), src.v.begin() + row, src.v.begin() + row + d);
+    ++at;
+  }
+  return out;
+}
+
+}  // namespace
+
+void KvCache::keep(int layer, const std::vector<std::vector<std::int32_t>>& keep, int n_q_heads) {
+  auto& entries = layers.at(static_cast<std::size_t>(layer));
+  const auto n = entries.size();
+  const bool expand = keep.size() != n && static_cast<int>(keep.size()) == n_q_heads && n_q_heads % static_cast<int>(n) == 0;
+  if (keep.size() != n && !expand)
+    throw Error("KV cache, layer " + std::to_string(layer) + ": plan has " + std::to_string(keep.size()) +
+                " entries, expected " + std::to_string(n) + " or one per query head (" + std::to_string(n_q_heads) + ")");
+  const std::size_t group = expand ? keep.size() / n : 1;
+  std::vector<KvEntry> out;
+  out.reserve(keep.size());
+  for (std::size_t e = 0; e < keep.size(); ++e) out.push_back(select_rows(entries[e / group], keep[e], head_dim, layer));
+  entries = std::move(out);
+}
+
+void KvCache::evict(int layer, int entry, std::span<const std::int32_t> tokens) {
+  if (tokens.empty()) return;
+  KvEntry& e = layers.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry));
+  std::vector<std::int32_t> drop(tokens.begin(), tokens.end());
+  std::sort(drop.begin(), drop.end());
+  for (std::int32_t t : drop)
+    if (!std::binary_search(e.tokens.begin(), e.tokens.end(), t))
+      throw Error("KV cache, layer " + std::to_string(layer) + ", entry " + std::to_string(entry) + ": cannot evict token " +
+                  std::to_string(t) + ", which is not cached");
+  std::vector<std::int32_t> keep;
+  std::set_difference(e.tokens.begin(), e.tokens.end(), drop.begin(), drop.end(), std::back_inserter(keep));
+  e = select_rows(e, keep, head_dim, layer);
+}
+
+std::int64_t KvCache::entries_rows() const {
+  std::int64_t n = 0;
+  for (const auto& l : layers)
+    for (const auto& e : l) n += e.rows();
+  return n;
+}
+
+}  // namespace kvsim
