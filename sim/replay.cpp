@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "policies/codec.h"
+#include "sim/budget.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim {
@@ -59,21 +60,9 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   for (std::int64_t i = 0; i < E; ++i) eval_limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(first_eval + i)];
 
   const int L = g.n_layers, Hq = g.n_q_heads, Hkv = g.n_kv_heads, d = g.head_dim, G = g.group();
-  const double kv_token_bytes = codec_token_bytes(TokenCodec::Fp16, d);  // per (layer, KV head, token)
   const std::size_t P = configs_.size();
-  std::vector<std::int64_t> budget_tokens(P);
-  std::vector<double> token_bytes(P), head_bytes(P);
-  for (std::size_t p = 0; p < P; ++p) {
-    const bool compress = configs_[p].impl->respects_budget() && configs_[p].budget < 1.0;
-    token_bytes[p] = kv_token_bytes + (compress ? configs_[p].impl->state_bytes_per_token() : 0.0);
-    head_bytes[p] = compress ? configs_[p].impl->state_bytes_per_head() : 0.0;
-    // Tokens per (layer, KV head) that fit the byte budget after the policy's own state.
-    budget_tokens[p] = compress ? std::max<std::int64_t>(
-                                      0, static_cast<std::int64_t>(std::floor(
-                                             (configs_[p].budget * static_cast<double>(c) * kv_token_bytes - head_bytes[p]) /
-                                             token_bytes[p])))
-                                : c;
-  }
+  std::vector<ConfigBudget> budgets(P);
+  for (std::size_t p = 0; p < P; ++p) budgets[p] = config_budget(*configs_[p].impl, configs_[p].budget, c, d);
   std::vector<Accumulator> acc(P);
   for (auto& a : acc) {
     a.layer_recall.assign(static_cast<std::size_t>(L), 0);
@@ -138,7 +127,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     }
     attention_s += since(t0);
     t0 = Clock::now();
-    const ReplaySignals signals(ctx, g, layer, c, h, qbuf, prefix);
+    const CacheSignals signals(ctx, g, layer, c, h, qbuf, prefix);
 
     const LayerWork work{g,        layer, c,        E,   T,    prefill_chunk_, ctx, h, qbuf, full_k, eval_limit,
                          signals, attn,  out,      out_tail, tail_mass, full_v};
@@ -156,7 +145,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     std::vector<std::optional<OneShot>> planned(P);
 #pragma omp parallel for schedule(dynamic)
     for (std::size_t p = 0; p < P; ++p)
-      guard([&] { planned[p] = plan_config(p, configs_[p], budget_tokens[p], work, acc[p]); });
+      guard([&] { planned[p] = plan_config(p, configs_[p], budgets[p].tokens, work, acc[p]); });
     if (failure) std::rethrow_exception(failure);
     std::vector<OneShot> shots;
     for (auto& s : planned)
@@ -200,7 +189,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   for (std::size_t p = 0; p < P; ++p) {
     Accumulator& a = acc[p];
     ConfigResult r;
-    r.budget_tokens = budget_tokens[p];
+    r.budget_tokens = budgets[p].tokens;
     std::vector<float> all_kl, all_err;
     for (int l = 0; l < L; ++l) {
       const auto li = static_cast<std::size_t>(l);
@@ -226,16 +215,13 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     r.mean_err = se / static_cast<double>(r.rows);
     r.p95_kl = percentile95(all_kl);
     r.p95_err = percentile95(all_err);
-    const double bpt = token_bytes[p];
+    const double bpt = budgets[p].token_bytes;
     // Per-entry fixed state (length tables), counted for every layer and plan entry.
-    const double fixed = head_bytes[p] * static_cast<double>(L) * static_cast<double>(a.entries);
-    const double kept = static_cast<double>(a.kept), tail = static_cast<double>(T - c), cd = static_cast<double>(c);
+    const double fixed = cache_bytes(budgets[p], 0, a.entries, L);
+    const double kept = static_cast<double>(a.kept), cd = static_cast<double>(c);
     r.kept_fraction = kept / (LH * cd);
-    r.compressed_bytes = kept * bpt + fixed;
-    r.budget_bytes = configs_[p].budget * cd * LH * kv_token_bytes;
-    // Prefill grows the cache to c tokens, compression cuts it, then each step adds a token
-    // (and decode-time policies evict back to budget); the newest token is always present
-    // during its own step, hence the +LH transient for evicting policies.
+    r.compressed_bytes = cache_bytes(budgets[p], kept, a.entries, L);
+    r.budget_bytes = configs_[p].budget * cd * LH * budgets[p].kv_token_bytes;
     r.final_bytes = fixed + (a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt);
     r.peak_bytes = 0;
     r.footprint = 0;
@@ -249,7 +235,6 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       r.footprint += k * bpt + fixed;
       prev = k;
     }
-    (void)tail;
     r.keep_hash = a.hash;
     if (configs_[p].impl->respects_budget() && configs_[p].budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
       throw Error("policy " + configs_[p].label() + " kept " + std::to_string(r.compressed_bytes) +

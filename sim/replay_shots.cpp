@@ -77,7 +77,7 @@ LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const 
     const bool over = std::any_of(sizes.begin(), sizes.end(), [&](std::int64_t n) { return n > budget_tokens; });
     if (!last && !over) return;
     const CacheView view = gather_view(tokens, w.full_k, w.full_v, w.attn, G);
-    const ReplaySignals signals(w.where, w.g, w.layer, b, w.h, w.q, view);
+    const CacheSignals signals(w.where, w.g, w.layer, b, w.h, w.q, view);
     const LayerPlan plan = cfg.impl->compress(signals, budget);
     check_plan(cfg, plan, sizes, w.g.n_q_heads, G);
     if (static_cast<int>(plan.heads.size()) != Hkv)

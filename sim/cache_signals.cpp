@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "sim/replay_internal.h"
+#include "sim/cache_signals.h"
 
 namespace kvsim::replay_detail {
 
