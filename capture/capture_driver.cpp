@@ -17,6 +17,7 @@
 
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
+#include "capture/prompt.h"
 #include "capture/query_spill.h"
 #include "capture/tokenizer.h"
 #include "core/error.h"
@@ -146,63 +147,6 @@ std::string utc_now() {
   return buf;
 }
 
-// The request as the model sees it: ChatML turns, each part tokenized on its own so every token
-// knows its segment.
-struct Prompt {
-  std::vector<std::int32_t> tokens;
-  std::vector<std::int8_t> segments;
-  std::int64_t question_start = 0, needle_start = -1, needle_end = -1;
-};
-
-// The system turn a request without one gets: what the model family's own chat template inserts.
-std::string default_system_prompt(const GgufFile& gguf) {
-  const std::string base = gguf.has("general.basename") ? gguf.get_string("general.basename") : "";
-  const std::string arch = gguf.get_string("general.architecture");
-  if (base.rfind("smollm", 0) == 0) return "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-  if (arch == "qwen2") return "You are a helpful assistant.";
-  return "";
-}
-
-Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::string& default_system) {
-  Prompt p;
-  const std::string sys = r.system.empty() ? default_system : r.system;
-  auto add = [&](const std::string& text, Segment s) {
-    for (auto id : tok.encode(text)) {
-      p.tokens.push_back(id);
-      p.segments.push_back(static_cast<std::int8_t>(s));
-    }
-  };
-  add((sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n") + "<|im_start|>user\n", Segment::System);
-  const auto context_start = static_cast<std::int64_t>(p.tokens.size());
-  add(r.context, Segment::Context);
-  // The needle: the sentence of the context holding the first expected answer, as a token span
-  // (byte-level BPE decodes token by token back to the exact bytes).
-  if (!r.expected.empty()) {
-    const auto expected = nlohmann::json::parse(r.expected);
-    const std::size_t at = expected.empty() ? std::string::npos : r.context.find(expected[0].get<std::string>());
-    if (at != std::string::npos) {
-      const std::size_t dot = r.context.rfind(". ", at);
-      const std::size_t begin = dot == std::string::npos ? 0 : dot + 2;
-      const std::size_t end_dot = r.context.find('.', at);
-      const std::size_t end = end_dot == std::string::npos ? r.context.size() : end_dot + 1;
-      std::size_t bytes = 0;
-      for (std::int64_t t = context_start; t < static_cast<std::int64_t>(p.tokens.size()); ++t) {
-        const std::size_t next = bytes + tok.decode({p.tokens[static_cast<std::size_t>(t)]}).size();
-        if (p.needle_start < 0 && next > begin) p.needle_start = t;
-        if (next >= end) {
-          p.needle_end = t + 1;
-          break;
-        }
-        bytes = next;
-      }
-      if (p.needle_start < 0 || p.needle_end <= p.needle_start) p.needle_start = p.needle_end = -1;
-    }
-  }
-  p.question_start = static_cast<std::int64_t>(p.tokens.size());
-  add((r.question.empty() ? "" : "\n\n" + r.question) + "<|im_end|>\n<|im_start|>assistant\n", Segment::Question);
-  return p;
-}
-
 // Top-k log-probs and logsumexp of one position's next-token logits.
 void record_reference(ReferenceDistribution& ref, std::int64_t index, const float* logits, std::int64_t vocab) {
   const auto V = static_cast<std::size_t>(vocab);
@@ -296,8 +240,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       ref.topk = opts.ref_topk;
       // Prefill in chunks; the reference rows of the question come from the prefill logits.
       std::vector<float> last_logits;
-      for (std::int64_t s = 0; s < n_prompt; s += opts.prefill_chunk) {
-        const std::int64_t e = std::min<std::int64_t>(n_prompt, s + opts.prefill_chunk);
+      for (const auto& [s, e] : prefill_chunks(n_prompt, p.question_start, opts.prefill_chunk)) {
         std::vector<std::int32_t> pos(static_cast<std::size_t>(e - s));
         std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(s));
         std::vector<std::int64_t> rows;

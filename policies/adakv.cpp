@@ -86,6 +86,7 @@ class AdaKv : public Policy {
     return plan;
   }
   double state_bytes_per_token() const override { return base_->state_bytes_per_token(); }
+  bool reads_future() const override { return base_->reads_future(); }
   double state_bytes_per_head() const override { return 4.0; }  // per-head lengths: the cache is ragged
 
  private:

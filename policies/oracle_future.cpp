@@ -14,6 +14,7 @@ class OracleFuture : public ScoringPolicy {
  public:
   explicit OracleFuture(bool per_layer) : per_layer_(per_layer) {}
   bool selection_is_uniform() const override { return !per_layer_; }
+  bool reads_future() const override { return true; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));

@@ -14,6 +14,7 @@ namespace {
 class OracleGolden : public ScoringPolicy {
  public:
   explicit OracleGolden(std::int64_t block) : block_(block) {}
+  bool reads_future() const override { return true; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const KvGeometry& g = s.geometry();
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));

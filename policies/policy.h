@@ -137,6 +137,9 @@ class Policy {
   virtual double state_bytes_per_head() const { return 0.0; }
   // False for the `full` reference: it ignores budgets.
   virtual bool respects_budget() const { return true; }
+  // True for oracles that read LayerSignals::future_attention(): a live run then has to
+  // provide it from its full-cache reference run.
+  virtual bool reads_future() const { return false; }
   // Decode-time policies return their per-layer state, starting from the plan compress() made;
   // one-shot (prefill) policies return nullptr and never evict again.
   virtual std::unique_ptr<DecodeState> start_decode(const LayerSignals& signals, const LayerPlan& initial,

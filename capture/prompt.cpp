@@ -1,0 +1,80 @@
+#include "capture/prompt.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "capture/gguf.h"
+#include "capture/tokenizer.h"
+#include "traces/trace_schema.h"
+
+namespace kvsim {
+
+std::string default_system_prompt(const GgufFile& gguf) {
+  const std::string base = gguf.has("general.basename") ? gguf.get_string("general.basename") : "";
+  const std::string arch = gguf.get_string("general.architecture");
+  if (base.rfind("smollm", 0) == 0) return "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+  if (arch == "qwen2") return "You are a helpful assistant.";
+  return "";
+}
+
+Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::string& default_system) {
+  Prompt p;
+  const std::string sys = r.system.empty() ? default_system : r.system;
+  auto add = [&](const std::string& text, Segment s) {
+    for (auto id : tok.encode(text)) {
+      p.tokens.push_back(id);
+      p.segments.push_back(static_cast<std::int8_t>(s));
+    }
+  };
+  add((sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n") + "<|im_start|>user\n", Segment::System);
+  const auto context_start = static_cast<std::int64_t>(p.tokens.size());
+  add(r.context, Segment::Context);
+  // The needle: the sentence of the context holding the first expected answer, as a token span
+  // (byte-level BPE decodes token by token back to the exact bytes).
+  if (!r.expected.empty()) {
+    const auto expected = nlohmann::json::parse(r.expected);
+    const std::size_t at = expected.empty() ? std::string::npos : r.context.find(expected[0].get<std::string>());
+    if (at != std::string::npos) {
+      const std::size_t dot = r.context.rfind(". ", at);
+      const std::size_t begin = dot == std::string::npos ? 0 : dot + 2;
+      const std::size_t end_dot = r.context.find('.', at);
+      const std::size_t end = end_dot == std::string::npos ? r.context.size() : end_dot + 1;
+      std::size_t bytes = 0;
+      for (std::int64_t t = context_start; t < static_cast<std::int64_t>(p.tokens.size()); ++t) {
+        const std::size_t next = bytes + tok.decode({p.tokens[static_cast<std::size_t>(t)]}).size();
+        if (p.needle_start < 0 && next > begin) p.needle_start = t;
+        if (next >= end) {
+          p.needle_end = t + 1;
+          break;
+        }
+        bytes = next;
+      }
+      if (p.needle_start < 0 || p.needle_end <= p.needle_start) p.needle_start = p.needle_end = -1;
+    }
+  }
+  p.question_start = static_cast<std::int64_t>(p.tokens.size());
+  add((r.question.empty() ? "" : "\n\n" + r.question) + "<|im_end|>\n<|im_start|>assistant\n", Segment::Question);
+  return p;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, std::int64_t split, std::int64_t chunk) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (std::int64_t s = 0; s < end;) {
+    std::int64_t e = std::min(end, s + chunk);
+    if (s < split && split < e) e = split;
+    out.emplace_back(s, e);
+    s = e;
+  }
+  return out;
+}
+
+std::vector<std::string> expected_strings(const CaptureRequest& r) {
+  std::vector<std::string> out;
+  if (!r.expected.empty())
+    for (const auto& e : nlohmann::json::parse(r.expected)) out.push_back(e.get<std::string>());
+  else if (!r.answer.empty())
+    out.push_back(r.answer);
+  return out;
+}
+
+}  // namespace kvsim

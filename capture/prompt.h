@@ -1,0 +1,36 @@
+#pragma once
+// A request as the model sees it: ChatML turns (system, user context + question, assistant),
+// each part tokenized on its own so every token knows its segment. Shared by capture and verify
+// so both run exactly the same tokens.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "capture/capture_driver.h"
+
+namespace kvsim {
+
+class GgufFile;
+class Tokenizer;
+
+struct Prompt {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int8_t> segments;  // Segment codes
+  std::int64_t question_start = 0, needle_start = -1, needle_end = -1;
+};
+
+// The system turn a request without one gets: what the model family's own chat template inserts.
+std::string default_system_prompt(const GgufFile& gguf);
+
+Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::string& default_system);
+
+// Prefill chunks [begin, end) over [0, end): `chunk` tokens at a time, with a boundary at `split`
+// too (the question's start), so a run that stops there (query-agnostic verify) computes the
+// context exactly as a capture that runs on did.
+std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, std::int64_t split, std::int64_t chunk);
+
+// The strings a free generation should contain: the request's `expected` list, else its answer.
+std::vector<std::string> expected_strings(const CaptureRequest& r);
+
+}  // namespace kvsim

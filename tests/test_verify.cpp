@@ -1,0 +1,155 @@
+// Live verify on SmolLM2 (scripts/setup.sh fetches it): the policy code path is shared with the
+// offline replay, so at the compression point live and offline choose the same keep-sets and
+// count the same bytes; budget 1.0 changes nothing; every policy the simulator has runs live.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <set>
+
+#include "capture/capture_driver.h"
+#include "capture/gguf.h"
+#include "policies/registry.h"
+#include "sim/cache_signals.h"
+#include "sim/replay.h"
+#include "traces/trace_reader.h"
+#include "trace_fixtures.h"
+#include "verify/live_verifier.h"
+
+using namespace kvsim;
+
+namespace {
+
+CaptureRequest needle_request() {
+  CaptureRequest r;
+  r.id = "needle";
+  r.line = 1;
+  r.context =
+      "The archive held many letters. Some were about the weather, others about the harvest and the "
+      "price of grain. One letter said: the secret code of the vault is 4817. The rest spoke of travel, "
+      "of roads washed out by rain, and of a bridge that was rebuilt twice in one summer.";
+  r.question = "What is the secret code of the vault?";
+  r.expected = "[\"4817\"]";
+  return r;
+}
+
+// Every registered policy with its defaults, at `budgets` (full once).
+std::vector<ReplayConfig> all_configs(const std::vector<double>& budgets) {
+  std::vector<ReplayConfig> out;
+  for (const PolicyInfo* info : PolicyRegistry::instance().all()) {
+    PolicyInstance inst = PolicyRegistry::instance().create(info->name);
+    std::shared_ptr<const Policy> impl(std::move(inst.policy));
+    if (!impl->respects_budget()) {
+      out.push_back({inst.name, inst.params, impl, 1.0});
+      continue;
+    }
+    for (double b : budgets) out.push_back({inst.name, inst.params, impl, b});
+  }
+  return out;
+}
+
+void require_model() {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+}
+
+}  // namespace
+
+TEST_CASE("live verify at budget 1.0 is the full-cache run for every policy", "[verify]") {
+  require_model();
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    VerifyOptions o;
+    o.mode = mode;
+    o.max_new = 6;
+    LiveVerifier v(gguf, o);
+    const auto configs = all_configs({1.0});
+    const LiveRequestResult res = v.run(needle_request(), configs);
+    REQUIRE(res.configs.size() == configs.size());
+    CHECK(res.reference.size() >= 2);
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      INFO(configs[i].label() << " " << mode_name(mode));
+      const LiveConfigResult& r = res.configs[i];
+      CHECK(r.mean_kl == 0.0);
+      CHECK(r.max_kl == 0.0);
+      CHECK(r.top1 == 1.0);
+      CHECK(r.same_tokens);
+      CHECK(r.kept_fraction >= 1.0);
+    }
+  }
+}
+
+TEST_CASE("live and offline choose the same keep-sets and bytes at the compression point", "[verify]") {
+  require_model();
+  const std::string trace = test::scratch_file("verify_agree.h5");
+  CaptureOptions co;
+  co.model_path = KVSIM_TEST_MODEL;
+  co.out_path = trace;
+  co.overwrite = true;
+  co.all_queries = true;
+  co.max_new = 6;
+  run_capture({needle_request()}, co);
+  const TraceReader reader(trace);
+  const RequestHeader h = reader.header("needle");
+
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    VerifyOptions o;
+    o.mode = mode;
+    o.max_new = 6;
+    LiveVerifier v(gguf, o);
+    const auto configs = all_configs({0.3, 0.6});
+    const LiveRequestResult live = v.run(needle_request(), configs);
+    // The live reference continuation is the captured greedy one.
+    CHECK(std::vector<std::int32_t>(h.tokens.begin() + h.n_prompt, h.tokens.end()) == live.reference);
+
+    // Offline: the same configs replayed on the trace (bytes), and their plans on the trace's
+    // signals at the same point (keep-sets).
+    const RequestResult offline = Replayer(reader, mode, configs).replay("needle");
+    const std::int64_t c = offline.compression_point;
+    CHECK(c == live.compression_point);
+    const KvGeometry g = v.geometry();
+    const int d = g.head_dim, Hkv = g.n_kv_heads;
+    std::size_t compared = 0;
+    for (int layer = 0; layer < g.n_layers; ++layer) {
+      replay_detail::FloatBuffer k(reader.layer_elements("needle", Tensor::K)), val(k.size()),
+          q(reader.layer_elements("needle", Tensor::Q));
+      reader.read_layer("needle", Tensor::K, layer, k);
+      reader.read_layer("needle", Tensor::V, layer, val);
+      reader.read_layer("needle", Tensor::Q, layer, q);
+      replay_detail::CacheView view;
+      const auto T = static_cast<Eigen::Index>(h.n_tokens());
+      for (int kv = 0; kv < Hkv; ++kv) {
+        std::vector<std::int32_t> t(static_cast<std::size_t>(c));
+        for (std::int64_t j = 0; j < c; ++j) t[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+        view.tokens.push_back(t);
+        const replay_detail::StridedMap kh(k.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+        const replay_detail::StridedMap vh(val.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+        view.keys.push_back(kh.topRows(c));
+        view.values.push_back(vh.topRows(c));
+      }
+      const replay_detail::CacheSignals signals("trace", g, layer, c, h, q, view);
+      for (std::size_t i = 0; i < configs.size(); ++i) {
+        const ReplayConfig& cfg = configs[i];
+        INFO(cfg.label() << " at " << cfg.budget << ", layer " << layer << ", " << mode_name(mode));
+        if (cfg.impl->reads_future() || !cfg.impl->respects_budget()) continue;
+        const LayerPlan plan = cfg.impl->compress(signals, Budget{offline.configs[i].budget_tokens, cfg.budget});
+        const auto& kept = live.configs[i].kept[static_cast<std::size_t>(layer)];
+        REQUIRE(kept.size() == plan.heads.size());
+        for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+          std::vector<std::int32_t> want;
+          for (std::int64_t j = 0; j < c; ++j)
+            if (plan.heads[e].codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) want.push_back(static_cast<std::int32_t>(j));
+          CHECK(kept[e] == want);
+          ++compared;
+        }
+      }
+    }
+    CHECK(compared > 100);
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      INFO(configs[i].label() << " at " << configs[i].budget << ", " << mode_name(mode));
+      CHECK(live.configs[i].budget_tokens == offline.configs[i].budget_tokens);
+      CHECK(live.configs[i].compressed_bytes == Approx(offline.configs[i].compressed_bytes).epsilon(1e-12));
+      CHECK(live.configs[i].compressed_bytes <= live.configs[i].budget_bytes + 1e-6);
+      CHECK(live.configs[i].kept_fraction == Approx(offline.configs[i].kept_fraction).epsilon(1e-12));
+    }
+  }
+}

@@ -1,0 +1,417 @@
+#include "verify/live_verifier.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "capture/gguf.h"
+#include "capture/llama_model.h"
+#include "capture/prompt.h"
+#include "capture/tokenizer.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "policies/codec.h"
+#include "sim/budget.h"
+#include "sim/cache_signals.h"
+#include "traces/trace_schema.h"
+
+namespace kvsim {
+
+using replay_detail::CacheSignals;
+using replay_detail::CacheView;
+using replay_detail::FloatBuffer;
+using replay_detail::Mat;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<double> log_softmax(const std::vector<float>& logits) {
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<double> out(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<double>(logits[i]) - lse;
+  return out;
+}
+
+std::int32_t argmax(const std::vector<float>& v) {
+  return static_cast<std::int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Appends f16-rounded rows (what a trace would store) to a query buffer.
+void append_rounded(FloatBuffer& dst, const float* src, std::size_t n) {
+  std::vector<std::uint16_t> h(n);
+  floats_to_halves(src, h.data(), n);
+  const std::size_t at = dst.size();
+  dst.resize(at + n);
+  halves_to_floats(h.data(), dst.data() + at, n);
+}
+
+// RULER's string_match_all: the share of expected strings found, case-insensitively.
+double task_score(const std::string& text, const std::vector<std::string>& expected) {
+  if (expected.empty()) return std::numeric_limits<double>::quiet_NaN();
+  auto lower = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    return s;
+  };
+  const std::string t = lower(text);
+  double hit = 0;
+  for (const auto& e : expected) hit += t.find(lower(e)) != std::string::npos ? 1 : 0;
+  return hit / static_cast<double>(expected.size());
+}
+
+}  // namespace
+
+struct LiveVerifier::Impl {
+  const GgufFile& gguf;
+  VerifyOptions opts;
+  Tokenizer tok;
+  LlamaModel model;
+  KvGeometry g;
+  std::string default_system;
+  std::int64_t ctx_len;
+
+  Impl(const GgufFile& f, VerifyOptions o)
+      : gguf(f), opts(o), tok(f), model(f, o.weights), default_system(default_system_prompt(f)),
+        ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
+    const LlamaConfig& c = model.config();
+    g = KvGeometry{c.n_layers, c.n_head, c.n_head_kv, c.head_dim, c.rope};
+  }
+
+  // What every config of one request shares.
+  struct Shared {
+    std::string where;
+    Prompt p;
+    std::int64_t c = 0, n_prompt = 0, first_q = 0;
+    RequestHeader header;                 // positions, segments and recorded queries, for the signals
+    std::vector<FloatBuffer> queries;     // [layer] recorded prompt queries [m, Hq, d]
+    KvCache at_point;                     // the full cache at the compression point
+    std::vector<float> prefill_logits;    // query-aware: the prediction of the first continuation token
+    std::vector<std::int32_t> reference;  // full-cache greedy continuation
+    std::vector<std::vector<double>> ref_logp;  // [j] log-probs predicting reference[j]
+    std::vector<FloatBuffer> eval_queries;      // [layer] queries of tokens >= c in the reference run
+    std::vector<std::int64_t> eval_tokens;
+    KvCache final_cache;                        // the reference run's cache, every token
+    std::vector<std::optional<std::vector<Mat>>> future;  // [layer] oracle signal, built on demand
+  };
+
+  // A config's compressed state: the budget it is held to and its decode-time states.
+  struct Compressed {
+    ConfigBudget budget;
+    std::vector<std::unique_ptr<DecodeState>> states;  // [layer], null for one-shot policies
+    bool any_state = false;
+  };
+
+  Shared prefill(const CaptureRequest& r) {
+    Shared s;
+    s.where = "live run of request '" + r.id + "' (line " + std::to_string(r.line) + ")";
+    s.p = build_prompt(tok, r, default_system);
+    s.n_prompt = static_cast<std::int64_t>(s.p.tokens.size());
+    s.c = opts.mode == ReplayMode::QueryAware ? s.n_prompt : s.p.question_start;
+    if (s.n_prompt + opts.max_new > ctx_len)
+      throw Error(s.where + ": prompt + continuation is " + std::to_string(s.n_prompt + opts.max_new) +
+                  " tokens, over the model's context of " + std::to_string(ctx_len));
+    if (s.c < 1) throw Error(s.where + ": empty prompt");
+    s.first_q = opts.all_queries ? 0 : std::max<std::int64_t>(0, s.p.question_start - opts.query_window);
+    const std::int64_t T = s.n_prompt + opts.max_new;
+    s.header.id = r.id;
+    s.header.tokens = s.p.tokens;
+    s.header.segments = s.p.segments;
+    s.header.positions.resize(static_cast<std::size_t>(T));
+    for (std::int64_t i = 0; i < T; ++i) s.header.positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    s.header.segments.resize(static_cast<std::size_t>(T), static_cast<std::int8_t>(Segment::Generated));
+    for (std::int64_t i = s.first_q; i < s.c; ++i) s.header.q_index.push_back(static_cast<std::int32_t>(i));
+    s.header.n_prompt = s.n_prompt;
+    s.header.question_start = s.p.question_start;
+    s.header.needle_start = s.p.needle_start;
+    s.header.needle_end = s.p.needle_end;
+
+    const LlamaConfig& c = model.config();
+    const auto q_row = static_cast<std::size_t>(c.n_head) * static_cast<std::size_t>(c.head_dim);
+    s.queries.assign(static_cast<std::size_t>(c.n_layers), {});
+    std::int64_t processed = 0;
+    auto hook = [&](const LayerActivations& a) {
+      const std::int64_t skip = std::clamp<std::int64_t>(s.first_q - processed, 0, a.n);
+      append_rounded(s.queries[static_cast<std::size_t>(a.layer)], a.q.data() + static_cast<std::size_t>(skip) * q_row,
+                     static_cast<std::size_t>(a.n - skip) * q_row);
+    };
+    model.reset();
+    model.reserve(T);
+    model.record_last_attention(false);
+    for (const auto& [b, e] : prefill_chunks(s.c, s.p.question_start, opts.prefill_chunk)) {
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(e - b));
+      for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int32_t>(b) + static_cast<std::int32_t>(i);
+      const std::int64_t last = e - b - 1;
+      const bool want = e == s.c && opts.mode == ReplayMode::QueryAware;
+      auto logits = model.forward(std::span(s.p.tokens).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), pos,
+                                  want ? std::span<const std::int64_t>(&last, 1) : std::span<const std::int64_t>(), hook);
+      if (want) s.prefill_logits = std::move(logits);
+      processed = e;
+    }
+    s.at_point = model.cache();
+    return s;
+  }
+
+  // The full-cache continuation: question tokens (query-agnostic), then greedy until EOS or
+  // max_new, every generated token run through (its query is an evaluation query, as in a trace).
+  void reference_run(Shared& s) {
+    const LlamaConfig& c = model.config();
+    const auto q_row = static_cast<std::size_t>(c.n_head) * static_cast<std::size_t>(c.head_dim);
+    s.eval_queries.assign(static_cast<std::size_t>(c.n_layers), {});
+    auto hook = [&](const LayerActivations& a) {
+      append_rounded(s.eval_queries[static_cast<std::size_t>(a.layer)], a.q.data(), static_cast<std::size_t>(a.n) * q_row);
+    };
+    model.set_cache(s.at_point);
+    std::vector<float> logits = s.prefill_logits;
+    for (std::int64_t t = s.c; t < s.n_prompt; ++t) {
+      s.eval_tokens.push_back(t);
+      logits = model.step(s.p.tokens[static_cast<std::size_t>(t)], hook);
+    }
+    for (int j = 0; j < opts.max_new; ++j) {
+      const std::int32_t next = argmax(logits);
+      s.reference.push_back(next);
+      s.ref_logp.push_back(log_softmax(logits));
+      s.eval_tokens.push_back(model.cached_tokens());
+      logits = model.step(next, hook);
+      if (next == tok.eos()) break;
+    }
+    s.final_cache = model.cache();
+    s.future.assign(static_cast<std::size_t>(c.n_layers), std::nullopt);
+  }
+
+  // Oracle signal of one layer: the reference run's evaluation queries attending over its full
+  // cache (causally), restricted to the tokens before the compression point, per query head.
+  const std::vector<Mat>& future_attention(Shared& s, int layer) {
+    auto& slot = s.future[static_cast<std::size_t>(layer)];
+    if (slot) return *slot;
+    const int Hq = g.n_q_heads, d = g.head_dim, G = g.group();
+    const auto E = static_cast<Eigen::Index>(s.eval_tokens.size());
+    std::vector<std::int64_t> limit(s.eval_tokens.begin(), s.eval_tokens.end());
+    std::vector<Mat> out(static_cast<std::size_t>(Hq));
+    const auto& entries = s.final_cache.layers[static_cast<std::size_t>(layer)];
+    const FloatBuffer& q = s.eval_queries[static_cast<std::size_t>(layer)];
+    for (int hq = 0; hq < Hq; ++hq) {
+      const KvEntry& e = entries[static_cast<std::size_t>(hq / G)];
+      const Eigen::Map<const Mat, 0, Eigen::OuterStride<>> qh(q.data() + hq * d, E, d, Eigen::OuterStride<>(Hq * d));
+      const Eigen::Map<const Mat> k(e.k.data(), e.rows(), d);
+      Mat a = (qh * (1.0f / std::sqrt(static_cast<float>(d)))) * k.transpose();
+      replay_detail::causal_softmax(a, limit);
+      out[static_cast<std::size_t>(hq)] = a.leftCols(s.c);
+    }
+    slot = std::move(out);
+    return *slot;
+  }
+
+  // Restores the shared cache and compresses it with `cfg` for real, layer by layer.
+  Compressed compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res) {
+    model.set_cache(s.at_point);
+    Compressed out;
+    out.budget = config_budget(*cfg.impl, cfg.budget, s.c, g.head_dim);
+    out.states.resize(static_cast<std::size_t>(g.n_layers));
+    res.budget_tokens = out.budget.tokens;
+    std::int64_t entries = g.n_kv_heads;
+    for (int l = 0; l < g.n_layers; ++l) {
+      auto& layer = model.cache().layers[static_cast<std::size_t>(l)];
+      CacheView view;
+      for (const KvEntry& e : layer) {
+        view.tokens.push_back(e.tokens);
+        view.keys.push_back(Eigen::Map<const Mat>(e.k.data(), e.rows(), g.head_dim));
+        view.values.push_back(Eigen::Map<const Mat>(e.v.data(), e.rows(), g.head_dim));
+      }
+      if (cfg.impl->reads_future()) view.future = future_attention(s, l);
+      const CacheSignals signals(s.where, g, l, s.c, s.header, s.queries[static_cast<std::size_t>(l)], view);
+      bool compress = out.budget.compress;
+      LayerPlan plan;
+      if (!compress && cfg.impl->respects_budget()) {
+        // As in replay: a budget that fits the whole cache still asks the policy, which must
+        // keep everything (per-query-head plans excepted: G copies do not fit one cache).
+        plan = cfg.impl->compress(signals, Budget{s.c, cfg.budget});
+        if (static_cast<int>(plan.heads.size()) != g.n_kv_heads) {
+          compress = true;
+        } else {
+          for (const HeadPlan& hp : plan.heads)
+            if (hp.kept() != s.c)
+              throw Error("policy " + cfg.policy + ": dropped " + std::to_string(s.c - hp.kept()) +
+                          " tokens with a budget that fits the whole cache (" + std::to_string(s.c) + " tokens)");
+        }
+      } else if (compress) {
+        plan = cfg.impl->compress(signals, Budget{out.budget.tokens, cfg.budget});
+      }
+      if (compress) {
+        const bool per_q = static_cast<int>(plan.heads.size()) == g.n_q_heads && g.n_q_heads != g.n_kv_heads;
+        if (static_cast<int>(plan.heads.size()) != g.n_kv_heads && !per_q)
+          throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
+                      std::to_string(g.n_kv_heads) + " or " + std::to_string(g.n_q_heads));
+        std::vector<std::vector<std::int32_t>> keep(plan.heads.size());
+        for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+          const auto& tokens = view.tokens[per_q ? e / static_cast<std::size_t>(g.group()) : e];
+          const auto& codec = plan.heads[e].codec;
+          if (codec.size() != tokens.size())
+            throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(codec.size()) + " tokens, expected " +
+                        std::to_string(tokens.size()));
+          for (std::size_t m = 0; m < codec.size(); ++m) {
+            if (!codec_supported(codec[m]))
+              throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec[m]) +
+                          ", which live verify does not apply yet (drop and fp16 only)");
+            if (codec[m] != TokenCodec::Drop) keep[e].push_back(tokens[m]);
+          }
+        }
+        model.cache().keep(l, keep, g.n_q_heads);
+        entries = static_cast<std::int64_t>(plan.heads.size());
+        out.states[static_cast<std::size_t>(l)] = cfg.impl->start_decode(signals, plan, Budget{out.budget.tokens, cfg.budget});
+        if (out.states[static_cast<std::size_t>(l)]) {
+          if (per_q) throw Error("policy " + cfg.policy + ": per-query-head plans with decode-time eviction are not supported");
+          out.any_state = true;
+        }
+      }
+      std::vector<std::vector<std::int32_t>> kept;
+      for (const KvEntry& e : model.cache().layers[static_cast<std::size_t>(l)]) kept.push_back(e.tokens);
+      res.kept.push_back(std::move(kept));
+    }
+    const auto rows = static_cast<double>(model.cache().entries_rows());
+    res.compressed_bytes = cache_bytes(out.budget, rows, entries, g.n_layers);
+    res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
+    res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
+    return out;
+  }
+
+  // One token on the compressed cache, then decode-time eviction in every layer that has a
+  // state (the token has joined and its query attended, as in replay).
+  std::vector<float> step(std::int32_t token, Compressed& cs, const std::string& label) {
+    model.record_last_attention(cs.any_state);
+    std::vector<float> logits = model.step(token);
+    if (!cs.any_state) return logits;
+    const auto t = model.cached_tokens() - 1;
+    for (int l = 0; l < g.n_layers; ++l) {
+      DecodeState* state = cs.states[static_cast<std::size_t>(l)].get();
+      if (!state) continue;
+      auto& layer = model.cache().layers[static_cast<std::size_t>(l)];
+      std::vector<std::vector<std::int32_t>> cache;
+      for (const KvEntry& e : layer) cache.push_back(e.tokens);
+      std::vector<std::vector<float>> weights(static_cast<std::size_t>(g.n_q_heads));
+      if (state->needs_attention())
+        for (int hq = 0; hq < g.n_q_heads; ++hq) {
+          const auto w = model.last_attention(l, hq);
+          weights[static_cast<std::size_t>(hq)].assign(w.begin(), w.end());
+        }
+      std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(g.n_kv_heads));
+      state->step(DecodeStep{t, cache, weights, cs.budget.tokens}, evict);
+      for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+        model.cache().evict(l, kv, evict[static_cast<std::size_t>(kv)]);
+        const auto size = layer[static_cast<std::size_t>(kv)].rows();
+        if (size > std::max<std::int64_t>(cs.budget.tokens, 0))
+          throw Error("policy " + label + ": cache holds " + std::to_string(size) + " tokens after step " + std::to_string(t) +
+                      ", over its budget of " + std::to_string(cs.budget.tokens));
+      }
+    }
+    return logits;
+  }
+
+  // The question tokens after a query-agnostic compression point; returns the last logits (or
+  // the prefill's, query-aware).
+  std::vector<float> run_question(Shared& s, Compressed& cs, const std::string& label) {
+    std::vector<float> logits = s.prefill_logits;
+    for (std::int64_t t = s.c; t < s.n_prompt; ++t) logits = step(s.p.tokens[static_cast<std::size_t>(t)], cs, label);
+    return logits;
+  }
+
+  LiveConfigResult run_config(Shared& s, const ReplayConfig& cfg, const std::vector<std::string>& expected) {
+    const auto t0 = Clock::now();
+    LiveConfigResult res;
+    Compressed cs = compress(s, cfg, res);
+    // Teacher-forced on the reference continuation.
+    std::vector<float> logits = run_question(s, cs, cfg.label());
+    const auto len = s.reference.size();
+    double kl_sum = 0, nll_sum = 0, top1 = 0;
+    std::size_t diverged = len;
+    for (std::size_t j = 0; j < len; ++j) {
+      const bool affected = j > 0 || opts.mode == ReplayMode::QueryAgnostic;
+      if (affected) {
+        const auto lq = log_softmax(logits);
+        const auto& lp = s.ref_logp[j];
+        double kl = 0;
+        for (std::size_t v = 0; v < lp.size(); ++v) kl += std::exp(lp[v]) * (lp[v] - lq[v]);
+        kl = std::max(kl, 0.0);
+        kl_sum += kl;
+        res.max_kl = std::max(res.max_kl, kl);
+        nll_sum -= lq[static_cast<std::size_t>(s.reference[j])];
+        const bool same = argmax(logits) == s.reference[j];
+        top1 += same ? 1 : 0;
+        if (!same && diverged == len) diverged = j;
+        ++res.steps;
+      }
+      if (j + 1 < len) logits = step(s.reference[j], cs, cfg.label());
+    }
+    const auto n = static_cast<double>(res.steps);
+    res.mean_kl = res.steps ? kl_sum / n : 0;
+    res.top1 = res.steps ? top1 / n : 1;
+    res.ppl = res.steps ? std::exp(nll_sum / n) : 1;
+    // Free-running: identical to the reference until the first divergent prediction, so only a
+    // divergent config pays for a second run.
+    std::vector<std::int32_t> generated = s.reference;
+    if (diverged < len) {
+      res.kept.clear();
+      cs = compress(s, cfg, res);
+      logits = run_question(s, cs, cfg.label());
+      generated.clear();
+      for (int j = 0; j < opts.max_new; ++j) {
+        const std::int32_t next = argmax(logits);
+        generated.push_back(next);
+        if (next == tok.eos()) break;
+        if (j + 1 < opts.max_new) logits = step(next, cs, cfg.label());
+      }
+    }
+    res.same_tokens = generated == s.reference;
+    res.generated = tok.decode(strip_eos(generated));
+    res.task_score = task_score(res.generated, expected);
+    res.seconds = since(t0);
+    return res;
+  }
+
+  std::vector<std::int32_t> strip_eos(std::vector<std::int32_t> ids) const {
+    if (!ids.empty() && ids.back() == tok.eos()) ids.pop_back();
+    return ids;
+  }
+};
+
+LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts) : impl_(std::make_unique<Impl>(gguf, opts)) {
+  if (opts.max_new < 2) throw Error("--max-new must be >= 2 (the first continuation token is not affected query-aware)");
+  if (opts.prefill_chunk < 1 || opts.query_window < 0) throw Error("--prefill-chunk must be >= 1 and --query-window >= 0");
+}
+
+LiveVerifier::~LiveVerifier() = default;
+
+KvGeometry LiveVerifier::geometry() const { return impl_->g; }
+
+LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs) {
+  const auto t0 = Clock::now();
+  Impl::Shared s = impl_->prefill(request);
+  impl_->reference_run(s);
+  LiveRequestResult out;
+  out.request = request.id;
+  out.task = request.task;
+  out.compression_point = s.c;
+  out.prompt_tokens = s.n_prompt;
+  out.reference = s.reference;
+  out.reference_text = impl_->tok.decode(impl_->strip_eos(s.reference));
+  const auto expected = expected_strings(request);
+  out.reference_task_score = task_score(out.reference_text, expected);
+  double nll = 0;
+  std::int64_t steps = 0;
+  for (std::size_t j = 0; j < s.reference.size(); ++j) {
+    if (j == 0 && impl_->opts.mode == ReplayMode::QueryAware) continue;
+    nll -= s.ref_logp[j][static_cast<std::size_t>(s.reference[j])];
+    ++steps;
+  }
+  out.reference_ppl = steps ? std::exp(nll / static_cast<double>(steps)) : 1;
+  out.shared_seconds = since(t0);
+  for (const ReplayConfig& cfg : configs) out.configs.push_back(impl_->run_config(s, cfg, expected));
+  return out;
+}
+
+}  // namespace kvsim

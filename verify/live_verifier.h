@@ -1,0 +1,70 @@
+#pragma once
+// Live verification: the same policy objects the replay uses, applied online to the engine's KV
+// cache. Per request one full-cache run is shared by every config: the prefill up to the
+// compression point (saved and restored per config) and the reference continuation (greedy on
+// the full cache). Each config then compresses the restored cache for real (dropped tokens
+// leave it), runs teacher-forced on the reference continuation (next-token KL, top-1, perplexity)
+// and, where its predictions diverge, free-running (the task score).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capture/capture_driver.h"
+#include "capture/weight_matrix.h"
+#include "policies/policy.h"
+#include "sim/replay.h"
+
+namespace kvsim {
+
+class GgufFile;
+
+struct VerifyOptions {
+  ReplayMode mode = ReplayMode::QueryAware;
+  int max_new = 16;             // reference continuation length (greedy, stops at EOS)
+  bool all_queries = true;      // record every prompt query (H2O-style scores need them)
+  int query_window = 64;        // else: the last this many context tokens' queries
+  int prefill_chunk = 256;      // engine chunking; capture's default, so keep-sets match a trace
+  WeightFormat weights = WeightFormat::Quantized;
+};
+
+struct LiveConfigResult {
+  std::int64_t budget_tokens = 0;
+  std::int64_t steps = 0;          // continuation predictions the compression can affect
+  double mean_kl = 0, max_kl = 0;  // KL(full || compressed) of those next-token distributions
+  double top1 = 1;                 // share of them whose argmax is the reference token
+  double ppl = 0;                  // perplexity of the reference continuation over them
+  double task_score = 0;           // share of expected strings in the free generation (NaN: none)
+  bool same_tokens = true;         // free generation == reference continuation
+  std::string generated;
+  double kept_fraction = 1;        // K/V rows after compression / rows of the full cache
+  double compressed_bytes = 0, budget_bytes = 0;
+  double seconds = 0;
+  // The kept tokens right after compression, [layer][entry] (for the agreement tests).
+  std::vector<std::vector<std::vector<std::int32_t>>> kept;
+};
+
+struct LiveRequestResult {
+  std::string request, task;
+  std::int64_t compression_point = 0, prompt_tokens = 0;
+  std::vector<std::int32_t> reference;  // the full-cache continuation
+  std::string reference_text;
+  double reference_ppl = 0, reference_task_score = 0;
+  double shared_seconds = 0;            // prefill + reference run
+  std::vector<LiveConfigResult> configs;
+};
+
+class LiveVerifier {
+ public:
+  // `gguf` must outlive the verifier (weights may stay in its mapping).
+  LiveVerifier(const GgufFile& gguf, VerifyOptions opts);
+  ~LiveVerifier();
+  KvGeometry geometry() const;
+  LiveRequestResult run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvsim
