@@ -13,5 +13,6 @@ int sweep_command(const Args& args);
 int model_command(const Args& args);
 int capture_command(const Args& args);
 int tasks_command(const Args& args);
+int verify_command(const Args& args);
 
 }  // namespace kvsim::cli

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
       {"model", "inspect GGUF model files (metadata, tensors, dequantized rows)", kvsim::cli::model_command},
       {"capture", "record kvtrace files from a real GGUF model", kvsim::cli::capture_command},
       {"tasks", "generate capture requests (needle tasks, text windows)", kvsim::cli::tasks_command},
+      {"verify", "run configs live on the model's compressed cache; agreement with a sweep", kvsim::cli::verify_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 
@@ -22,5 +23,13 @@ inline bool parse_options(const Args& args, const boost::program_options::option
   po::notify(vm);
   return true;
 }
+
+// Comma- or semicolon-separated option values.
+std::vector<std::string> split(const std::string& s, char sep);
+// Policies are separated by ';' or by ',' before a token that is not key=value, so that
+// "snapkv:window=64,kernel=7,h2o" reads as two policies.
+std::vector<std::string> split_policies(const std::string& s);
+// "0.1,0.25,0.5"; throws naming a value that is not a number.
+std::vector<double> parse_budgets(const std::string& s);
 
 }  // namespace kvsim::cli

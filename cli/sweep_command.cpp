@@ -17,31 +17,6 @@ namespace po = boost::program_options;
 namespace kvsim::cli {
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream in(s);
-  while (std::getline(in, cur, sep))
-    if (!cur.empty()) out.push_back(cur);
-  return out;
-}
-
-// Policies are separated by ';' or by ',' before a token that is not key=value, so that
-// "snapkv:window=64,kernel=7,h2o" reads as two policies.
-std::vector<std::string> split_policies(const std::string& s) {
-  std::vector<std::string> out;
-  for (const auto& part : split(s, ';')) {
-    for (const auto& tok : split(part, ',')) {
-      const bool is_param = tok.find('=') != std::string::npos && tok.find(':') == std::string::npos;
-      if (is_param && !out.empty())
-        out.back() += (out.back().find(':') == std::string::npos ? ":" : ",") + tok;
-      else
-        out.push_back(tok);
-    }
-  }
-  return out;
-}
-
 void list_policies(std::ostream& os) {
   for (const PolicyInfo* p : PolicyRegistry::instance().all()) {
     os << p->name << "\n    " << p->description << "\n    cite: " << p->citation << "\n";
@@ -116,15 +91,7 @@ int sweep_command(const Args& args) {
     }
   }
   if (!policies.empty()) spec.policies = split_policies(policies);
-  for (const auto& b : split(budgets, ',')) {
-    try {
-      std::size_t used = 0;
-      spec.budgets.push_back(std::stod(b, &used));
-      if (used != b.size()) throw std::invalid_argument(b);
-    } catch (const std::exception&) {
-      throw Error("--budgets: '" + b + "' is not a number; expected fractions in (0, 1] like 0.1,0.25,0.5");
-    }
-  }
+  spec.budgets = parse_budgets(budgets);
   spec.mode = parse_mode(mode);
   spec.resume = vm.count("resume") > 0;
   spec.force = vm.count("force") > 0;

@@ -1,0 +1,62 @@
+// `kvsim verify`: live compressed-cache runs of (policy, budget) configs and their agreement
+// with the offline sweep.
+#include <boost/program_options.hpp>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "verify/verify_run.h"
+
+namespace po = boost::program_options;
+
+namespace kvsim::cli {
+
+int verify_command(const Args& args) {
+  VerifySpec spec;
+  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant";
+  po::options_description desc(
+      "kvsim verify: run (policy, budget) configs live on the model with a really compressed KV cache, against\n"
+      "the full-cache run (next-token KL teacher-forced on its continuation, top-1, perplexity, task score of\n"
+      "free generation), and report how well a sweep's offline metrics rank them");
+  desc.add_options()("help,h", "show this help")("model,m", po::value(&spec.model_path)->required(), "GGUF model file")(
+      "tasks,t", po::value(&spec.tasks_path)->required(), "JSONL requests (as for kvsim capture)")(
+      "policies,p", po::value(&policies), "policies: name[:key=value,...] separated by ',' or ';'")(
+      "budgets,b", po::value(&budgets)->default_value(budgets), "budgets: fractions of the full fp16 KV bytes, in (0, 1]")(
+      "from-sweep", po::value(&spec.from_sweep), "take the --top configs (by offline mean KL) of this sweep result CSV")(
+      "top", po::value(&spec.top)->default_value(spec.top), "see --from-sweep")(
+      "offline", po::value(&spec.offline_csv), "sweep result CSV to compare with (implied by --from-sweep)")(
+      "detail", po::value(&spec.offline_detail), "that sweep's --detail JSONL: adds per-layer offline metrics")(
+      "mode", po::value(&mode)->default_value(mode), "query-aware | query-agnostic (a sweep's own mode wins)")(
+      "max-new", po::value(&spec.live.max_new)->default_value(spec.live.max_new), "reference continuation tokens (>= 2)")(
+      "queries", po::value(&queries)->default_value(queries),
+      "all | eval: prompt queries the policies may read (eval: the last --query-window context tokens and the question)")(
+      "query-window", po::value(&spec.live.query_window)->default_value(spec.live.query_window), "see --queries eval")(
+      "prefill-chunk", po::value(&spec.live.prefill_chunk)->default_value(spec.live.prefill_chunk),
+      "tokens per prefill pass (capture's default, so keep-sets match a captured trace exactly)")(
+      "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
+      "out,o", po::value(&spec.out_csv)->default_value(spec.out_csv), "per request x config results (CSV)")(
+      "agreement", po::value(&spec.agreement_csv), "write the agreement table as CSV too")(
+      "force", "replace an existing --out file")("quiet,q", "no progress lines");
+  po::variables_map vm;
+  if (!parse_options(args, desc, po::positional_options_description(), vm,
+                     "kvsim verify --model M.gguf --tasks T.jsonl (--policies P --budgets B | --from-sweep S.csv --top N) "
+                     "[--offline S.csv] [options]"))
+    return 0;
+  if (spec.from_sweep.empty() && policies.empty()) throw Error("no configs: give --policies (and --budgets) or --from-sweep");
+  if (!spec.from_sweep.empty() && !policies.empty()) throw Error("--policies and --from-sweep exclude each other");
+  if (!spec.from_sweep.empty() && !spec.offline_csv.empty()) throw Error("--offline is implied by --from-sweep; give one");
+  if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
+  spec.policies = split_policies(policies);
+  spec.budgets = parse_budgets(budgets);
+  spec.live.mode = parse_mode(mode);
+  spec.mode_given = !vm["mode"].defaulted();
+  spec.live.all_queries = queries == "all";
+  spec.live.weights = parse_weight_format(weights);
+  spec.force = vm.count("force") > 0;
+  spec.progress = vm.count("quiet") == 0;
+  run_verify(spec, std::cout, std::cerr);
+  return 0;
+}
+
+}  // namespace kvsim::cli

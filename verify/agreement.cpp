@@ -1,0 +1,205 @@
+#include "verify/agreement.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <ostream>
+#include <set>
+#include <tuple>
+
+#include "core/error.h"
+#include "sim/csv.h"
+
+namespace kvsim {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Average ranks (ties share the mean of their positions).
+std::vector<double> ranks(const std::vector<double>& x) {
+  std::vector<std::size_t> order(x.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return x[a] < x[b]; });
+  std::vector<double> r(x.size());
+  for (std::size_t i = 0; i < order.size();) {
+    std::size_t j = i;
+    while (j + 1 < order.size() && x[order[j + 1]] == x[order[i]]) ++j;
+    for (std::size_t k = i; k <= j; ++k) r[order[k]] = 0.5 * static_cast<double>(i + j) + 1.0;
+    i = j + 1;
+  }
+  return r;
+}
+
+// Pairs where both values are finite.
+std::pair<std::vector<double>, std::vector<double>> finite_pairs(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> x, y;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::isfinite(a[i]) && std::isfinite(b[i])) {
+      x.push_back(a[i]);
+      y.push_back(b[i]);
+    }
+  return {x, y};
+}
+
+std::string num(double x) {
+  if (!std::isfinite(x)) return "nan";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", x);
+  return buf;
+}
+
+}  // namespace
+
+double spearman(const std::vector<double>& a0, const std::vector<double>& b0) {
+  const auto [a, b] = finite_pairs(a0, b0);
+  if (a.size() < 3) return kNaN;
+  const auto ra = ranks(a), rb = ranks(b);
+  const double n = static_cast<double>(a.size());
+  const double ma = std::accumulate(ra.begin(), ra.end(), 0.0) / n, mb = std::accumulate(rb.begin(), rb.end(), 0.0) / n;
+  double sab = 0, saa = 0, sbb = 0;
+  for (std::size_t i = 0; i < ra.size(); ++i) {
+    sab += (ra[i] - ma) * (rb[i] - mb);
+    saa += (ra[i] - ma) * (ra[i] - ma);
+    sbb += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : kNaN;
+}
+
+double kendall_tau_b(const std::vector<double>& a0, const std::vector<double>& b0) {
+  const auto [a, b] = finite_pairs(a0, b0);
+  if (a.size() < 3) return kNaN;
+  double concordant = 0, discordant = 0, ties_a = 0, ties_b = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (std::size_t j = i + 1; j < a.size(); ++j) {
+      const double da = a[i] - a[j], db = b[i] - b[j];
+      if (da == 0 && db == 0) continue;
+      if (da == 0) ++ties_a;
+      else if (db == 0) ++ties_b;
+      else if ((da > 0) == (db > 0)) ++concordant;
+      else ++discordant;
+    }
+  const double denom = std::sqrt((concordant + discordant + ties_a) * (concordant + discordant + ties_b));
+  return denom > 0 ? (concordant - discordant) / denom : kNaN;
+}
+
+AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vector<LiveRow>& live,
+                          const std::vector<std::string>& metrics, int top_k) {
+  using Key = std::tuple<std::string, std::string, double>;  // policy, params, budget
+  std::map<std::pair<Key, std::string>, const OfflineRow*> off;
+  for (const auto& r : offline) off[{{r.policy, r.params, r.budget}, r.request}] = &r;
+  struct Sums {
+    std::map<std::string, double> offline;
+    double kl = 0, task = 0;
+    int n = 0, n_task = 0;
+  };
+  std::map<Key, Sums> by_config;
+  std::set<std::string> requests;
+  for (const auto& l : live) {
+    if (!(l.budget < 1.0)) continue;
+    const Key key{l.policy, l.params, l.budget};
+    const auto it = off.find({key, l.request});
+    if (it == off.end()) continue;
+    Sums& s = by_config[key];
+    for (const auto& m : metrics) {
+      const auto mv = it->second->metrics.find(m);
+      s.offline[m] += mv == it->second->metrics.end() ? kNaN : mv->second;
+    }
+    s.kl += l.live_kl;
+    if (std::isfinite(l.task_score)) {
+      s.task += l.task_score;
+      ++s.n_task;
+    }
+    ++s.n;
+    requests.insert(l.request);
+  }
+  if (by_config.size() < 3)
+    throw Error("agreement: " + std::to_string(by_config.size()) +
+                " compressed configs were run both offline and live on the same requests; need at least 3 (same request "
+                "ids, policy parameters and budgets on both sides)");
+  AgreementReport rep;
+  rep.configs = static_cast<int>(by_config.size());
+  rep.requests = static_cast<int>(requests.size());
+  rep.top_k = std::min<int>(top_k, rep.configs);
+  std::vector<double> live_kl, task, budgets;
+  for (const auto& [key, s] : by_config) {
+    live_kl.push_back(s.kl / s.n);
+    task.push_back(s.n_task ? s.task / s.n_task : kNaN);
+    budgets.push_back(std::get<2>(key));
+  }
+  auto top = [&](const std::vector<double>& v) {
+    std::vector<std::size_t> idx(v.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return v[a] < v[b]; });
+    return std::set<std::size_t>(idx.begin(), idx.begin() + rep.top_k);
+  };
+  const auto live_top = top(live_kl);
+  for (const auto& m : metrics) {
+    std::vector<double> x;
+    for (const auto& [key, s] : by_config) x.push_back(s.offline.at(m) / s.n);
+    AgreementRow row;
+    row.metric = m;
+    row.spearman_kl = spearman(x, live_kl);
+    row.kendall_kl = kendall_tau_b(x, live_kl);
+    row.spearman_task = spearman(x, task);
+    row.kendall_task = kendall_tau_b(x, task);
+    double sum = 0;
+    int groups = 0;
+    for (double b : std::set<double>(budgets.begin(), budgets.end())) {
+      std::vector<double> xb, yb;
+      for (std::size_t i = 0; i < x.size(); ++i)
+        if (budgets[i] == b) {
+          xb.push_back(x[i]);
+          yb.push_back(live_kl[i]);
+        }
+      const double r = spearman(xb, yb);
+      if (std::isfinite(r)) {
+        sum += r;
+        ++groups;
+      }
+    }
+    row.within_budget_spearman_kl = groups ? sum / groups : kNaN;
+    const auto off_top = top(x);
+    int hit = 0;
+    for (auto i : live_top) hit += off_top.count(i) ? 1 : 0;
+    row.top_recall = static_cast<double>(hit) / rep.top_k;
+    rep.rows.push_back(row);
+  }
+  return rep;
+}
+
+void write_agreement_csv(const AgreementReport& r, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw Error(path + ": cannot write the agreement report");
+  out << "# kvsim verify agreement: " << r.configs << " configs, " << r.requests << " requests\n";
+  out << csv_line({"offline_metric", "spearman_live_kl", "kendall_live_kl", "within_budget_spearman_live_kl",
+                   "spearman_task_score", "kendall_task_score", "top" + std::to_string(r.top_k) + "_recall"})
+      << "\n";
+  for (const auto& x : r.rows)
+    out << csv_line({x.metric, num(x.spearman_kl), num(x.kendall_kl), num(x.within_budget_spearman_kl), num(x.spearman_task),
+                     num(x.kendall_task), num(x.top_recall)})
+        << "\n";
+  if (!out) throw Error(path + ": write failed");
+}
+
+void print_agreement(const AgreementReport& r, std::ostream& os) {
+  char buf[200];
+  os << "agreement of the offline ranking with the live one (" << r.configs << " compressed configs, " << r.requests
+     << " requests; offline metrics larger = worse, so a good predictor correlates positively with live KL and "
+        "negatively with the task score)\n";
+  std::snprintf(buf, sizeof buf, "%-16s%12s%12s%16s%12s%12s%10s\n", "offline metric", "rho(KL)", "tau(KL)",
+                "rho(KL)/budget", "rho(task)", "tau(task)", ("top" + std::to_string(r.top_k)).c_str());
+  os << buf;
+  for (const auto& x : r.rows) {
+    std::snprintf(buf, sizeof buf, "%-16s%12s%12s%16s%12s%12s%10s\n", x.metric.c_str(), num(x.spearman_kl).c_str(),
+                  num(x.kendall_kl).c_str(), num(x.within_budget_spearman_kl).c_str(), num(x.spearman_task).c_str(),
+                  num(x.kendall_task).c_str(), num(x.top_recall).c_str());
+    os << buf;
+  }
+}
+
+}  // namespace kvsim

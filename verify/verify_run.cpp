@@ -1,0 +1,204 @@
+#include "verify/verify_run.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <set>
+#include <sstream>
+
+#include "capture/gguf.h"
+#include "core/error.h"
+#include "policies/registry.h"
+#include "sim/csv.h"
+#include "sim/sweep.h"
+#include "traces/trace_reader.h"
+#include "verify/agreement.h"
+#include "verify/sweep_results.h"
+
+namespace kvsim {
+
+namespace {
+
+std::string num(double x) {
+  if (std::isnan(x)) return "nan";
+  std::ostringstream os;
+  os.precision(9);
+  os << x;
+  return os.str();
+}
+
+// The sweep's top configs by offline mean KL (averaged over its requests), compressed ones only.
+std::vector<ReplayConfig> top_configs(const std::vector<OfflineRow>& rows, int top) {
+  std::map<std::tuple<std::string, std::string, double>, std::pair<double, int>> mean;
+  for (const auto& r : rows) {
+    if (!(r.budget < 1.0)) continue;
+    auto& m = mean[{r.policy, r.params, r.budget}];
+    m.first += r.metrics.at("mean_kl");
+    ++m.second;
+  }
+  std::vector<std::pair<double, std::tuple<std::string, std::string, double>>> ranked;
+  for (const auto& [key, m] : mean) ranked.push_back({m.first / m.second, key});
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<ReplayConfig> out;
+  for (const auto& [kl, key] : ranked) {
+    if (static_cast<int>(out.size()) >= top) break;
+    const auto& [policy, params, budget] = key;
+    PolicyInstance inst = PolicyRegistry::instance().create(params.empty() ? policy : policy + ":" + params);
+    out.push_back({inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), budget});
+  }
+  return out;
+}
+
+// The traces a sweep ran on must come from a model of the verified geometry.
+void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv, const KvGeometry& g,
+                    const std::string& model, std::ostream& progress) {
+  std::set<std::string> traces;
+  for (const auto& r : rows) traces.insert(r.trace);
+  for (const auto& t : traces) {
+    std::string path = t;
+    if (!std::filesystem::exists(path)) path = (std::filesystem::path(csv).parent_path() / t).string();
+    if (!std::filesystem::exists(path)) {
+      progress << "verify: warning: trace " << t << " listed in " << csv << " is not found; its geometry is not checked\n";
+      continue;
+    }
+    const TraceReader reader(path);
+    const ModelGeometry& m = reader.geometry();
+    if (m.n_layers != g.n_layers || m.n_q_heads != g.n_q_heads || m.n_kv_heads != g.n_kv_heads || m.head_dim != g.head_dim)
+      throw Error(csv + ": its trace " + t + " has " + std::to_string(m.n_layers) + " layers, " + std::to_string(m.n_q_heads) +
+                  " q heads, " + std::to_string(m.n_kv_heads) + " kv heads, head_dim " + std::to_string(m.head_dim) +
+                  ", but the model " + model + " has " + std::to_string(g.n_layers) + ", " + std::to_string(g.n_q_heads) +
+                  ", " + std::to_string(g.n_kv_heads) + ", " + std::to_string(g.head_dim) + " (a sweep of another model?)");
+  }
+}
+
+}  // namespace
+
+double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progress) {
+  if (!spec.force && std::filesystem::exists(spec.out_csv))
+    throw Error(spec.out_csv + ": file exists; refusing to overwrite it (pass --force to replace)");
+  const auto requests = read_capture_requests(spec.tasks_path);
+  VerifyOptions live = spec.live;
+  std::vector<OfflineRow> offline;
+  const std::string offline_csv = spec.from_sweep.empty() ? spec.offline_csv : spec.from_sweep;
+  if (!offline_csv.empty()) {
+    offline = read_sweep_csv(offline_csv);
+    if (!spec.offline_detail.empty()) add_sweep_detail(offline, spec.offline_detail);
+    std::set<std::string> modes;
+    for (const auto& r : offline) modes.insert(r.mode);
+    if (modes.size() != 1) throw Error(offline_csv + ": rows of several modes; verify one mode at a time");
+    const ReplayMode mode = parse_mode(*modes.begin());
+    if (spec.mode_given && mode != live.mode)
+      throw Error(offline_csv + ": the sweep ran " + mode_name(mode) + ", but --mode is " + mode_name(live.mode));
+    live.mode = mode;
+    std::set<std::string> ids;
+    for (const auto& r : requests) ids.insert(r.id);
+    if (std::none_of(offline.begin(), offline.end(), [&](const OfflineRow& r) { return ids.count(r.request) > 0; }))
+      throw Error(offline_csv + ": none of its requests is in " + spec.tasks_path +
+                  " (verify the tasks the sweep's traces were captured from)");
+  }
+  std::vector<ReplayConfig> configs;
+  if (!spec.from_sweep.empty()) {
+    if (spec.top < 1) throw Error("--top must be >= 1");
+    configs = top_configs(offline, spec.top);
+  } else {
+    SweepSpec s;
+    s.policies = spec.policies;
+    s.budgets = spec.budgets;
+    configs = expand_configs(s);
+  }
+
+  const GgufFile gguf(spec.model_path);
+  LiveVerifier verifier(gguf, live);
+  if (!offline.empty()) check_geometry(offline, offline_csv, verifier.geometry(), spec.model_path, progress);
+
+  const std::string tmp = spec.out_csv + ".partial";
+  std::ofstream csv(tmp);
+  if (!csv) throw Error(tmp + ": cannot write");
+  nlohmann::json cfg{{"tool", "kvsim verify"}, {"model", spec.model_path}, {"tasks", spec.tasks_path},
+                     {"mode", mode_name(live.mode)}, {"max_new", live.max_new}, {"weights", weight_format_name(live.weights)},
+                     {"queries", live.all_queries ? "all" : "eval"}, {"prefill_chunk", live.prefill_chunk}};
+  csv << "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)\n# config: "
+      << cfg.dump() << "\n";
+  csv << csv_line({"request", "task", "mode", "policy", "params", "budget", "budget_tokens", "kept_fraction", "compressed_bytes",
+                   "budget_bytes", "steps", "live_kl", "max_kl", "top1", "ppl", "reference_ppl", "task_score",
+                   "reference_task_score", "same_tokens", "seconds", "generated"})
+      << "\n";
+  const bool tty = spec.progress && ::isatty(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<LiveRow> live_rows;
+  struct Mean {
+    double kl = 0, top1 = 0, ppl_ratio = 0, task = 0, kept = 0;
+    int n = 0, n_task = 0;
+  };
+  std::map<std::pair<double, std::string>, Mean> summary;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const CaptureRequest& r = requests[i];
+    if (spec.progress)
+      progress << (tty ? "\r" : "") << "verify: request " << i + 1 << "/" << requests.size() << " (" << r.id << ", "
+               << configs.size() << " configs)" << (tty ? "   " : "\n") << std::flush;
+    const LiveRequestResult res = verifier.run(r, configs);
+    for (std::size_t p = 0; p < configs.size(); ++p) {
+      const ReplayConfig& c = configs[p];
+      const LiveConfigResult& x = res.configs[p];
+      csv << csv_line({r.id, r.task, mode_name(live.mode), c.policy, c.params, num(c.budget), std::to_string(x.budget_tokens),
+                       num(x.kept_fraction), num(x.compressed_bytes), num(x.budget_bytes), std::to_string(x.steps),
+                       num(x.mean_kl), num(x.max_kl), num(x.top1), num(x.ppl), num(res.reference_ppl), num(x.task_score),
+                       num(res.reference_task_score), x.same_tokens ? "1" : "0", num(x.seconds), x.generated})
+          << "\n";
+      live_rows.push_back({r.id, c.policy, c.params, c.budget, x.mean_kl, x.top1, x.task_score});
+      Mean& m = summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}];
+      m.kl += x.mean_kl;
+      m.top1 += x.top1;
+      m.ppl_ratio += x.ppl / res.reference_ppl;
+      m.kept += x.kept_fraction;
+      if (std::isfinite(x.task_score)) {
+        m.task += x.task_score;
+        ++m.n_task;
+      }
+      ++m.n;
+    }
+    csv.flush();
+  }
+  if (tty) progress << "\n";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  csv.close();
+  if (!csv) throw Error(tmp + ": write failed");
+  std::filesystem::rename(tmp, spec.out_csv);
+
+  std::vector<std::pair<std::pair<double, std::string>, Mean>> rows(summary.begin(), summary.end());
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.first.first != b.first.first ? a.first.first < b.first.first : a.second.kl / a.second.n < b.second.kl / b.second.n;
+  });
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%-8s%-44s%8s%10s%8s%10s%8s%6s\n", "budget", "policy (live)", "kept", "KL", "top1",
+                "ppl/ref", "task", "reqs");
+  out << buf;
+  double last = -1;
+  for (const auto& [key, m] : rows) {
+    if (key.first != last && last >= 0) out << "\n";
+    last = key.first;
+    const std::string label = key.second.size() > 42 ? key.second.substr(0, 39) + "..." : key.second;
+    std::snprintf(buf, sizeof buf, "%-8.3g%-44s%8.3f%10.4f%8.3f%10.4f%8s%6d\n", key.first, label.c_str(), m.kept / m.n,
+                  m.kl / m.n, m.top1 / m.n, m.ppl_ratio / m.n, m.n_task ? num(m.task / m.n_task).substr(0, 6).c_str() : "-", m.n);
+    out << buf;
+  }
+  out << spec.out_csv << ": " << requests.size() << " requests x " << configs.size() << " configs, live in " << seconds
+      << " s\n";
+  if (!offline.empty()) {
+    const AgreementReport rep = agreement(offline, live_rows, offline_metric_names(!spec.offline_detail.empty()));
+    out << "\n";
+    print_agreement(rep, out);
+    if (!spec.agreement_csv.empty()) write_agreement_csv(rep, spec.agreement_csv);
+  }
+  return seconds;
+}
+
+}  // namespace kvsim
