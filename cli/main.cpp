@@ -1,4 +1,4 @@
-// kvsim: one CLI, one subcommand per job (trace now; capture, sweep, verify, serve, report later).
+// kvsim: one CLI, one subcommand per job (serve and report come later).
 #include <iostream>
 #include <string>
 #include <vector>

@@ -98,6 +98,11 @@ struct LiveVerifier::Impl {
     std::vector<std::int64_t> eval_tokens;
     KvCache final_cache;                        // the reference run's cache, every token
     std::vector<std::optional<std::vector<Mat>>> future;  // [layer] oracle signal, built on demand
+    // Every config compresses the same cache, so as in replay one signals object per layer
+    // serves them all (and its memo shares scores across budgets). Built on first use.
+    bool with_future = false;
+    std::vector<std::unique_ptr<CacheView>> views;
+    std::vector<std::unique_ptr<CacheSignals>> signals;
   };
 
   // A config's compressed state: the budget it is held to and its decode-time states.
@@ -207,6 +212,25 @@ struct LiveVerifier::Impl {
     return *slot;
   }
 
+  const CacheSignals& signals_at(Shared& s, int layer) {
+    if (s.signals.empty()) {
+      s.views.resize(static_cast<std::size_t>(g.n_layers));
+      s.signals.resize(static_cast<std::size_t>(g.n_layers));
+    }
+    auto& slot = s.signals[static_cast<std::size_t>(layer)];
+    if (slot) return *slot;
+    auto view = std::make_unique<CacheView>();
+    for (const KvEntry& e : s.at_point.layers[static_cast<std::size_t>(layer)]) {
+      view->tokens.push_back(e.tokens);
+      view->keys.push_back(Eigen::Map<const Mat>(e.k.data(), e.rows(), g.head_dim));
+      view->values.push_back(Eigen::Map<const Mat>(e.v.data(), e.rows(), g.head_dim));
+    }
+    if (s.with_future) view->future = future_attention(s, layer);
+    slot = std::make_unique<CacheSignals>(s.where, g, layer, s.c, s.header, s.queries[static_cast<std::size_t>(layer)], *view);
+    s.views[static_cast<std::size_t>(layer)] = std::move(view);
+    return *slot;
+  }
+
   // Restores the shared cache and compresses it with `cfg` for real, layer by layer.
   Compressed compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res) {
     model.set_cache(s.at_point);
@@ -216,15 +240,7 @@ struct LiveVerifier::Impl {
     res.budget_tokens = out.budget.tokens;
     std::int64_t entries = g.n_kv_heads;
     for (int l = 0; l < g.n_layers; ++l) {
-      auto& layer = model.cache().layers[static_cast<std::size_t>(l)];
-      CacheView view;
-      for (const KvEntry& e : layer) {
-        view.tokens.push_back(e.tokens);
-        view.keys.push_back(Eigen::Map<const Mat>(e.k.data(), e.rows(), g.head_dim));
-        view.values.push_back(Eigen::Map<const Mat>(e.v.data(), e.rows(), g.head_dim));
-      }
-      if (cfg.impl->reads_future()) view.future = future_attention(s, l);
-      const CacheSignals signals(s.where, g, l, s.c, s.header, s.queries[static_cast<std::size_t>(l)], view);
+      const CacheSignals& signals = signals_at(s, l);
       bool compress = out.budget.compress;
       LayerPlan plan;
       if (!compress && cfg.impl->respects_budget()) {
@@ -249,7 +265,7 @@ struct LiveVerifier::Impl {
                       std::to_string(g.n_kv_heads) + " or " + std::to_string(g.n_q_heads));
         std::vector<std::vector<std::int32_t>> keep(plan.heads.size());
         for (std::size_t e = 0; e < plan.heads.size(); ++e) {
-          const auto& tokens = view.tokens[per_q ? e / static_cast<std::size_t>(g.group()) : e];
+          const auto tokens = signals.cached(static_cast<int>(per_q ? e / static_cast<std::size_t>(g.group()) : e));
           const auto& codec = plan.heads[e].codec;
           if (codec.size() != tokens.size())
             throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(codec.size()) + " tokens, expected " +
@@ -379,10 +395,17 @@ struct LiveVerifier::Impl {
   }
 };
 
-LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts) : impl_(std::make_unique<Impl>(gguf, opts)) {
-  if (opts.max_new < 2) throw Error("--max-new must be >= 2 (the first continuation token is not affected query-aware)");
-  if (opts.prefill_chunk < 1 || opts.query_window < 0) throw Error("--prefill-chunk must be >= 1 and --query-window >= 0");
+namespace {
+
+const VerifyOptions& checked(const VerifyOptions& o) {
+  if (o.max_new < 2) throw Error("--max-new must be >= 2 (the first continuation token is not affected query-aware)");
+  if (o.prefill_chunk < 1 || o.query_window < 0) throw Error("--prefill-chunk must be >= 1 and --query-window >= 0");
+  return o;
 }
+
+}  // namespace
+
+LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts) : impl_(std::make_unique<Impl>(gguf, checked(opts))) {}
 
 LiveVerifier::~LiveVerifier() = default;
 
@@ -391,6 +414,7 @@ KvGeometry LiveVerifier::geometry() const { return impl_->g; }
 LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs) {
   const auto t0 = Clock::now();
   Impl::Shared s = impl_->prefill(request);
+  s.with_future = std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) { return c.impl->reads_future(); });
   impl_->reference_run(s);
   LiveRequestResult out;
   out.request = request.id;
