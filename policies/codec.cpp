@@ -17,6 +17,11 @@ double codec_token_bytes(TokenCodec codec, int head_dim) {
 
 bool codec_supported(TokenCodec codec) { return codec == TokenCodec::Drop || codec == TokenCodec::Fp16; }
 
+bool needs_codec(const HeadPlan& plan) {
+  return std::any_of(plan.codec.begin(), plan.codec.end(),
+                     [](TokenCodec c) { return c != TokenCodec::Drop && c != TokenCodec::Fp16; });
+}
+
 const char* codec_name(TokenCodec codec) {
   switch (codec) {
     case TokenCodec::Drop: return "drop";

@@ -1,7 +1,7 @@
 #pragma once
 // Codecs turn a plan's per-token encoding into bytes and into the reconstructed K̂/V̂ that the
-// metrics compare against. Drop and fp16 are complete here; intN and low-rank plug into the same
-// two functions in a later issue (the engine rejects them until then).
+// metrics compare against. Drop and fp16 are built in; a policy with other encodings (quantized
+// tiers) supplies a KvCodec, which replay and live verify both use.
 #include <cstdint>
 #include <span>
 
@@ -21,5 +21,21 @@ const char* codec_name(TokenCodec codec);
 // Drop yields nothing (returns false). The trace already stores fp16, so fp16 is the identity.
 bool codec_reconstruct(TokenCodec codec, std::span<const float> k, std::span<const float> v, std::span<float> k_hat,
                        std::span<float> v_hat);
+
+// A policy's storage for one (layer, entry) cache: plans mark each cached token Drop, Fp16 or an
+// encoding this codec understands (the codec may also treat the kept tokens as a sequence, as
+// KIVI's token groups and residual window do).
+class KvCodec {
+ public:
+  virtual ~KvCodec() = default;
+  // Bytes of the cache holding the plan's kept tokens: K and V with their metadata.
+  virtual double bytes(const HeadPlan& plan, int head_dim) const = 0;
+  // Replaces the kept tokens' K and V rows ([kept, head_dim] each, in cached order) with what
+  // the stored encoding reads back.
+  virtual void reconstruct(const HeadPlan& plan, int head_dim, std::span<float> keys, std::span<float> values) const = 0;
+};
+
+// Whether a plan entry needs its policy's codec (some token is neither dropped nor fp16).
+bool needs_codec(const HeadPlan& plan);
 
 }  // namespace kvsim

@@ -80,6 +80,8 @@ class LayerSignals {
 
 enum class TokenCodec : std::uint8_t { Drop = 0, Fp16, Int8, Int4, Int2, LowRank };
 
+class KvCodec;  // policies/codec.h: how a policy's non-fp16 encodings are stored and read back
+
 // Encoding of each cached token of one KV head (keys and values alike), in cached() order.
 struct HeadPlan {
   std::vector<TokenCodec> codec;  // [cached]
@@ -140,6 +142,9 @@ class Policy {
   // True for oracles that read LayerSignals::future_attention(): a live run then has to
   // provide it from its full-cache reference run.
   virtual bool reads_future() const { return false; }
+  // Policies whose plans encode tokens other than Drop/Fp16 name the codec that stores them;
+  // the engine then counts its bytes and reconstructs K/V through it.
+  virtual const KvCodec* codec() const { return nullptr; }
   // Decode-time policies return their per-layer state, starting from the plan compress() made;
   // one-shot (prefill) policies return nullptr and never evict again.
   virtual std::unique_ptr<DecodeState> start_decode(const LayerSignals& signals, const LayerPlan& initial,

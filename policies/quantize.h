@@ -11,7 +11,7 @@ namespace kvsim {
 
 struct IntSpec {
   int bits = 4;            // 2, 4 or 8
-  int group = 32;          // channels per (scale[, min]) group; divides head_dim
+  int group = 32;          // channels per (scale[, min]) group; divides head_dim (wider: one group per row)
   bool symmetric = false;  // absmax, 2 B per group; else min-max, 4 B per group
 };
 
@@ -24,7 +24,7 @@ void int_roundtrip(const IntSpec& s, std::span<float> row);
 
 struct KiviSpec {
   int bits = 2;
-  int group = 32;     // tokens per key group, channels per value group
+  int group = 32;     // tokens per key group, channels per value group (capped at head_dim)
   int residual = 32;  // R: fp16 window (R % group == 0)
 };
 

@@ -130,7 +130,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     const CacheSignals signals(ctx, g, layer, c, h, qbuf, prefix);
 
     const LayerWork work{g,        layer, c,        E,   T,    prefill_chunk_, ctx, h, qbuf, full_k, eval_limit,
-                         signals, attn,  out,      out_tail, tail_mass, full_v};
+                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
     std::exception_ptr failure;
     auto guard = [&](auto&& fn) {
@@ -220,9 +220,11 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     const double fixed = cache_bytes(budgets[p], 0, a.entries, L);
     const double kept = static_cast<double>(a.kept), cd = static_cast<double>(c);
     r.kept_fraction = kept / (LH * cd);
-    r.compressed_bytes = cache_bytes(budgets[p], kept, a.entries, L);
+    // Encoded (quantized) tokens cost what their codec stores, not fp16, from compression on.
+    const double saving = a.codec_saving;
+    r.compressed_bytes = cache_bytes(budgets[p], kept, a.entries, L) - saving;
     r.budget_bytes = configs_[p].budget * cd * LH * budgets[p].kv_token_bytes;
-    r.final_bytes = fixed + (a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt);
+    r.final_bytes = fixed - saving + (a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt);
     r.peak_bytes = 0;
     r.footprint = 0;
     for (double k : a.prefill_size) {
@@ -231,8 +233,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     }
     double prev = kept;
     for (double k : a.kept_after_step) {
-      r.peak_bytes = std::max(r.peak_bytes, std::max(k, prev + LH) * bpt + fixed);
-      r.footprint += k * bpt + fixed;
+      r.peak_bytes = std::max(r.peak_bytes, std::max(k, prev + LH) * bpt + fixed - saving);
+      r.footprint += k * bpt + fixed - saving;
       prev = k;
     }
     r.keep_hash = a.hash;

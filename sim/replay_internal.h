@@ -29,11 +29,16 @@ struct Accumulator {
   std::vector<double> kept_after_step;      // [T - c] cache size after each later step
   std::vector<double> prefill_size;         // [c] cache size at each prefill step (all layers, heads)
   std::uint64_t hash = 1469598103934665603ull;
+  double codec_saving = 0;                  // fp16 bytes of the kept rows minus what their codec stores
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
+  // Eviction only: the compressed row is the full one renormalised over the kept tokens, whose
+  // KL(compressed || full) is -log(recall).
   void add_row(int layer, double recall, double row_err) {
     recall = std::clamp(recall, 1e-30, 1.0);
-    const double kl_row = -std::log(recall);
+    add_row(layer, recall, -std::log(recall), row_err);
+  }
+  void add_row(int layer, double recall, double kl_row, double row_err) {
     kl[static_cast<std::size_t>(layer)].push_back(static_cast<float>(kl_row));
     err[static_cast<std::size_t>(layer)].push_back(static_cast<float>(row_err));
     layer_recall[static_cast<std::size_t>(layer)] += recall;
@@ -60,6 +65,7 @@ struct LayerWork {
   const std::vector<Mat>& out_tail;   // [Hq] part of out from tokens >= c (never compressed here)
   const std::vector<Eigen::VectorXf>& tail_mass;
   const std::vector<Mat>& full_v;     // [Hkv] T x d
+  std::int64_t first_eval;            // row of q holding the first evaluation query
 };
 
 // A one-shot config's keep-sets in one layer: a bitset over the c cached tokens per query head
@@ -82,6 +88,8 @@ std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, s
 // Decode-time configs (replay_decode.cpp).
 void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, const LayerPlan& plan,
                    DecodeState& state, Accumulator& a);
+// One-shot plans with encoded tokens (replay_codec.cpp).
+void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w, Accumulator& a);
 // Phase B (replay_shots.cpp).
 BuildOrder spanning_tree(const std::vector<OneShot>& shots, int q_head, std::int64_t c);
 void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const BuildOrder& tree, int q_head,

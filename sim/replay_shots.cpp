@@ -27,9 +27,9 @@ void check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vecto
       throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
                   std::to_string(expect));
     for (TokenCodec codec : hp.codec)
-      if (!codec_supported(codec))
+      if (!codec_supported(codec) && !cfg.impl->codec())
         throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
-                    ", which this replay does not reconstruct yet (drop and fp16 only)");
+                    ", but the policy names no codec to store them (drop and fp16 are built in)");
   }
 }
 
@@ -153,6 +153,12 @@ static std::optional<OneShot> plan_config_unchecked(std::size_t index, const Rep
     if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     a.entries = Hkv;
     replay_decode(cfg, budget_tokens, w, plan, *d.state, a);
+    return std::nullopt;
+  }
+  if (std::any_of(plan.heads.begin(), plan.heads.end(), [](const HeadPlan& hp) { return needs_codec(hp); })) {
+    if (per_query_head) throw Error("policy " + cfg.policy + ": plans with encoded tokens must have one entry per KV head");
+    a.entries = Hkv;
+    replay_codec(cfg, plan, w, a);
     return std::nullopt;
   }
   a.entries = static_cast<std::int64_t>(plan.heads.size());

@@ -286,3 +286,45 @@ TEST_CASE("every policy runs on thinned caches of a chunked prefill", "[replay]"
     CHECK(r.mean_kl >= 0.0);
   }
 }
+
+TEST_CASE("quantized configs: every token kept, error grows as bits shrink, bytes are the codec's", "[replay]") {
+  const TraceReader reader(replay_trace());
+  // 0.99 of the fp16 bytes holds every token at 8, 4 and 2 bits (and KIVI-2): nothing is dropped.
+  const auto cfgs = configs({"intn:bits=8", "intn:bits=4", "intn:bits=2", "kivi:bits=2,residual=32", "kivi:bits=4"}, {0.99});
+  for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    const RequestResult res = Replayer(reader, mode, cfgs).replay(reader.request_ids().front());
+    const auto& g = reader.geometry();
+    const double fp16 = 2.0 * 2 * g.head_dim;  // K + V per token
+    const double tokens = static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(res.compression_point);
+    for (std::size_t i = 0; i < cfgs.size(); ++i) {
+      INFO(cfgs[i].label() << " " << mode_name(mode));
+      const ConfigResult& r = res.configs[i];
+      CHECK(r.kept_fraction == 1.0);
+      CHECK(r.mean_recall == Approx(1.0).margin(1e-6));
+      CHECK(r.compressed_bytes < 0.99 * tokens * fp16);
+      CHECK(r.compressed_bytes <= r.budget_bytes);
+    }
+    // head_dim 16: int8 / int4 / int2 rows with one min-max group cost 16 + 4, 8 + 4, 4 + 4 bytes.
+    CHECK(res.configs[0].compressed_bytes == Approx(tokens * 2 * 20));
+    CHECK(res.configs[1].compressed_bytes == Approx(tokens * 2 * 12));
+    CHECK(res.configs[2].compressed_bytes == Approx(tokens * 2 * 8));
+    CHECK(res.configs[0].mean_kl < 1e-3);
+    CHECK(res.configs[0].mean_kl < res.configs[1].mean_kl);
+    CHECK(res.configs[1].mean_kl < res.configs[2].mean_kl);
+    CHECK(res.configs[0].mean_err < res.configs[1].mean_err);
+    CHECK(res.configs[1].mean_err < res.configs[2].mean_err);
+    CHECK(res.configs[4].mean_err < res.configs[3].mean_err);  // KIVI-4 beats KIVI-2
+  }
+}
+
+TEST_CASE("quantized configs over budget keep sinks and recent tokens and stay within it", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const auto cfgs = configs({"intn:bits=4", "kivi"}, {0.1, 0.25});
+  const RequestResult res = Replayer(reader, ReplayMode::QueryAware, cfgs).replay(reader.request_ids().front());
+  for (std::size_t i = 0; i < cfgs.size(); ++i) {
+    INFO(cfgs[i].label() << " at " << cfgs[i].budget);
+    CHECK(res.configs[i].kept_fraction < 1.0);
+    CHECK(res.configs[i].compressed_bytes <= res.configs[i].budget_bytes);
+    CHECK(res.configs[i].compressed_bytes > 0.8 * res.configs[i].budget_bytes);  // the budget is used, not wasted
+  }
+}

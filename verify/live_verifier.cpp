@@ -239,6 +239,7 @@ struct LiveVerifier::Impl {
     out.states.resize(static_cast<std::size_t>(g.n_layers));
     res.budget_tokens = out.budget.tokens;
     std::int64_t entries = g.n_kv_heads;
+    double codec_saving = 0;
     for (int l = 0; l < g.n_layers; ++l) {
       const CacheSignals& signals = signals_at(s, l);
       bool compress = out.budget.compress;
@@ -271,14 +272,21 @@ struct LiveVerifier::Impl {
             throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(codec.size()) + " tokens, expected " +
                         std::to_string(tokens.size()));
           for (std::size_t m = 0; m < codec.size(); ++m) {
-            if (!codec_supported(codec[m]))
+            if (!codec_supported(codec[m]) && !cfg.impl->codec())
               throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec[m]) +
-                          ", which live verify does not apply yet (drop and fp16 only)");
+                          ", but the policy names no codec to store them");
             if (codec[m] != TokenCodec::Drop) keep[e].push_back(tokens[m]);
           }
         }
         model.cache().keep(l, keep, g.n_q_heads);
         entries = static_cast<std::int64_t>(plan.heads.size());
+        // Encoded tokens: the cache now holds what their codec reads back, at the codec's bytes.
+        for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+          if (!needs_codec(plan.heads[e])) continue;
+          KvEntry& entry = model.cache().layers[static_cast<std::size_t>(l)][e];
+          cfg.impl->codec()->reconstruct(plan.heads[e], g.head_dim, entry.k, entry.v);
+          codec_saving += static_cast<double>(entry.rows()) * out.budget.kv_token_bytes - cfg.impl->codec()->bytes(plan.heads[e], g.head_dim);
+        }
         out.states[static_cast<std::size_t>(l)] = cfg.impl->start_decode(signals, plan, Budget{out.budget.tokens, cfg.budget});
         if (out.states[static_cast<std::size_t>(l)]) {
           if (per_q) throw Error("policy " + cfg.policy + ": per-query-head plans with decode-time eviction are not supported");
@@ -290,7 +298,7 @@ struct LiveVerifier::Impl {
       res.kept.push_back(std::move(kept));
     }
     const auto rows = static_cast<double>(model.cache().entries_rows());
-    res.compressed_bytes = cache_bytes(out.budget, rows, entries, g.n_layers);
+    res.compressed_bytes = cache_bytes(out.budget, rows, entries, g.n_layers) - codec_saving;
     res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
     res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
     return out;

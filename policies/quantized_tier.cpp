@@ -1,0 +1,39 @@
+#include "policies/quantized_tier.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "policies/codec.h"
+
+namespace kvsim {
+
+double head_byte_budget(const LayerSignals& s, const Budget& b) {
+  return b.fraction * static_cast<double>(s.n_tokens()) * codec_token_bytes(TokenCodec::Fp16, s.geometry().head_dim);
+}
+
+HeadPlan fit_quantized(std::int64_t n, double budget, int sinks, TokenCodec codec,
+                       const std::function<double(std::int64_t)>& bytes) {
+  std::int64_t lo = 0, hi = n;  // largest k in [0, n] with bytes(k) <= budget (bytes grows with k)
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi + 1) / 2;
+    if (bytes(mid) <= budget) lo = mid;
+    else hi = mid - 1;
+  }
+  HeadPlan p;
+  p.codec.assign(static_cast<std::size_t>(n), TokenCodec::Drop);
+  const std::int64_t head = std::min<std::int64_t>({sinks, lo, n});
+  for (std::int64_t j = 0; j < head; ++j) p.codec[static_cast<std::size_t>(j)] = codec;
+  for (std::int64_t j = n - (lo - head); j < n; ++j) p.codec[static_cast<std::size_t>(j)] = codec;
+  return p;
+}
+
+TokenCodec int_codec(int bits) {
+  switch (bits) {
+    case 8: return TokenCodec::Int8;
+    case 4: return TokenCodec::Int4;
+    case 2: return TokenCodec::Int2;
+  }
+  throw Error("bits = " + std::to_string(bits) + ", expected 2, 4 or 8");
+}
+
+}  // namespace kvsim
