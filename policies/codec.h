@@ -30,9 +30,10 @@ class KvCodec {
   virtual ~KvCodec() = default;
   // Bytes of the cache holding the plan's kept tokens: K and V with their metadata.
   virtual double bytes(const HeadPlan& plan, int head_dim) const = 0;
-  // Replaces the kept tokens' K and V rows ([kept, head_dim] each, in cached order) with what
-  // the stored encoding reads back.
-  virtual void reconstruct(const HeadPlan& plan, int head_dim, std::span<float> keys, std::span<float> values) const = 0;
+  // Replaces the kept tokens' K and V rows ([kept, head_dim] each, in cached order, post-RoPE)
+  // with what the stored encoding reads back; `positions` are the kept tokens' (RoPE) positions.
+  virtual void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                           std::span<float> keys, std::span<float> values) const = 0;
 };
 
 // Whether a plan entry needs its policy's codec (some token is neither dropped nor fp16).

@@ -20,7 +20,9 @@ class IntCodec : public KvCodec {
       b += c == TokenCodec::Drop ? 0.0 : c == TokenCodec::Fp16 ? codec_token_bytes(c, d) : 2 * int_row_bytes(s_, d);
     return b;
   }
-  void reconstruct(const HeadPlan& plan, int d, std::span<float> keys, std::span<float> values) const override {
+  void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t>, std::span<float> keys,
+                   std::span<float> values) const override {
+    const int d = g.head_dim;
     std::size_t row = 0;
     for (TokenCodec c : plan.codec) {
       if (c == TokenCodec::Drop) continue;

@@ -17,7 +17,9 @@ class KiviCodec : public KvCodec {
  public:
   explicit KiviCodec(KiviSpec s) : s_(s) {}
   double bytes(const HeadPlan& plan, int d) const override { return kivi_bytes(s_, d, kept_tokens(plan)); }
-  void reconstruct(const HeadPlan& plan, int d, std::span<float> keys, std::span<float> values) const override {
+  void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t>, std::span<float> keys,
+                   std::span<float> values) const override {
+    const int d = g.head_dim;
     kivi_roundtrip(s_, d, kept_tokens(plan), keys, values);
   }
 

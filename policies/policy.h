@@ -85,6 +85,7 @@ class KvCodec;  // policies/codec.h: how a policy's non-fp16 encodings are store
 // Encoding of each cached token of one KV head (keys and values alike), in cached() order.
 struct HeadPlan {
   std::vector<TokenCodec> codec;  // [cached]
+  std::vector<std::uint16_t> rank;  // [cached] or empty: coefficients kept per LowRank token
   std::int64_t kept() const;      // tokens not dropped
 };
 

@@ -26,7 +26,8 @@ void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWor
     std::vector<std::int32_t> kept;
     for (std::int64_t j = 0; j < c; ++j) {
       const TokenCodec code = hp.codec[static_cast<std::size_t>(j)];
-      a.mix(static_cast<std::uint64_t>(code) * 0x9e37ull + 1);
+      const std::uint64_t rank = hp.rank.empty() ? 0 : hp.rank[static_cast<std::size_t>(j)];
+      a.mix((static_cast<std::uint64_t>(code) * 0x9e37ull + 1) ^ (rank << 20));
       if (code != TokenCodec::Drop) kept.push_back(static_cast<std::int32_t>(j));
     }
     const auto nk = static_cast<Eigen::Index>(kept.size());
@@ -37,7 +38,10 @@ void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWor
       kh.row(m) = K.row(kept[static_cast<std::size_t>(m)]);
       vh.row(m) = V.row(kept[static_cast<std::size_t>(m)]);
     }
-    codec->reconstruct(hp, d, {kh.data(), static_cast<std::size_t>(kh.size())}, {vh.data(), static_cast<std::size_t>(vh.size())});
+    std::vector<std::int32_t> positions;
+    for (auto j : kept) positions.push_back(w.h.positions[static_cast<std::size_t>(j)]);
+    codec->reconstruct(hp, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
+                       {vh.data(), static_cast<std::size_t>(vh.size())});
     a.kept += nk;
     a.codec_saving += static_cast<double>(nk) * fp16_token - codec->bytes(hp, d);
     for (std::int64_t i = 0; i < tail; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(nk + i + 1);

@@ -87,9 +87,13 @@ LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const 
       for (int kv = 0; kv < Hkv; ++kv) {
         HeadPlan full;
         full.codec.assign(static_cast<std::size_t>(c), TokenCodec::Drop);
+        const HeadPlan& cut_plan = plan.heads[static_cast<std::size_t>(kv)];
+        if (!cut_plan.rank.empty()) full.rank.assign(static_cast<std::size_t>(c), 0);
         const auto& t = tokens[static_cast<std::size_t>(kv)];
-        for (std::size_t m = 0; m < t.size(); ++m)
-          full.codec[static_cast<std::size_t>(t[m])] = plan.heads[static_cast<std::size_t>(kv)].codec[m];
+        for (std::size_t m = 0; m < t.size(); ++m) {
+          full.codec[static_cast<std::size_t>(t[m])] = cut_plan.codec[m];
+          if (!cut_plan.rank.empty()) full.rank[static_cast<std::size_t>(t[m])] = cut_plan.rank[m];
+        }
         d.plan.heads.push_back(std::move(full));
       }
       return;

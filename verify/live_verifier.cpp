@@ -284,7 +284,9 @@ struct LiveVerifier::Impl {
         for (std::size_t e = 0; e < plan.heads.size(); ++e) {
           if (!needs_codec(plan.heads[e])) continue;
           KvEntry& entry = model.cache().layers[static_cast<std::size_t>(l)][e];
-          cfg.impl->codec()->reconstruct(plan.heads[e], g.head_dim, entry.k, entry.v);
+          std::vector<std::int32_t> positions;
+          for (auto t : entry.tokens) positions.push_back(s.header.positions[static_cast<std::size_t>(t)]);
+          cfg.impl->codec()->reconstruct(plan.heads[e], g, positions, entry.k, entry.v);
           codec_saving += static_cast<double>(entry.rows()) * out.budget.kv_token_bytes - cfg.impl->codec()->bytes(plan.heads[e], g.head_dim);
         }
         out.states[static_cast<std::size_t>(l)] = cfg.impl->start_decode(signals, plan, Budget{out.budget.tokens, cfg.budget});

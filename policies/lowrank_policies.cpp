@@ -1,0 +1,136 @@
+// Low-rank storage policies at matched bytes (methods.md §10.b, §11; `varrate` is our reading of
+// the seed's VarRate, after DynaKV arXiv 2603.04411 — marked interp).
+// lowrank: every token keeps the same rank r, the largest whose bytes fit the budget.
+// varrate: every token keeps rank >= r_min; the remaining coefficient budget goes, one dimension at
+// a time, to the token whose next coefficient removes the most salience-weighted energy
+// (salience: SnapKV-style window attention, summed over the group), greedy water-filling.
+#include <algorithm>
+#include <cmath>
+#include <queue>
+
+#include "core/error.h"
+#include "policies/lowrank.h"
+#include "policies/quantized_tier.h"
+#include "policies/registry.h"
+#include "policies/selection.h"
+
+namespace kvsim {
+namespace {
+
+// Cost of k tokens at an average of `r` coefficients: 4 bytes per coefficient (K and V, fp16),
+// one rank byte per token, and the two fp16 bases.
+double lowrank_cost(std::int64_t k, double r, int d) { return static_cast<double>(k) * (4.0 * r + 1.0) + 4.0 * d * d; }
+
+// Keeps as many tokens as fit at rank `min_rank` (sinks + recent when not all do), as LowRank.
+HeadPlan fit_tokens(std::int64_t n, double budget, int sinks, int min_rank, int d) {
+  HeadPlan p = fit_quantized(n, budget, sinks, TokenCodec::LowRank,
+                             [&](std::int64_t k) { return lowrank_cost(k, min_rank, d); });
+  p.rank.assign(static_cast<std::size_t>(n), 0);
+  for (std::size_t j = 0; j < p.codec.size(); ++j)
+    if (p.codec[j] != TokenCodec::Drop) p.rank[j] = static_cast<std::uint16_t>(min_rank);
+  return p;
+}
+
+class LowRankUniform : public Policy {
+ public:
+  explicit LowRankUniform(int sinks) : sinks_(sinks) {}
+  const KvCodec* codec() const override { return &codec_; }
+  LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
+    const int d = s.geometry().head_dim;
+    LayerPlan plan;
+    for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
+      const auto n = static_cast<std::int64_t>(s.cached(kv).size());
+      const double B = head_byte_budget(s, budget);
+      // The largest uniform rank whose cost fits with every token kept (at least 1).
+      const auto r = static_cast<int>(std::clamp<double>(std::floor((B - 4.0 * d * d - static_cast<double>(n)) /
+                                                                    (4.0 * static_cast<double>(std::max<std::int64_t>(n, 1)))),
+                                                         1.0, d));
+      plan.heads.push_back(fit_tokens(n, B, sinks_, r, d));
+    }
+    return plan;
+  }
+
+ private:
+  LowRankCodec codec_;
+  int sinks_;
+};
+
+class VarRate : public Policy {
+ public:
+  VarRate(int r_min, int window, int sinks) : r_min_(r_min), window_(window), sinks_(sinks) {}
+  const KvCodec* codec() const override { return &codec_; }
+  LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
+    const KvGeometry& g = s.geometry();
+    const int d = g.head_dim;
+    LayerPlan plan;
+    for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+      const auto n = static_cast<std::int64_t>(s.cached(kv).size());
+      const double B = head_byte_budget(s, budget);
+      HeadPlan p = fit_tokens(n, B, sinks_, r_min_, d);
+      // Salience: window attention summed over the group's query heads, normalised to sum 1.
+      const int w = static_cast<int>(std::min<std::int64_t>(window_, n));
+      std::vector<double> sal(static_cast<std::size_t>(n), 0.0);
+      for (int r = 0; r < g.group(); ++r) {
+        const auto cols = column_sums(s.window_attention(kv * g.group() + r, w));
+        for (std::size_t j = 0; j < cols.size(); ++j) sal[j] += cols[j];
+      }
+      double total = 0;
+      for (double x : sal) total += x;
+      for (double& x : sal) x = total > 0 ? x / total : 1.0 / static_cast<double>(n);
+      // Energies of each token's coefficients (K and V together) in the request's bases.
+      const MatrixView K = s.keys(kv), V = s.values(kv);
+      std::vector<std::int32_t> pos;
+      for (auto t : s.cached(kv)) pos.push_back(s.positions()[static_cast<std::size_t>(t)]);
+      const std::span<const float> ks(K.data, static_cast<std::size_t>(K.rows * K.cols)), vs(V.data, static_cast<std::size_t>(V.rows * V.cols));
+      const HeadBasis basis = fit_basis(g, ks, vs, pos);
+      std::vector<float> ck, cv;
+      project(g, basis, ks, vs, pos, ck, cv);
+      auto gain = [&](std::size_t j, int r) {
+        const std::size_t at = j * static_cast<std::size_t>(d) + static_cast<std::size_t>(r);
+        return sal[j] * (static_cast<double>(ck[at]) * ck[at] + static_cast<double>(cv[at]) * cv[at]);
+      };
+      // Water-filling over the coefficients left once every kept token has r_min.
+      std::int64_t kept = p.kept();
+      auto spare = static_cast<std::int64_t>(std::floor((B - lowrank_cost(kept, r_min_, d)) / 4.0));
+      using Item = std::pair<double, std::size_t>;
+      std::priority_queue<Item> heap;
+      for (std::size_t j = 0; j < p.codec.size(); ++j)
+        if (p.codec[j] != TokenCodec::Drop && r_min_ < d) heap.push({gain(j, r_min_), j});
+      while (spare > 0 && !heap.empty()) {
+        const auto [value, j] = heap.top();
+        heap.pop();
+        const int r = ++p.rank[j];
+        --spare;
+        if (r < d) heap.push({gain(j, r), j});
+      }
+      plan.heads.push_back(std::move(p));
+    }
+    return plan;
+  }
+
+ private:
+  LowRankCodec codec_;
+  int r_min_, window_, sinks_;
+};
+
+}  // namespace
+
+KVSIM_REGISTER_POLICY(PolicyInfo{
+    "lowrank", "every token at the same rank r in per-head PCA bases of pre-RoPE keys and of values (the request's own)",
+    "uniform low-rank baseline, methods.md §11 (Palu / xKV style, training-free basis)",
+    {{"sinks", "4", "first tokens kept when not every token fits at rank 1"}},
+    [](const Params& p) { return std::make_unique<LowRankUniform>(static_cast<int>(p.integer("sinks"))); }});
+
+KVSIM_REGISTER_POLICY(PolicyInfo{
+    "varrate", "[interp] variable rank per token >= r_min: greedy water-filling on salience-weighted coefficient energy",
+    "seed VarRate (not found), read after DynaKV arXiv 2603.04411; methods.md §10.b",
+    {{"r_min", "1", "rank every kept token keeps at least"},
+     {"window", "32", "observation window whose attention gives the salience (SnapKV's)"},
+     {"sinks", "4", "first tokens kept when not every token fits at r_min"}},
+    [](const Params& p) {
+      if (p.integer("r_min") < 1) throw Error("varrate: r_min must be >= 1");
+      return std::make_unique<VarRate>(static_cast<int>(p.integer("r_min")), static_cast<int>(p.integer("window")),
+                                       static_cast<int>(p.integer("sinks")));
+    }});
+
+}  // namespace kvsim
