@@ -299,3 +299,17 @@ TEST_CASE("expected_attention inverts RoPE and averages the future rotation, bot
     for (std::size_t j = 0; j < 6; ++j) CHECK((plan.heads[0].codec[j] != TokenCodec::Drop) == (expect[j] != 0));
   }
 }
+
+TEST_CASE("andpro scores each value's attention-weighted projection on the window's output direction", "[policy]") {
+  // One window query (the last token, 4) over 5 tokens with d = 2. Its output
+  // o = .3 [.5 -1] + .2 [0 1] + .2 [-2 .5] + .1 [0 1.5] + .2 [0 0] = [-.25 .15], u = o / |o|.
+  // Scores a_j <v_j, u>: [-.283 .103 .394 .077 x] (token 4 is the window).
+  FakeSignals s(1, 1, 5);
+  s.window_[0] = {{0.3f, 0.2f, 0.2f, 0.1f, 0.2f}};
+  s.values_[0] = {{0.5f, -1}, {0, 1}, {-2, 0.5f}, {0, 1.5f}, {0, 0}};
+  CHECK(kept(run("andpro:window=1", s, 3).heads[0]) == std::set<int>{1, 2, 4});
+  CHECK(kept(run("andpro:window=1", s, 4).heads[0]) == std::set<int>{1, 2, 3, 4});
+  // Token 0 pulls against the output: signed and clamped rank it last, abs second.
+  CHECK(kept(run("andpro:window=1,sign=clamp", s, 3).heads[0]) == std::set<int>{1, 2, 4});
+  CHECK(kept(run("andpro:window=1,sign=abs", s, 3).heads[0]) == std::set<int>{0, 2, 4});
+}
