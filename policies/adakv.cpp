@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "policies/base_scorer.h"
 #include "policies/registry.h"
 #include "policies/selection.h"
 
@@ -107,26 +108,9 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
      {"alpha", "0.2", "floor: each head keeps at least alpha x its uniform share (repo GQA advice: 0.2)"},
      {"normalize", "false", "scale each head's scores by the mass its own top share keeps"}},
     [](const Params& p) {
-      // The base's own parameters ride along with '/' (commas separate adakv's):
-      // base=snapkv/window=64/kernel=7 means snapkv:window=64,kernel=7.
-      std::string base_spec = p.text("base");
-      if (const auto slash = base_spec.find('/'); slash != std::string::npos) {
-        base_spec[slash] = ':';
-        std::replace(base_spec.begin() + static_cast<std::ptrdiff_t>(slash), base_spec.end(), '/', ',');
-      }
-      PolicyInstance base = PolicyRegistry::instance().create(base_spec);
-      const auto* scorer = dynamic_cast<const ScoringPolicy*>(base.policy.get());
-      if (!scorer)
-        throw Error("policy adakv: parameter 'base' = '" + p.text("base") +
-                    "' is not a scoring policy (it must rank tokens by a score)");
-      if (!scorer->selection_is_uniform())
-        throw Error("policy adakv: parameter 'base' = '" + p.text("base") +
-                    "' selects by more than its scores (layer budgets, budget-dependent windows or decode-time "
-                    "eviction) and Ada-KV would drop that part; use a one-shot scoring policy such as snapkv, "
-                    "expected_attention or tova:phase=prefill");
       const double alpha = p.number("alpha");
       if (alpha < 0 || alpha > 1) throw Error("policy adakv: parameter 'alpha' must be in [0, 1]");
-      return std::make_unique<AdaKv>(std::move(base.policy), alpha, p.boolean("normalize"));
+      return std::make_unique<AdaKv>(make_base_scorer(p.text("base"), "adakv"), alpha, p.boolean("normalize"));
     }});
 
 }  // namespace kvsim

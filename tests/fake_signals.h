@@ -38,6 +38,7 @@ class FakeSignals : public LayerSignals {
     }
   }
   void set_rope(const RopeSpec& rope) { g_.rope = rope; }
+  void set_segments(std::vector<std::int8_t> segments) { segments_ = std::move(segments); }
   const KvGeometry& geometry() const override { return g_; }
   int layer() const override { return layer_; }
   std::int64_t n_tokens() const override { return n_; }

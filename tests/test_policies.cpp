@@ -313,3 +313,16 @@ TEST_CASE("andpro scores each value's attention-weighted projection on the windo
   CHECK(kept(run("andpro:window=1,sign=clamp", s, 3).heads[0]) == std::set<int>{1, 2, 4});
   CHECK(kept(run("andpro:window=1,sign=abs", s, 3).heads[0]) == std::set<int>{0, 2, 4});
 }
+
+TEST_CASE("structure pins system and question tokens and shares the rest by segment run", "[policy]") {
+  // 10 tokens: system 0-1, context 2-7, question 8-9; snapkv (window 1, no pooling) scores the
+  // context by the last query's attention.
+  FakeSignals s(1, 1, 10);
+  s.set_segments({0, 0, 1, 1, 1, 1, 1, 1, 2, 2});
+  s.window_[0] = {{0.0f, 0.0f, 0.3f, 0.0f, 0.25f, 0.1f, 0.05f, 0.2f, 0.0f, 0.1f}};
+  // Budget 6: the 4 pinned tokens (0, 1, 8, 9) + the context's top 2 (2: .3, 4: .25).
+  CHECK(kept(run("structure:base=snapkv/window=1/kernel=1/pool=none", s, 6).heads[0]) == std::set<int>{0, 1, 2, 4, 8, 9});
+  // Pinned tokens beyond the budget: the most recent of them.
+  CHECK(kept(run("structure:base=snapkv/window=1/kernel=1/pool=none", s, 3).heads[0]) == std::set<int>{1, 8, 9});
+  CHECK_THROWS_WITH(run("structure:pin=system/docs", s, 3), Catch::Contains("segment 'docs'"));
+}
