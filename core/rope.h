@@ -3,6 +3,7 @@
 // results silently: NORM rotates adjacent dims (2i, 2i+1) — llama GGUFs, whose Q/K rows were
 // permuted at conversion — and NEOX rotates (i, i + rope_dim/2) — Qwen2, Gemma.
 #include <cstdint>
+#include <vector>
 
 namespace kvsim {
 
@@ -26,5 +27,19 @@ double rope_frequency(const RopeSpec& s, int i);
 // Rotates n_heads vectors of head_dim floats (contiguous) in place to position `pos`;
 // `inverse` undoes it (rotation by -angle), recovering pre-RoPE vectors.
 void apply_rope(const RopeSpec& s, float* x, int n_heads, std::int64_t pos, bool inverse = false);
+
+// apply_rope with the cosines and sines of positions [0, n) computed once (bit-identical
+// results): for code that rotates many rows at known positions, e.g. low-rank reconstruction.
+class RopeTable {
+ public:
+  explicit RopeTable(const RopeSpec& s) : spec_(s) {}
+  const RopeSpec& spec() const { return spec_; }
+  void apply(float* x, int n_heads, std::int64_t pos, bool inverse = false);  // grows the table as needed
+
+ private:
+  RopeSpec spec_;
+  std::int64_t rows_ = 0;
+  std::vector<float> cos_, sin_;  // [position][pair]
+};
 
 }  // namespace kvsim

@@ -14,10 +14,30 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 
 float fp16(float x) { return half_to_float(float_to_half(x)); }
 
+// Rounds to fp16 values in bulk (the vectorised conversion): coefficients are n x d per head.
+void round_half(std::vector<float>& x) {
+  std::vector<std::uint16_t> h(x.size());
+  floats_to_halves(x.data(), h.data(), x.size());
+  halves_to_floats(h.data(), x.data(), x.size());
+}
+
+// Low-rank reconstruction rotates every cached key twice per config: the cosines and sines come
+// from a per-thread table (same values as apply_rope).
+RopeTable& rope_table(const RopeSpec& s) {
+  thread_local std::vector<RopeTable> tables;
+  for (auto& t : tables)
+    if (t.spec().type == s.type && t.spec().head_dim == s.head_dim && t.spec().rope_dim == s.rope_dim &&
+        t.spec().theta == s.theta)
+      return t;
+  tables.emplace_back(s);
+  return tables.back();
+}
+
 RowMat unrotated_keys(const KvGeometry& g, std::span<const float> keys, std::span<const std::int32_t> positions) {
   const auto n = static_cast<Eigen::Index>(positions.size());
   RowMat k = Eigen::Map<const RowMat>(keys.data(), n, g.head_dim);
-  for (Eigen::Index j = 0; j < n; ++j) apply_rope(g.rope, k.row(j).data(), 1, positions[static_cast<std::size_t>(j)], true);
+  RopeTable& rope = rope_table(g.rope);
+  for (Eigen::Index j = 0; j < n; ++j) rope.apply(k.row(j).data(), 1, positions[static_cast<std::size_t>(j)], true);
   return k;
 }
 
@@ -35,26 +55,31 @@ std::vector<float> principal_directions(const RowMat& x) {
 
 }  // namespace
 
-HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
-                    std::span<const std::int32_t> positions) {
-  const auto n = static_cast<Eigen::Index>(positions.size());
-  HeadBasis b;
-  b.d = g.head_dim;
-  b.uk = principal_directions(unrotated_keys(g, keys, positions));
-  b.uv = principal_directions(Eigen::Map<const RowMat>(values.data(), n, g.head_dim));
-  return b;
+namespace {
+
+// Bases and coefficients from keys already un-rotated (the costly part, done once).
+void fit_and_project(const RowMat& k, const Eigen::Map<const RowMat>& v, HeadBasis& b, std::vector<float>* ck,
+                     std::vector<float>* cv) {
+  b.d = static_cast<int>(k.cols());
+  b.uk = principal_directions(k);
+  b.uv = principal_directions(v);
+  if (!ck) return;
+  const Eigen::Map<const RowMat> uk(b.uk.data(), b.d, b.d), uv(b.uv.data(), b.d, b.d);
+  const RowMat a = k * uk, c = v * uv;
+  ck->assign(a.data(), a.data() + a.size());
+  cv->assign(c.data(), c.data() + c.size());
+  round_half(*ck);
+  round_half(*cv);
 }
 
-void project(const KvGeometry& g, const HeadBasis& b, std::span<const float> keys, std::span<const float> values,
-             std::span<const std::int32_t> positions, std::vector<float>& ck, std::vector<float>& cv) {
+}  // namespace
+
+HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+                    std::span<const std::int32_t> positions, std::vector<float>* ck, std::vector<float>* cv) {
   const auto n = static_cast<Eigen::Index>(positions.size());
-  const Eigen::Map<const RowMat> uk(b.uk.data(), b.d, b.d), uv(b.uv.data(), b.d, b.d);
-  const RowMat k = unrotated_keys(g, keys, positions);
-  RowMat a = k * uk, c = Eigen::Map<const RowMat>(values.data(), n, b.d) * uv;
-  ck.assign(a.data(), a.data() + a.size());
-  cv.assign(c.data(), c.data() + c.size());
-  for (auto& x : ck) x = fp16(x);
-  for (auto& x : cv) x = fp16(x);
+  HeadBasis b;
+  fit_and_project(unrotated_keys(g, keys, positions), Eigen::Map<const RowMat>(values.data(), n, g.head_dim), b, ck, cv);
+  return b;
 }
 
 double lowrank_bytes(const HeadPlan& plan, int head_dim) {
@@ -72,9 +97,8 @@ double lowrank_bytes(const HeadPlan& plan, int head_dim) {
 void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
                                std::span<float> keys, std::span<float> values) const {
   const int d = g.head_dim;
-  const HeadBasis b = fit_basis(g, keys, values, positions);
   std::vector<float> ck, cv;
-  project(g, b, keys, values, positions, ck, cv);
+  const HeadBasis b = fit_basis(g, keys, values, positions, &ck, &cv);
   const Eigen::Map<const RowMat> uk(b.uk.data(), d, d), uv(b.uv.data(), d, d);
   std::size_t row = 0;
   for (std::size_t j = 0; j < plan.codec.size(); ++j) {
@@ -85,7 +109,7 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
       Eigen::Map<Eigen::RowVectorXf> k(keys.data() + at, d), v(values.data() + at, d);
       k = Eigen::Map<const Eigen::RowVectorXf>(ck.data() + at, d).head(r) * uk.leftCols(r).transpose();
       v = Eigen::Map<const Eigen::RowVectorXf>(cv.data() + at, d).head(r) * uv.leftCols(r).transpose();
-      apply_rope(g.rope, k.data(), 1, positions[row]);
+      rope_table(g.rope).apply(k.data(), 1, positions[row]);
     }
     ++row;
   }

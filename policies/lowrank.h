@@ -18,13 +18,10 @@ struct HeadBasis {
   std::vector<float> uk, uv;  // [d, d] row-major, column r = r-th principal direction (fp16 values)
 };
 
-// Bases from n tokens' post-RoPE keys and values ([n, d] row-major) at `positions`.
+// Bases from n tokens' post-RoPE keys and values ([n, d] row-major) at `positions`; with ck/cv,
+// also every token's coefficients in them ([n, d] each, fp16 values, keys un-rotated first).
 HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
-                    std::span<const std::int32_t> positions);
-
-// Every token's coefficients in the bases, [n, d] each (fp16 values), keys un-rotated first.
-void project(const KvGeometry& g, const HeadBasis& b, std::span<const float> keys, std::span<const float> values,
-             std::span<const std::int32_t> positions, std::vector<float>& ck, std::vector<float>& cv);
+                    std::span<const std::int32_t> positions, std::vector<float>* ck = nullptr, std::vector<float>* cv = nullptr);
 
 // Bytes of one (layer, KV head) cache under a low-rank plan: per LowRank token r coefficients for
 // K and for V (fp16) + 1 rank byte, fp16 tokens at full size, plus both fp16 d x d bases.

@@ -82,9 +82,8 @@ class VarRate : public Policy {
       std::vector<std::int32_t> pos;
       for (auto t : s.cached(kv)) pos.push_back(s.positions()[static_cast<std::size_t>(t)]);
       const std::span<const float> ks(K.data, static_cast<std::size_t>(K.rows * K.cols)), vs(V.data, static_cast<std::size_t>(V.rows * V.cols));
-      const HeadBasis basis = fit_basis(g, ks, vs, pos);
       std::vector<float> ck, cv;
-      project(g, basis, ks, vs, pos, ck, cv);
+      fit_basis(g, ks, vs, pos, &ck, &cv);
       auto gain = [&](std::size_t j, int r) {
         const std::size_t at = j * static_cast<std::size_t>(d) + static_cast<std::size_t>(r);
         return sal[j] * (static_cast<double>(ck[at]) * ck[at] + static_cast<double>(cv[at]) * cv[at]);

@@ -45,29 +45,51 @@ void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWor
     a.kept += nk;
     a.codec_saving += static_cast<double>(nk) * fp16_token - codec->bytes(hp, d);
     for (std::int64_t i = 0; i < tail; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(nk + i + 1);
+    Mat k_exact(nk, d);
+    for (Eigen::Index m = 0; m < nk; ++m) k_exact.row(m) = K.row(kept[static_cast<std::size_t>(m)]);
     for (int r = 0; r < G; ++r) {
       const int qh = kv * G + r;
       const auto qi = static_cast<std::size_t>(qh);
       const StridedMap qe(w.q.data() + (w.first_eval * Hq + qh) * d, E, d, Eigen::OuterStride<>(Hq * d));
-      // Logits over [kept (reconstructed) | tail (exact)], causal on the tail.
-      Mat s(E, nk + tail);
-      s.leftCols(nk).noalias() = (qe * scale) * kh.transpose();
-      s.rightCols(tail).noalias() = (qe * scale) * K.bottomRows(tail).transpose();
-      std::vector<std::int64_t> limit(static_cast<std::size_t>(E));
-      for (std::int64_t i = 0; i < E; ++i) limit[static_cast<std::size_t>(i)] = nk + (w.eval_tokens[static_cast<std::size_t>(i)] - c);
-      causal_softmax(s, limit);
+      const Mat qs = qe * scale;
+      // Logits over [kept (reconstructed) | tail (exact)], and the exact logits of the kept
+      // tokens: their difference is all KL needs (no per-element logarithms).
+      Mat s(E, nk + tail), delta(E, nk);
+      s.leftCols(nk).noalias() = qs * kh.transpose();
+      s.rightCols(tail).noalias() = qs * K.bottomRows(tail).transpose();
+      delta.noalias() = qs * k_exact.transpose();
+      delta = s.leftCols(nk) - delta;  // reconstructed minus exact logit of each kept token
+      const Mat& A = w.attn[qi];
+      std::vector<double> lse_q(static_cast<std::size_t>(E)), lse_p(static_cast<std::size_t>(E));
+      for (std::int64_t i = 0; i < E; ++i) {
+        // The full row's logsumexp from its largest probability: p_j = exp(logit_j - lse).
+        const Eigen::Index last = w.eval_tokens[static_cast<std::size_t>(i)];
+        Eigen::Index jmax = 0;
+        A.row(i).head(last + 1).maxCoeff(&jmax);
+        const double logit = static_cast<double>(qs.row(i).dot(K.row(jmax)));
+        lse_p[static_cast<std::size_t>(i)] = logit - std::log(static_cast<double>(A(i, jmax)));
+        // The compressed row's softmax, causal on the tail, with its logsumexp.
+        auto row = s.row(i);
+        const Eigen::Index seen = nk + (last - c) + 1;
+        const float mx = row.head(seen).maxCoeff();
+        row.head(seen) = (row.head(seen).array() - mx).exp();
+        const double sum = row.head(seen).sum();
+        row.head(seen) /= static_cast<float>(sum);
+        if (seen < row.size()) row.tail(row.size() - seen).setZero();
+        lse_q[static_cast<std::size_t>(i)] = mx + std::log(sum);
+      }
       Mat o(E, d);
       o.noalias() = s.leftCols(nk) * vh;
       o.noalias() += s.rightCols(tail) * V.bottomRows(tail);
-      const Mat& A = w.attn[qi];
       for (std::int64_t i = 0; i < E; ++i) {
-        double mass = 0, div = 0;
-        for (Eigen::Index m = 0; m < nk + tail; ++m) {
-          const std::int64_t j = m < nk ? kept[static_cast<std::size_t>(m)] : c + (m - nk);
-          const double p = A(i, j), q = s(i, m);
-          mass += p;
-          if (q > 0) div += q * std::log(q / std::max(p, 1e-30));
+        // KL(q || p) = sum_j q_j (log q_j - log p_j); on the tail the logits agree, so only the
+        // kept tokens' logit shifts remain, plus the two normalisers.
+        double mass = static_cast<double>(w.tail_mass[qi](i)), shift = 0;
+        for (Eigen::Index m = 0; m < nk; ++m) {
+          mass += A(i, kept[static_cast<std::size_t>(m)]);
+          shift += static_cast<double>(s(i, m)) * delta(i, m);
         }
+        const double div = shift + lse_p[static_cast<std::size_t>(i)] - lse_q[static_cast<std::size_t>(i)];
         const auto full = w.out[qi].row(i);
         const double norm = full.squaredNorm();
         recall[qi].push_back(std::clamp(mass, 1e-30, 1.0));

@@ -70,3 +70,19 @@ TEST_CASE("dims past rope_dim pass through unrotated", "[rope]") {
   apply_rope(spec, x.data(), 1, 99);
   for (int i = 4; i < 8; ++i) CHECK(x[static_cast<std::size_t>(i)] == orig[static_cast<std::size_t>(i)]);
 }
+
+TEST_CASE("RopeTable rotates exactly as apply_rope, forward and inverse, both pairings", "[rope]") {
+  for (const RopeType type : {RopeType::Norm, RopeType::Neox}) {
+    RopeTable table(RopeSpec{type, 64, 64, 100000.0});
+    for (const std::int64_t pos : {0L, 7L, 300L, 4095L, 5L}) {
+      for (const bool inverse : {false, true}) {
+        std::vector<float> a(128), b;
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f * static_cast<float>(pos));
+        b = a;
+        apply_rope(table.spec(), a.data(), 2, pos, inverse);
+        table.apply(b.data(), 2, pos, inverse);
+        CHECK(a == b);
+      }
+    }
+  }
+}
