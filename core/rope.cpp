@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "core/error.h"
 
 namespace kvsim {
 
@@ -9,21 +12,40 @@ double rope_frequency(const RopeSpec& s, int i) {
   return std::pow(s.theta, -2.0 * static_cast<double>(i) / static_cast<double>(s.rope_dim));
 }
 
-void apply_rope(const RopeSpec& s, float* x, int n_heads, std::int64_t pos, bool inverse) {
-  const int pairs = s.rope_dim / 2;
-  const double sign = inverse ? -1.0 : 1.0;
-  for (int i = 0; i < pairs; ++i) {
-    const double angle = sign * static_cast<double>(pos) * rope_frequency(s, i);
-    const auto c = static_cast<float>(std::cos(angle));
-    const auto sn = static_cast<float>(std::sin(angle));
+namespace {
+
+// Rotates each pair i of n_heads vectors by the angle whose cosine and sine are c[i], sn[i].
+void rotate_pairs(const RopeSpec& s, float* x, int n_heads, const float* c, const float* sn, bool inverse) {
+  for (int i = 0; i < s.rope_dim / 2; ++i) {
+    const float ci = c[i], si = inverse ? -sn[i] : sn[i];
     const int a = rope_pair_first(s, i), b = rope_pair_second(s, i);
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + static_cast<std::int64_t>(h) * s.head_dim;
       const float x0 = v[a], x1 = v[b];
-      v[a] = x0 * c - x1 * sn;
-      v[b] = x0 * sn + x1 * c;
+      v[a] = x0 * ci - x1 * si;
+      v[b] = x0 * si + x1 * ci;
     }
   }
+}
+
+void angles(const RopeSpec& s, std::int64_t pos, float* c, float* sn) {
+  for (int i = 0; i < s.rope_dim / 2; ++i) {
+    const double angle = static_cast<double>(pos) * rope_frequency(s, i);
+    c[i] = static_cast<float>(std::cos(angle));
+    sn[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+}  // namespace
+
+// cos(-a) = cos(a) and sin(-a) = -sin(a) exactly, so the inverse negates the sine.
+void apply_rope(const RopeSpec& s, float* x, int n_heads, std::int64_t pos, bool inverse) {
+  // On the engine's per-token path: no allocation (head_dim <= 1024 covers every model we know).
+  constexpr int kMaxPairs = 512;
+  if (s.rope_dim / 2 > kMaxPairs) throw Error("rope: rope_dim " + std::to_string(s.rope_dim) + " over 1024");
+  float c[kMaxPairs], sn[kMaxPairs];
+  angles(s, pos, c, sn);
+  rotate_pairs(s, x, n_heads, c, sn, inverse);
 }
 
 void RopeTable::apply(float* x, int n_heads, std::int64_t pos, bool inverse) {
@@ -32,27 +54,10 @@ void RopeTable::apply(float* x, int n_heads, std::int64_t pos, bool inverse) {
     const std::int64_t rows = std::max<std::int64_t>(pos + 1, 2 * rows_);
     cos_.resize(static_cast<std::size_t>(rows * pairs));
     sin_.resize(cos_.size());
-    for (std::int64_t p = rows_; p < rows; ++p)
-      for (int i = 0; i < pairs; ++i) {
-        const double angle = static_cast<double>(p) * rope_frequency(spec_, i);
-        cos_[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::cos(angle));
-        sin_[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::sin(angle));
-      }
+    for (std::int64_t p = rows_; p < rows; ++p) angles(spec_, p, cos_.data() + p * pairs, sin_.data() + p * pairs);
     rows_ = rows;
   }
-  // cos(-a) = cos(a) and sin(-a) = -sin(a) exactly, so the inverse matches apply_rope's too.
-  const float* cs = cos_.data() + pos * pairs;
-  const float* sn = sin_.data() + pos * pairs;
-  for (int i = 0; i < pairs; ++i) {
-    const float c = cs[i], s = inverse ? -sn[i] : sn[i];
-    const int a = rope_pair_first(spec_, i), b = rope_pair_second(spec_, i);
-    for (int h = 0; h < n_heads; ++h) {
-      float* v = x + static_cast<std::int64_t>(h) * spec_.head_dim;
-      const float x0 = v[a], x1 = v[b];
-      v[a] = x0 * c - x1 * s;
-      v[b] = x0 * s + x1 * c;
-    }
-  }
+  rotate_pairs(spec_, x, n_heads, cos_.data() + pos * pairs, sin_.data() + pos * pairs, inverse);
 }
 
 }  // namespace kvsim
