@@ -46,12 +46,8 @@ class IntN : public Policy {
     const int d = s.geometry().head_dim;
     check_int_spec(spec_, d);
     const double per_token = 2 * int_row_bytes(spec_, d);
-    LayerPlan plan;
-    for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv)
-      plan.heads.push_back(fit_quantized(static_cast<std::int64_t>(s.cached(kv).size()), head_byte_budget(s, budget), sinks_,
-                                         int_codec(spec_.bits),
-                                         [&](std::int64_t k) { return static_cast<double>(k) * per_token; }));
-    return plan;
+    return fit_every_head(s, budget, sinks_, int_codec(spec_.bits),
+                          [&](std::int64_t k) { return static_cast<double>(k) * per_token; });
   }
 
  private:

@@ -34,11 +34,7 @@ class Kivi : public Policy {
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const int d = s.geometry().head_dim;
     check_kivi_spec(spec_, d);
-    LayerPlan plan;
-    for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv)
-      plan.heads.push_back(fit_quantized(static_cast<std::int64_t>(s.cached(kv).size()), head_byte_budget(s, budget), sinks_,
-                                         int_codec(spec_.bits), [&](std::int64_t k) { return kivi_bytes(spec_, d, k); }));
-    return plan;
+    return fit_every_head(s, budget, sinks_, int_codec(spec_.bits), [&](std::int64_t k) { return kivi_bytes(spec_, d, k); });
   }
 
  private:

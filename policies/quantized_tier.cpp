@@ -27,6 +27,14 @@ HeadPlan fit_quantized(std::int64_t n, double budget, int sinks, TokenCodec code
   return p;
 }
 
+LayerPlan fit_every_head(const LayerSignals& s, const Budget& b, int sinks, TokenCodec codec,
+                         const std::function<double(std::int64_t)>& bytes) {
+  LayerPlan plan;
+  for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv)
+    plan.heads.push_back(fit_quantized(static_cast<std::int64_t>(s.cached(kv).size()), head_byte_budget(s, b), sinks, codec, bytes));
+  return plan;
+}
+
 TokenCodec int_codec(int bits) {
   switch (bits) {
     case 8: return TokenCodec::Int8;

@@ -18,6 +18,10 @@ double head_byte_budget(const LayerSignals& s, const Budget& b);
 HeadPlan fit_quantized(std::int64_t n, double budget, int sinks, TokenCodec codec,
                        const std::function<double(std::int64_t)>& bytes);
 
+// fit_quantized for every KV head of a layer, each with the layer's per-head byte budget.
+LayerPlan fit_every_head(const LayerSignals& s, const Budget& b, int sinks, TokenCodec codec,
+                         const std::function<double(std::int64_t)>& bytes);
+
 TokenCodec int_codec(int bits);
 
 }  // namespace kvsim
