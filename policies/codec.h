@@ -30,6 +30,12 @@ class KvCodec {
   virtual ~KvCodec() = default;
   // Bytes of the cache holding the plan's kept tokens: K and V with their metadata.
   virtual double bytes(const HeadPlan& plan, int head_dim) const = 0;
+  // Bytes held off the device for this plan (a recoverable tier's fp16 host copy): reported
+  // beside the device bytes, never counted against the budget.
+  virtual double host_bytes(const HeadPlan& plan, int head_dim) const {
+    (void)plan, (void)head_dim;
+    return 0.0;
+  }
   // Replaces the kept tokens' K and V rows ([kept, head_dim] each, in cached order, post-RoPE)
   // with what the stored encoding reads back; `positions` are the kept tokens' (RoPE) positions.
   virtual void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,

@@ -11,33 +11,6 @@
 namespace kvsim {
 namespace {
 
-class IntCodec : public KvCodec {
- public:
-  explicit IntCodec(IntSpec s) : s_(s) {}
-  double bytes(const HeadPlan& plan, int d) const override {
-    double b = 0;
-    for (TokenCodec c : plan.codec)
-      b += c == TokenCodec::Drop ? 0.0 : c == TokenCodec::Fp16 ? codec_token_bytes(c, d) : 2 * int_row_bytes(s_, d);
-    return b;
-  }
-  void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t>, std::span<float> keys,
-                   std::span<float> values) const override {
-    const int d = g.head_dim;
-    std::size_t row = 0;
-    for (TokenCodec c : plan.codec) {
-      if (c == TokenCodec::Drop) continue;
-      if (c != TokenCodec::Fp16) {
-        int_roundtrip(s_, keys.subspan(row * static_cast<std::size_t>(d), static_cast<std::size_t>(d)));
-        int_roundtrip(s_, values.subspan(row * static_cast<std::size_t>(d), static_cast<std::size_t>(d)));
-      }
-      ++row;
-    }
-  }
-
- private:
-  IntSpec s_;
-};
-
 class IntN : public Policy {
  public:
   IntN(IntSpec s, int sinks) : codec_(s), spec_(s), sinks_(sinks) {}

@@ -125,6 +125,15 @@ class DecodeState {
   // False when step() never reads DecodeStep::attention (e.g. position-only rules): the engine
   // then skips gathering it.
   virtual bool needs_attention() const { return true; }
+  // Tiered policies (codec plans) may re-encode their cache after a step instead of only
+  // evicting: returning true with `plan` (one HeadPlan per KV head over step.cache's tokens, in
+  // order) makes the engine re-encode every token from its original fp16 rows (a quantized
+  // token is recoverable: its host copy is counted by KvCodec::host_bytes) and drop Drop ones.
+  // Called right after step() with the cache after its evictions; step.attention is empty.
+  virtual bool retier(const DecodeStep& step, LayerPlan& plan) {
+    (void)step, (void)plan;
+    return false;
+  }
 };
 
 class Policy {

@@ -44,4 +44,33 @@ TokenCodec int_codec(int bits) {
   throw Error("bits = " + std::to_string(bits) + ", expected 2, 4 or 8");
 }
 
+double IntCodec::bytes(const HeadPlan& plan, int d) const {
+  double b = 0;
+  for (TokenCodec c : plan.codec)
+    b += c == TokenCodec::Drop ? 0.0 : c == TokenCodec::Fp16 ? codec_token_bytes(c, d) : 2 * int_row_bytes(s_, d);
+  return b;
+}
+
+double IntCodec::host_bytes(const HeadPlan& plan, int d) const {
+  if (!host_copy_) return 0.0;
+  double b = 0;
+  for (TokenCodec c : plan.codec)
+    if (c != TokenCodec::Drop && c != TokenCodec::Fp16) b += codec_token_bytes(TokenCodec::Fp16, d);
+  return b;
+}
+
+void IntCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t>,
+                           std::span<float> keys, std::span<float> values) const {
+  const auto d = static_cast<std::size_t>(g.head_dim);
+  std::size_t row = 0;
+  for (TokenCodec c : plan.codec) {
+    if (c == TokenCodec::Drop) continue;
+    if (c != TokenCodec::Fp16) {
+      int_roundtrip(s_, keys.subspan(row * d, d));
+      int_roundtrip(s_, values.subspan(row * d, d));
+    }
+    ++row;
+  }
+}
+
 }  // namespace kvsim

@@ -5,7 +5,9 @@
 #include <functional>
 #include <vector>
 
+#include "policies/codec.h"
 #include "policies/policy.h"
+#include "policies/quantize.h"
 
 namespace kvsim {
 
@@ -23,5 +25,22 @@ LayerPlan fit_every_head(const LayerSignals& s, const Budget& b, int sinks, Toke
                          const std::function<double(std::int64_t)>& bytes);
 
 TokenCodec int_codec(int bits);
+
+// Per-token intN storage (tokens marked Int2/4/8 are quantized with one IntSpec; Fp16 stays).
+// With `host_copy`, every quantized token also keeps its fp16 rows on the host so it can be
+// promoted back (QEvict's recoverable tier): those bytes are host bytes, not device bytes.
+class IntCodec : public KvCodec {
+ public:
+  explicit IntCodec(IntSpec s, bool host_copy = false) : s_(s), host_copy_(host_copy) {}
+  double bytes(const HeadPlan& plan, int head_dim) const override;
+  double host_bytes(const HeadPlan& plan, int head_dim) const override;
+  void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                   std::span<float> keys, std::span<float> values) const override;
+  const IntSpec& spec() const { return s_; }
+
+ private:
+  IntSpec s_;
+  bool host_copy_;
+};
 
 }  // namespace kvsim

@@ -72,6 +72,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     a.kl.assign(static_cast<std::size_t>(L), {});
     a.err.assign(static_cast<std::size_t>(L), {});
     a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
+    a.saving_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
     a.prefill_size.assign(static_cast<std::size_t>(c), 0.0);
   }
 
@@ -83,7 +84,12 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   // Per-layer buffers live across layers: same shapes every layer, so no reallocation (large
   // allocations churn mmap/munmap and TLB shootdowns otherwise).
   std::vector<Mat> full_k(static_cast<std::size_t>(Hkv)), full_v(full_k.size());
-  std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size());
+  std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size()), logits(attn.size());
+  // Encoded (quantized, low-rank) configs compare their logits with the exact ones: keep those
+  // instead of recomputing them per config.
+  const bool keep_logits = std::any_of(configs_.begin(), configs_.end(), [](const ReplayConfig& cfg) {
+    return cfg.impl->codec() != nullptr;
+  });
   CacheView prefix;  // every KV head holds [0, c): the single compression point without chunking
   prefix.tokens.assign(static_cast<std::size_t>(Hkv), std::vector<std::int32_t>(static_cast<std::size_t>(c)));
   for (auto& t : prefix.tokens)
@@ -118,6 +124,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       // Scale the E x d queries, not the E x T logits: one pass less over the big matrix.
       const Mat qs = qe * (1.0f / std::sqrt(static_cast<float>(d)));
       attn[i].noalias() = qs * kh[static_cast<std::size_t>(qh / G)].transpose();
+      if (keep_logits) logits[i] = attn[i];
       causal_softmax(attn[i], eval_limit);
       const Mat& v = full_v[static_cast<std::size_t>(qh / G)];
       out[i].noalias() = attn[i] * v;
@@ -130,7 +137,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     const CacheSignals signals(ctx, g, layer, c, h, qbuf, prefix);
 
     const LayerWork work{g,        layer, c,        E,   T,    prefill_chunk_, ctx, h, qbuf, full_k, eval_limit,
-                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval};
+                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval, logits};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
     std::exception_ptr failure;
     auto guard = [&](auto&& fn) {
@@ -224,18 +231,24 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     const double saving = a.codec_saving;
     r.compressed_bytes = cache_bytes(budgets[p], kept, a.entries, L) - saving;
     r.budget_bytes = configs_[p].budget * cd * LH * budgets[p].kv_token_bytes;
-    r.final_bytes = fixed - saving + (a.kept_after_step.empty() ? kept * bpt : a.kept_after_step.back() * bpt);
+    r.final_bytes = a.kept_after_step.empty() ? fixed - saving + kept * bpt
+                                              : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt;
+    r.host_bytes = a.host_bytes;
     r.peak_bytes = 0;
     r.footprint = 0;
     for (double k : a.prefill_size) {
       r.peak_bytes = std::max(r.peak_bytes, k * bpt + fixed);
       r.footprint += k * bpt + fixed;
     }
-    double prev = kept;
-    for (double k : a.kept_after_step) {
-      r.peak_bytes = std::max(r.peak_bytes, std::max(k, prev + LH) * bpt + fixed - saving);
-      r.footprint += k * bpt + fixed - saving;
+    // A step's token joins before the policy acts on it: the cache briefly holds the previous
+    // step's tokens plus one per head, under the previous step's encoding.
+    double prev = kept, prev_saving = saving;
+    for (std::size_t i = 0; i < a.kept_after_step.size(); ++i) {
+      const double k = a.kept_after_step[i], sv = a.saving_after_step[i];
+      r.peak_bytes = std::max({r.peak_bytes, (prev + LH) * bpt + fixed - prev_saving, k * bpt + fixed - sv});
+      r.footprint += k * bpt + fixed - sv;
       prev = k;
+      prev_saving = sv;
     }
     r.keep_hash = a.hash;
     if (configs_[p].impl->respects_budget() && configs_[p].budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)

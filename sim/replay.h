@@ -37,6 +37,7 @@ struct ConfigResult {
   double compressed_bytes = 0;     // K/V + policy state right after compression
   double budget_bytes = 0;         // budget x full fp16 bytes at the compression point
   double peak_bytes = 0, final_bytes = 0;
+  double host_bytes = 0;           // peak host-side copies of recoverable tiers (not in the device bytes)
   double footprint = 0;            // bytes x token steps over the whole request
   std::uint64_t keep_hash = 0;     // FNV-1a of every keep mask: golden tests compare these
 };

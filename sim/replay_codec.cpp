@@ -7,102 +7,302 @@
 
 namespace kvsim::replay_detail {
 
-// One-shot plans with encoded tokens (quantized tiers). Reconstructed keys change the logits, so
-// no partial output can be shared with other configs: per query head, the evaluation rows attend
-// over the reconstructed kept tokens and the exact tokens after the compression point, once per
-// config and layer (one GEMM each side). Per row: recall = full attention mass on kept tokens,
-// KL(compressed || full) over the tokens the compressed row sees (as eviction's -log recall),
-// and the output's relative error.
-void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w, Accumulator& a) {
-  const KvCodec* codec = cfg.impl->codec();
-  if (!codec) throw Error("policy " + cfg.policy + ": plan encodes tokens but the policy names no codec");
-  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, G = w.g.group(), d = w.g.head_dim;
-  const std::int64_t c = w.c, E = w.E, T = w.T, tail = T - c;
-  const double fp16_token = codec_token_bytes(TokenCodec::Fp16, d);
+namespace {
+
+// One KV head's encoded cache: the token indices it holds (increasing) and their encoding.
+struct CodedHead {
+  std::vector<std::int32_t> tokens;
+  HeadPlan plan;  // codec (and rank) per entry of tokens; no Drop entries
+};
+
+// Per query head, per evaluation row: the metrics of one config.
+struct RowMetrics {
+  std::vector<std::vector<double>> recall, kl, err;  // [Hq][E]
+  RowMetrics(int hq, std::int64_t e)
+      : recall(static_cast<std::size_t>(hq), std::vector<double>(static_cast<std::size_t>(e))), kl(recall), err(recall) {}
+};
+
+// Scores evaluation rows [i0, i1) on an encoded cache: every row attends over the heads' cached
+// tokens as their codec reads them back, plus the exact tokens from t0 on (causally). Reconstructed
+// keys change the logits, so no partial output can be shared with other configs: per query head
+// one GEMM for the logits and one for the output; the exact logits come from the shared pass. Per
+// row: recall = full attention mass on what the row sees, KL(compressed || full) from the kept
+// tokens' logit shifts and the two normalisers (no per-element logarithms; as eviction's -log
+// recall when nothing is encoded), and the output's relative error.
+void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::int64_t t0, std::int64_t i0,
+                std::int64_t i1, const LayerWork& w, RowMetrics& out) {
+  const int Hkv = w.g.n_kv_heads, G = w.g.group(), d = w.g.head_dim, Hq = w.g.n_q_heads;
+  const std::int64_t rows = i1 - i0, tail = w.T - t0;
+  if (rows <= 0) return;
+  if (w.logits.size() != static_cast<std::size_t>(Hq) || w.logits.front().rows() != w.E)
+    throw Error("replay: encoded configs need the shared logits");
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<std::vector<double>> recall(static_cast<std::size_t>(Hq)), kl(recall.size()), err(recall.size());
   for (int kv = 0; kv < Hkv; ++kv) {
-    const HeadPlan& hp = plan.heads[static_cast<std::size_t>(kv)];
-    std::vector<std::int32_t> kept;
-    for (std::int64_t j = 0; j < c; ++j) {
-      const TokenCodec code = hp.codec[static_cast<std::size_t>(j)];
-      const std::uint64_t rank = hp.rank.empty() ? 0 : hp.rank[static_cast<std::size_t>(j)];
-      a.mix((static_cast<std::uint64_t>(code) * 0x9e37ull + 1) ^ (rank << 20));
-      if (code != TokenCodec::Drop) kept.push_back(static_cast<std::int32_t>(j));
-    }
-    const auto nk = static_cast<Eigen::Index>(kept.size());
-    Mat kh(nk, d), vh(nk, d);
+    const CodedHead& ch = heads[static_cast<std::size_t>(kv)];
+    const auto nk = static_cast<Eigen::Index>(ch.tokens.size());
     const Mat& K = w.full_k[static_cast<std::size_t>(kv)];
     const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
+    Mat kh(nk, d), vh(nk, d);
+    std::vector<std::int32_t> positions(static_cast<std::size_t>(nk));
     for (Eigen::Index m = 0; m < nk; ++m) {
-      kh.row(m) = K.row(kept[static_cast<std::size_t>(m)]);
-      vh.row(m) = V.row(kept[static_cast<std::size_t>(m)]);
+      const auto j = ch.tokens[static_cast<std::size_t>(m)];
+      kh.row(m) = K.row(j);
+      vh.row(m) = V.row(j);
+      positions[static_cast<std::size_t>(m)] = w.h.positions[static_cast<std::size_t>(j)];
     }
-    std::vector<std::int32_t> positions;
-    for (auto j : kept) positions.push_back(w.h.positions[static_cast<std::size_t>(j)]);
-    codec->reconstruct(hp, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
-                       {vh.data(), static_cast<std::size_t>(vh.size())});
-    a.kept += nk;
-    a.codec_saving += static_cast<double>(nk) * fp16_token - codec->bytes(hp, d);
-    for (std::int64_t i = 0; i < tail; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(nk + i + 1);
-    Mat k_exact(nk, d);
-    for (Eigen::Index m = 0; m < nk; ++m) k_exact.row(m) = K.row(kept[static_cast<std::size_t>(m)]);
+    codec.reconstruct(ch.plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
+                      {vh.data(), static_cast<std::size_t>(vh.size())});
     for (int r = 0; r < G; ++r) {
       const int qh = kv * G + r;
       const auto qi = static_cast<std::size_t>(qh);
-      const StridedMap qe(w.q.data() + (w.first_eval * Hq + qh) * d, E, d, Eigen::OuterStride<>(Hq * d));
+      const StridedMap qe(w.q.data() + ((w.first_eval + i0) * Hq + qh) * d, rows, d, Eigen::OuterStride<>(Hq * d));
       const Mat qs = qe * scale;
-      // Logits over [kept (reconstructed) | tail (exact)], and the exact logits of the kept
-      // tokens: their difference is all KL needs (no per-element logarithms).
-      Mat s(E, nk + tail), delta(E, nk);
+      // Logits over [kept (reconstructed) | tail (exact)], and each kept token's shift from its
+      // exact logit: the shifts are all KL needs.
+      const Mat& Lx = w.logits[qi];
+      Mat s(rows, nk + tail), delta(rows, nk);
       s.leftCols(nk).noalias() = qs * kh.transpose();
-      s.rightCols(tail).noalias() = qs * K.bottomRows(tail).transpose();
-      delta.noalias() = qs * k_exact.transpose();
-      delta = s.leftCols(nk) - delta;  // reconstructed minus exact logit of each kept token
+      s.rightCols(tail) = Lx.block(i0, t0, rows, tail);
+      for (std::int64_t x = 0; x < rows; ++x) {
+        const float* exact = Lx.row(i0 + x).data();
+        const float* got = s.row(x).data();
+        float* shift = delta.row(x).data();
+        for (Eigen::Index m = 0; m < nk; ++m) shift[m] = got[m] - exact[ch.tokens[static_cast<std::size_t>(m)]];
+      }
       const Mat& A = w.attn[qi];
-      std::vector<double> lse_q(static_cast<std::size_t>(E)), lse_p(static_cast<std::size_t>(E));
-      for (std::int64_t i = 0; i < E; ++i) {
+      std::vector<double> lse_q(static_cast<std::size_t>(rows)), lse_p(static_cast<std::size_t>(rows));
+      for (std::int64_t x = 0; x < rows; ++x) {
+        const std::int64_t i = i0 + x;
         // The full row's logsumexp from its largest probability: p_j = exp(logit_j - lse).
         const Eigen::Index last = w.eval_tokens[static_cast<std::size_t>(i)];
         Eigen::Index jmax = 0;
         A.row(i).head(last + 1).maxCoeff(&jmax);
-        const double logit = static_cast<double>(qs.row(i).dot(K.row(jmax)));
-        lse_p[static_cast<std::size_t>(i)] = logit - std::log(static_cast<double>(A(i, jmax)));
+        lse_p[static_cast<std::size_t>(x)] = static_cast<double>(Lx(i, jmax)) - std::log(static_cast<double>(A(i, jmax)));
         // The compressed row's softmax, causal on the tail, with its logsumexp.
-        auto row = s.row(i);
-        const Eigen::Index seen = nk + (last - c) + 1;
+        auto row = s.row(x);
+        const Eigen::Index seen = nk + (last - t0) + 1;
         const float mx = row.head(seen).maxCoeff();
         row.head(seen) = (row.head(seen).array() - mx).exp();
         const double sum = row.head(seen).sum();
         row.head(seen) /= static_cast<float>(sum);
         if (seen < row.size()) row.tail(row.size() - seen).setZero();
-        lse_q[static_cast<std::size_t>(i)] = mx + std::log(sum);
+        lse_q[static_cast<std::size_t>(x)] = mx + std::log(sum);
       }
-      Mat o(E, d);
+      Mat o(rows, d);
       o.noalias() = s.leftCols(nk) * vh;
       o.noalias() += s.rightCols(tail) * V.bottomRows(tail);
-      for (std::int64_t i = 0; i < E; ++i) {
+      for (std::int64_t x = 0; x < rows; ++x) {
+        const std::int64_t i = i0 + x;
+        const Eigen::Index last = w.eval_tokens[static_cast<std::size_t>(i)];
         // KL(q || p) = sum_j q_j (log q_j - log p_j); on the tail the logits agree, so only the
         // kept tokens' logit shifts remain, plus the two normalisers.
-        double mass = static_cast<double>(w.tail_mass[qi](i)), shift = 0;
+        double mass = static_cast<double>(A.row(i).segment(t0, last - t0 + 1).sum()), shift = 0;
         for (Eigen::Index m = 0; m < nk; ++m) {
-          mass += A(i, kept[static_cast<std::size_t>(m)]);
-          shift += static_cast<double>(s(i, m)) * delta(i, m);
+          mass += A(i, ch.tokens[static_cast<std::size_t>(m)]);
+          shift += static_cast<double>(s(x, m)) * delta(x, m);
         }
-        const double div = shift + lse_p[static_cast<std::size_t>(i)] - lse_q[static_cast<std::size_t>(i)];
+        const double div = shift + lse_p[static_cast<std::size_t>(x)] - lse_q[static_cast<std::size_t>(x)];
         const auto full = w.out[qi].row(i);
         const double norm = full.squaredNorm();
-        recall[qi].push_back(std::clamp(mass, 1e-30, 1.0));
-        kl[qi].push_back(std::max(div, 0.0));
-        err[qi].push_back(norm > 0 ? std::sqrt((o.row(i) - full).squaredNorm() / norm) : 0.0);
+        const auto ii = static_cast<std::size_t>(i);
+        out.recall[qi][ii] = std::clamp(mass, 1e-30, 1.0);
+        out.kl[qi][ii] = std::max(div, 0.0);
+        out.err[qi][ii] = norm > 0 ? std::sqrt((o.row(x) - full).squaredNorm() / norm) : 0.0;
       }
     }
   }
-  for (std::int64_t i = 0; i < E; ++i)
-    for (int qh = 0; qh < Hq; ++qh) {
+}
+
+void add_rows(const LayerWork& w, const RowMetrics& m, Accumulator& a) {
+  for (std::int64_t i = 0; i < w.E; ++i)
+    for (int qh = 0; qh < w.g.n_q_heads; ++qh) {
       const auto qi = static_cast<std::size_t>(qh), ii = static_cast<std::size_t>(i);
-      a.add_row(w.layer, recall[qi][ii], kl[qi][ii], err[qi][ii]);
+      a.add_row(w.layer, m.recall[qi][ii], m.kl[qi][ii], m.err[qi][ii]);
     }
+}
+
+// The plan's kept tokens of [0, c) with their encodings; mixes the plan into the keep hash.
+std::vector<CodedHead> coded_heads(const LayerPlan& plan, std::int64_t c, Accumulator& a) {
+  std::vector<CodedHead> heads;
+  for (const HeadPlan& hp : plan.heads) {
+    CodedHead ch;
+    for (std::int64_t j = 0; j < c; ++j) {
+      const auto jj = static_cast<std::size_t>(j);
+      const TokenCodec code = hp.codec[jj];
+      const std::uint64_t rank = hp.rank.empty() ? 0 : hp.rank[jj];
+      a.mix((static_cast<std::uint64_t>(code) * 0x9e37ull + 1) ^ (rank << 20));
+      if (code == TokenCodec::Drop) continue;
+      ch.tokens.push_back(static_cast<std::int32_t>(j));
+      ch.plan.codec.push_back(code);
+      if (!hp.rank.empty()) ch.plan.rank.push_back(hp.rank[jj]);
+    }
+    heads.push_back(std::move(ch));
+  }
+  return heads;
+}
+
+// fp16 bytes of the heads' tokens minus what their codec stores, and the host copy's bytes.
+std::pair<double, double> saving_and_host(const KvCodec& codec, const std::vector<CodedHead>& heads, int d) {
+  const double fp16 = codec_token_bytes(TokenCodec::Fp16, d);
+  double saving = 0, host = 0;
+  for (const CodedHead& ch : heads) {
+    saving += static_cast<double>(ch.tokens.size()) * fp16 - codec.bytes(ch.plan, d);
+    host += codec.host_bytes(ch.plan, d);
+  }
+  return {saving, host};
+}
+
+const KvCodec& codec_of(const ReplayConfig& cfg) {
+  const KvCodec* codec = cfg.impl->codec();
+  if (!codec) throw Error("policy " + cfg.policy + ": plan encodes tokens but the policy names no codec");
+  return *codec;
+}
+
+}  // namespace
+
+// One-shot plans with encoded tokens (quantized tiers, low rank).
+void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w, Accumulator& a) {
+  const KvCodec& codec = codec_of(cfg);
+  const std::vector<CodedHead> heads = coded_heads(plan, w.c, a);
+  const auto [saving, host] = saving_and_host(codec, heads, w.g.head_dim);
+  std::int64_t nk = 0;
+  for (const CodedHead& ch : heads) nk += static_cast<std::int64_t>(ch.tokens.size());
+  a.kept += nk;
+  a.codec_saving += saving;
+  a.host_bytes += host;
+  for (std::int64_t i = 0; i < w.T - w.c; ++i) {
+    a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(nk + (i + 1) * w.g.n_kv_heads);
+    a.saving_after_step[static_cast<std::size_t>(i)] += saving;
+  }
+  RowMetrics m(w.g.n_q_heads, w.E);
+  score_rows(codec, heads, w.c, 0, w.E, w, m);
+  add_rows(w, m, a);
+}
+
+// Encoded plans whose policy re-encodes (re-tiers) or evicts while decoding. The walk: at each
+// decode step the token joins every head's cache in fp16 and its query attends (the weights the
+// policy reads are the full attention renormalised over the cache, as replay_decode's: exact for
+// fp16 tokens, the uncompressed reading for encoded ones), then the policy may evict and
+// re-tier. Between two changes the cache's encoding is fixed, so each stretch of rows is scored
+// once on it, with the tokens that joined inside the stretch exact.
+void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const LayerPlan& plan, DecodeState& state,
+                         Accumulator& a) {
+  const KvCodec& codec = codec_of(cfg);
+  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, G = w.g.group(), d = w.g.head_dim;
+  const std::int64_t c = w.c, E = w.E;
+  if (E != w.T - c)
+    throw Error("policy " + cfg.policy + " re-encodes its cache while decoding and needs the query of every token after "
+                "the compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
+                "; capture with all decode-step queries");
+  std::vector<CodedHead> heads = coded_heads(plan, c, a);
+  const double head_budget = cfg.budget * static_cast<double>(c) * codec_token_bytes(TokenCodec::Fp16, d);
+  auto [saving, host] = saving_and_host(codec, heads, d);
+  for (const CodedHead& ch : heads) a.kept += static_cast<std::int64_t>(ch.tokens.size());
+  a.codec_saving += saving;
+  double host_peak = host;
+
+  struct Stretch {
+    std::int64_t i0;
+    std::vector<CodedHead> heads;  // the cache before row i0's token joined
+  };
+  std::vector<Stretch> stretches{{0, heads}};
+  std::vector<std::vector<std::int32_t>> cache(static_cast<std::size_t>(Hkv));
+  std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
+  std::vector<std::vector<std::int32_t>> evict;
+  for (std::int64_t i = 0; i < E; ++i) {
+    const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
+    for (int kv = 0; kv < Hkv; ++kv) {
+      CodedHead& ch = heads[static_cast<std::size_t>(kv)];
+      ch.tokens.push_back(t);
+      ch.plan.codec.push_back(TokenCodec::Fp16);
+      if (!ch.plan.rank.empty()) ch.plan.rank.push_back(0);
+      cache[static_cast<std::size_t>(kv)] = ch.tokens;
+    }
+    if (state.needs_attention())
+      for (int qh = 0; qh < Hq; ++qh) {
+        const auto& ch = cache[static_cast<std::size_t>(qh / G)];
+        const Mat& A = w.attn[static_cast<std::size_t>(qh)];
+        auto& wt = weights[static_cast<std::size_t>(qh)];
+        wt.resize(ch.size());
+        double m = 0;
+        for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
+        for (auto& x : wt) x = static_cast<float>(x / m);
+      }
+    const DecodeStep step{t, cache, weights, 0};
+    evict.assign(static_cast<std::size_t>(Hkv), {});
+    state.step(step, evict);
+    bool changed = false;
+    for (int kv = 0; kv < Hkv; ++kv) {
+      CodedHead& ch = heads[static_cast<std::size_t>(kv)];
+      for (auto j : evict[static_cast<std::size_t>(kv)]) {
+        const auto it = std::lower_bound(ch.tokens.begin(), ch.tokens.end(), j);
+        if (it == ch.tokens.end() || *it != j)
+          throw Error("policy " + cfg.policy + ": evicted token " + std::to_string(j) + " that is not in the cache");
+        const auto at = it - ch.tokens.begin();
+        ch.tokens.erase(it);
+        ch.plan.codec.erase(ch.plan.codec.begin() + at);
+        if (!ch.plan.rank.empty()) ch.plan.rank.erase(ch.plan.rank.begin() + at);
+        a.mix(static_cast<std::uint64_t>(j) + 1);
+        changed = true;
+      }
+      cache[static_cast<std::size_t>(kv)] = ch.tokens;
+    }
+    LayerPlan next;
+    if (state.retier(DecodeStep{t, cache, {}, 0}, next)) {
+      if (static_cast<int>(next.heads.size()) != Hkv)
+        throw Error("policy " + cfg.policy + ": re-tier plan has " + std::to_string(next.heads.size()) +
+                    " heads, expected " + std::to_string(Hkv));
+      for (int kv = 0; kv < Hkv; ++kv) {
+        const HeadPlan& hp = next.heads[static_cast<std::size_t>(kv)];
+        CodedHead& ch = heads[static_cast<std::size_t>(kv)];
+        if (hp.codec.size() != ch.tokens.size())
+          throw Error("policy " + cfg.policy + ": re-tier plan covers " + std::to_string(hp.codec.size()) +
+                      " tokens, expected " + std::to_string(ch.tokens.size()));
+        CodedHead kept;
+        for (std::size_t m = 0; m < hp.codec.size(); ++m) {
+          a.mix((static_cast<std::uint64_t>(hp.codec[m]) * 0x9e37ull + 7) ^ static_cast<std::uint64_t>(ch.tokens[m]));
+          if (hp.codec[m] == TokenCodec::Drop) continue;
+          kept.tokens.push_back(ch.tokens[m]);
+          kept.plan.codec.push_back(hp.codec[m]);
+          if (!hp.rank.empty()) kept.plan.rank.push_back(hp.rank[m]);
+        }
+        if (codec.bytes(kept.plan, d) > head_budget + 1e-6)
+          throw Error("policy " + cfg.policy + ": re-tiered cache of KV head " + std::to_string(kv) + " holds " +
+                      std::to_string(codec.bytes(kept.plan, d)) + " bytes after step " + std::to_string(t) +
+                      ", over its budget of " + std::to_string(head_budget));
+        ch = std::move(kept);
+      }
+      changed = true;
+    }
+    if (changed) {
+      std::tie(saving, host) = saving_and_host(codec, heads, d);
+      host_peak = std::max(host_peak, host);
+      if (i + 1 < E) stretches.push_back({i + 1, heads});
+    }
+    std::int64_t size = 0;
+    for (const CodedHead& ch : heads) size += static_cast<std::int64_t>(ch.tokens.size());
+    a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
+    a.saving_after_step[static_cast<std::size_t>(i)] += saving;
+  }
+  a.host_bytes += host_peak;
+  // A stretch's cache lacks the tokens that join inside it: they are the exact tail from its
+  // first row's token on (which is also why each snapshot is taken before that token joins).
+  RowMetrics m(Hq, E);
+  for (std::size_t k = 0; k < stretches.size(); ++k) {
+    const std::int64_t i0 = stretches[k].i0, i1 = k + 1 < stretches.size() ? stretches[k + 1].i0 : E;
+    std::vector<CodedHead> before = stretches[k].heads;
+    const auto t0 = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i0)]);
+    for (CodedHead& ch : before) {
+      // Drop the decode tokens >= t0 (in fp16) that this snapshot already holds.
+      while (!ch.tokens.empty() && ch.tokens.back() >= t0) {
+        ch.tokens.pop_back();
+        ch.plan.codec.pop_back();
+        if (!ch.plan.rank.empty()) ch.plan.rank.pop_back();
+      }
+    }
+    score_rows(codec, before, t0, i0, i1, w, m);
+  }
+  add_rows(w, m, a);
 }
 
 }  // namespace kvsim::replay_detail

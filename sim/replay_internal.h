@@ -30,6 +30,8 @@ struct Accumulator {
   std::vector<double> prefill_size;         // [c] cache size at each prefill step (all layers, heads)
   std::uint64_t hash = 1469598103934665603ull;
   double codec_saving = 0;                  // fp16 bytes of the kept rows minus what their codec stores
+  std::vector<double> saving_after_step;    // [T - c] the same after each later step (re-tiering changes it)
+  double host_bytes = 0;                    // peak bytes of host copies (recoverable tiers)
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
   // Eviction only: the compressed row is the full one renormalised over the kept tokens, whose
@@ -66,6 +68,7 @@ struct LayerWork {
   const std::vector<Eigen::VectorXf>& tail_mass;
   const std::vector<Mat>& full_v;     // [Hkv] T x d
   std::int64_t first_eval;            // row of q holding the first evaluation query
+  const std::vector<Mat>& logits;     // [Hq] E x T scaled logits before the softmax (kept when a codec config needs them)
 };
 
 // A one-shot config's keep-sets in one layer: a bitset over the c cached tokens per query head
@@ -90,6 +93,9 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
                    DecodeState& state, Accumulator& a);
 // One-shot plans with encoded tokens (replay_codec.cpp).
 void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w, Accumulator& a);
+// Plans with encoded tokens whose policy evicts or re-tiers while decoding (replay_codec.cpp).
+void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const LayerPlan& plan, DecodeState& state,
+                         Accumulator& a);
 // Phase B (replay_shots.cpp).
 BuildOrder spanning_tree(const std::vector<OneShot>& shots, int q_head, std::int64_t c);
 void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const BuildOrder& tree, int q_head,

@@ -156,7 +156,8 @@ static std::optional<OneShot> plan_config_unchecked(std::size_t index, const Rep
   if (d.state) {
     if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     a.entries = Hkv;
-    replay_decode(cfg, budget_tokens, w, plan, *d.state, a);
+    if (cfg.impl->codec()) replay_codec_decode(cfg, w, plan, *d.state, a);
+    else replay_decode(cfg, budget_tokens, w, plan, *d.state, a);
     return std::nullopt;
   }
   if (std::any_of(plan.heads.begin(), plan.heads.end(), [](const HeadPlan& hp) { return needs_codec(hp); })) {

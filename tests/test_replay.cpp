@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/error.h"
@@ -327,4 +328,85 @@ TEST_CASE("quantized configs over budget keep sinks and recent tokens and stay w
     CHECK(res.configs[i].compressed_bytes <= res.configs[i].budget_bytes);
     CHECK(res.configs[i].compressed_bytes > 0.8 * res.configs[i].budget_bytes);  // the budget is used, not wasted
   }
+}
+
+namespace {
+
+// intn's plan, then a re-tier after every decode step that changes nothing: each step becomes
+// its own stretch of the re-tiering replay, which must score exactly as the one-shot plan.
+class SameTiersEveryStep : public Policy {
+ public:
+  SameTiersEveryStep() : base_(PolicyRegistry::instance().create("intn:bits=4").policy) {}
+  const KvCodec* codec() const override { return base_->codec(); }
+  LayerPlan compress(const LayerSignals& s, const Budget& b) const override { return base_->compress(s, b); }
+  std::unique_ptr<DecodeState> start_decode(const LayerSignals& s, const LayerPlan& initial, const Budget&) const override {
+    class Same : public DecodeState {
+     public:
+      explicit Same(std::vector<std::map<std::int32_t, TokenCodec>> codes) : codes_(std::move(codes)) {}
+      void step(const DecodeStep&, std::vector<std::vector<std::int32_t>>&) override {}
+      bool retier(const DecodeStep& step, LayerPlan& plan) override {
+        plan.heads.clear();
+        for (std::size_t kv = 0; kv < step.cache.size(); ++kv) {
+          HeadPlan& hp = plan.heads.emplace_back();
+          for (auto t : step.cache[kv]) hp.codec.push_back(codes_[kv].count(t) ? codes_[kv][t] : TokenCodec::Fp16);
+        }
+        return true;
+      }
+
+     private:
+      std::vector<std::map<std::int32_t, TokenCodec>> codes_;
+    };
+    std::vector<std::map<std::int32_t, TokenCodec>> codes(initial.heads.size());
+    for (std::size_t kv = 0; kv < initial.heads.size(); ++kv) {
+      const auto cached = s.cached(static_cast<int>(kv));
+      for (std::size_t m = 0; m < cached.size(); ++m) codes[kv][cached[m]] = initial.heads[kv].codec[m];
+    }
+    return std::make_unique<Same>(std::move(codes));
+  }
+
+ private:
+  std::unique_ptr<Policy> base_;
+};
+
+}  // namespace
+
+TEST_CASE("re-tiering replay: unchanged tiers score as one shot; qevict re-tiers within budget", "[replay]") {
+  SynthConfig cfg = replay_config();
+  cfg.generated_tokens = 40;
+  static const std::string path = test::write_small_trace("replay_retier.h5", cfg);
+  const TraceReader reader(path);
+  const std::string id = reader.request_ids().front();
+  // Budgets with room for the 40 decode tokens in fp16 (the re-tiers must hold the budget).
+  auto cfgs = configs({"intn:bits=4"}, {0.8, 0.99});
+  const std::shared_ptr<const Policy> same = std::make_shared<SameTiersEveryStep>();
+  cfgs.push_back({"same_tiers", "", same, 0.8});
+  cfgs.push_back({"same_tiers", "", same, 0.99});
+  for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    const RequestResult res = Replayer(reader, mode, cfgs).replay(id);
+    for (std::size_t i = 0; i < 2; ++i) {
+      INFO(mode_name(mode) << " budget " << cfgs[i].budget);
+      const ConfigResult &one = res.configs[i], &walked = res.configs[i + 2];
+      // fp32 GEMMs over other row counts round differently: agreement to ~1e-6 relative.
+      CHECK(walked.mean_kl == Approx(one.mean_kl).epsilon(2e-5));
+      CHECK(walked.mean_err == Approx(one.mean_err).epsilon(2e-5));
+      CHECK(walked.mean_recall == Approx(one.mean_recall).epsilon(1e-7));
+      CHECK(walked.p95_kl == Approx(one.p95_kl).epsilon(2e-5));
+      CHECK(walked.compressed_bytes == Approx(one.compressed_bytes));
+      CHECK(walked.final_bytes == Approx(one.final_bytes));
+      CHECK(walked.peak_bytes == Approx(one.peak_bytes));
+    }
+  }
+  // qevict re-tiering every 4 steps: back within the byte budget after each re-tier (the 40th
+  // step re-tiers last), a host copy of its quantized tier, other metrics than never re-tiering.
+  const auto q = configs({"qevict:retier=4", "qevict:retier=0"}, {0.3});
+  const RequestResult res = Replayer(reader, ReplayMode::QueryAware, q).replay(id);
+  const ConfigResult &retier = res.configs[0], &once = res.configs[1];
+  CHECK(retier.compressed_bytes <= retier.budget_bytes);
+  CHECK(retier.final_bytes <= retier.budget_bytes);
+  CHECK(retier.peak_bytes > retier.final_bytes);  // between re-tiers new tokens join in fp16
+  CHECK(retier.host_bytes > 0);
+  CHECK(once.host_bytes > 0);
+  CHECK(once.final_bytes > once.budget_bytes);  // never re-tiered: every decode token stays
+  CHECK(retier.keep_hash != once.keep_hash);
+  CHECK(retier.mean_kl != once.mean_kl);
 }

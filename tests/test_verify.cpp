@@ -153,3 +153,27 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
     }
   }
 }
+
+TEST_CASE("live qevict re-tiers while decoding and holds its byte budget", "[verify]") {
+  require_model();
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  std::vector<ReplayConfig> configs;
+  for (const std::string spec : {"qevict:retier=2", "qevict:retier=0"}) {
+    PolicyInstance inst = PolicyRegistry::instance().create(spec);
+    configs.push_back({inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.3});
+  }
+  for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    INFO(mode_name(mode));
+    VerifyOptions o;
+    o.mode = mode;
+    o.max_new = 8;
+    LiveVerifier v(gguf, o);
+    // The engine throws if a re-tier leaves a head over its byte budget.
+    const LiveRequestResult res = v.run(needle_request(), configs);
+    const LiveConfigResult &retier = res.configs[0], &once = res.configs[1];
+    CHECK(retier.compressed_bytes <= retier.budget_bytes);
+    CHECK(retier.mean_kl > 0);
+    // Never re-tiered, every decode token stays; re-tiered, the cache is cut back to the budget.
+    CHECK(retier.final_rows < once.final_rows);
+  }
+}

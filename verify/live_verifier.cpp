@@ -110,6 +110,13 @@ struct LiveVerifier::Impl {
     ConfigBudget budget;
     std::vector<std::unique_ptr<DecodeState>> states;  // [layer], null for one-shot policies
     bool any_state = false;
+    // [layer][KV head] the cached tokens' original fp16 rows (the host copy a re-tiering policy
+    // promotes from); kept only when a policy with a codec also decodes.
+    std::vector<std::vector<KvEntry>> originals;
+    const KvCodec* codec = nullptr;
+    double fraction = 1;                          // the byte budget as a share of the full cache at c
+    std::int64_t c = 0;
+    const std::vector<std::int32_t>* positions = nullptr;
   };
 
   Shared prefill(const CaptureRequest& r) {
@@ -237,6 +244,10 @@ struct LiveVerifier::Impl {
     Compressed out;
     out.budget = config_budget(*cfg.impl, cfg.budget, s.c, g.head_dim);
     out.states.resize(static_cast<std::size_t>(g.n_layers));
+    out.codec = cfg.impl->codec();
+    out.fraction = cfg.budget;
+    out.c = s.c;
+    out.positions = &s.header.positions;
     res.budget_tokens = out.budget.tokens;
     std::int64_t entries = g.n_kv_heads;
     double codec_saving = 0;
@@ -280,6 +291,8 @@ struct LiveVerifier::Impl {
         }
         model.cache().keep(l, keep, g.n_q_heads);
         entries = static_cast<std::int64_t>(plan.heads.size());
+        const std::vector<KvEntry> before_codec = cfg.impl->codec() ? model.cache().layers[static_cast<std::size_t>(l)]
+                                                                      : std::vector<KvEntry>{};
         // Encoded tokens: the cache now holds what their codec reads back, at the codec's bytes.
         for (std::size_t e = 0; e < plan.heads.size(); ++e) {
           if (!needs_codec(plan.heads[e])) continue;
@@ -293,6 +306,10 @@ struct LiveVerifier::Impl {
         if (out.states[static_cast<std::size_t>(l)]) {
           if (per_q) throw Error("policy " + cfg.policy + ": per-query-head plans with decode-time eviction are not supported");
           out.any_state = true;
+          if (cfg.impl->codec()) {
+            out.originals.resize(static_cast<std::size_t>(g.n_layers));
+            out.originals[static_cast<std::size_t>(l)] = before_codec;
+          }
         }
       }
       std::vector<std::vector<std::int32_t>> kept;
@@ -327,15 +344,77 @@ struct LiveVerifier::Impl {
         }
       std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(g.n_kv_heads));
       state->step(DecodeStep{t, cache, weights, cs.budget.tokens}, evict);
+      const bool tiered = !cs.originals.empty() && !cs.originals[static_cast<std::size_t>(l)].empty();
       for (int kv = 0; kv < g.n_kv_heads; ++kv) {
-        model.cache().evict(l, kv, evict[static_cast<std::size_t>(kv)]);
-        const auto size = layer[static_cast<std::size_t>(kv)].rows();
-        if (size > std::max<std::int64_t>(cs.budget.tokens, 0))
+        const auto kvi = static_cast<std::size_t>(kv);
+        if (tiered) {  // the new token's rows are original (fp16): the host copy gets them too
+          KvEntry& orig = cs.originals[static_cast<std::size_t>(l)][kvi];
+          const KvEntry& live = layer[kvi];
+          const auto row = static_cast<std::ptrdiff_t>((live.tokens.size() - 1) * static_cast<std::size_t>(g.head_dim));
+          orig.tokens.push_back(live.tokens.back());
+          orig.k.insert(orig.k.end(), live.k.begin() + row, live.k.end());
+          orig.v.insert(orig.v.end(), live.v.begin() + row, live.v.end());
+        }
+        model.cache().evict(l, kv, evict[kvi]);
+        const auto size = layer[kvi].rows();
+        if (!tiered && size > std::max<std::int64_t>(cs.budget.tokens, 0))
           throw Error("policy " + label + ": cache holds " + std::to_string(size) + " tokens after step " + std::to_string(t) +
                       ", over its budget of " + std::to_string(cs.budget.tokens));
       }
+      if (!tiered) continue;
+      KvCache host;
+      host.head_dim = g.head_dim;
+      host.layers = {std::move(cs.originals[static_cast<std::size_t>(l)])};
+      for (int kv = 0; kv < g.n_kv_heads; ++kv) host.evict(0, kv, evict[static_cast<std::size_t>(kv)]);
+      cs.originals[static_cast<std::size_t>(l)] = std::move(host.layers[0]);
+      retier(l, t, *state, cs, label);
     }
     return logits;
+  }
+
+  // A re-tiering policy's new encoding of layer l after step t: every kept token re-encoded from
+  // its original rows (promotion restores fp16 exactly), Drop tokens leave both copies.
+  void retier(int l, std::int64_t t, DecodeState& state, Compressed& cs, const std::string& label) {
+    auto& layer = model.cache().layers[static_cast<std::size_t>(l)];
+    std::vector<std::vector<std::int32_t>> cache;
+    for (const KvEntry& e : layer) cache.push_back(e.tokens);
+    LayerPlan next;
+    if (!state.retier(DecodeStep{t, cache, {}, cs.budget.tokens}, next)) return;
+    if (static_cast<int>(next.heads.size()) != g.n_kv_heads)
+      throw Error("policy " + label + ": re-tier plan has " + std::to_string(next.heads.size()) + " heads, expected " +
+                  std::to_string(g.n_kv_heads));
+    std::vector<std::vector<std::int32_t>> keep(next.heads.size());
+    std::vector<HeadPlan> kept_plans(next.heads.size());
+    for (std::size_t kv = 0; kv < next.heads.size(); ++kv) {
+      const HeadPlan& hp = next.heads[kv];
+      if (hp.codec.size() != cache[kv].size())
+        throw Error("policy " + label + ": re-tier plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
+                    std::to_string(cache[kv].size()));
+      for (std::size_t m = 0; m < hp.codec.size(); ++m) {
+        if (hp.codec[m] == TokenCodec::Drop) continue;
+        keep[kv].push_back(cache[kv][m]);
+        kept_plans[kv].codec.push_back(hp.codec[m]);
+        if (!hp.rank.empty()) kept_plans[kv].rank.push_back(hp.rank[m]);
+      }
+    }
+    KvCache host;
+    host.head_dim = g.head_dim;
+    host.layers = {std::move(cs.originals[static_cast<std::size_t>(l)])};
+    host.keep(0, keep, g.n_q_heads);
+    cs.originals[static_cast<std::size_t>(l)] = host.layers[0];
+    const KvCodec* codec = cs.codec;
+    const double budget = cs.fraction * static_cast<double>(cs.c) * cs.budget.kv_token_bytes;
+    for (std::size_t kv = 0; kv < next.heads.size(); ++kv) {
+      KvEntry& entry = layer[kv];
+      entry = host.layers[0][kv];
+      std::vector<std::int32_t> positions;
+      for (auto tok : entry.tokens) positions.push_back((*cs.positions)[static_cast<std::size_t>(tok)]);
+      codec->reconstruct(kept_plans[kv], g, positions, entry.k, entry.v);
+      if (codec->bytes(kept_plans[kv], g.head_dim) > budget + 1e-6)
+        throw Error("policy " + label + ": re-tiered cache of layer " + std::to_string(l) + ", KV head " + std::to_string(kv) +
+                    " holds " + std::to_string(codec->bytes(kept_plans[kv], g.head_dim)) + " bytes after step " +
+                    std::to_string(t) + ", over its budget of " + std::to_string(budget));
+    }
   }
 
   // The question tokens after a query-agnostic compression point; returns the last logits (or
@@ -373,6 +452,7 @@ struct LiveVerifier::Impl {
       }
       if (j + 1 < len) logits = step(s.reference[j], cs, cfg.label());
     }
+    res.final_rows = model.cache().entries_rows();
     const auto n = static_cast<double>(res.steps);
     res.mean_kl = res.steps ? kl_sum / n : 0;
     res.top1 = res.steps ? top1 / n : 1;

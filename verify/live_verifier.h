@@ -39,6 +39,7 @@ struct LiveConfigResult {
   std::string generated;
   double kept_fraction = 1;        // K/V rows after compression / rows of the full cache
   double compressed_bytes = 0, budget_bytes = 0;
+  std::int64_t final_rows = 0;     // K/V rows in the cache after the teacher-forced continuation
   double seconds = 0;
   // The kept tokens right after compression, [layer][entry] (for the agreement tests).
   std::vector<std::vector<std::vector<std::int32_t>>> kept;
