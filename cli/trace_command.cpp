@@ -1,4 +1,4 @@
-// `kvsim trace {info,check,synth,dump}`: the user-facing side of traces/.
+// `kvsim trace {info,check,synth,dump,fit-basis}`: the user-facing side of traces/.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +11,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/isolated_call.h"
+#include "policies/basis_set.h"
 #include "traces/synth_trace.h"
 #include "traces/trace_check.h"
 #include "traces/trace_reader.h"
@@ -255,13 +256,84 @@ int dump(const Args& args) {
   return 0;
 }
 
+// Calibration bases for lowrank/varrate (basis=FILE): the principal directions of the
+// pre-RoPE keys and of the values of every prompt token of the given traces, per (layer, KV head).
+int fit_basis_cmd(const Args& args) {
+  po::options_description desc(
+      "kvsim trace fit-basis: fit low-rank bases (pre-RoPE keys, values) per layer and KV head on the prompt\n"
+      "tokens of calibration traces; use them with lowrank:basis=FILE or varrate:basis=FILE");
+  desc.add_options()("help,h", "show this help")("out,o", po::value<std::string>()->required(), "basis file to write")(
+      "requests", po::value<int>()->default_value(0), "use at most this many requests per trace (0: all)")(
+      "traces", po::value<std::vector<std::string>>()->multitoken()->required(), "calibration trace files");
+  po::positional_options_description pos;
+  pos.add("traces", -1);
+  po::variables_map vm;
+  if (!parse_options(args, desc, pos, vm, "kvsim trace fit-basis --out FILE TRACE...")) return 0;
+  const auto traces = vm["traces"].as<std::vector<std::string>>();
+  const std::string out = vm["out"].as<std::string>();
+  const int limit = vm["requests"].as<int>();
+  if (limit < 0) throw Error("--requests must be >= 0");
+  BasisSet set;
+  std::vector<GramAccumulator> grams;
+  KvGeometry g;
+  std::string model;
+  for (const std::string& path : traces) {
+    const TraceReader reader(path);
+    const ModelGeometry& mg = reader.geometry();
+    const KvGeometry here{mg.n_layers, mg.n_q_heads, mg.n_kv_heads, mg.head_dim, mg.rope()};
+    if (grams.empty()) {
+      g = here;
+      model = mg.name;
+      grams.resize(static_cast<std::size_t>(g.n_layers * g.n_kv_heads));
+    } else if (here.n_layers != g.n_layers || here.n_kv_heads != g.n_kv_heads || here.head_dim != g.head_dim ||
+               here.rope.type != g.rope.type || here.rope.rope_dim != g.rope.rope_dim) {
+      throw Error("trace '" + path + "' has another geometry than '" + traces.front() + "' (model " + mg.name + " vs " +
+                  model + "): calibration traces must come from one model");
+    }
+    int used = 0;
+    for (const std::string& id : reader.request_ids()) {
+      if (limit > 0 && used++ >= limit) break;
+      const RequestHeader h = reader.header(id);
+      const auto n = static_cast<std::size_t>(h.n_prompt);
+      const auto d = static_cast<std::size_t>(g.head_dim), H = static_cast<std::size_t>(g.n_kv_heads);
+      std::vector<float> k(reader.layer_elements(id, Tensor::K)), v(k.size()), kh(n * d), vh(n * d);
+      const std::vector<std::int32_t> positions(h.positions.begin(), h.positions.begin() + static_cast<std::ptrdiff_t>(n));
+      for (int layer = 0; layer < g.n_layers; ++layer) {
+        reader.read_layer(id, Tensor::K, layer, k);
+        reader.read_layer(id, Tensor::V, layer, v);
+        for (std::size_t kv = 0; kv < H; ++kv) {
+          for (std::size_t t = 0; t < n; ++t) {
+            std::copy_n(k.begin() + static_cast<std::ptrdiff_t>((t * H + kv) * d), d, kh.begin() + static_cast<std::ptrdiff_t>(t * d));
+            std::copy_n(v.begin() + static_cast<std::ptrdiff_t>((t * H + kv) * d), d, vh.begin() + static_cast<std::ptrdiff_t>(t * d));
+          }
+          grams[static_cast<std::size_t>(layer) * H + kv].add(g, kh, vh, positions);
+        }
+      }
+    }
+  }
+  if (grams.empty() || grams.front().tokens == 0) throw Error("no prompt tokens in the calibration traces");
+  set.n_layers = g.n_layers;
+  set.n_kv_heads = g.n_kv_heads;
+  set.head_dim = g.head_dim;
+  set.rope = g.rope;
+  set.tokens = grams.front().tokens;
+  set.source = model + " prompts of";
+  for (const auto& t : traces) set.source += " " + std::filesystem::path(t).filename().string();
+  for (const GramAccumulator& acc : grams) set.heads.push_back(acc.basis());
+  save_basis_set(set, out);
+  std::cout << out << ": bases for " << set.n_layers << " layers x " << set.n_kv_heads << " KV heads (head_dim "
+            << set.head_dim << ") from " << set.tokens << " prompt tokens of " << traces.size() << " trace(s)\n";
+  return 0;
+}
+
 }  // namespace
 
 int trace_command(const Args& args) {
   static const Subcommand subs[] = {{"info", "summarise a trace (geometry, capture, requests)", info},
                                     {"check", "validate a trace; non-zero exit and one line per problem", check},
                                     {"synth", "write a deterministic synthetic trace", synth},
-                                    {"dump", "print one layer of K/V/Q of a request as JSON", dump}};
+                                    {"dump", "print one layer of K/V/Q of a request as JSON", dump},
+                                    {"fit-basis", "fit low-rank calibration bases (lowrank/varrate basis=FILE)", fit_basis_cmd}};
   return dispatch("kvsim trace", subs, args);
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "policies/basis_set.h"
 
 namespace kvsim {
 
@@ -41,9 +42,8 @@ RowMat unrotated_keys(const KvGeometry& g, std::span<const float> keys, std::spa
   return k;
 }
 
-// Eigenvectors of X^T X by decreasing eigenvalue (the right singular vectors of X), fp16-rounded.
-std::vector<float> principal_directions(const RowMat& x) {
-  const Eigen::MatrixXd gram = (x.cast<double>().transpose() * x.cast<double>());
+// Eigenvectors of a Gram matrix by decreasing eigenvalue, fp16-rounded, [d, d] row-major.
+std::vector<float> directions_of(const Eigen::MatrixXd& gram) {
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(gram);
   const auto d = static_cast<Eigen::Index>(gram.rows());
   std::vector<float> u(static_cast<std::size_t>(d * d));
@@ -53,16 +53,26 @@ std::vector<float> principal_directions(const RowMat& x) {
   return u;
 }
 
+// Eigenvectors of X^T X (the right singular vectors of X).
+std::vector<float> principal_directions(const RowMat& x) {
+  return directions_of(x.cast<double>().transpose() * x.cast<double>());
+}
+
 }  // namespace
 
 namespace {
 
 // Bases and coefficients from keys already un-rotated (the costly part, done once).
 void fit_and_project(const RowMat& k, const Eigen::Map<const RowMat>& v, HeadBasis& b, std::vector<float>* ck,
-                     std::vector<float>* cv) {
+                     std::vector<float>* cv, const HeadBasis* fixed = nullptr) {
   b.d = static_cast<int>(k.cols());
-  b.uk = principal_directions(k);
-  b.uv = principal_directions(v);
+  if (fixed) {
+    if (fixed->d != b.d) throw Error("low-rank basis of dimension " + std::to_string(fixed->d) + " for head_dim " + std::to_string(b.d));
+    b = *fixed;
+  } else {
+    b.uk = principal_directions(k);
+    b.uv = principal_directions(v);
+  }
   if (!ck) return;
   const Eigen::Map<const RowMat> uk(b.uk.data(), b.d, b.d), uv(b.uv.data(), b.d, b.d);
   const RowMat a = k * uk, c = v * uv;
@@ -82,6 +92,57 @@ HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<
   return b;
 }
 
+void GramAccumulator::add(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+                          std::span<const std::int32_t> positions) {
+  if (d == 0) {
+    d = g.head_dim;
+    kk.assign(static_cast<std::size_t>(d * d), 0.0);
+    vv.assign(kk.size(), 0.0);
+  }
+  const auto n = static_cast<Eigen::Index>(positions.size());
+  const Eigen::MatrixXd k = unrotated_keys(g, keys, positions).cast<double>();
+  const Eigen::MatrixXd v = Eigen::Map<const RowMat>(values.data(), n, d).cast<double>();
+  Eigen::Map<Eigen::MatrixXd>(kk.data(), d, d) += k.transpose() * k;
+  Eigen::Map<Eigen::MatrixXd>(vv.data(), d, d) += v.transpose() * v;
+  tokens += n;
+}
+
+HeadBasis GramAccumulator::basis() const {
+  HeadBasis b;
+  b.d = d;
+  b.uk = directions_of(Eigen::Map<const Eigen::MatrixXd>(kk.data(), d, d));
+  b.uv = directions_of(Eigen::Map<const Eigen::MatrixXd>(vv.data(), d, d));
+  return b;
+}
+
+std::shared_ptr<const LowRankFit> fit_lowrank(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+                                              std::span<const std::int32_t> positions, const HeadBasis* fixed) {
+  auto fit = std::make_shared<LowRankFit>();
+  fit->n = static_cast<std::int64_t>(positions.size());
+  fit_and_project(unrotated_keys(g, keys, positions),
+                  Eigen::Map<const RowMat>(values.data(), fit->n, g.head_dim), fit->basis, &fit->ck, &fit->cv, fixed);
+  return fit;
+}
+
+std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const void* owner, const BasisSet* calibration) {
+  using Fits = std::vector<std::shared_ptr<const LowRankFit>>;
+  const auto memo = s.memo(owner, [&] {
+    const KvGeometry& g = s.geometry();
+    if (calibration) check_basis_set(*calibration, g);
+    auto fits = std::make_shared<Fits>();
+    for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+      const MatrixView K = s.keys(kv), V = s.values(kv);
+      std::vector<std::int32_t> pos;
+      for (auto t : s.cached(kv)) pos.push_back(s.positions()[static_cast<std::size_t>(t)]);
+      fits->push_back(fit_lowrank(g, {K.data, static_cast<std::size_t>(K.rows * K.cols)},
+                                  {V.data, static_cast<std::size_t>(V.rows * V.cols)}, pos,
+                                  calibration ? &calibration->at(s.layer(), kv) : nullptr));
+    }
+    return std::static_pointer_cast<const void>(std::shared_ptr<const Fits>(std::move(fits)));
+  });
+  return *static_cast<const Fits*>(memo.get());
+}
+
 double lowrank_bytes(const HeadPlan& plan, int head_dim) {
   double bytes = 0;
   bool any = false;
@@ -97,19 +158,44 @@ double lowrank_bytes(const HeadPlan& plan, int head_dim) {
 void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
                                std::span<float> keys, std::span<float> values) const {
   const int d = g.head_dim;
-  std::vector<float> ck, cv;
-  const HeadBasis b = fit_basis(g, keys, values, positions, &ck, &cv);
+  // The policy's fit covers every cached token (coefficient row = cached index); without one
+  // (e.g. a plan re-mapped after a chunked prefill) fit the kept tokens here (row = kept index).
+  auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
+  const bool by_cached = fit && fit->n == static_cast<std::int64_t>(plan.codec.size());
+  if (!by_cached) fit = fit_lowrank(g, keys, values, positions);
+  const HeadBasis& b = fit->basis;
   const Eigen::Map<const RowMat> uk(b.uk.data(), d, d), uv(b.uv.data(), d, d);
+  // Each LowRank row's coefficients beyond its rank are zeroed, then all rows are rebuilt by one
+  // GEMM per tensor (ranks differ per token, the basis does not).
+  const auto m = static_cast<Eigen::Index>(std::count(plan.codec.begin(), plan.codec.end(), TokenCodec::LowRank));
+  RowMat ck = RowMat::Zero(m, d), cv = RowMat::Zero(m, d);
   std::size_t row = 0;
+  {
+    Eigen::Index i = 0;
+    for (std::size_t j = 0; j < plan.codec.size(); ++j) {
+      if (plan.codec[j] == TokenCodec::Drop) continue;
+      if (plan.codec[j] == TokenCodec::LowRank) {
+        const Eigen::Index r = std::min<Eigen::Index>(plan.rank.at(j), d);
+        const auto src = static_cast<Eigen::Index>(by_cached ? j : row) * d;
+        ck.row(i).head(r) = Eigen::Map<const Eigen::RowVectorXf>(fit->ck.data() + src, r);
+        cv.row(i).head(r) = Eigen::Map<const Eigen::RowVectorXf>(fit->cv.data() + src, r);
+        ++i;
+      }
+      ++row;
+    }
+  }
+  const RowMat kr = ck * uk.transpose(), vr = cv * uv.transpose();
+  Eigen::Index i = 0;
+  row = 0;
+  RopeTable& rope = rope_table(g.rope);
   for (std::size_t j = 0; j < plan.codec.size(); ++j) {
     if (plan.codec[j] == TokenCodec::Drop) continue;
     if (plan.codec[j] == TokenCodec::LowRank) {
-      const Eigen::Index r = std::min<Eigen::Index>(plan.rank.at(j), d);
       const auto at = static_cast<Eigen::Index>(row) * d;
-      Eigen::Map<Eigen::RowVectorXf> k(keys.data() + at, d), v(values.data() + at, d);
-      k = Eigen::Map<const Eigen::RowVectorXf>(ck.data() + at, d).head(r) * uk.leftCols(r).transpose();
-      v = Eigen::Map<const Eigen::RowVectorXf>(cv.data() + at, d).head(r) * uv.leftCols(r).transpose();
-      rope_table(g.rope).apply(k.data(), 1, positions[row]);
+      Eigen::Map<Eigen::RowVectorXf>(keys.data() + at, d) = kr.row(i);
+      Eigen::Map<Eigen::RowVectorXf>(values.data() + at, d) = vr.row(i);
+      rope.apply(keys.data() + at, 1, positions[row]);
+      ++i;
     }
     ++row;
   }

@@ -1,10 +1,12 @@
 #pragma once
 // Low-rank K/V storage (methods.md §10.b, §11): per (layer, KV head) orthonormal bases of the
-// pre-RoPE keys and of the values, fitted on the request's own cached tokens (training-free);
+// pre-RoPE keys and of the values, fitted on the request's own cached tokens (training-free) or
+// on calibration traces (policies/basis_set.h);
 // each token keeps the first r_j coefficients of its key and value in those bases (fp16),
 // nested so rank r is a prefix of rank r + 1. Keys are un-rotated with their positions before
 // projecting and rotated again after reconstructing, since RoPE mixes the basis directions.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -22,6 +24,36 @@ struct HeadBasis {
 // also every token's coefficients in them ([n, d] each, fp16 values, keys un-rotated first).
 HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
                     std::span<const std::int32_t> positions, std::vector<float>* ck = nullptr, std::vector<float>* cv = nullptr);
+
+// Second moments of pre-RoPE keys and of values over calibration tokens, for bases that are
+// fitted once on calibration traces and reused for every request.
+struct GramAccumulator {
+  int d = 0;
+  std::vector<double> kk, vv;  // [d, d]
+  std::int64_t tokens = 0;
+  // Adds n tokens' post-RoPE keys and values ([n, d]) at `positions`.
+  void add(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+           std::span<const std::int32_t> positions);
+  HeadBasis basis() const;  // principal directions, decreasing eigenvalue, fp16 values
+};
+
+// A low-rank fit of one (layer, KV head) cache at a compression point: the bases and every cached
+// token's coefficients, computed once and handed to the codec with the plan (HeadPlan::data).
+struct LowRankFit : CodecData {
+  HeadBasis basis;
+  std::vector<float> ck, cv;  // [n, d] coefficients of the n cached tokens, cached order (fp16 values)
+  std::int64_t n = 0;
+};
+
+// Fits bases on the given tokens (training-free), or, with `fixed`, projects onto those
+// (calibration bases).
+std::shared_ptr<const LowRankFit> fit_lowrank(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+                                              std::span<const std::int32_t> positions, const HeadBasis* fixed = nullptr);
+
+struct BasisSet;  // policies/basis_set.h
+// Every KV head's fit of one layer on all its cached tokens (calibration bases when given),
+// memoised per layer for `owner`, so every budget of a policy shares them.
+std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const void* owner, const BasisSet* calibration);
 
 // Bytes of one (layer, KV head) cache under a low-rank plan: per LowRank token r coefficients for
 // K and for V (fp16) + 1 rank byte, fp16 tokens at full size, plus both fp16 d x d bases.

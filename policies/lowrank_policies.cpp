@@ -9,6 +9,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "policies/basis_set.h"
 #include "policies/lowrank.h"
 #include "policies/quantized_tier.h"
 #include "policies/registry.h"
@@ -31,12 +32,19 @@ HeadPlan fit_tokens(std::int64_t n, double budget, int sinks, int min_rank, int 
   return p;
 }
 
+// basis=request fits on the request's own cached tokens; anything else is a basis file.
+std::shared_ptr<const BasisSet> basis_param(const std::string& value) {
+  if (value == "request") return nullptr;
+  return std::make_shared<const BasisSet>(load_basis_set(value));
+}
+
 class LowRankUniform : public Policy {
  public:
-  explicit LowRankUniform(int sinks) : sinks_(sinks) {}
+  LowRankUniform(int sinks, std::shared_ptr<const BasisSet> basis) : sinks_(sinks), basis_(std::move(basis)) {}
   const KvCodec* codec() const override { return &codec_; }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const int d = s.geometry().head_dim;
+    const auto fits = layer_fits(s, this, basis_.get());
     LayerPlan plan;
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
       const auto n = static_cast<std::int64_t>(s.cached(kv).size());
@@ -46,6 +54,7 @@ class LowRankUniform : public Policy {
                                                                     (4.0 * static_cast<double>(std::max<std::int64_t>(n, 1)))),
                                                          1.0, d));
       plan.heads.push_back(fit_tokens(n, B, sinks_, r, d));
+      plan.heads.back().data = fits[static_cast<std::size_t>(kv)];
     }
     return plan;
   }
@@ -53,15 +62,18 @@ class LowRankUniform : public Policy {
  private:
   LowRankCodec codec_;
   int sinks_;
+  std::shared_ptr<const BasisSet> basis_;
 };
 
 class VarRate : public Policy {
  public:
-  VarRate(int r_min, int window, int sinks) : r_min_(r_min), window_(window), sinks_(sinks) {}
+  VarRate(int r_min, int window, int sinks, std::shared_ptr<const BasisSet> basis)
+      : r_min_(r_min), window_(window), sinks_(sinks), basis_(std::move(basis)) {}
   const KvCodec* codec() const override { return &codec_; }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const KvGeometry& g = s.geometry();
     const int d = g.head_dim;
+    const auto fits = layer_fits(s, this, basis_.get());
     LayerPlan plan;
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
       const auto n = static_cast<std::int64_t>(s.cached(kv).size());
@@ -77,13 +89,9 @@ class VarRate : public Policy {
       double total = 0;
       for (double x : sal) total += x;
       for (double& x : sal) x = total > 0 ? x / total : 1.0 / static_cast<double>(n);
-      // Energies of each token's coefficients (K and V together) in the request's bases.
-      const MatrixView K = s.keys(kv), V = s.values(kv);
-      std::vector<std::int32_t> pos;
-      for (auto t : s.cached(kv)) pos.push_back(s.positions()[static_cast<std::size_t>(t)]);
-      const std::span<const float> ks(K.data, static_cast<std::size_t>(K.rows * K.cols)), vs(V.data, static_cast<std::size_t>(V.rows * V.cols));
-      std::vector<float> ck, cv;
-      fit_basis(g, ks, vs, pos, &ck, &cv);
+      // Energies of each token's coefficients (K and V together) in the bases.
+      const LowRankFit& fit = *fits[static_cast<std::size_t>(kv)];
+      const std::vector<float>&ck = fit.ck, &cv = fit.cv;
       auto gain = [&](std::size_t j, int r) {
         const std::size_t at = j * static_cast<std::size_t>(d) + static_cast<std::size_t>(r);
         return sal[j] * (static_cast<double>(ck[at]) * ck[at] + static_cast<double>(cv[at]) * cv[at]);
@@ -102,6 +110,7 @@ class VarRate : public Policy {
         --spare;
         if (r < d) heap.push({gain(j, r), j});
       }
+      p.data = fits[static_cast<std::size_t>(kv)];
       plan.heads.push_back(std::move(p));
     }
     return plan;
@@ -110,6 +119,7 @@ class VarRate : public Policy {
  private:
   LowRankCodec codec_;
   int r_min_, window_, sinks_;
+  std::shared_ptr<const BasisSet> basis_;
 };
 
 }  // namespace
@@ -117,19 +127,23 @@ class VarRate : public Policy {
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "lowrank", "every token at the same rank r in per-head PCA bases of pre-RoPE keys and of values (the request's own)",
     "uniform low-rank baseline, methods.md §11 (Palu / xKV style, training-free basis)",
-    {{"sinks", "4", "first tokens kept when not every token fits at rank 1"}},
-    [](const Params& p) { return std::make_unique<LowRankUniform>(static_cast<int>(p.integer("sinks"))); }});
+    {{"sinks", "4", "first tokens kept when not every token fits at rank 1"},
+     {"basis", "request", "request: fitted on the request's own cached tokens | FILE: calibration bases (kvsim trace fit-basis)"}},
+    [](const Params& p) {
+      return std::make_unique<LowRankUniform>(static_cast<int>(p.integer("sinks")), basis_param(p.text("basis")));
+    }});
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "varrate", "[interp] variable rank per token >= r_min: greedy water-filling on salience-weighted coefficient energy",
     "seed VarRate (not found), read after DynaKV arXiv 2603.04411; methods.md §10.b",
     {{"r_min", "1", "rank every kept token keeps at least"},
      {"window", "32", "observation window whose attention gives the salience (SnapKV's)"},
-     {"sinks", "4", "first tokens kept when not every token fits at r_min"}},
+     {"sinks", "4", "first tokens kept when not every token fits at r_min"},
+     {"basis", "request", "request: fitted on the request's own cached tokens | FILE: calibration bases (kvsim trace fit-basis)"}},
     [](const Params& p) {
       if (p.integer("r_min") < 1) throw Error("varrate: r_min must be >= 1");
       return std::make_unique<VarRate>(static_cast<int>(p.integer("r_min")), static_cast<int>(p.integer("window")),
-                                       static_cast<int>(p.integer("sinks")));
+                                       static_cast<int>(p.integer("sinks")), basis_param(p.text("basis")));
     }});
 
 }  // namespace kvsim

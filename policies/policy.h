@@ -82,10 +82,17 @@ enum class TokenCodec : std::uint8_t { Drop = 0, Fp16, Int8, Int4, Int2, LowRank
 
 class KvCodec;  // policies/codec.h: how a policy's non-fp16 encodings are stored and read back
 
+// What a policy already computed for its codec (e.g. a low-rank basis and every token's
+// coefficients), handed on with the plan so the codec need not recompute it; opaque to engines.
+struct CodecData {
+  virtual ~CodecData() = default;
+};
+
 // Encoding of each cached token of one KV head (keys and values alike), in cached() order.
 struct HeadPlan {
   std::vector<TokenCodec> codec;  // [cached]
   std::vector<std::uint16_t> rank;  // [cached] or empty: coefficients kept per LowRank token
+  std::shared_ptr<const CodecData> data;  // the codec's precomputed state for these cached tokens, or null
   std::int64_t kept() const;      // tokens not dropped
 };
 

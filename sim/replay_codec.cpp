@@ -12,7 +12,8 @@ namespace {
 // One KV head's encoded cache: the token indices it holds (increasing) and their encoding.
 struct CodedHead {
   std::vector<std::int32_t> tokens;
-  HeadPlan plan;  // codec (and rank) per entry of tokens; no Drop entries
+  HeadPlan plan;  // its non-Drop entries, in order, encode `tokens` (the policy's plan as made, with
+                  // its codec data, at the compression point; Drop-free while decoding)
 };
 
 // Per query head, per evaluation row: the metrics of one config.
@@ -126,19 +127,31 @@ std::vector<CodedHead> coded_heads(const LayerPlan& plan, std::int64_t c, Accumu
   std::vector<CodedHead> heads;
   for (const HeadPlan& hp : plan.heads) {
     CodedHead ch;
+    ch.plan = hp;
     for (std::int64_t j = 0; j < c; ++j) {
       const auto jj = static_cast<std::size_t>(j);
       const TokenCodec code = hp.codec[jj];
       const std::uint64_t rank = hp.rank.empty() ? 0 : hp.rank[jj];
       a.mix((static_cast<std::uint64_t>(code) * 0x9e37ull + 1) ^ (rank << 20));
-      if (code == TokenCodec::Drop) continue;
-      ch.tokens.push_back(static_cast<std::int32_t>(j));
-      ch.plan.codec.push_back(code);
-      if (!hp.rank.empty()) ch.plan.rank.push_back(hp.rank[jj]);
+      if (code != TokenCodec::Drop) ch.tokens.push_back(static_cast<std::int32_t>(j));
     }
     heads.push_back(std::move(ch));
   }
   return heads;
+}
+
+// The same heads with Drop entries removed (so decode tokens can be appended); codec data made
+// for the cached tokens no longer lines up and is left behind.
+void strip_drops(std::vector<CodedHead>& heads) {
+  for (CodedHead& ch : heads) {
+    HeadPlan p;
+    for (std::size_t m = 0; m < ch.plan.codec.size(); ++m) {
+      if (ch.plan.codec[m] == TokenCodec::Drop) continue;
+      p.codec.push_back(ch.plan.codec[m]);
+      if (!ch.plan.rank.empty()) p.rank.push_back(ch.plan.rank[m]);
+    }
+    ch.plan = std::move(p);
+  }
 }
 
 // fp16 bytes of the heads' tokens minus what their codec stores, and the host copy's bytes.
@@ -195,6 +208,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const Laye
                 "the compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
                 "; capture with all decode-step queries");
   std::vector<CodedHead> heads = coded_heads(plan, c, a);
+  strip_drops(heads);
   const double head_budget = cfg.budget * static_cast<double>(c) * codec_token_bytes(TokenCodec::Fp16, d);
   auto [saving, host] = saving_and_host(codec, heads, d);
   for (const CodedHead& ch : heads) a.kept += static_cast<std::int64_t>(ch.tokens.size());

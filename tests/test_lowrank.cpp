@@ -4,8 +4,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <random>
 
+#include "policies/basis_set.h"
 #include "policies/lowrank.h"
 #include "policies/registry.h"
 #include "sim/replay.h"
@@ -107,4 +109,118 @@ TEST_CASE("varrate keeps every token at r_min or more and spends its coefficient
     CHECK(r.compressed_bytes <= r.budget_bytes);
     CHECK(r.compressed_bytes > 0.9 * r.budget_bytes);
   }
+}
+
+TEST_CASE("calibration bases: a file round-trips, bad files and other geometries are named", "[lowrank]") {
+  const KvGeometry g = geometry(RopeType::Neox);
+  std::vector<float> k, v;
+  std::vector<std::int32_t> pos;
+  make_tokens(g, 40, k, v, pos);
+  GramAccumulator acc;
+  acc.add(g, std::span(k).first(20 * 16), std::span(v).first(20 * 16), std::span(pos).first(20));
+  acc.add(g, std::span(k).subspan(20 * 16), std::span(v).subspan(20 * 16), std::span(pos).subspan(20));
+  // Accumulating in two parts fits the same bases as fitting all tokens at once.
+  const HeadBasis whole = fit_basis(g, k, v, pos), parts = acc.basis();
+  CHECK(acc.tokens == 40);
+  for (std::size_t i = 0; i < whole.uk.size(); ++i) {
+    CHECK(std::abs(std::abs(whole.uk[i]) - std::abs(parts.uk[i])) < 1e-3);
+    CHECK(std::abs(std::abs(whole.uv[i]) - std::abs(parts.uv[i])) < 1e-3);
+  }
+  BasisSet set;
+  set.n_layers = 1;
+  set.n_kv_heads = 1;
+  set.head_dim = 16;
+  set.rope = g.rope;
+  set.tokens = acc.tokens;
+  set.source = "unit test";
+  set.heads = {parts};
+  const std::string path = test::scratch_file("unit.basis");
+  save_basis_set(set, path);
+  const BasisSet back = load_basis_set(path);
+  CHECK(back.heads.size() == 1);
+  CHECK(back.at(0, 0).uk == parts.uk);
+  CHECK(back.at(0, 0).uv == parts.uv);
+  CHECK(back.source == "unit test");
+  CHECK(back.tokens == 40);
+  CHECK_NOTHROW(check_basis_set(back, g));
+  KvGeometry other = g;
+  other.head_dim = 32;
+  CHECK_THROWS_WITH(check_basis_set(back, other), Catch::Contains("head_dim = 16, expected 32"));
+  other = g;
+  other.rope.type = RopeType::Norm;
+  CHECK_THROWS_WITH(check_basis_set(back, other), Catch::Contains("rope_type"));
+  // A truncated copy and a file of another kind.
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(path + ".cut", std::ios::binary) << bytes.substr(0, bytes.size() - 10);
+    std::ofstream(path + ".txt") << "hello";
+  }
+  CHECK_THROWS_WITH(load_basis_set(path + ".cut"), Catch::Contains("truncated in the bases"));
+  CHECK_THROWS_WITH(load_basis_set(path + ".txt"), Catch::Contains("not a kvsim basis file"));
+  CHECK_THROWS_WITH(load_basis_set(path + ".absent"), Catch::Contains("cannot open basis file"));
+}
+
+TEST_CASE("bases calibrated on the request's own prompt replay as the request's own fit", "[lowrank]") {
+  // Query-aware, the compression point holds exactly the prompt: a calibration set fitted on the
+  // prompt's tokens is the training-free fit, so both must give the same metrics; a set fitted on
+  // another request differs.
+  SynthConfig cfg = test::small_synth_config(3);
+  cfg.n_requests = 2;
+  cfg.context_tokens = 96;
+  const std::string trace = test::write_small_trace("lowrank_calib.h5", cfg);
+  const TraceReader reader(trace);
+  const ModelGeometry& mg = reader.geometry();
+  const KvGeometry g{mg.n_layers, mg.n_q_heads, mg.n_kv_heads, mg.head_dim, mg.rope()};
+  auto basis_of = [&](const std::string& id) {
+    const RequestHeader h = reader.header(id);
+    const auto n = static_cast<std::size_t>(h.n_prompt), d = static_cast<std::size_t>(g.head_dim),
+               H = static_cast<std::size_t>(g.n_kv_heads);
+    BasisSet set;
+    set.n_layers = g.n_layers;
+    set.n_kv_heads = g.n_kv_heads;
+    set.head_dim = g.head_dim;
+    set.rope = g.rope;
+    set.source = id;
+    std::vector<float> k(reader.layer_elements(id, Tensor::K)), v(k.size()), kh(n * d), vh(n * d);
+    const std::vector<std::int32_t> pos(h.positions.begin(), h.positions.begin() + static_cast<std::ptrdiff_t>(n));
+    for (int layer = 0; layer < g.n_layers; ++layer) {
+      reader.read_layer(id, Tensor::K, layer, k);
+      reader.read_layer(id, Tensor::V, layer, v);
+      for (std::size_t kv = 0; kv < H; ++kv) {
+        for (std::size_t t = 0; t < n; ++t)
+          for (std::size_t x = 0; x < d; ++x) {
+            kh[t * d + x] = k[(t * H + kv) * d + x];
+            vh[t * d + x] = v[(t * H + kv) * d + x];
+          }
+        GramAccumulator acc;
+        acc.add(g, kh, vh, pos);
+        set.heads.push_back(acc.basis());
+      }
+    }
+    const std::string path = test::scratch_file(id + ".basis");
+    save_basis_set(set, path);
+    return path;
+  };
+  const std::string own = basis_of("r0"), other = basis_of("r1");
+  std::vector<ReplayConfig> cfgs;
+  for (const std::string& spec : std::vector<std::string>{"lowrank", "lowrank:basis=" + own, "lowrank:basis=" + other, "varrate",
+                                 "varrate:basis=" + own}) {
+    PolicyInstance inst = PolicyRegistry::instance().create(spec);
+    cfgs.push_back({inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.3});
+  }
+  const RequestResult res = Replayer(reader, ReplayMode::QueryAware, cfgs).replay("r0");
+  CHECK(res.configs[1].mean_kl == Approx(res.configs[0].mean_kl).epsilon(1e-4));
+  CHECK(res.configs[1].mean_err == Approx(res.configs[0].mean_err).epsilon(1e-4));
+  CHECK(res.configs[1].compressed_bytes == res.configs[0].compressed_bytes);
+  CHECK(res.configs[2].mean_err != Approx(res.configs[0].mean_err).epsilon(1e-4));
+  CHECK(res.configs[4].mean_err == Approx(res.configs[3].mean_err).epsilon(1e-4));
+  // Another model's geometry is refused, naming the field.
+  BasisSet wrong = load_basis_set(own);
+  wrong.n_layers += 1;
+  wrong.heads.resize(wrong.heads.size() + static_cast<std::size_t>(wrong.n_kv_heads), wrong.heads.front());
+  save_basis_set(wrong, own + ".wrong");
+  PolicyInstance inst = PolicyRegistry::instance().create("lowrank:basis=" + own + ".wrong");
+  const std::vector<ReplayConfig> bad{{inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.3}};
+  CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, bad).replay("r0"), Catch::Contains("n_layers"));
 }

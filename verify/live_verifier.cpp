@@ -408,7 +408,7 @@ struct LiveVerifier::Impl {
       KvEntry& entry = layer[kv];
       entry = host.layers[0][kv];
       std::vector<std::int32_t> positions;
-      for (auto tok : entry.tokens) positions.push_back((*cs.positions)[static_cast<std::size_t>(tok)]);
+      for (auto token : entry.tokens) positions.push_back((*cs.positions)[static_cast<std::size_t>(token)]);
       codec->reconstruct(kept_plans[kv], g, positions, entry.k, entry.v);
       if (codec->bytes(kept_plans[kv], g.head_dim) > budget + 1e-6)
         throw Error("policy " + label + ": re-tiered cache of layer " + std::to_string(l) + ", KV head " + std::to_string(kv) +
