@@ -6,6 +6,8 @@
 # the three seed claims from the measurements.
 #   bench/matched_bytes.sh                 (after scripts/setup.sh; ~1 h on 2 cores)
 #   NEEDLES=1 TEXTS=1 BUDGETS=0.25 bench/matched_bytes.sh   (a quick look)
+#   POLICIES="kvzip;kvzip_proxy" TAG=_kvzip bench/matched_bytes.sh   (more policies into the same table:
+#   results go to sweep$TAG.csv / verify$TAG.csv beside the others; the tasks are regenerated identically)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVSIM=${KVSIM:-build/kvsim}
@@ -18,27 +20,30 @@ TEXTS=${TEXTS:-4}
 BUDGETS=${BUDGETS:-0.1,0.2,0.25,0.5}
 MODES=${MODES:-query-aware query-agnostic}
 # Token selection | keep every token (quantized, low rank) | tiers and structure (seed ideas).
-POLICIES=${POLICIES:-"streamingllm;snapkv;pyramidkv;adakv;h2o;expected_attention;keydiff;andpro;structure;intn:bits=4;intn:bits=2;kivi;lowrank;varrate;qevict;qevict:hi_share=1"}
+POLICIES=${POLICIES:-"streamingllm;snapkv;pyramidkv;adakv;h2o;expected_attention;keydiff;andpro;structure;kvzip;kvzip_proxy;intn:bits=4;intn:bits=2;kivi;lowrank;varrate;qevict;qevict:hi_share=1"}
+TAG=${TAG:-}
 TEXT=${TEXT:-/usr/share/common-licenses/GPL-3}
 [ -f "$TEXT" ] || TEXT=docs/trace-format.md
 mkdir -p "$OUT"
 
 seed=11
-: > "$OUT/tasks.jsonl"
+: > "$OUT/tasks$TAG.jsonl"
 for kind in single multikey multivalue; do
-  "$KVSIM" tasks needle --kind "$kind" --count "$NEEDLES" --tokens 1200 --seed $((seed++)) -o "$OUT/$kind.jsonl" --force
-  cat "$OUT/$kind.jsonl" >> "$OUT/tasks.jsonl"
+  "$KVSIM" tasks needle --kind "$kind" --count "$NEEDLES" --tokens 1200 --seed $((seed++)) -o "$OUT/$kind$TAG.jsonl" --force
+  cat "$OUT/$kind$TAG.jsonl" >> "$OUT/tasks$TAG.jsonl"
 done
-"$KVSIM" tasks text --file "$TEXT" --count "$TEXTS" --tokens 1000 -o "$OUT/text.jsonl" --force
-cat "$OUT/text.jsonl" >> "$OUT/tasks.jsonl"
+"$KVSIM" tasks text --file "$TEXT" --count "$TEXTS" --tokens 1000 -o "$OUT/text$TAG.jsonl" --force
+cat "$OUT/text$TAG.jsonl" >> "$OUT/tasks$TAG.jsonl"
 
-"$KVSIM" capture -m "$MODEL" -r "$OUT/tasks.jsonl" -o "$OUT/trace.h5" --force --queries all --max-new "$MAX_NEW"
+# --repeat-pass: KVzip's reconstruction pass, for the kvzip policy.
+"$KVSIM" capture -m "$MODEL" -r "$OUT/tasks$TAG.jsonl" -o "$OUT/trace$TAG.h5" --force --queries all --max-new "$MAX_NEW" \
+  --repeat-pass
 for mode in $MODES; do
   mkdir -p "$OUT/$mode"
-  "$KVSIM" sweep "$OUT/trace.h5" -p "$POLICIES" -b "$BUDGETS" --mode "$mode" -o "$OUT/$mode/sweep.csv" --force -q \
-    > "$OUT/$mode/sweep.txt"
-  "$KVSIM" verify -m "$MODEL" -t "$OUT/tasks.jsonl" -p "$POLICIES" -b "$BUDGETS" --mode "$mode" --max-new "$MAX_NEW" \
-    --offline "$OUT/$mode/sweep.csv" -o "$OUT/$mode/verify.csv" --agreement "$OUT/$mode/agreement.csv" --force -q \
-    > "$OUT/$mode/verify.txt"
+  "$KVSIM" sweep "$OUT/trace$TAG.h5" -p "$POLICIES" -b "$BUDGETS" --mode "$mode" -o "$OUT/$mode/sweep$TAG.csv" --force -q \
+    > "$OUT/$mode/sweep$TAG.txt"
+  "$KVSIM" verify -m "$MODEL" -t "$OUT/tasks$TAG.jsonl" -p "$POLICIES" -b "$BUDGETS" --mode "$mode" --max-new "$MAX_NEW" \
+    --offline "$OUT/$mode/sweep$TAG.csv" -o "$OUT/$mode/verify$TAG.csv" --agreement "$OUT/$mode/agreement$TAG.csv" \
+    --force -q > "$OUT/$mode/verify$TAG.txt"
 done
 "$PYTHON" analysis/matched_bytes.py "$OUT" | tee "$OUT/table.md"

@@ -18,6 +18,7 @@
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
 #include "capture/prompt.h"
+#include "capture/repeat_pass.h"
 #include "capture/query_spill.h"
 #include "capture/tokenizer.h"
 #include "core/error.h"
@@ -205,7 +206,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
                         {"max_new", opts.max_new},        {"ref_topk", opts.ref_topk},
                         {"queries", opts.all_queries ? "all" : "eval"},
                         {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk},
-                        {"weights", weight_format_name(opts.weights)}};
+                        {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass}};
   CaptureInfo info{"kvsim 0.1.0", "cpu", utc_now(), 0, cfg.dump()};
   const std::string tmp = opts.out_path + ".partial";
   CaptureSummary summary;
@@ -238,6 +239,9 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       };
       ReferenceDistribution ref;
       ref.topk = opts.ref_topk;
+      RepeatPass repeat;
+      if (opts.repeat_pass && context_span(p).first == context_span(p).second)
+        throw Error(where + ": --repeat-pass needs a context to repeat, and this request has none");
       // Prefill in chunks; the reference rows of the question come from the prefill logits.
       std::vector<float> last_logits;
       for (const auto& [s, e] : prefill_chunks(n_prompt, p.question_start, opts.prefill_chunk)) {
@@ -251,6 +255,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
           record_reference(ref, s + rows[r2], logits.data() + r2 * static_cast<std::size_t>(c.vocab), c.vocab);
         if (e == n_prompt && !rows.empty()) last_logits.assign(logits.end() - c.vocab, logits.end());
         processed = e;
+        // The chunks split at the question: here the cache holds exactly the context.
+        if (opts.repeat_pass && e == context_span(p).second) repeat = run_repeat_pass(model, tok, p);
       }
       // Answer: teacher-forced on the given answer, else greedy until EOS or max_new.
       std::int64_t generated = 0;
@@ -310,8 +316,9 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
           writer.write_layer(l, K, V, Q);
         });
       }
-      io.submit([&writer, ref = std::move(ref)] {
+      io.submit([&writer, ref = std::move(ref), repeat = std::move(repeat), with = opts.repeat_pass] {
         writer.write_reference(ref);
+        if (with) writer.write_repeat_pass(repeat);
         writer.commit_request();
       });
     }

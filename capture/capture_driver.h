@@ -29,6 +29,7 @@ struct CaptureOptions {
   int query_window = 64;
   int prefill_chunk = 256;     // tokens per prefill forward pass
   bool overwrite = false;
+  bool repeat_pass = false;    // also record KVzip's context-reconstruction pass (capture/repeat_pass.h)
   WeightFormat weights = WeightFormat::Quantized;
 };
 

@@ -27,6 +27,8 @@ int capture_command(const Args& args) {
       "all | eval (queries of the last --query-window context tokens, the question and the answer)")(
       "query-window", po::value(&o.query_window)->default_value(o.query_window), "see --queries eval")(
       "prefill-chunk", po::value(&o.prefill_chunk)->default_value(o.prefill_chunk), "tokens per prefill pass")(
+      "repeat-pass", "also record KVzip's context-reconstruction pass (queries and keys of the model repeating the "
+                     "context on top of its cache; the kvzip policy scores with it)")(
       "weights", po::value(&weights)->default_value(weights),
       "quant (keep the GGUF blocks, dequantize on the fly) | f32 (dequantize once at load)")(
       "force", "replace an existing output file");
@@ -38,6 +40,7 @@ int capture_command(const Args& args) {
   o.all_queries = queries == "all";
   o.weights = parse_weight_format(weights);
   o.overwrite = vm.count("force") > 0;
+  o.repeat_pass = vm.count("repeat-pass") > 0;
   const auto reqs = read_capture_requests(requests);
   const CaptureSummary s = run_capture(reqs, o);
   std::cout << o.out_path << ": captured " << s.requests << " requests, " << s.tokens << " tokens in " << s.seconds

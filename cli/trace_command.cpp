@@ -169,6 +169,8 @@ int synth(const Args& args) {
       "queries", po::value(&queries)->default_value(queries),
       "which queries to keep: all | eval (last --query-window context tokens + question + generated)")(
       "query-window", po::value(&cfg.query_window)->default_value(cfg.query_window), "see --queries eval")(
+      "repeat-pass", "also write a synthetic KVzip reconstruction pass (the context repeated with its own queries and keys; "
+                     "needs --queries all)")(
       "ref-topk", po::value(&cfg.ref_topk)->default_value(cfg.ref_topk), "width of the reference top-k")(
       "heavy-fraction", po::value(&cfg.heavy_fraction)->default_value(cfg.heavy_fraction),
       "fraction of context tokens that are heavy hitters")(
@@ -189,6 +191,7 @@ int synth(const Args& args) {
   if (queries != "all" && queries != "eval")
     throw Error("--queries is '" + queries + "', expected 'all' or 'eval'");
   cfg.all_queries = queries == "all";
+  cfg.repeat_pass = vm.count("repeat-pass") > 0;
   g.rope_type = parse_rope_type(rope_type, "--rope-type");
   g.rope_dim = g.head_dim;
   if (!vm["layers"].defaulted() || !vm["q-heads"].defaulted() || !vm["kv-heads"].defaulted() ||

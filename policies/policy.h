@@ -41,6 +41,20 @@ struct OwnedMatrix {
   MatrixView view() const { return {data.data(), rows, cols}; }
 };
 
+// KVzip's context-reconstruction pass over one layer (capture --repeat-pass, or run live): the
+// model, on top of the prompt's cache, repeated the context in chunks; chunk c's context tokens
+// [begin, end) were repeated in pass rows [row_begin, row_end), which attended to the prompt
+// cache and causally to their own chunk's rows. Post-RoPE, borrowed.
+struct RepeatPassView {
+  struct Chunk {
+    std::int64_t begin = 0, end = 0, row_begin = 0, row_end = 0;
+  };
+  std::vector<Chunk> chunks;
+  std::int64_t rows = 0;
+  const float* q = nullptr;  // [rows, n_q_heads, head_dim]
+  const float* k = nullptr;  // [rows, n_kv_heads, head_dim]
+};
+
 // What a policy may look at for one layer at a compression point. The request has seen tokens
 // [0, n); each KV head's cache holds some of them (all, until a compression dropped some).
 // Per-head quantities have one entry per cached token of that head, in cached() order; all
@@ -72,6 +86,8 @@ class LayerSignals {
   // same policy at other budgets) get it back. Thread-safe; lives as long as this view.
   virtual std::shared_ptr<const void> memo(const void* owner,
                                            const std::function<std::shared_ptr<const void>()>& make) const = 0;
+  // The layer's reconstruction pass, or null when the trace (or live run) has none.
+  virtual const RepeatPassView* repeat_pass() const { return nullptr; }
   // Oracle signal, offline only: attention (over the full, uncompressed cache, restricted to
   // the head's cached tokens) of the evaluation queries after the compression point,
   // [e, cached]. Live engines throw: the future is not known there.
@@ -159,6 +175,9 @@ class Policy {
   // True for oracles that read LayerSignals::future_attention(): a live run then has to
   // provide it from its full-cache reference run.
   virtual bool reads_future() const { return false; }
+  // True for policies that score with KVzip's reconstruction pass: replay reads it from the trace,
+  // live verify runs it.
+  virtual bool needs_repeat_pass() const { return false; }
   // Policies whose plans encode tokens other than Drop/Fp16 name the codec that stores them;
   // the engine then counts its bytes and reconstructs K/V through it.
   virtual const KvCodec* codec() const { return nullptr; }

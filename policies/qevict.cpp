@@ -11,7 +11,6 @@
 #include <map>
 #include <numeric>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "policies/base_scorer.h"
@@ -214,25 +213,6 @@ class Qevict : public Policy {
   IntCodec codec_;
 };
 
-constexpr const char* kSegmentNames[] = {"system", "context", "question", "generated"};
-
-std::set<int> parse_pins(const std::string& list) {
-  std::set<int> out;
-  if (list == "none") return out;
-  std::istringstream in(list);
-  std::string name;
-  while (std::getline(in, name, '/')) {
-    int code = -1;
-    for (int c = 0; c < 4; ++c)
-      if (name == kSegmentNames[c]) code = c;
-    if (code < 0)
-      throw Error("policy qevict: parameter 'pin' names segment '" + name +
-                  "', expected system/context/question (or none)");
-    out.insert(code);
-  }
-  return out;
-}
-
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
@@ -260,7 +240,7 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
       t.recent = static_cast<int>(p.integer("recent"));
       t.hi_share = p.number("hi_share");
       t.agg = p.choice("agg", {"mean", "max"}) == "max" ? WindowScore::Max : WindowScore::Mean;
-      t.pinned_segments = parse_pins(p.text("pin"));
+      t.pinned_segments = parse_segment_list(p.text("pin"), "qevict", "pin");
       t.retier = static_cast<int>(p.integer("retier"));
       if (t.window < 1) throw Error("policy qevict: parameter 'window' = " + std::to_string(t.window) + ", expected >= 1");
       if (t.sinks < 0 || t.recent < 0 || t.retier < 0)

@@ -160,4 +160,25 @@ LayerPlan select_uniform(const std::vector<HeadScores>& scores, const Budget& bu
   return plan;
 }
 
+std::set<int> parse_segment_list(const std::string& list, const std::string& policy, const std::string& param) {
+  // In the order of the trace schema's Segment enum (policies do not depend on traces/).
+  static constexpr const char* kNames[] = {"system", "context", "question", "generated"};
+  std::set<int> out;
+  if (list == "none") return out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t slash = std::min(list.find('/', at), list.size());
+    const std::string name = list.substr(at, slash - at);
+    int code = -1;
+    for (int c = 0; c < 4; ++c)
+      if (name == kNames[c]) code = c;
+    if (code < 0)
+      throw Error("policy " + policy + ": parameter '" + param + "' names segment '" + name +
+                  "', expected system/context/question/generated (or none)");
+    out.insert(code);
+    at = slash + 1;
+  }
+  return out;
+}
+
 }  // namespace kvsim

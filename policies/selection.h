@@ -2,6 +2,7 @@
 // Building blocks shared by scoring policies: top-k with the documented tie rule, 1-D pooling,
 // GQA aggregation, and the default "each head keeps its top-B" selection.
 #include <cstdint>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ std::vector<std::uint8_t> protect_ends(std::int64_t n, std::int64_t sinks, std::
 // The same over a head's cache: entries whose token index is below `sinks`, and the last
 // `window` entries.
 std::vector<std::uint8_t> protect_cached(std::span<const std::int32_t> cached, std::int64_t sinks, std::int64_t window);
+
+// A '/'-separated list of segment names (system, context, question, generated; or "none") as
+// LayerSignals::segments() codes; errors name the policy and parameter.
+std::set<int> parse_segment_list(const std::string& list, const std::string& policy, const std::string& param);
 
 // Entries in KV head kv's cache.
 inline std::int64_t cache_size(const LayerSignals& s, int kv) { return static_cast<std::int64_t>(s.cached(kv).size()); }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <numeric>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "policies/base_scorer.h"
@@ -99,25 +98,6 @@ class Structure : public Policy {
   std::set<int> pinned_;
 };
 
-// LayerSignals::segments() codes, in the order of the trace schema's Segment enum (policies do
-// not depend on traces/).
-constexpr const char* kSegmentNames[] = {"system", "context", "question", "generated"};
-
-std::set<int> parse_segments(const std::string& list) {
-  std::set<int> out;
-  std::istringstream in(list);
-  std::string name;
-  while (std::getline(in, name, '/')) {
-    int code = -1;
-    for (int c = 0; c < 4; ++c)
-      if (name == kSegmentNames[c]) code = c;
-    if (code < 0)
-      throw Error("policy structure: parameter 'pin' names segment '" + name + "', expected system/context/question/generated");
-    out.insert(code);
-  }
-  return out;
-}
-
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
@@ -126,7 +106,8 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
     {{"base", "snapkv", "scoring policy ranking tokens inside each run (its parameters follow '/')"},
      {"pin", "system/question", "segments always kept, '/'-separated: system, context, question"}},
     [](const Params& p) {
-      return std::make_unique<Structure>(make_base_scorer(p.text("base"), "structure"), parse_segments(p.text("pin")));
+      return std::make_unique<Structure>(make_base_scorer(p.text("base"), "structure"),
+                                         parse_segment_list(p.text("pin"), "structure", "pin"));
     }});
 
 }  // namespace kvsim

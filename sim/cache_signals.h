@@ -32,6 +32,7 @@ struct CacheView {
   std::vector<std::vector<std::int32_t>> tokens;  // [Hkv]
   std::vector<Mat> keys, values;                  // [Hkv], one row per cached token
   std::vector<Mat> future;                        // [Hq], E x cached tokens of its KV head
+  const RepeatPassView* repeat = nullptr;         // KVzip's reconstruction pass, when recorded
 };
 
 // Gathers a CacheView for `tokens` from a layer's full K/V ([T, d] per KV head) and the
@@ -50,7 +51,7 @@ class CacheSignals final : public LayerSignals {
   CacheSignals(std::string where, const KvGeometry& g, int layer, std::int64_t n, const RequestHeader& h,
                 const FloatBuffer& q, const CacheView& view)
       : where_(std::move(where)), g_(g), layer_(layer), c_(n), h_(h), q_(q), keys_(view.keys), values_(view.values),
-        future_(view.future), tokens_(view.tokens) {
+        future_(view.future), tokens_(view.tokens), repeat_(view.repeat) {
     for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < n; ++r) observed_.push_back(h.q_index[r]);
   }
   const KvGeometry& geometry() const override { return g_; }
@@ -61,6 +62,7 @@ class CacheSignals final : public LayerSignals {
   }
   std::span<const std::int8_t> segments() const override { return {h_.segments.data(), static_cast<std::size_t>(c_)}; }
   std::span<const std::int32_t> cached(int kv_head) const override { return tokens_[static_cast<std::size_t>(kv_head)]; }
+  const RepeatPassView* repeat_pass() const override { return repeat_; }
   MatrixView keys(int kv_head) const override { return view(keys_[static_cast<std::size_t>(kv_head)]); }
   MatrixView values(int kv_head) const override { return view(values_[static_cast<std::size_t>(kv_head)]); }
 
@@ -163,6 +165,7 @@ class CacheSignals final : public LayerSignals {
   const std::vector<Mat>& values_;
   const std::vector<Mat>& future_;
   const std::vector<std::vector<std::int32_t>>& tokens_;
+  const RepeatPassView* repeat_;
   std::vector<std::int32_t> observed_;
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, int>, Mat> cache_;

@@ -98,11 +98,28 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   prefix.values.resize(static_cast<std::size_t>(Hkv));
   prefix.future.resize(static_cast<std::size_t>(Hq));
   std::vector<Eigen::VectorXf> tail_mass(attn.size());
+  // KVzip's reconstruction pass, when a policy scores with it and the capture recorded it.
+  const bool want_repeat = std::any_of(configs_.begin(), configs_.end(), [](const ReplayConfig& cfg) {
+    return cfg.impl->needs_repeat_pass();
+  });
+  RepeatPassView repeat;
+  std::vector<float> repeat_q, repeat_k;
+  if (want_repeat && reader_.has_repeat_pass(request_id)) {
+    const RepeatPass table = reader_.repeat_pass_table(request_id);
+    for (const RepeatChunk& ch : table.chunks) repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
+    repeat.rows = table.rows;
+    prefix.repeat = &repeat;
+  }
   for (int layer = 0; layer < L; ++layer) {
     auto t0 = Clock::now();
     reader_.read_layer(request_id, Tensor::K, layer, kbuf);
     reader_.read_layer(request_id, Tensor::V, layer, vbuf);
     reader_.read_layer(request_id, Tensor::Q, layer, qbuf);
+    if (prefix.repeat) {
+      reader_.read_repeat_layer(request_id, layer, repeat_q, repeat_k);
+      repeat.q = repeat_q.data();
+      repeat.k = repeat_k.data();
+    }
     read_s += since(t0);
     t0 = Clock::now();
 

@@ -59,6 +59,8 @@ class FakeSignals : public LayerSignals {
   std::span<const std::int32_t> observed_rows() const override { return observed_rows_; }
   MatrixView future_attention(int q) const override { return get(future_, q, "future attention"); }
   MatrixView observed_queries(int q) const override { return get(queries_, q, "observed queries"); }
+  const RepeatPassView* repeat_pass() const override { return repeat_; }
+  const RepeatPassView* repeat_ = nullptr;
   // Worked examples build a fresh policy per call (a new object may reuse a freed address), so
   // nothing is shared: every call recomputes, and the results live as long as this view.
   std::shared_ptr<const void> memo(const void*, const std::function<std::shared_ptr<const void>()>& make) const override {

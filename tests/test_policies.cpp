@@ -1,6 +1,7 @@
 // Each policy on a worked example small enough to compute by hand: the exact keep-set.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <set>
 
 #include "core/error.h"
@@ -325,4 +326,66 @@ TEST_CASE("structure pins system and question tokens and shares the rest by segm
   // Pinned tokens beyond the budget: the most recent of them.
   CHECK(kept(run("structure:base=snapkv/window=1/kernel=1/pool=none", s, 3).heads[0]) == std::set<int>{1, 8, 9});
   CHECK_THROWS_WITH(run("structure:pin=system/docs", s, 3), Catch::Contains("segment 'docs'"));
+}
+
+TEST_CASE("kvzip scores context tokens by their largest attention while the context is repeated", "[policy]") {
+  // Token 0 is the system prefix (the sink), 1-3 the context, 4 the question. Two repeat rows
+  // (head_dim 2, keys and queries chosen so that the logits are 0 or +-ln 4):
+  //   row 0 sees [sink, c1, c2, c3, r0] with weights [1, 4, 1, 1/4, 1] / 7.25,
+  //   row 1 sees [sink, c1, c2, c3, r0, r1] with weights [1, 1, 4, 1, 1, 1] / 9.
+  // Scores: c1 = 4/7.25, c2 = 4/9, c3 = 1/9; tokens 0 and 4 are kept whatever the budget.
+  const float a = static_cast<float>(std::sqrt(std::log(4.0) * std::sqrt(2.0)));
+  FakeSignals s(1, 1, 5);
+  s.set_segments({0, 1, 1, 1, 2});
+  s.keys_[0] = {{0, 0}, {a, 0}, {0, a}, {-a, 0}, {0, 0}};
+  s.values_[0] = {{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}};
+  const std::vector<float> q = {a, 0, 0, a}, k = {0, 0, 0, 0};  // [rows, heads, d]
+  RepeatPassView rp;
+  rp.chunks = {{1, 4, 0, 2}};
+  rp.rows = 2;
+  rp.q = q.data();
+  rp.k = k.data();
+  s.repeat_ = &rp;
+  const auto policy = PolicyRegistry::instance().create("kvzip:level=head").policy;
+  const auto scores = static_cast<const ScoringPolicy&>(*policy).score(s);
+  REQUIRE(scores.size() == 1);
+  CHECK(scores[0].score[1] == Approx(4 / 7.25));
+  CHECK(scores[0].score[2] == Approx(4 / 9.0));
+  CHECK(scores[0].score[3] == Approx(1 / 9.0));
+  CHECK(scores[0].protect == std::vector<std::uint8_t>{1, 0, 0, 0, 1});
+  CHECK(kept(policy->compress(s, Budget{3, 0.6}).heads[0]) == std::set<int>{0, 1, 4});
+  CHECK(kept(policy->compress(s, Budget{4, 0.8}).heads[0]) == std::set<int>{0, 1, 2, 4});
+  CHECK(kept(run("kvzip", s, 4).heads[0]) == std::set<int>{0, 1, 2, 4});
+  // Without the pass: an error that says how to get it, and the labelled proxy.
+  s.repeat_ = nullptr;
+  CHECK_THROWS_WITH(run("kvzip", s, 3), Catch::Contains("capture --repeat-pass"));
+}
+
+TEST_CASE("kvzip at layer level shares one threshold across heads", "[policy]") {
+  // Two KV heads, one query head each; head 0's context scores dominate head 1's.
+  FakeSignals s(2, 2, 4);
+  s.set_segments({0, 1, 1, 1});
+  const float a = 2.0f;
+  for (int h = 0; h < 2; ++h) {
+    s.keys_[h] = {{0, 0}, {a, 0}, {0, a}, {-a, 0}};
+    s.values_[h] = {{1, 0}, {1, 0}, {1, 0}, {1, 0}};
+  }
+  // One repeat row per chunk; head 0's query is sharp, head 1's flat.
+  const std::vector<float> q = {3 * a, 0, 0.1f, 0}, k = {0, 0, 0, 0};  // [rows=1, heads=2, d=2]
+  RepeatPassView rp;
+  rp.chunks = {{1, 4, 0, 1}};
+  rp.rows = 1;
+  rp.q = q.data();
+  rp.k = k.data();
+  s.repeat_ = &rp;
+  // Head 0's row puts ~all its mass on token 1 (logit 8.5), head 1's spreads ~1/5 over each.
+  // Budget 3 per head = 6 in the layer: the two sinks, then head 0's token 1 and all three of
+  // head 1's context tokens (each above head 0's ~2e-4); per head, each would keep 3.
+  const LayerPlan plan = run("kvzip", s, 3);
+  REQUIRE(plan.heads.size() == 2);
+  CHECK(kept(plan.heads[0]) == std::set<int>{0, 1});
+  CHECK(kept(plan.heads[1]) == std::set<int>{0, 1, 2, 3});
+  const LayerPlan per_head = run("kvzip:level=head", s, 3);
+  CHECK(per_head.heads[0].kept() == 3);
+  CHECK(per_head.heads[1].kept() == 3);
 }

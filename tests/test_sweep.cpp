@@ -132,6 +132,7 @@ TEST_CASE("bad sweep input is rejected with a clear message", "[sweep]") {
   // A policy that needs queries the trace did not record says which.
   SynthConfig sparse = test::small_synth_config();
   sparse.all_queries = false;
+  sparse.repeat_pass = false;
   sparse.query_window = 4;
   spec.traces = {test::write_small_trace("sparse_queries.h5", sparse)};
   spec.policies = {"snapkv:window=16"};

@@ -70,6 +70,7 @@ TEST_CASE("synthesis is deterministic in its seed", "[synth]") {
 TEST_CASE("synthetic requests have the documented layout", "[synth]") {
   SynthConfig cfg = test::small_synth_config();
   cfg.all_queries = false;
+  cfg.repeat_pass = false;
   cfg.query_window = 8;
   cfg.needle_depth = 0.5;
   const SynthPlan p = plan_synth_request(cfg, 0);

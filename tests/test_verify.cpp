@@ -86,6 +86,7 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
   co.overwrite = true;
   co.all_queries = true;
   co.max_new = 6;
+  co.repeat_pass = true;  // kvzip's signal, recorded offline and run live
   run_capture({needle_request()}, co);
   const TraceReader reader(trace);
   const RequestHeader h = reader.header("needle");
@@ -116,6 +117,15 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
       reader.read_layer("needle", Tensor::V, layer, val);
       reader.read_layer("needle", Tensor::Q, layer, q);
       replay_detail::CacheView view;
+      RepeatPassView repeat;
+      std::vector<float> repeat_q, repeat_k;
+      const RepeatPass table = reader.repeat_pass_table("needle");
+      for (const RepeatChunk& ch : table.chunks) repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
+      repeat.rows = table.rows;
+      reader.read_repeat_layer("needle", layer, repeat_q, repeat_k);
+      repeat.q = repeat_q.data();
+      repeat.k = repeat_k.data();
+      view.repeat = &repeat;
       const auto T = static_cast<Eigen::Index>(h.n_tokens());
       for (int kv = 0; kv < Hkv; ++kv) {
         std::vector<std::int32_t> t(static_cast<std::size_t>(c));

@@ -164,6 +164,7 @@ std::vector<std::string> SynthConfig::problems() const {
   need(question_tokens >= 1, "question tokens = " + std::to_string(question_tokens) + ", expected >= 1");
   need(generated_tokens >= 0, "generated tokens = " + std::to_string(generated_tokens) + ", expected >= 0");
   need(needle_depth <= 1, "needle depth = " + std::to_string(needle_depth) + ", expected in [0, 1] (or < 0: spread)");
+  need(!repeat_pass || all_queries, "a repeat pass copies the context's queries, expected all queries");
   need(query_window >= 1, "query window = " + std::to_string(query_window) + ", expected >= 1");
   need(ref_topk >= 1 && ref_topk <= geometry.vocab, "ref top-k = " + std::to_string(ref_topk) +
                                                         ", expected in [1, vocab = " + std::to_string(geometry.vocab) + "]");
@@ -189,6 +190,7 @@ std::string SynthConfig::to_json() const {
   j["needle_depth"] = needle_depth;
   j["queries"] = all_queries ? "all" : "eval";
   j["query_window"] = query_window;
+  j["repeat_pass"] = repeat_pass;
   j["ref_topk"] = ref_topk;
   j["heavy_fraction"] = heavy_fraction;
   j["retrieval_head_fraction"] = retrieval_head_fraction;
@@ -381,11 +383,26 @@ void write_synth_trace(const SynthConfig& cfg, TraceWriter& writer) {
   for (int r = 0; r < cfg.n_requests; ++r) {
     const SynthPlan plan = plan_synth_request(cfg, r);
     writer.begin_request(plan.header);
+    const RequestHeader& h = plan.header;
+    // The synthetic repeat pass: the context, [system_tokens, question_start), once more.
+    RepeatPass repeat;
+    const std::int64_t begin = cfg.system_tokens, end = h.question_start;
+    if (cfg.repeat_pass) repeat.chunks.push_back({begin, end, 0, end - begin});
+    repeat.rows = cfg.repeat_pass ? end - begin : 0;
+    const auto d = static_cast<std::size_t>(cfg.geometry.head_dim);
+    const auto Hq = static_cast<std::size_t>(cfg.geometry.n_q_heads), Hkv = static_cast<std::size_t>(cfg.geometry.n_kv_heads);
     for (int l = 0; l < cfg.geometry.n_layers; ++l) {
       const SynthLayer layer = synth_layer(cfg, plan, r, l);
       writer.write_layer_f32(l, layer.k, layer.v, layer.q);
+      if (!cfg.repeat_pass) continue;
+      // all_queries: q_index is every token, so query row t is token t.
+      repeat.q.emplace_back(layer.q.begin() + static_cast<std::ptrdiff_t>(begin * Hq * d),
+                            layer.q.begin() + static_cast<std::ptrdiff_t>(end * Hq * d));
+      repeat.k.emplace_back(layer.k.begin() + static_cast<std::ptrdiff_t>(begin * Hkv * d),
+                            layer.k.begin() + static_cast<std::ptrdiff_t>(end * Hkv * d));
     }
     writer.write_reference(synth_reference(cfg, plan, r));
+    if (cfg.repeat_pass) writer.write_repeat_pass(repeat);
     writer.commit_request();
   }
 }

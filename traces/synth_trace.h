@@ -37,6 +37,8 @@ struct SynthConfig {
                                // at (r + 0.5) / n, so a trace covers several depths
   bool all_queries = true;     // false: only the last `query_window` context tokens + question + generated
   int query_window = 32;
+  bool repeat_pass = false;    // also write a synthetic KVzip reconstruction pass (needs all_queries): one
+                               // chunk repeating the context, each row with its context token's query and key
   int ref_topk = 16;
   double heavy_fraction = 0.03;          // of context tokens
   double retrieval_head_fraction = 0.15; // of heads in layers past the first third

@@ -75,6 +75,23 @@ void check_reference(const TraceReader& reader, const RequestHeader& h, TraceChe
   }
 }
 
+// The optional reconstruction pass: table, shapes, and finite values in every layer.
+void check_repeat_pass(const TraceReader& reader, const RequestHeader& h, TraceCheckReport& report) {
+  if (!reader.has_repeat_pass(h.id)) return;
+  reader.repeat_pass_table(h.id);  // throws naming the bad field
+  std::vector<float> q, k;
+  for (int layer = 0; layer < reader.geometry().n_layers; ++layer) {
+    reader.read_repeat_layer(h.id, layer, q, k);
+    for (const auto* v : {&q, &k})
+      for (float x : *v)
+        if (!std::isfinite(x)) {
+          report.errors.push_back(reader.path() + ": request '" + h.id + "' repeat pass: layer " + std::to_string(layer) +
+                                  " holds a non-finite " + (v == &q ? "query" : "key") + " value");
+          return;
+        }
+  }
+}
+
 }  // namespace
 
 TraceCheckReport check_trace(const std::string& path) {
@@ -92,6 +109,7 @@ TraceCheckReport check_trace(const std::string& path) {
         report.tokens_checked += h.n_tokens();
         check_tensors(reader, h, report);
         check_reference(reader, h, report);
+        check_repeat_pass(reader, h, report);
       } catch (const Error& e) {
         add_lines(report.errors, e.what());
       } catch (const std::exception& e) {  // e.g. bad_alloc from a hostile size: keep the other findings

@@ -10,6 +10,7 @@ inline constexpr const char* kModelGroup = "model";
 inline constexpr const char* kCaptureGroup = "capture";
 inline constexpr const char* kRequestsGroup = "requests";
 inline constexpr const char* kRefGroup = "ref";
+inline constexpr const char* kRepeatGroup = "repeat";  // optional: KVzip's reconstruction pass
 inline constexpr const char* kStatusAttr = "status";
 inline constexpr const char* kIndexAttr = "index";
 inline constexpr const char* kStatusWriting = "writing";

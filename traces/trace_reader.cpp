@@ -329,4 +329,58 @@ void TraceReader::read_layer(const std::string& id, Tensor t, int layer, std::sp
   }
 }
 
+bool TraceReader::has_repeat_pass(const std::string& id) const {
+  return h5::link_exists(open_request(id).group.get(), layout::kRepeatGroup);
+}
+
+RepeatPass TraceReader::repeat_pass_table(const std::string& id) const {
+  const OpenRequest& r = open_request(id);
+  const std::string ctx = path_ + ": request '" + id + "' repeat pass";
+  if (!h5::link_exists(r.group.get(), layout::kRepeatGroup))
+    throw Error(ctx + " is missing: capture with --repeat-pass to record KVzip's reconstruction pass");
+  Handle g = check(H5Gopen2(r.group.get(), layout::kRepeatGroup, H5P_DEFAULT), ctx + ": opening group");
+  std::vector<hsize_t> shape;
+  const auto table = read_ints<std::int64_t>(g.get(), "chunks", H5T_NATIVE_INT64, ctx, &shape, 2);
+  if (shape[1] != 4) throw FormatError(ctx + ": 'chunks' has shape " + h5::shape_string(shape) + ", expected [chunks, 4]");
+  const auto question_start = h5::read_attr_i64(r.group.get(), "question_start", ctx);
+  RepeatPass pass;
+  for (std::size_t i = 0; i < shape[0]; ++i) {
+    const RepeatChunk c{table[i * 4], table[i * 4 + 1], table[i * 4 + 2], table[i * 4 + 3]};
+    if (c.row_begin != pass.rows || c.row_end <= c.row_begin || c.begin < 0 || c.end <= c.begin || c.end > question_start)
+      throw FormatError(ctx + ": chunk " + std::to_string(i) + " = [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
+                        ") rows [" + std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) +
+                        "), expected consecutive row ranges over context tokens before question_start = " +
+                        std::to_string(question_start));
+    pass.chunks.push_back(c);
+    pass.rows = c.row_end;
+  }
+  const hsize_t L = static_cast<hsize_t>(geometry_.n_layers), d = static_cast<hsize_t>(geometry_.head_dim);
+  for (const auto& [name, heads] : {std::pair{"q", geometry_.n_q_heads}, std::pair{"k", geometry_.n_kv_heads}}) {
+    if (!h5::link_exists(g.get(), name)) throw FormatError(ctx + ": dataset '" + name + "' is missing");
+    Handle dset = check(H5Dopen2(g.get(), name, H5P_DEFAULT), ctx + ": opening '" + name + "'");
+    const std::vector<hsize_t> want = {L, static_cast<hsize_t>(pass.rows), static_cast<hsize_t>(heads), d};
+    const auto have = h5::dataset_shape(dset.get());
+    if (have != want)
+      throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(have) + ", expected " +
+                        h5::shape_string(want));
+  }
+  return pass;
+}
+
+void TraceReader::read_repeat_layer(const std::string& id, int layer, std::vector<float>& q, std::vector<float>& k) const {
+  const RepeatPass table = repeat_pass_table(id);
+  if (layer < 0 || layer >= geometry_.n_layers)
+    throw Error(path_ + ": repeat pass layer " + std::to_string(layer) + " out of range");
+  const std::string ctx = path_ + ": request '" + id + "' repeat pass";
+  Handle g = check(H5Gopen2(open_request(id).group.get(), layout::kRepeatGroup, H5P_DEFAULT), ctx + ": opening group");
+  for (auto [name, out] : {std::pair{"q", &q}, std::pair{"k", &k}}) {
+    Handle dset = check(H5Dopen2(g.get(), name, H5P_DEFAULT), ctx + ": opening '" + name + "'");
+    const auto shape = h5::dataset_shape(dset.get());
+    std::vector<std::uint16_t> half(static_cast<std::size_t>(shape[1] * shape[2] * shape[3]));
+    read_rows(dset.get(), shape, layer, 0, shape[1], half.data(), ctx + " '" + name + "'");
+    out->resize(half.size());
+    halves_to_floats(half.data(), out->data(), half.size());
+  }
+}
+
 }  // namespace kvsim

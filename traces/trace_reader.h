@@ -38,6 +38,11 @@ class TraceReader {
   // layer_elements(); layout [tokens, heads, head_dim].
   void read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const;
   void read_layer(const std::string& id, Tensor t, int layer, std::span<float> dst) const;
+  // KVzip's reconstruction pass, when the capture recorded one: its chunk table and rows, and one
+  // layer of its queries [rows, n_q_heads, d] and keys [rows, n_kv_heads, d] (q.k left empty).
+  bool has_repeat_pass(const std::string& id) const;
+  RepeatPass repeat_pass_table(const std::string& id) const;
+  void read_repeat_layer(const std::string& id, int layer, std::vector<float>& q, std::vector<float>& k) const;
 
  private:
   struct OpenRequest;

@@ -75,6 +75,20 @@ struct RequestHeader {
   std::vector<std::string> problems(const ModelGeometry& g, const std::string& context) const;
 };
 
+// KVzip's context-reconstruction pass of a request (optional, `kvsim capture --repeat-pass`):
+// the model, on top of the prompt's cache up to the question, teacher-forced to repeat the
+// context chunk by chunk; chunk c repeats context tokens [begin, end) in pass rows
+// [row_begin, row_end) (its prompt's instruction rows first). Post-RoPE queries and keys of every
+// pass row; each chunk attended to the prompt cache and causally to its own rows only.
+struct RepeatChunk {
+  std::int64_t begin = 0, end = 0, row_begin = 0, row_end = 0;
+};
+struct RepeatPass {
+  std::vector<RepeatChunk> chunks;
+  std::int64_t rows = 0;
+  std::vector<std::vector<float>> q, k;  // [layer] [rows, n_q_heads, head_dim], [rows, n_kv_heads, head_dim]
+};
+
 // The full-cache model's next-token distribution after token index[i]: top-k ids and
 // log-probabilities, plus the log-sum-exp of the logits (for recovering any logit's log-prob).
 struct ReferenceDistribution {

@@ -262,6 +262,45 @@ void TraceWriter::write_reference(const ReferenceDistribution& ref) {
   s.reference_written = true;
 }
 
+void TraceWriter::write_repeat_pass(const RepeatPass& pass) {
+  Impl& s = *impl_;
+  if (!s.open) throw Error(path_ + ": write_repeat_pass without begin_request");
+  const std::string ctx = s.ctx() + " repeat pass";
+  const auto L = static_cast<std::size_t>(s.geometry.n_layers), d = static_cast<std::size_t>(s.geometry.head_dim);
+  const auto rows = static_cast<std::size_t>(pass.rows);
+  if (pass.q.size() != L || pass.k.size() != L)
+    throw Error(ctx + ": " + std::to_string(pass.q.size()) + " query and " + std::to_string(pass.k.size()) +
+                " key layers, expected " + std::to_string(L));
+  std::int64_t row = 0;
+  for (const RepeatChunk& c : pass.chunks) {
+    if (c.row_begin != row || c.row_end <= c.row_begin || c.begin < 0 || c.end <= c.begin || c.end > s.header.question_start)
+      throw Error(ctx + ": chunk [" + std::to_string(c.begin) + ", " + std::to_string(c.end) + ") rows [" +
+                  std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) +
+                  "), expected consecutive row ranges over context tokens before the question");
+    row = c.row_end;
+  }
+  if (row != pass.rows) throw Error(ctx + ": chunks cover " + std::to_string(row) + " rows of " + std::to_string(pass.rows));
+  std::vector<std::uint16_t> q(L * rows * static_cast<std::size_t>(s.geometry.n_q_heads) * d),
+      k(L * rows * static_cast<std::size_t>(s.geometry.n_kv_heads) * d);
+  const std::size_t ql = q.size() / L, kl = k.size() / L;
+  for (std::size_t l = 0; l < L; ++l) {
+    if (pass.q[l].size() != ql || pass.k[l].size() != kl)
+      throw Error(ctx + ": layer " + std::to_string(l) + " sizes q=" + std::to_string(pass.q[l].size()) + " k=" +
+                  std::to_string(pass.k[l].size()) + ", expected " + std::to_string(ql) + " and " + std::to_string(kl));
+    floats_to_halves(pass.q[l].data(), q.data() + l * ql, ql);
+    floats_to_halves(pass.k[l].data(), k.data() + l * kl, kl);
+  }
+  Handle g = check(H5Gcreate2(s.group.get(), layout::kRepeatGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                   ctx + ": creating group");
+  std::vector<std::int64_t> table;
+  for (const RepeatChunk& c : pass.chunks) table.insert(table.end(), {c.begin, c.end, c.row_begin, c.row_end});
+  write_vector(g.get(), "chunks", H5T_STD_I64LE, H5T_NATIVE_INT64, table, ctx, {pass.chunks.size(), 4});
+  write_vector(g.get(), "q", h5::half_type(), h5::half_type(), q, ctx,
+               {L, rows, static_cast<hsize_t>(s.geometry.n_q_heads), d});
+  write_vector(g.get(), "k", h5::half_type(), h5::half_type(), k, ctx,
+               {L, rows, static_cast<hsize_t>(s.geometry.n_kv_heads), d});
+}
+
 void TraceWriter::commit_request() {
   Impl& s = *impl_;
   if (!s.open) throw Error(path_ + ": commit_request without begin_request");

@@ -36,6 +36,8 @@ class TraceWriter {
   void write_layer_f32(int layer, std::span<const float> k, std::span<const float> v, std::span<const float> q);
   // Required when the header announced ref_rows > 0; shapes must match it.
   void write_reference(const ReferenceDistribution& ref);
+  // Optional, once per request: KVzip's reconstruction pass (every layer at once).
+  void write_repeat_pass(const RepeatPass& pass);
   // Marks the request complete and flushes the file.
   void commit_request();
 

@@ -9,6 +9,7 @@
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
 #include "capture/prompt.h"
+#include "capture/repeat_pass.h"
 #include "capture/tokenizer.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -103,6 +104,10 @@ struct LiveVerifier::Impl {
     bool with_future = false;
     std::vector<std::unique_ptr<CacheView>> views;
     std::vector<std::unique_ptr<CacheSignals>> signals;
+    // KVzip's reconstruction pass, run when a policy scores with it.
+    bool with_repeat = false;
+    RepeatPass repeat;
+    std::vector<RepeatPassView> repeat_views;  // [layer]
   };
 
   // A config's compressed state: the budget it is held to and its decode-time states.
@@ -119,8 +124,9 @@ struct LiveVerifier::Impl {
     const std::vector<std::int32_t>* positions = nullptr;
   };
 
-  Shared prefill(const CaptureRequest& r) {
+  Shared prefill(const CaptureRequest& r, bool with_repeat) {
     Shared s;
+    s.with_repeat = with_repeat;
     s.where = "live run of request '" + r.id + "' (line " + std::to_string(r.line) + ")";
     s.p = build_prompt(tok, r, default_system);
     s.n_prompt = static_cast<std::int64_t>(s.p.tokens.size());
@@ -164,6 +170,19 @@ struct LiveVerifier::Impl {
                                   want ? std::span<const std::int64_t>(&last, 1) : std::span<const std::int64_t>(), hook);
       if (want) s.prefill_logits = std::move(logits);
       processed = e;
+      // As in capture: the pass runs on the cache holding exactly the context.
+      if (s.with_repeat && e == context_span(s.p).second) s.repeat = run_repeat_pass(model, tok, s.p);
+    }
+    if (s.with_repeat) {
+      if (s.repeat.chunks.empty()) throw Error(s.where + ": kvzip needs a context to repeat, and this request has none");
+      for (int l = 0; l < g.n_layers; ++l) {
+        RepeatPassView v;
+        for (const RepeatChunk& ch : s.repeat.chunks) v.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
+        v.rows = s.repeat.rows;
+        v.q = s.repeat.q[static_cast<std::size_t>(l)].data();
+        v.k = s.repeat.k[static_cast<std::size_t>(l)].data();
+        s.repeat_views.push_back(std::move(v));
+      }
     }
     s.at_point = model.cache();
     return s;
@@ -233,6 +252,7 @@ struct LiveVerifier::Impl {
       view->values.push_back(Eigen::Map<const Mat>(e.v.data(), e.rows(), g.head_dim));
     }
     if (s.with_future) view->future = future_attention(s, layer);
+    if (s.with_repeat) view->repeat = &s.repeat_views[static_cast<std::size_t>(layer)];
     slot = std::make_unique<CacheSignals>(s.where, g, layer, s.c, s.header, s.queries[static_cast<std::size_t>(layer)], *view);
     s.views[static_cast<std::size_t>(layer)] = std::move(view);
     return *slot;
@@ -503,7 +523,9 @@ KvGeometry LiveVerifier::geometry() const { return impl_->g; }
 
 LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs) {
   const auto t0 = Clock::now();
-  Impl::Shared s = impl_->prefill(request);
+  Impl::Shared s = impl_->prefill(request, std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) {
+    return c.impl->needs_repeat_pass();
+  }));
   s.with_future = std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) { return c.impl->reads_future(); });
   impl_->reference_run(s);
   LiveRequestResult out;
