@@ -201,7 +201,7 @@ void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWor
 void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const LayerPlan& plan, DecodeState& state,
                          Accumulator& a) {
   const KvCodec& codec = codec_of(cfg);
-  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, G = w.g.group(), d = w.g.head_dim;
+  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, d = w.g.head_dim;
   const std::int64_t c = w.c, E = w.E;
   if (E != w.T - c)
     throw Error("policy " + cfg.policy + " re-encodes its cache while decoding and needs the query of every token after "
@@ -232,16 +232,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const Laye
       if (!ch.plan.rank.empty()) ch.plan.rank.push_back(0);
       cache[static_cast<std::size_t>(kv)] = ch.tokens;
     }
-    if (state.needs_attention())
-      for (int qh = 0; qh < Hq; ++qh) {
-        const auto& ch = cache[static_cast<std::size_t>(qh / G)];
-        const Mat& A = w.attn[static_cast<std::size_t>(qh)];
-        auto& wt = weights[static_cast<std::size_t>(qh)];
-        wt.resize(ch.size());
-        double m = 0;
-        for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
-        for (auto& x : wt) x = static_cast<float>(x / m);
-      }
+    if (state.needs_attention()) cache_weights(w, i, cache, weights, true);
     const DecodeStep step{t, cache, weights, 0};
     evict.assign(static_cast<std::size_t>(Hkv), {});
     state.step(step, evict);

@@ -44,17 +44,8 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
     auto attend = [&](std::int64_t i) {
       const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
       for (auto& ch : cache) ch.push_back(t);
-      for (int qh = 0; qh < Hq; ++qh) {
-        const auto& ch = cache[static_cast<std::size_t>(qh / G)];
-        const Mat& A = w.attn[static_cast<std::size_t>(qh)];
-        auto& wt = weights[static_cast<std::size_t>(qh)];
-        wt.resize(ch.size());
-        double m = 0;
-        for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
-        recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = m;
-        if (state.needs_attention())
-          for (auto& x : wt) x = static_cast<float>(x / m);
-      }
+      const std::vector<double> mass = cache_weights(w, i, cache, weights, state.needs_attention());
+      for (int qh = 0; qh < Hq; ++qh) recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = mass[static_cast<std::size_t>(qh)];
     };
     auto evict = [&](std::int64_t i) {
       const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);

@@ -85,6 +85,28 @@ struct BuildOrder {
   std::vector<std::int64_t> parent;  // -1 empty set, -2 full set, else a shot index
 };
 
+// The weights a decode-time policy reads at evaluation row i: each query head's full attention
+// restricted to its KV head's cache and renormalised over it (softmax restricted to the cache).
+// Returns, per query head, the mass the cache held before renormalising (the row's recall);
+// with renormalise false the weights stay unnormalised.
+inline std::vector<double> cache_weights(const LayerWork& w, std::int64_t i, const std::vector<std::vector<std::int32_t>>& cache,
+                                         std::vector<std::vector<float>>& weights, bool renormalise) {
+  const int Hq = w.g.n_q_heads, G = w.g.group();
+  std::vector<double> mass(static_cast<std::size_t>(Hq));
+  for (int qh = 0; qh < Hq; ++qh) {
+    const auto& ch = cache[static_cast<std::size_t>(qh / G)];
+    const Mat& A = w.attn[static_cast<std::size_t>(qh)];
+    auto& wt = weights[static_cast<std::size_t>(qh)];
+    wt.resize(ch.size());
+    double m = 0;
+    for (std::size_t k = 0; k < ch.size(); ++k) m += (wt[k] = A(i, ch[k]));
+    mass[static_cast<std::size_t>(qh)] = m;
+    if (renormalise)
+      for (auto& x : wt) x = static_cast<float>(x / m);
+  }
+  return mass;
+}
+
 // Phase A of a layer for one config (replay_shots.cpp).
 std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
                                    const LayerWork& w, Accumulator& a);

@@ -26,6 +26,17 @@ LayerPlan run(const std::string& spec, const LayerSignals& s, std::int64_t budge
   return PolicyRegistry::instance().create(spec).policy->compress(s, Budget{budget, 0.5});
 }
 
+// A reconstruction pass of one chunk repeating context tokens [begin, end) in `rows` rows.
+RepeatPassView one_chunk(std::int64_t begin, std::int64_t end, std::int64_t rows, const std::vector<float>& q,
+                         const std::vector<float>& k) {
+  RepeatPassView rp;
+  rp.chunks = {{begin, end, 0, rows}};
+  rp.rows = rows;
+  rp.q = q.data();
+  rp.k = k.data();
+  return rp;
+}
+
 }  // namespace
 
 TEST_CASE("top-k keeps protected tokens first and breaks ties toward the recent token", "[policy]") {
@@ -340,11 +351,7 @@ TEST_CASE("kvzip scores context tokens by their largest attention while the cont
   s.keys_[0] = {{0, 0}, {a, 0}, {0, a}, {-a, 0}, {0, 0}};
   s.values_[0] = {{1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}};
   const std::vector<float> q = {a, 0, 0, a}, k = {0, 0, 0, 0};  // [rows, heads, d]
-  RepeatPassView rp;
-  rp.chunks = {{1, 4, 0, 2}};
-  rp.rows = 2;
-  rp.q = q.data();
-  rp.k = k.data();
+  const RepeatPassView rp = one_chunk(1, 4, 2, q, k);
   s.repeat_ = &rp;
   const auto policy = PolicyRegistry::instance().create("kvzip:level=head").policy;
   const auto scores = static_cast<const ScoringPolicy&>(*policy).score(s);
@@ -372,11 +379,7 @@ TEST_CASE("kvzip at layer level shares one threshold across heads", "[policy]") 
   }
   // One repeat row per chunk; head 0's query is sharp, head 1's flat.
   const std::vector<float> q = {3 * a, 0, 0.1f, 0}, k = {0, 0, 0, 0};  // [rows=1, heads=2, d=2]
-  RepeatPassView rp;
-  rp.chunks = {{1, 4, 0, 1}};
-  rp.rows = 1;
-  rp.q = q.data();
-  rp.k = k.data();
+  const RepeatPassView rp = one_chunk(1, 4, 1, q, k);
   s.repeat_ = &rp;
   // Head 0's row puts ~all its mass on token 1 (logit 8.5), head 1's spreads ~1/5 over each.
   // Budget 3 per head = 6 in the layer: the two sinks, then head 0's token 1 and all three of
