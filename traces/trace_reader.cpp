@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -368,14 +369,24 @@ RepeatPass TraceReader::repeat_pass_table(const std::string& id) const {
 }
 
 void TraceReader::read_repeat_layer(const std::string& id, int layer, std::vector<float>& q, std::vector<float>& k) const {
-  const RepeatPass table = repeat_pass_table(id);
   if (layer < 0 || layer >= geometry_.n_layers)
     throw Error(path_ + ": repeat pass layer " + std::to_string(layer) + " out of range");
   const std::string ctx = path_ + ": request '" + id + "' repeat pass";
-  Handle g = check(H5Gopen2(open_request(id).group.get(), layout::kRepeatGroup, H5P_DEFAULT), ctx + ": opening group");
-  for (auto [name, out] : {std::pair{"q", &q}, std::pair{"k", &k}}) {
+  const OpenRequest& r = open_request(id);
+  if (!h5::link_exists(r.group.get(), layout::kRepeatGroup))
+    throw Error(ctx + " is missing: capture with --repeat-pass to record KVzip's reconstruction pass");
+  Handle g = check(H5Gopen2(r.group.get(), layout::kRepeatGroup, H5P_DEFAULT), ctx + ": opening group");
+  hsize_t rows = 0;
+  for (auto [name, out, heads] : {std::tuple{"q", &q, geometry_.n_q_heads}, std::tuple{"k", &k, geometry_.n_kv_heads}}) {
+    if (!h5::link_exists(g.get(), name)) throw FormatError(ctx + ": dataset '" + name + "' is missing");
     Handle dset = check(H5Dopen2(g.get(), name, H5P_DEFAULT), ctx + ": opening '" + name + "'");
     const auto shape = h5::dataset_shape(dset.get());
+    if (name[0] == 'q' && shape.size() == 4) rows = shape[1];
+    const std::vector<hsize_t> want = {static_cast<hsize_t>(geometry_.n_layers), rows, static_cast<hsize_t>(heads),
+                                       static_cast<hsize_t>(geometry_.head_dim)};
+    if (shape != want)
+      throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(shape) + ", expected " +
+                        h5::shape_string(want));
     std::vector<std::uint16_t> half(static_cast<std::size_t>(shape[1] * shape[2] * shape[3]));
     read_rows(dset.get(), shape, layer, 0, shape[1], half.data(), ctx + " '" + name + "'");
     out->resize(half.size());
