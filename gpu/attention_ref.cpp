@@ -1,0 +1,165 @@
+#include "gpu/attention_ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/half.h"
+
+namespace kvsim::gpu {
+
+namespace {
+
+float fp16(float x) { return half_to_float(float_to_half(x)); }
+
+void put_code(std::uint8_t* row, int i, int bits, unsigned u) {
+  const int bit = i * bits;
+  row[bit >> 3] = static_cast<std::uint8_t>(row[bit >> 3] | (u << (bit & 7)));
+}
+
+float half_at(const std::uint16_t* p, std::int64_t i) { return half_to_float(p[i]); }
+
+// Logits to softmax weights, in place.
+void softmax(std::vector<double>& logits) {
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (double& x : logits) sum += (x = std::exp(x - mx));
+  for (double& x : logits) x /= sum;
+}
+
+}  // namespace
+
+void pack_int_rows(const QuantSpec& s, int d, const float* rows, std::int64_t n, std::uint8_t* codes,
+                   std::uint16_t* params) {
+  const int rb = s.row_bytes(d), ng = s.groups(d);
+  std::fill(codes, codes + n * rb, std::uint8_t{0});
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float* x = rows + t * d;
+    for (int g = 0; g < ng; ++g) {
+      const float* xg = x + g * s.group;
+      std::uint16_t* pg = params + (t * ng + g) * 2;
+      if (s.symmetric) {
+        float amax = 0;
+        for (int i = 0; i < s.group; ++i) amax = std::max(amax, std::abs(xg[i]));
+        const float qmax = static_cast<float>((1 << (s.bits - 1)) - 1);
+        const float scale = fp16(amax / qmax);
+        pg[0] = float_to_half(scale);
+        pg[1] = 0;
+        for (int i = 0; i < s.group; ++i) {
+          const float q = scale > 0 ? std::clamp(std::nearbyint(xg[i] / scale), -qmax, qmax) : 0.0f;
+          put_code(codes + t * rb, g * s.group + i, s.bits, static_cast<unsigned>(q + qmax));
+        }
+      } else {
+        float lo = xg[0], hi = xg[0];
+        for (int i = 1; i < s.group; ++i) lo = std::min(lo, xg[i]), hi = std::max(hi, xg[i]);
+        const float levels = static_cast<float>((1 << s.bits) - 1);
+        const float scale = fp16((hi - lo) / levels), mn = fp16(lo);
+        pg[0] = float_to_half(scale);
+        pg[1] = float_to_half(mn);
+        for (int i = 0; i < s.group; ++i) {
+          const float q = scale > 0 ? std::clamp(std::nearbyint((xg[i] - mn) / scale), 0.0f, levels) : 0.0f;
+          put_code(codes + t * rb, g * s.group + i, s.bits, static_cast<unsigned>(q));
+        }
+      }
+    }
+  }
+}
+
+void unpack_int_rows(const QuantSpec& s, int d, const std::uint8_t* codes, const std::uint16_t* params, std::int64_t n,
+                     float* rows) {
+  const int rb = s.row_bytes(d), ng = s.groups(d);
+  for (std::int64_t t = 0; t < n; ++t)
+    for (int i = 0; i < d; ++i) {
+      const std::uint16_t* pg = params + (t * ng + i / s.group) * 2;
+      rows[t * d + i] = dequant(code_at(codes + t * rb, i, s.bits), half_to_float(pg[0]), half_to_float(pg[1]), s);
+    }
+}
+
+void attend_kept_ref(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
+                     const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights) {
+  const int d = s.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int h = 0; h < s.n_q_heads; ++h) {
+    const int kv = h / s.group();
+    const int n = counts[kv];
+    const std::int32_t* idx = kept + static_cast<std::int64_t>(kv) * max_kept;
+    const std::int64_t base = static_cast<std::int64_t>(kv) * s.capacity * d;
+    std::vector<double> w(static_cast<std::size_t>(n));
+    for (int m = 0; m < n; ++m) {
+      double dot = 0;
+      for (int x = 0; x < d; ++x) dot += static_cast<double>(q[h * d + x]) * half_at(k, base + static_cast<std::int64_t>(idx[m]) * d + x);
+      w[static_cast<std::size_t>(m)] = dot * scale;
+    }
+    softmax(w);
+    for (int x = 0; x < d; ++x) {
+      double o = 0;
+      for (int m = 0; m < n; ++m) o += w[static_cast<std::size_t>(m)] * half_at(v, base + static_cast<std::int64_t>(idx[m]) * d + x);
+      out[h * d + x] = static_cast<float>(o);
+    }
+    if (weights)
+      for (int m = 0; m < max_kept; ++m)
+        weights[static_cast<std::int64_t>(h) * max_kept + m] = m < n ? static_cast<float>(w[static_cast<std::size_t>(m)]) : 0.0f;
+  }
+}
+
+void attend_quant_ref(const AttnShape& s, const QuantSpec& spec, const float* q, const std::uint8_t* k_codes,
+                      const std::uint16_t* k_params, const std::uint8_t* v_codes, const std::uint16_t* v_params,
+                      const std::int32_t* counts, float* out) {
+  const int d = s.head_dim, rb = spec.row_bytes(d), ng = spec.groups(d);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<float> kr(static_cast<std::size_t>(d)), vr(kr.size());
+  for (int h = 0; h < s.n_q_heads; ++h) {
+    const int kv = h / s.group();
+    const int n = counts[kv];
+    const std::int64_t row0 = static_cast<std::int64_t>(kv) * s.capacity;
+    std::vector<double> w(static_cast<std::size_t>(n));
+    for (int m = 0; m < n; ++m) {
+      unpack_int_rows(spec, d, k_codes + (row0 + m) * rb, k_params + (row0 + m) * ng * 2, 1, kr.data());
+      double dot = 0;
+      for (int x = 0; x < d; ++x) dot += static_cast<double>(q[h * d + x]) * kr[static_cast<std::size_t>(x)];
+      w[static_cast<std::size_t>(m)] = dot * scale;
+    }
+    softmax(w);
+    std::vector<double> o(static_cast<std::size_t>(d), 0.0);
+    for (int m = 0; m < n; ++m) {
+      unpack_int_rows(spec, d, v_codes + (row0 + m) * rb, v_params + (row0 + m) * ng * 2, 1, vr.data());
+      for (int x = 0; x < d; ++x) o[static_cast<std::size_t>(x)] += w[static_cast<std::size_t>(m)] * vr[static_cast<std::size_t>(x)];
+    }
+    for (int x = 0; x < d; ++x) out[h * d + x] = static_cast<float>(o[static_cast<std::size_t>(x)]);
+  }
+}
+
+void column_sums_ref(const float* weights, int heads, int rows, int n, float* sums) {
+  for (int h = 0; h < heads; ++h)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int r = 0; r < rows; ++r) s += weights[(static_cast<std::int64_t>(h) * rows + r) * n + j];
+      sums[static_cast<std::int64_t>(h) * n + j] = static_cast<float>(s);
+    }
+}
+
+void top_k_ref(const float* scores, const std::uint8_t* protect, int heads, int n, int k, std::uint8_t* keep) {
+  std::vector<int> order(static_cast<std::size_t>(n));
+  for (int h = 0; h < heads; ++h) {
+    const float* sc = scores + static_cast<std::int64_t>(h) * n;
+    const std::uint8_t* pr = protect ? protect + static_cast<std::int64_t>(h) * n : nullptr;
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      return keep_key(sc[a], static_cast<std::uint32_t>(a), pr && pr[a]) > keep_key(sc[b], static_cast<std::uint32_t>(b), pr && pr[b]);
+    });
+    std::uint8_t* kp = keep + static_cast<std::int64_t>(h) * n;
+    std::fill(kp, kp + n, std::uint8_t{0});
+    for (int i = 0; i < std::min(k, n); ++i) kp[order[static_cast<std::size_t>(i)]] = 1;
+  }
+}
+
+double nmse(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+}  // namespace kvsim::gpu

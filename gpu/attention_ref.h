@@ -1,0 +1,43 @@
+#pragma once
+// CPU references of the compressed-attention and policy-statistics kernels (gpu/
+// compressed_attention.cuh): plain loops in double precision, the ground truth the parity harness
+// compares the GPU against. Every array is host memory in the layouts of gpu/kv_format.h.
+#include <cstdint>
+#include <vector>
+
+#include "gpu/kv_format.h"
+
+namespace kvsim::gpu {
+
+// Packs n rows of head_dim floats as intN codes + fp16 (scale, min) pairs, quantizing exactly as
+// policies/quantize.cpp's int_roundtrip does. codes: [n, row_bytes], params: [n, groups, 2].
+void pack_int_rows(const QuantSpec& s, int head_dim, const float* rows, std::int64_t n, std::uint8_t* codes,
+                   std::uint16_t* params);
+// The rows the packed ones read back ([n, head_dim]).
+void unpack_int_rows(const QuantSpec& s, int head_dim, const std::uint8_t* codes, const std::uint16_t* params,
+                     std::int64_t n, float* rows);
+
+// One decode query per query head over its KV head's kept tokens: kept[kv * max_kept + m] for
+// m < counts[kv], indices into the fp16 cache. out: [n_q_heads, head_dim]; weights (the softmax
+// over the kept tokens, what decode-time policies accumulate): [n_q_heads, max_kept].
+void attend_kept_ref(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
+                     const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights);
+
+// The same over an intN cache (every row [0, counts[kv]) of each KV head, dequantized).
+void attend_quant_ref(const AttnShape& s, const QuantSpec& spec, const float* q, const std::uint8_t* k_codes,
+                      const std::uint16_t* k_params, const std::uint8_t* v_codes, const std::uint16_t* v_params,
+                      const std::int32_t* counts, float* out);
+
+// Column sums of rows x n attention weights per head ([heads, rows, n] -> [heads, n]): the
+// accumulated attention (H2O) and window votes (SnapKV) policies score with.
+void column_sums_ref(const float* weights, int heads, int rows, int n, float* sums);
+
+// Keep-mask of the k best of n scores per head ([heads, n] -> [heads, n] of 0/1): protected
+// tokens first (the most recent if more than k), then by score, ties to the more recent token --
+// policies/selection.h's top_k_mask rule.
+void top_k_ref(const float* scores, const std::uint8_t* protect, int heads, int n, int k, std::uint8_t* keep);
+
+// Normalised mean squared error ||a - b||^2 / ||b||^2 (b the reference).
+double nmse(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace kvsim::gpu

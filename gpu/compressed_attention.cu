@@ -1,0 +1,210 @@
+#include "gpu/compressed_attention.cuh"
+
+#include <cub/device/device_segmented_sort.cuh>
+#include <cuda_fp16.h>
+
+namespace kvsim::gpu {
+
+namespace {
+
+constexpr int kThreads = 128;
+
+__device__ float half_at(const std::uint16_t* p, std::int64_t i) {
+  __half_raw raw;
+  raw.x = p[i];
+  return __half2float(__half(raw));
+}
+
+// Block-wide reduction (max or sum) through shared memory; every thread gets the result.
+template <bool kMax>
+__device__ float block_reduce(float x, float* shared) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, off);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float r = shared[0];
+    for (int w = 1; w < blockDim.x / 32; ++w) r = kMax ? fmaxf(r, shared[w]) : r + shared[w];
+    shared[0] = r;
+  }
+  __syncthreads();
+  const float r = shared[0];
+  __syncthreads();
+  return r;
+}
+
+// Softmax over `n` logits in w (in place), by the whole block.
+__device__ void block_softmax(float* w, int n, float* shared) {
+  float mx = -INFINITY;
+  for (int m = threadIdx.x; m < n; m += blockDim.x) mx = fmaxf(mx, w[m]);
+  mx = block_reduce<true>(mx, shared);
+  float sum = 0;
+  for (int m = threadIdx.x; m < n; m += blockDim.x) sum += (w[m] = __expf(w[m] - mx));
+  sum = block_reduce<false>(sum, shared);
+  const float inv = 1.0f / sum;
+  for (int m = threadIdx.x; m < n; m += blockDim.x) w[m] *= inv;
+  __syncthreads();
+}
+
+// One block per query head: logits of the kept keys (one thread per key), softmax, then the
+// weighted value sum (one thread per channel: a warp reads consecutive channels of one row).
+__global__ void attend_kept_kernel(AttnShape s, const float* __restrict__ q, const std::uint16_t* __restrict__ k,
+                                   const std::uint16_t* __restrict__ v, const std::int32_t* __restrict__ kept,
+                                   const std::int32_t* __restrict__ counts, int max_kept, float* __restrict__ out,
+                                   float* __restrict__ weights) {
+  extern __shared__ float qs[];  // [head_dim] then reduction slots
+  const int h = blockIdx.x, kv = h / s.group(), d = s.head_dim;
+  const int n = counts[kv];
+  const std::int32_t* idx = kept + static_cast<std::int64_t>(kv) * max_kept;
+  const std::int64_t base = static_cast<std::int64_t>(kv) * s.capacity * d;
+  float* w = weights + static_cast<std::int64_t>(h) * max_kept;
+  const float scale = rsqrtf(static_cast<float>(d));
+  for (int x = threadIdx.x; x < d; x += blockDim.x) qs[x] = q[h * d + x] * scale;
+  __syncthreads();
+  for (int m = threadIdx.x; m < n; m += blockDim.x) {
+    const std::int64_t row = base + static_cast<std::int64_t>(idx[m]) * d;
+    float dot = 0;
+    for (int x = 0; x < d; ++x) dot += qs[x] * half_at(k, row + x);
+    w[m] = dot;
+  }
+  for (int m = n + threadIdx.x; m < max_kept; m += blockDim.x) w[m] = 0;
+  __syncthreads();
+  block_softmax(w, n, qs + d);
+  for (int x = threadIdx.x; x < d; x += blockDim.x) {
+    float o = 0;
+    for (int m = 0; m < n; ++m) o += w[m] * half_at(v, base + static_cast<std::int64_t>(idx[m]) * d + x);
+    out[h * d + x] = o;
+  }
+}
+
+__device__ float dequant_at(const std::uint8_t* codes, const std::uint16_t* params, std::int64_t row, int i,
+                            const QuantSpec& spec, int d) {
+  const std::uint16_t* pg = params + (row * spec.groups(d) + i / spec.group) * 2;
+  return dequant(code_at(codes + row * spec.row_bytes(d), i, spec.bits), half_at(pg, 0), half_at(pg, 1), spec);
+}
+
+__global__ void attend_quant_kernel(AttnShape s, QuantSpec spec, const float* __restrict__ q,
+                                    const std::uint8_t* __restrict__ k_codes, const std::uint16_t* __restrict__ k_params,
+                                    const std::uint8_t* __restrict__ v_codes, const std::uint16_t* __restrict__ v_params,
+                                    const std::int32_t* __restrict__ counts, float* __restrict__ out,
+                                    float* __restrict__ scratch) {
+  extern __shared__ float qs[];
+  const int h = blockIdx.x, kv = h / s.group(), d = s.head_dim;
+  const int n = counts[kv];
+  const std::int64_t row0 = static_cast<std::int64_t>(kv) * s.capacity;
+  float* w = scratch + static_cast<std::int64_t>(h) * s.capacity;
+  const float scale = rsqrtf(static_cast<float>(d));
+  for (int x = threadIdx.x; x < d; x += blockDim.x) qs[x] = q[h * d + x] * scale;
+  __syncthreads();
+  for (int m = threadIdx.x; m < n; m += blockDim.x) {
+    float dot = 0;
+    for (int x = 0; x < d; ++x) dot += qs[x] * dequant_at(k_codes, k_params, row0 + m, x, spec, d);
+    w[m] = dot;
+  }
+  __syncthreads();
+  block_softmax(w, n, qs + d);
+  for (int x = threadIdx.x; x < d; x += blockDim.x) {
+    float o = 0;
+    for (int m = 0; m < n; ++m) o += w[m] * dequant_at(v_codes, v_params, row0 + m, x, spec, d);
+    out[h * d + x] = o;
+  }
+}
+
+__global__ void column_sums_kernel(const float* __restrict__ weights, int heads, int rows, int n, float* __restrict__ sums) {
+  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= static_cast<std::int64_t>(heads) * n) return;
+  const std::int64_t h = j / n, col = j % n;
+  float s = 0;
+  for (int r = 0; r < rows; ++r) s += weights[(h * rows + r) * n + col];
+  sums[j] = s;
+}
+
+__global__ void keys_kernel(const float* __restrict__ scores, const std::uint8_t* __restrict__ protect, int heads, int n,
+                            unsigned long long* __restrict__ keys, std::int32_t* __restrict__ index) {
+  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= static_cast<std::int64_t>(heads) * n) return;
+  const auto i = static_cast<std::uint32_t>(j % n);
+  keys[j] = keep_key(scores[j], i, protect != nullptr && protect[j] != 0);
+  index[j] = static_cast<std::int32_t>(i);
+}
+
+__global__ void mark_kernel(const std::int32_t* __restrict__ sorted_index, int heads, int n, int k, std::uint8_t* __restrict__ keep) {
+  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= static_cast<std::int64_t>(heads) * n) return;
+  const std::int64_t h = j / n, rank = j % n;
+  if (rank < k) keep[h * n + sorted_index[j]] = 1;
+}
+
+__global__ void offsets_kernel(int heads, int n, std::int32_t* offsets) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i <= heads) offsets[i] = i * n;
+}
+
+unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+
+}  // namespace
+
+cudaError_t attend_kept(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
+                        const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights,
+                        cudaStream_t stream) {
+  const std::size_t shared = (static_cast<std::size_t>(s.head_dim) + kThreads / 32) * sizeof(float);
+  attend_kept_kernel<<<s.n_q_heads, kThreads, shared, stream>>>(s, q, k, v, kept, counts, max_kept, out, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t attend_quant(const AttnShape& s, const QuantSpec& spec, const float* q, const std::uint8_t* k_codes,
+                         const std::uint16_t* k_params, const std::uint8_t* v_codes, const std::uint16_t* v_params,
+                         const std::int32_t* counts, float* out, float* scratch, cudaStream_t stream) {
+  const std::size_t shared = (static_cast<std::size_t>(s.head_dim) + kThreads / 32) * sizeof(float);
+  attend_quant_kernel<<<s.n_q_heads, kThreads, shared, stream>>>(s, spec, q, k_codes, k_params, v_codes, v_params, counts,
+                                                                   out, scratch);
+  return cudaGetLastError();
+}
+
+cudaError_t column_sums(const float* weights, int heads, int rows, int n, float* sums, cudaStream_t stream) {
+  const std::int64_t total = static_cast<std::int64_t>(heads) * n;
+  if (total == 0) return cudaSuccess;
+  column_sums_kernel<<<blocks_for(total), 256, 0, stream>>>(weights, heads, rows, n, sums);
+  return cudaGetLastError();
+}
+
+cudaError_t top_k(const float* scores, const std::uint8_t* protect, int heads, int n, int k, std::uint8_t* keep,
+                  cudaStream_t stream) {
+  const std::int64_t total = static_cast<std::int64_t>(heads) * n;
+  if (total == 0) return cudaSuccess;
+  unsigned long long *keys = nullptr, *keys_out = nullptr;
+  std::int32_t *index = nullptr, *index_out = nullptr, *offsets = nullptr;
+  void* temp = nullptr;
+  std::size_t temp_bytes = 0;
+  cudaError_t err = cudaSuccess;
+  auto step = [&](cudaError_t e) {
+    if (err == cudaSuccess) err = e;
+    return err == cudaSuccess;
+  };
+  if (step(cudaMallocAsync(&keys, total * sizeof *keys, stream)) && step(cudaMallocAsync(&keys_out, total * sizeof *keys, stream)) &&
+      step(cudaMallocAsync(&index, total * sizeof *index, stream)) &&
+      step(cudaMallocAsync(&index_out, total * sizeof *index, stream)) &&
+      step(cudaMallocAsync(&offsets, (heads + 1) * sizeof *offsets, stream))) {
+    keys_kernel<<<blocks_for(total), 256, 0, stream>>>(scores, protect, heads, n, keys, index);
+    offsets_kernel<<<blocks_for(heads + 1), 256, 0, stream>>>(heads, n, offsets);
+    if (step(cudaGetLastError()) &&
+        step(cub::DeviceSegmentedSort::SortPairsDescending(nullptr, temp_bytes, keys, keys_out, index, index_out,
+                                                           static_cast<int>(total), heads, offsets, offsets + 1, stream)) &&
+        step(cudaMallocAsync(&temp, temp_bytes, stream)) &&
+        step(cub::DeviceSegmentedSort::SortPairsDescending(temp, temp_bytes, keys, keys_out, index, index_out,
+                                                           static_cast<int>(total), heads, offsets, offsets + 1, stream)) &&
+        step(cudaMemsetAsync(keep, 0, total, stream))) {
+      mark_kernel<<<blocks_for(total), 256, 0, stream>>>(index_out, heads, n, k, keep);
+      step(cudaGetLastError());
+    }
+  }
+  for (void* p : {static_cast<void*>(keys), static_cast<void*>(keys_out), static_cast<void*>(index),
+                  static_cast<void*>(index_out), static_cast<void*>(offsets), temp})
+    if (p) cudaFreeAsync(p, stream);
+  return err;
+}
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,62 @@
+#pragma once
+// Storage formats the compressed-attention kernels read, shared by the CUDA kernels and their CPU
+// references (this header compiles under nvcc and the host compiler alike; no CUDA types).
+//
+// fp16 cache: K and V [n_kv_heads, capacity, head_dim] as raw half bits.
+// intN cache (methods.md §12, per-token groups): per (KV head, token) row, head_dim codes of
+//   `bits` bits packed little-endian (value i at bit i*bits), and per group of `group` channels an
+//   fp16 (scale, min) pair; asymmetric: x = u*scale + min; symmetric (min unused, stored 0):
+//   x = (u - qmax)*scale with qmax = 2^(bits-1) - 1. These are exactly the values
+//   policies/quantize.cpp's int_roundtrip reconstructs.
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KVSIM_HD __host__ __device__ inline
+#else
+#define KVSIM_HD inline
+#endif
+
+namespace kvsim::gpu {
+
+struct AttnShape {
+  int n_q_heads = 0, n_kv_heads = 0, head_dim = 0;
+  std::int64_t capacity = 0;  // rows per KV head in the cache buffers
+  KVSIM_HD int group() const { return n_q_heads / n_kv_heads; }
+};
+
+struct QuantSpec {
+  int bits = 4;            // 2, 4 or 8
+  int group = 32;          // channels per (scale, min) pair; divides head_dim
+  bool symmetric = false;
+  KVSIM_HD int row_bytes(int head_dim) const { return head_dim * bits / 8; }
+  KVSIM_HD int groups(int head_dim) const { return head_dim / group; }
+};
+
+// The code of value i in a packed row.
+KVSIM_HD unsigned code_at(const std::uint8_t* row, int i, int bits) {
+  const int bit = i * bits;
+  return (static_cast<unsigned>(row[bit >> 3]) >> (bit & 7)) & ((1u << bits) - 1u);
+}
+
+// Dequantizes one value from its code and its group's (scale, min) (floats of the fp16 pair).
+KVSIM_HD float dequant(unsigned u, float scale, float mn, const QuantSpec& s) {
+  if (s.symmetric) return (static_cast<float>(u) - static_cast<float>((1 << (s.bits - 1)) - 1)) * scale;
+  return static_cast<float>(u) * scale + mn;
+}
+
+// Orders (protected, score, index) for top-k as one unsigned key, larger = kept first: protected
+// tokens first (the most recent of them first), then by score, ties to the more recent token.
+KVSIM_HD unsigned long long keep_key(float score, std::uint32_t index, bool is_protected) {
+  unsigned bits;
+#if defined(__CUDA_ARCH__)
+  bits = __float_as_uint(score);
+#else
+  __builtin_memcpy(&bits, &score, sizeof bits);
+#endif
+  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // monotone in the float order
+  if (is_protected) bits = 0;                                  // order among pins: recency only
+  return (static_cast<unsigned long long>(is_protected) << 63) | (static_cast<unsigned long long>(bits) << 31) |
+         (index & 0x7fffffffu);
+}
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,143 @@
+// The CPU side of the GPU parity harness: the kernels' references must themselves agree with the
+// simulator's own code (intN storage = policies' int_roundtrip, top-k = top_k_mask with its tie
+// rule) and with attention's defining properties, so that a GPU matching them is right.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "gpu/attention_ref.h"
+#include "policies/quantize.h"
+#include "policies/selection.h"
+
+using namespace kvsim;
+using namespace kvsim::gpu;
+
+namespace {
+
+std::vector<float> gaussian(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<std::uint16_t> halves(const std::vector<float>& x) {
+  std::vector<std::uint16_t> h(x.size());
+  floats_to_halves(x.data(), h.data(), x.size());
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("packed intN rows read back exactly what int_roundtrip reconstructs", "[gpu-ref]") {
+  const int d = 64;
+  const std::vector<float> rows = gaussian(static_cast<std::size_t>(20 * d), 3);
+  for (const int bits : {2, 4, 8})
+    for (const int group : {32, 64})
+      for (const bool sym : {false, true}) {
+        INFO(bits << " bits, group " << group << (sym ? " absmax" : " min-max"));
+        const QuantSpec s{bits, group, sym};
+        std::vector<std::uint8_t> codes(static_cast<std::size_t>(20 * s.row_bytes(d)));
+        std::vector<std::uint16_t> params(static_cast<std::size_t>(20 * s.groups(d) * 2));
+        pack_int_rows(s, d, rows.data(), 20, codes.data(), params.data());
+        std::vector<float> back(rows.size());
+        unpack_int_rows(s, d, codes.data(), params.data(), 20, back.data());
+        std::vector<float> want = rows;
+        for (int t = 0; t < 20; ++t) int_roundtrip(IntSpec{bits, group, sym}, std::span(want).subspan(static_cast<std::size_t>(t * d), d));
+        CHECK(back == want);
+        CHECK(s.row_bytes(d) + s.groups(d) * (sym ? 2.0 : 4.0) == int_row_bytes(IntSpec{bits, group, sym}, d));
+      }
+}
+
+TEST_CASE("kept-index attention: one token gives its value, equal keys average, gathering = compacting", "[gpu-ref]") {
+  const AttnShape s{4, 2, 8, 10};
+  const std::vector<float> q = gaussian(4 * 8, 5), kf = gaussian(2 * 10 * 8, 6), vf = gaussian(2 * 10 * 8, 7);
+  const auto k = halves(kf), v = halves(vf);
+  std::vector<float> out(4 * 8), w(4 * 3);
+  // One kept token per head: weight 1, output = its value row (as fp16 stores it).
+  const std::vector<std::int32_t> one = {7, 0, 0, 2, 0, 0}, one_count = {1, 1};
+  attend_kept_ref(s, q.data(), k.data(), v.data(), one.data(), one_count.data(), 3, out.data(), w.data());
+  for (int h = 0; h < 4; ++h) {
+    const int kv = h / 2, tok = kv == 0 ? 7 : 2;
+    CHECK(w[static_cast<std::size_t>(h * 3)] == 1.0f);
+    for (int x = 0; x < 8; ++x) CHECK(out[static_cast<std::size_t>(h * 8 + x)] == half_to_float(v[static_cast<std::size_t>((kv * 10 + tok) * 8 + x)]));
+  }
+  // Gathering kept indices from the full cache = attending over a cache holding only them.
+  const std::vector<std::int32_t> kept = {1, 4, 9, 0, 3, 5}, counts = {3, 3};
+  attend_kept_ref(s, q.data(), k.data(), v.data(), kept.data(), counts.data(), 3, out.data(), w.data());
+  std::vector<std::uint16_t> kc(2 * 3 * 8), vc(kc.size());
+  for (int kv = 0; kv < 2; ++kv)
+    for (int m = 0; m < 3; ++m)
+      for (int x = 0; x < 8; ++x) {
+        const auto src = static_cast<std::size_t>((kv * 10 + kept[static_cast<std::size_t>(kv * 3 + m)]) * 8 + x);
+        kc[static_cast<std::size_t>((kv * 3 + m) * 8 + x)] = k[src];
+        vc[static_cast<std::size_t>((kv * 3 + m) * 8 + x)] = v[src];
+      }
+  const std::vector<std::int32_t> dense = {0, 1, 2, 0, 1, 2};
+  std::vector<float> out2(out.size()), w2(w.size());
+  attend_kept_ref(AttnShape{4, 2, 8, 3}, q.data(), kc.data(), vc.data(), dense.data(), counts.data(), 3, out2.data(), w2.data());
+  CHECK(out2 == out);
+  CHECK(w2 == w);
+  double sum = 0;
+  for (int m = 0; m < 3; ++m) sum += w[static_cast<std::size_t>(m)];
+  CHECK(sum == Approx(1.0));
+}
+
+TEST_CASE("quantized attention equals kept-index attention over the dequantized rows", "[gpu-ref]") {
+  const AttnShape s{6, 3, 32, 12};
+  const QuantSpec spec{4, 32, false};
+  const std::vector<float> q = gaussian(6 * 32, 8), kf = gaussian(3 * 12 * 32, 9), vf = gaussian(3 * 12 * 32, 10);
+  std::vector<std::uint8_t> kc(static_cast<std::size_t>(3 * 12 * spec.row_bytes(32))), vc(kc.size());
+  std::vector<std::uint16_t> kp(static_cast<std::size_t>(3 * 12 * 2)), vp(kp.size());
+  pack_int_rows(spec, 32, kf.data(), 36, kc.data(), kp.data());
+  pack_int_rows(spec, 32, vf.data(), 36, vc.data(), vp.data());
+  const std::vector<std::int32_t> counts = {12, 12, 12};
+  std::vector<float> out(6 * 32);
+  attend_quant_ref(s, spec, q.data(), kc.data(), kp.data(), vc.data(), vp.data(), counts.data(), out.data());
+  // The same attention computed directly on the dequantized floats.
+  std::vector<float> kd(kf.size()), vd(vf.size());
+  unpack_int_rows(spec, 32, kc.data(), kp.data(), 36, kd.data());
+  unpack_int_rows(spec, 32, vc.data(), vp.data(), 36, vd.data());
+  for (int h = 0; h < 6; ++h) {
+    const int kv = h / 2;
+    std::vector<double> w(12);
+    double mx = -1e300, z = 0;
+    for (int m = 0; m < 12; ++m) {
+      double dot = 0;
+      for (int x = 0; x < 32; ++x) dot += q[static_cast<std::size_t>(h * 32 + x)] * kd[static_cast<std::size_t>((kv * 12 + m) * 32 + x)];
+      mx = std::max(mx, w[static_cast<std::size_t>(m)] = dot / std::sqrt(32.0));
+    }
+    for (auto& x : w) z += (x = std::exp(x - mx));
+    for (int x = 0; x < 32; ++x) {
+      double o = 0;
+      for (int m = 0; m < 12; ++m) o += w[static_cast<std::size_t>(m)] / z * vd[static_cast<std::size_t>((kv * 12 + m) * 32 + x)];
+      CHECK(out[static_cast<std::size_t>(h * 32 + x)] == Approx(o).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("top-k reference keeps what top_k_mask keeps, ties and pins included", "[gpu-ref]") {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> level(0, 5);  // few distinct scores: many ties
+  for (int trial = 0; trial < 50; ++trial) {
+    const int n = 40, k = trial % 20;
+    std::vector<float> scores(n);
+    std::vector<std::uint8_t> protect(n, 0);
+    for (auto& x : scores) x = static_cast<float>(level(rng)) * 0.25f - 0.5f;
+    for (int j = 0; j < n; ++j) protect[static_cast<std::size_t>(j)] = (trial % 3 == 0 && j >= n - 12) || (trial % 5 == 0 && j < 3);
+    std::vector<std::uint8_t> keep(n);
+    top_k_ref(scores.data(), protect.data(), 1, n, k, keep.data());
+    CHECK(keep == top_k_mask(scores, k, protect));
+  }
+}
+
+TEST_CASE("column sums add each head's rows", "[gpu-ref]") {
+  const std::vector<float> w = {1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60};  // [2 heads, 2 rows, 3]
+  std::vector<float> sums(6);
+  column_sums_ref(w.data(), 2, 2, 3, sums.data());
+  CHECK(sums == std::vector<float>{5, 7, 9, 50, 70, 90});
+}
