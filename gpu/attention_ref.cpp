@@ -129,6 +129,55 @@ void attend_quant_ref(const AttnShape& s, const QuantSpec& spec, const float* q,
   }
 }
 
+void attend_lowrank_ref(const AttnShape& s, const RopeShape& rope, const float* q, const std::uint16_t* ck,
+                        const std::uint16_t* cv, const std::int32_t* ranks, const std::uint16_t* uk, const std::uint16_t* uv,
+                        const std::int32_t* positions, const float* rope_cos, const float* rope_sin,
+                        const std::int32_t* counts, float* out) {
+  const int d = s.head_dim, pairs = rope.rope_dim / 2;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> key(static_cast<std::size_t>(d));
+  for (int h = 0; h < s.n_q_heads; ++h) {
+    const int kv = h / s.group();
+    const int n = counts[kv];
+    const std::int64_t row0 = static_cast<std::int64_t>(kv) * s.capacity;
+    const std::uint16_t* U = uk + static_cast<std::int64_t>(kv) * d * d;
+    std::vector<double> w(static_cast<std::size_t>(n));
+    for (int m = 0; m < n; ++m) {
+      const std::uint16_t* c = ck + (row0 + m) * d;
+      const int r = ranks[row0 + m];
+      for (int x = 0; x < d; ++x) {
+        double acc = 0;
+        for (int j = 0; j < r; ++j) acc += half_to_float(c[j]) * static_cast<double>(half_to_float(U[x * d + j]));
+        key[static_cast<std::size_t>(x)] = acc;
+      }
+      const float* cs = rope_cos + static_cast<std::int64_t>(positions[m]) * pairs;
+      const float* sn = rope_sin + static_cast<std::int64_t>(positions[m]) * pairs;
+      for (int i = 0; i < pairs; ++i) {
+        const auto a = static_cast<std::size_t>(rope.first(i)), b = static_cast<std::size_t>(rope.second(i));
+        const double x0 = key[a], x1 = key[b];
+        key[a] = x0 * cs[i] - x1 * sn[i];
+        key[b] = x0 * sn[i] + x1 * cs[i];
+      }
+      double dot = 0;
+      for (int x = 0; x < d; ++x) dot += static_cast<double>(q[h * d + x]) * key[static_cast<std::size_t>(x)];
+      w[static_cast<std::size_t>(m)] = dot * scale;
+    }
+    softmax(w);
+    // Values: Uv times the weighted coefficients (the rank mask applied per token).
+    std::vector<double> coef(static_cast<std::size_t>(d), 0.0);
+    for (int m = 0; m < n; ++m) {
+      const std::uint16_t* c = cv + (row0 + m) * d;
+      for (int j = 0; j < ranks[row0 + m]; ++j) coef[static_cast<std::size_t>(j)] += w[static_cast<std::size_t>(m)] * half_to_float(c[j]);
+    }
+    const std::uint16_t* V = uv + static_cast<std::int64_t>(kv) * d * d;
+    for (int x = 0; x < d; ++x) {
+      double o = 0;
+      for (int j = 0; j < d; ++j) o += half_to_float(V[x * d + j]) * coef[static_cast<std::size_t>(j)];
+      out[h * d + x] = static_cast<float>(o);
+    }
+  }
+}
+
 void column_sums_ref(const float* weights, int heads, int rows, int n, float* sums) {
   for (int h = 0; h < heads; ++h)
     for (int j = 0; j < n; ++j) {

@@ -28,6 +28,15 @@ void attend_quant_ref(const AttnShape& s, const QuantSpec& spec, const float* q,
                       const std::uint16_t* k_params, const std::uint8_t* v_codes, const std::uint16_t* v_params,
                       const std::int32_t* counts, float* out);
 
+// The same over a low-rank cache (every row [0, counts[kv]) of each KV head): keys rebuilt from
+// rank[j] coefficients in Uk and rotated to their position, values as Uv times the softmax-
+// weighted coefficients. ck, cv: [n_kv_heads, capacity, d] fp16; ranks: [n_kv_heads, capacity];
+// uk, uv: [n_kv_heads, d, d] fp16; positions: [capacity]; rope_cos/sin: [max position + 1, rope_dim/2].
+void attend_lowrank_ref(const AttnShape& s, const RopeShape& rope, const float* q, const std::uint16_t* ck,
+                        const std::uint16_t* cv, const std::int32_t* ranks, const std::uint16_t* uk, const std::uint16_t* uv,
+                        const std::int32_t* positions, const float* rope_cos, const float* rope_sin,
+                        const std::int32_t* counts, float* out);
+
 // Column sums of rows x n attention weights per head ([heads, rows, n] -> [heads, n]): the
 // accumulated attention (H2O) and window votes (SnapKV) policies score with.
 void column_sums_ref(const float* weights, int heads, int rows, int n, float* sums);

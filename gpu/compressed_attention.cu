@@ -113,6 +113,61 @@ __global__ void attend_quant_kernel(AttnShape s, QuantSpec spec, const float* __
   }
 }
 
+// One block per query head, blockDim >= head_dim: for each token the block rebuilds the key in
+// shared memory (thread x: sum_r c_r Uk[x, r]), rotates its pairs, and reduces the dot product.
+__global__ void attend_lowrank_kernel(AttnShape s, RopeShape rope, const float* __restrict__ q,
+                                      const std::uint16_t* __restrict__ ck, const std::uint16_t* __restrict__ cv,
+                                      const std::int32_t* __restrict__ ranks, const std::uint16_t* __restrict__ uk,
+                                      const std::uint16_t* __restrict__ uv, const std::int32_t* __restrict__ positions,
+                                      const float* __restrict__ rope_cos, const float* __restrict__ rope_sin,
+                                      const std::int32_t* __restrict__ counts, float* __restrict__ out,
+                                      float* __restrict__ scratch) {
+  extern __shared__ float sm[];  // q [d], key [d], coefficients [d], reduction slots
+  const int h = blockIdx.x, kv = h / s.group(), d = s.head_dim, pairs = rope.rope_dim / 2, x = threadIdx.x;
+  float *qs = sm, *key = sm + d, *coef = sm + 2 * d, *red = sm + 3 * d;
+  const int n = counts[kv];
+  const std::int64_t row0 = static_cast<std::int64_t>(kv) * s.capacity;
+  const std::uint16_t* U = uk + static_cast<std::int64_t>(kv) * d * d;
+  float* w = scratch + static_cast<std::int64_t>(h) * s.capacity;
+  if (x < d) qs[x] = q[h * d + x] * rsqrtf(static_cast<float>(d));
+  for (int m = 0; m < n; ++m) {
+    const std::uint16_t* c = ck + (row0 + m) * d;
+    const int r = ranks[row0 + m];
+    if (x < d) {
+      float acc = 0;
+      for (int j = 0; j < r; ++j) acc += half_at(c, j) * half_at(U, static_cast<std::int64_t>(x) * d + j);
+      key[x] = acc;
+    }
+    __syncthreads();
+    if (x < pairs) {
+      const std::int64_t at = static_cast<std::int64_t>(positions[m]) * pairs + x;
+      const float cs = rope_cos[at], sn = rope_sin[at];
+      const int a = rope.first(x), b = rope.second(x);
+      const float x0 = key[a], x1 = key[b];
+      key[a] = x0 * cs - x1 * sn;
+      key[b] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+    const float dot = block_reduce<false>(x < d ? qs[x] * key[x] : 0.0f, red);
+    if (x == 0) w[m] = dot;
+  }
+  __syncthreads();
+  block_softmax(w, n, red);
+  if (x < d) {
+    float acc = 0;
+    for (int m = 0; m < n; ++m)
+      if (x < ranks[row0 + m]) acc += w[m] * half_at(cv + (row0 + m) * d, x);
+    coef[x] = acc;
+  }
+  __syncthreads();
+  if (x < d) {
+    const std::uint16_t* V = uv + static_cast<std::int64_t>(kv) * d * d;
+    float o = 0;
+    for (int j = 0; j < d; ++j) o += half_at(V, static_cast<std::int64_t>(x) * d + j) * coef[j];
+    out[h * d + x] = o;
+  }
+}
+
 __global__ void column_sums_kernel(const float* __restrict__ weights, int heads, int rows, int n, float* __restrict__ sums) {
   const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (j >= static_cast<std::int64_t>(heads) * n) return;
@@ -161,6 +216,18 @@ cudaError_t attend_quant(const AttnShape& s, const QuantSpec& spec, const float*
   const std::size_t shared = (static_cast<std::size_t>(s.head_dim) + kThreads / 32) * sizeof(float);
   attend_quant_kernel<<<s.n_q_heads, kThreads, shared, stream>>>(s, spec, q, k_codes, k_params, v_codes, v_params, counts,
                                                                    out, scratch);
+  return cudaGetLastError();
+}
+
+cudaError_t attend_lowrank(const AttnShape& s, const RopeShape& rope, const float* q, const std::uint16_t* ck,
+                           const std::uint16_t* cv, const std::int32_t* ranks, const std::uint16_t* uk,
+                           const std::uint16_t* uv, const std::int32_t* positions, const float* rope_cos,
+                           const float* rope_sin, const std::int32_t* counts, float* out, float* scratch,
+                           cudaStream_t stream) {
+  if (s.head_dim > kThreads) return cudaErrorInvalidValue;  // one thread per channel
+  const std::size_t shared = (3 * static_cast<std::size_t>(s.head_dim) + kThreads / 32) * sizeof(float);
+  attend_lowrank_kernel<<<s.n_q_heads, kThreads, shared, stream>>>(s, rope, q, ck, cv, ranks, uk, uv, positions, rope_cos,
+                                                                     rope_sin, counts, out, scratch);
   return cudaGetLastError();
 }
 

@@ -24,6 +24,15 @@ cudaError_t attend_quant(const AttnShape& s, const QuantSpec& spec, const float*
                          const std::uint16_t* k_params, const std::uint8_t* v_codes, const std::uint16_t* v_params,
                          const std::int32_t* counts, float* out, float* scratch, cudaStream_t stream);
 
+// The same over a low-rank cache (attend_lowrank_ref's arguments); scratch: [n_q_heads, capacity]
+// floats. Keys are rebuilt and rotated per token in shared memory; values need only Uv times the
+// weighted coefficient sum.
+cudaError_t attend_lowrank(const AttnShape& s, const RopeShape& rope, const float* q, const std::uint16_t* ck,
+                           const std::uint16_t* cv, const std::int32_t* ranks, const std::uint16_t* uk,
+                           const std::uint16_t* uv, const std::int32_t* positions, const float* rope_cos,
+                           const float* rope_sin, const std::int32_t* counts, float* out, float* scratch,
+                           cudaStream_t stream);
+
 // [heads, rows, n] -> [heads, n] column sums.
 cudaError_t column_sums(const float* weights, int heads, int rows, int n, float* sums, cudaStream_t stream);
 

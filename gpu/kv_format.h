@@ -44,6 +44,18 @@ KVSIM_HD float dequant(unsigned u, float scale, float mn, const QuantSpec& s) {
   return static_cast<float>(u) * scale + mn;
 }
 
+// Low-rank cache (methods.md §10.b/§11, policies/lowrank.h): per KV head fp16 bases Uk, Uv
+// [head_dim, head_dim] row-major (column r = the r-th principal direction; keys' basis is of
+// pre-RoPE keys) and per token fp16 coefficients [head_dim] of which the first rank[j] count;
+// k^_j = RoPE(pos_j, Uk c_j), v^_j = Uv c'_j. RoPE angles come as tables cos/sin
+// [positions, rope_dim / 2] (core/rope.h's values); pair i rotates dims rope_pair_first/second.
+struct RopeShape {
+  bool neox = false;  // pairs (i, i + rope_dim/2) instead of (2i, 2i + 1)
+  int rope_dim = 0;
+  KVSIM_HD int first(int i) const { return neox ? i : 2 * i; }
+  KVSIM_HD int second(int i) const { return neox ? i + rope_dim / 2 : 2 * i + 1; }
+};
+
 // Orders (protected, score, index) for top-k as one unsigned key, larger = kept first: protected
 // tokens first (the most recent of them first), then by score, ties to the more recent token.
 KVSIM_HD unsigned long long keep_key(float score, std::uint32_t index, bool is_protected) {

@@ -160,6 +160,46 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
       r.line(buf);
     }
   }
+  {  // Low-rank: random bases and coefficients, ranks 1..d, NEOX RoPE at the tokens' positions.
+    const int pairs = d / 2;
+    const RopeShape rope{true, d};
+    std::vector<float> cos_t(static_cast<std::size_t>(s.capacity * pairs)), sin_t(cos_t.size());
+    for (std::int64_t pos = 0; pos < s.capacity; ++pos)
+      for (int i = 0; i < pairs; ++i) {
+        const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * i / d);
+        cos_t[static_cast<std::size_t>(pos * pairs + i)] = static_cast<float>(std::cos(angle));
+        sin_t[static_cast<std::size_t>(pos * pairs + i)] = static_cast<float>(std::sin(angle));
+      }
+    const auto ck = to_half(gaussian(rows, rng)), cv = to_half(gaussian(rows, rng));
+    const auto uk = to_half(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));
+    const auto uv = to_half(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));
+    std::vector<std::int32_t> ranks(static_cast<std::size_t>(Hkv * s.capacity)), positions(static_cast<std::size_t>(s.capacity));
+    std::uniform_int_distribution<int> rank(1, d);
+    for (auto& x : ranks) x = rank(rng);
+    for (std::int64_t j = 0; j < s.capacity; ++j) positions[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+    // Long caches take the block a token at a time: the parity needs only a prefix.
+    const int n = static_cast<int>(std::min<std::int64_t>(s.capacity, 2048));
+    const std::vector<std::int32_t> cnt(static_cast<std::size_t>(Hkv), n);
+    attend_lowrank_ref(s, rope, q.data(), ck.data(), cv.data(), ranks.data(), uk.data(), uv.data(), positions.data(),
+                       cos_t.data(), sin_t.data(), cnt.data(), out_ref.data());
+    DeviceBuffer<std::uint16_t> dck(ck), dcv(cv), duk(uk), duv(uv);
+    DeviceBuffer<std::int32_t> dranks(ranks), dpos(positions), dcnt(cnt);
+    DeviceBuffer<float> dcos(cos_t), dsin(sin_t), scratch(static_cast<std::size_t>(Hq * s.capacity));
+    auto launch = [&] {
+      KVSIM_CUDA_CHECK(attend_lowrank(s, rope, dq.ptr, dck.ptr, dcv.ptr, dranks.ptr, duk.ptr, duv.ptr, dpos.ptr, dcos.ptr,
+                                      dsin.ptr, dcnt.ptr, dout.ptr, scratch.ptr, nullptr));
+    };
+    launch();
+    r.value("low-rank attention (" + std::to_string(n) + " tokens)", nmse(dout.host(), out_ref));
+    if (bench) {
+      const double t = seconds_of(launch, 5);
+      const double bytes = 2.0 * Hkv * n * d * 2.0;  // coefficient rows read (upper bound: full rank)
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "  bench low-rank attention: %.1f us, %.1f GB/s = %.2f of copy bandwidth", t * 1e6,
+                    bytes / t / 1e9, bytes / t / 1e9 / copy_gbs);
+      r.line(buf);
+    }
+  }
   // Statistics: accumulated attention over a 32-query window, then top-k with protected tokens.
   const int window = 32, n = static_cast<int>(s.capacity);
   std::vector<float> att(static_cast<std::size_t>(Hq) * window * n);
