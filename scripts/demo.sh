@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: set up (build, Python reference packages, SmolLM2 weights), generate needle tasks,
 # capture a real SmolLM2 trace of them on the CPU, validate it, then sweep policies x budgets
-# over it in both modes and print the ranked tables. (verify comes with a later issue.)
+# over it in both modes and print the ranked tables; finally re-run the sweep's best configs live
+# on the really compressed cache (verify) and print how well the offline ranking predicted them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -12,9 +13,12 @@ mkdir -p out
 "$build/kvsim" capture --model "$model" --requests out/demo-tasks.jsonl --out out/demo.h5 --force \
   --queries eval --query-window 64 --max-new 24
 "$build/kvsim" trace check out/demo.h5
-policies="full,random,streamingllm,snapkv,pyramidkv,adakv,h2o:queries=recorded,tova,keydiff,expected_attention:queries=recorded,oracle_future"
+policies="full,random,streamingllm,snapkv,pyramidkv,adakv,h2o:queries=recorded,tova,keydiff,expected_attention:queries=recorded,oracle_future,intn,kivi,varrate,qevict"
 for mode in query-aware query-agnostic; do
   echo
   "$build/kvsim" sweep out/demo.h5 --policies "$policies" --budgets 0.1,0.25,0.5 --mode "$mode" \
     --out "out/demo-sweep-$mode.csv" --detail "out/demo-sweep-$mode.jsonl" --force
 done
+echo
+"$build/kvsim" verify --model "$model" --tasks out/demo-tasks.jsonl --from-sweep out/demo-sweep-query-aware.csv --top 4 \
+  --max-new 24 --out out/demo-verify.csv --force
