@@ -14,7 +14,7 @@ import os
 import sys
 from collections import defaultdict
 
-TOKEN_SELECTION = ["streamingllm", "snapkv", "pyramidkv", "adakv", "h2o", "expected_attention", "keydiff", "andpro",
+TOKEN_SELECTION = ["streamingllm", "snapkv", "pyramidkv", "adakv", "h2o", "expected_attention", "keydiff", "andpro", "kvzip", "kvzip_proxy",
                    "structure"]
 KEEP_EVERY_TOKEN = ["intn", "kivi", "lowrank", "varrate"]
 
@@ -54,7 +54,7 @@ def load(out):
         names_in = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
         sweeps = [os.path.join(folder, f) for f in names_in if f.startswith("sweep") and f.endswith(".csv")]
         lives = [os.path.join(folder, f) for f in names_in if f.startswith("verify") and f.endswith(".csv")]
-        if not (sweeps and lives):
+        if not sweeps:  # a mode whose live runs are missing still gets its offline columns
             continue
         modes.append(mode)
         sweep = [r for path in sweeps for r in rows(path)]
@@ -75,8 +75,9 @@ def load(out):
             acc[key]["ref_task"].append(float(r["reference_task_score"]) if r["reference_task_score"] not in ("", "nan")
                                         else float("nan"))
         for key, m in acc.items():
-            table[key] = {k: mean(v) for k, v in m.items()}
-            table[key]["n"] = len(m["live_kl"])
+            table[key] = {k: float("nan") for k in ("live_kl", "top1", "task", "ref_task")}
+            table[key].update({k: mean(v) for k, v in m.items()})
+            table[key]["n"] = len(m["off_kl"])
     return modes, table
 
 
