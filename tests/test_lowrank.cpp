@@ -10,6 +10,7 @@
 #include "policies/basis_set.h"
 #include "policies/lowrank.h"
 #include "policies/registry.h"
+#include "sim/calibration.h"
 #include "sim/replay.h"
 #include "trace_fixtures.h"
 
@@ -164,45 +165,19 @@ TEST_CASE("calibration bases: a file round-trips, bad files and other geometries
 TEST_CASE("bases calibrated on the request's own prompt replay as the request's own fit", "[lowrank]") {
   // Query-aware, the compression point holds exactly the prompt: a calibration set fitted on the
   // prompt's tokens is the training-free fit, so both must give the same metrics; a set fitted on
-  // another request differs.
+  // requests beyond it differs.
   SynthConfig cfg = test::small_synth_config(3);
   cfg.n_requests = 2;
   cfg.context_tokens = 96;
   const std::string trace = test::write_small_trace("lowrank_calib.h5", cfg);
   const TraceReader reader(trace);
-  const ModelGeometry& mg = reader.geometry();
-  const KvGeometry g{mg.n_layers, mg.n_q_heads, mg.n_kv_heads, mg.head_dim, mg.rope()};
-  auto basis_of = [&](const std::string& id) {
-    const RequestHeader h = reader.header(id);
-    const auto n = static_cast<std::size_t>(h.n_prompt), d = static_cast<std::size_t>(g.head_dim),
-               H = static_cast<std::size_t>(g.n_kv_heads);
-    BasisSet set;
-    set.n_layers = g.n_layers;
-    set.n_kv_heads = g.n_kv_heads;
-    set.head_dim = g.head_dim;
-    set.rope = g.rope;
-    set.source = id;
-    std::vector<float> k(reader.layer_elements(id, Tensor::K)), v(k.size()), kh(n * d), vh(n * d);
-    const std::vector<std::int32_t> pos(h.positions.begin(), h.positions.begin() + static_cast<std::ptrdiff_t>(n));
-    for (int layer = 0; layer < g.n_layers; ++layer) {
-      reader.read_layer(id, Tensor::K, layer, k);
-      reader.read_layer(id, Tensor::V, layer, v);
-      for (std::size_t kv = 0; kv < H; ++kv) {
-        for (std::size_t t = 0; t < n; ++t)
-          for (std::size_t x = 0; x < d; ++x) {
-            kh[t * d + x] = k[(t * H + kv) * d + x];
-            vh[t * d + x] = v[(t * H + kv) * d + x];
-          }
-        GramAccumulator acc;
-        acc.add(g, kh, vh, pos);
-        set.heads.push_back(acc.basis());
-      }
-    }
-    const std::string path = test::scratch_file(id + ".basis");
-    save_basis_set(set, path);
+  // Bases from the first request (r0 itself), and from the first two (r0 and r1).
+  auto fitted = [&](int requests, const std::string& name) {
+    const std::string path = test::scratch_file(name);
+    save_basis_set(fit_calibration_bases({trace}, requests), path);
     return path;
   };
-  const std::string own = basis_of("r0"), other = basis_of("r1");
+  const std::string own = fitted(1, "r0.basis"), other = fitted(2, "r0r1.basis");
   std::vector<ReplayConfig> cfgs;
   for (const std::string& spec : std::vector<std::string>{"lowrank", "lowrank:basis=" + own, "lowrank:basis=" + other, "varrate",
                                  "varrate:basis=" + own}) {
