@@ -34,6 +34,15 @@ RopeTable& rope_table(const RopeSpec& s) {
   return tables.back();
 }
 
+// Per-thread work matrices that only grow: reconstruction runs once per config and layer, and
+// fresh megabyte buffers would be mapped and faulted in each time.
+Eigen::Map<RowMat> scratch(int slot, Eigen::Index rows, Eigen::Index cols) {
+  thread_local std::vector<float> buffers[4];
+  auto& b = buffers[slot];
+  if (static_cast<Eigen::Index>(b.size()) < rows * cols) b.resize(static_cast<std::size_t>(rows * cols));
+  return {b.data(), rows, cols};
+}
+
 RowMat unrotated_keys(const KvGeometry& g, std::span<const float> keys, std::span<const std::int32_t> positions) {
   const auto n = static_cast<Eigen::Index>(positions.size());
   RowMat k = Eigen::Map<const RowMat>(keys.data(), n, g.head_dim);
@@ -55,7 +64,15 @@ std::vector<float> directions_of(const Eigen::MatrixXd& gram) {
 
 // Eigenvectors of X^T X (the right singular vectors of X).
 std::vector<float> principal_directions(const RowMat& x) {
-  return directions_of(x.cast<double>().transpose() * x.cast<double>());
+  Eigen::MatrixXd gram = Eigen::MatrixXd::Zero(x.cols(), x.cols());
+  // Rank updates (half a GEMM) over row blocks converted to double one at a time: no copy of X.
+  constexpr Eigen::Index block = 256;
+  Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> xb;
+  for (Eigen::Index b = 0; b < x.rows(); b += block) {
+    xb = x.middleRows(b, std::min(block, x.rows() - b)).cast<double>();
+    gram.selfadjointView<Eigen::Lower>().rankUpdate(xb.transpose());
+  }
+  return directions_of(gram);  // the solver reads the lower triangle
 }
 
 }  // namespace
@@ -124,9 +141,11 @@ std::shared_ptr<const LowRankFit> fit_lowrank(const KvGeometry& g, std::span<con
   return fit;
 }
 
-std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const void* owner, const BasisSet* calibration) {
+std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const BasisSet* calibration) {
   using Fits = std::vector<std::shared_ptr<const LowRankFit>>;
-  const auto memo = s.memo(owner, [&] {
+  static const char request_fit = 0;  // the memo key of bases fitted on the request itself
+  const void* key = calibration ? static_cast<const void*>(calibration) : &request_fit;
+  const auto memo = s.memo(key, [&] {
     const KvGeometry& g = s.geometry();
     if (calibration) check_basis_set(*calibration, g);
     auto fits = std::make_shared<Fits>();
@@ -168,7 +187,9 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
   // Each LowRank row's coefficients beyond its rank are zeroed, then all rows are rebuilt by one
   // GEMM per tensor (ranks differ per token, the basis does not).
   const auto m = static_cast<Eigen::Index>(std::count(plan.codec.begin(), plan.codec.end(), TokenCodec::LowRank));
-  RowMat ck = RowMat::Zero(m, d), cv = RowMat::Zero(m, d);
+  auto ck = scratch(0, m, d), cv = scratch(1, m, d);
+  ck.setZero();
+  cv.setZero();
   std::size_t row = 0;
   {
     Eigen::Index i = 0;
@@ -184,7 +205,9 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
       ++row;
     }
   }
-  const RowMat kr = ck * uk.transpose(), vr = cv * uv.transpose();
+  auto kr = scratch(2, m, d), vr = scratch(3, m, d);
+  kr.noalias() = ck * uk.transpose();
+  vr.noalias() = cv * uv.transpose();
   Eigen::Index i = 0;
   row = 0;
   RopeTable& rope = rope_table(g.rope);

@@ -52,8 +52,8 @@ std::shared_ptr<const LowRankFit> fit_lowrank(const KvGeometry& g, std::span<con
 
 struct BasisSet;  // policies/basis_set.h
 // Every KV head's fit of one layer on all its cached tokens (calibration bases when given),
-// memoised per layer for `owner`, so every budget of a policy shares them.
-std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const void* owner, const BasisSet* calibration);
+// memoised per layer and basis source, so every budget and every low-rank policy shares them.
+std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const BasisSet* calibration);
 
 // Bytes of one (layer, KV head) cache under a low-rank plan: per LowRank token r coefficients for
 // K and for V (fp16) + 1 rank byte, fp16 tokens at full size, plus both fp16 d x d bases.

@@ -1,22 +1,27 @@
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "sim/cache_signals.h"
 
 namespace kvsim::replay_detail {
 
-void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit) {
+void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit, Eigen::VectorXd* lse) {
+  if (lse) lse->resize(s.rows());
   for (Eigen::Index i = 0; i < s.rows(); ++i) {
     const Eigen::Index last = std::min<Eigen::Index>(limit[static_cast<std::size_t>(i)], s.cols() - 1);
     auto row = s.row(i);
     if (last < 0) {  // no cached key at or before this query (a chunk cut dropped them all)
       row.setZero();
+      if (lse) (*lse)(i) = -std::numeric_limits<double>::infinity();
       continue;
     }
     const float m = row.head(last + 1).maxCoeff();
     row.head(last + 1) = (row.head(last + 1).array() - m).exp();
-    row.head(last + 1) /= row.head(last + 1).sum();
+    const float sum = row.head(last + 1).sum();
+    row.head(last + 1) /= sum;
+    if (lse) (*lse)(i) = static_cast<double>(m) + std::log(static_cast<double>(sum));
     if (last + 1 < s.cols()) row.tail(s.cols() - last - 1).setZero();
   }
 }

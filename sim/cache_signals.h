@@ -23,8 +23,9 @@ using StridedMap = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
 // whatever address the allocator returns (bit-reproducible runs).
 using FloatBuffer = std::vector<float, Eigen::aligned_allocator<float>>;
 
-// Row-wise causal softmax in place: row i may see keys [0, limit[i]]; the rest become 0.
-void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit);
+// Row-wise causal softmax in place: row i may see keys [0, limit[i]]; the rest become 0. With
+// lse, also each row's logsumexp over the keys it sees (-inf for a row that sees none).
+void causal_softmax(Mat& s, const std::vector<std::int64_t>& limit, Eigen::VectorXd* lse = nullptr);
 
 // The cache at one compression point: per KV head the tokens it holds (increasing) and their
 // K/V rows; per query head the evaluation rows' attention restricted to them (the oracle signal).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 
 #include "core/error.h"
 #include "policies/codec.h"
@@ -98,6 +99,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   prefix.values.resize(static_cast<std::size_t>(Hkv));
   prefix.future.resize(static_cast<std::size_t>(Hq));
   std::vector<Eigen::VectorXf> tail_mass(attn.size());
+  std::vector<Eigen::VectorXd> lse(attn.size());
   // KVzip's reconstruction pass, when a policy scores with it and the capture recorded it.
   const bool want_repeat = std::any_of(configs_.begin(), configs_.end(), [](const ReplayConfig& cfg) {
     return cfg.impl->needs_repeat_pass();
@@ -110,6 +112,12 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     repeat.rows = table.rows;
     prefix.repeat = &repeat;
   }
+  // Phase A hands out the configs that score their own logits (encoded caches, several times an
+  // eviction config's work) first, so the layer does not end on one of them running alone.
+  std::vector<std::size_t> heavy_first(P);
+  std::iota(heavy_first.begin(), heavy_first.end(), std::size_t{0});
+  std::stable_partition(heavy_first.begin(), heavy_first.end(),
+                        [&](std::size_t p) { return configs_[p].impl->codec() != nullptr; });
   for (int layer = 0; layer < L; ++layer) {
     auto t0 = Clock::now();
     reader_.read_layer(request_id, Tensor::K, layer, kbuf);
@@ -142,7 +150,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       const Mat qs = qe * (1.0f / std::sqrt(static_cast<float>(d)));
       attn[i].noalias() = qs * kh[static_cast<std::size_t>(qh / G)].transpose();
       if (keep_logits) logits[i] = attn[i];
-      causal_softmax(attn[i], eval_limit);
+      causal_softmax(attn[i], eval_limit, keep_logits ? &lse[i] : nullptr);
       const Mat& v = full_v[static_cast<std::size_t>(qh / G)];
       out[i].noalias() = attn[i] * v;
       out_tail[i].noalias() = attn[i].rightCols(T - c) * v.bottomRows(T - c);
@@ -152,9 +160,10 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     attention_s += since(t0);
     t0 = Clock::now();
     const CacheSignals signals(ctx, g, layer, c, h, qbuf, prefix);
+    CodedScores coded;
 
     const LayerWork work{g,        layer, c,        E,   T,    prefill_chunk_, ctx, h, qbuf, full_k, eval_limit,
-                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval, logits};
+                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval, logits, lse, coded};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
     std::exception_ptr failure;
     auto guard = [&](auto&& fn) {
@@ -168,8 +177,10 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     // Phase A: plans (decode-time configs run to the end here).
     std::vector<std::optional<OneShot>> planned(P);
 #pragma omp parallel for schedule(dynamic)
-    for (std::size_t p = 0; p < P; ++p)
+    for (std::size_t k = 0; k < P; ++k) {
+      const std::size_t p = heavy_first[k];
       guard([&] { planned[p] = plan_config(p, configs_[p], budgets[p].tokens, work, acc[p]); });
+    }
     if (failure) std::rethrow_exception(failure);
     std::vector<OneShot> shots;
     for (auto& s : planned)

@@ -21,94 +21,171 @@ struct RowMetrics {
   std::vector<std::vector<double>> recall, kl, err;  // [Hq][E]
   RowMetrics(int hq, std::int64_t e)
       : recall(static_cast<std::size_t>(hq), std::vector<double>(static_cast<std::size_t>(e))), kl(recall), err(recall) {}
+  explicit RowMetrics(const CodedScore& done) : recall(done.recall), kl(done.kl), err(done.err) {}
+};
+
+// Maximal runs of consecutive token indices in a head's (increasing) token list: the cache's
+// slices that gather, and compare with the exact rows, as contiguous blocks. Kept sets are mostly
+// long runs (every token, windows, segments), so this replaces per-element gathers.
+struct Run {
+  Eigen::Index at, token, len;  // cache slots [at, at + len) hold tokens [token, token + len)
+};
+
+std::vector<Run> runs_of(const std::vector<std::int32_t>& tokens) {
+  std::vector<Run> runs;
+  for (std::size_t m = 0; m < tokens.size(); ++m) {
+    if (!runs.empty() && runs.back().token + runs.back().len == tokens[m]) ++runs.back().len;
+    else runs.push_back({static_cast<Eigen::Index>(m), tokens[m], 1});
+  }
+  return runs;
+}
+
+// The gaps between the runs within [0, end): the tokens a head does not hold.
+std::vector<Run> gaps_of(const std::vector<Run>& runs, Eigen::Index end) {
+  std::vector<Run> gaps;
+  Eigen::Index next = 0;
+  for (const Run& r : runs) {
+    if (r.token > next) gaps.push_back({0, next, r.token - next});
+    next = r.token + r.len;
+  }
+  if (end > next) gaps.push_back({0, next, end - next});
+  return gaps;
+}
+
+struct ExpSums {
+  double sum = 0, shift = 0;
+  ExpSums& operator+=(const ExpSums& o) {
+    sum += o.sum;
+    shift += o.shift;
+    return *this;
+  }
+};
+
+// x[m] <- exp(x[m] - mx) over [0, n), returning the sum of the exps and, with `exact`, the sum of
+// exp * (x - exact): one pass, in cache-sized chunks, instead of a difference matrix.
+ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
+  constexpr Eigen::Index chunk = 512;
+  ExpSums out;
+  Eigen::Array<float, Eigen::Dynamic, 1, 0, chunk, 1> z;
+  for (Eigen::Index b = 0; b < n; b += chunk) {
+    const Eigen::Index len = std::min(chunk, n - b);
+    Eigen::Map<Eigen::ArrayXf> xs(x + b, len);
+    z = (xs - mx).exp();
+    if (exact) out.shift += static_cast<double>((z * (xs - Eigen::Map<const Eigen::ArrayXf>(exact + b, len))).sum());
+    out.sum += static_cast<double>(z.sum());
+    xs = z;
+  }
+  return out;
+}
+
+// A per-thread matrix that only grows: the scorer's work matrices (megabytes each) would
+// otherwise be mapped and faulted in again for every head of every config.
+class Scratch {
+ public:
+  Eigen::Map<Mat> get(Eigen::Index rows, Eigen::Index cols) {
+    if (static_cast<Eigen::Index>(data_.size()) < rows * cols) data_.resize(static_cast<std::size_t>(rows * cols));
+    return {data_.data(), rows, cols};
+  }
+
+ private:
+  FloatBuffer data_;
 };
 
 // Scores evaluation rows [i0, i1) on an encoded cache: every row attends over the heads' cached
 // tokens as their codec reads them back, plus the exact tokens from t0 on (causally). Reconstructed
-// keys change the logits, so no partial output can be shared with other configs: per query head
-// one GEMM for the logits and one for the output; the exact logits come from the shared pass. Per
-// row: recall = full attention mass on what the row sees, KL(compressed || full) from the kept
-// tokens' logit shifts and the two normalisers (no per-element logarithms; as eviction's -log
-// recall when nothing is encoded), and the output's relative error.
+// keys change the logits, so no partial output can be shared with other configs: per KV head one
+// GEMM for the logits and one for the output, the group's query heads stacked; the exact logits
+// and the full rows' normalisers come from the shared pass. Per row: recall = full attention mass
+// on what the row sees, KL(compressed || full) from the kept tokens' logit shifts and the two
+// normalisers (no per-element logarithms; as eviction's -log recall when nothing is encoded), and
+// the output's relative error.
 void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::int64_t t0, std::int64_t i0,
                 std::int64_t i1, const LayerWork& w, RowMetrics& out) {
   const int Hkv = w.g.n_kv_heads, G = w.g.group(), d = w.g.head_dim, Hq = w.g.n_q_heads;
   const std::int64_t rows = i1 - i0, tail = w.T - t0;
   if (rows <= 0) return;
-  if (w.logits.size() != static_cast<std::size_t>(Hq) || w.logits.front().rows() != w.E)
+  if (w.logits.size() != static_cast<std::size_t>(Hq) || w.logits.front().rows() != w.E ||
+      w.lse.size() != static_cast<std::size_t>(Hq))
     throw Error("replay: encoded configs need the shared logits");
+  thread_local Scratch k_buf, v_buf, q_buf, s_buf, o_buf;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<std::int32_t> positions;
   for (int kv = 0; kv < Hkv; ++kv) {
     const CodedHead& ch = heads[static_cast<std::size_t>(kv)];
     const auto nk = static_cast<Eigen::Index>(ch.tokens.size());
+    const std::vector<Run> runs = runs_of(ch.tokens);
     const Mat& K = w.full_k[static_cast<std::size_t>(kv)];
     const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
-    Mat kh(nk, d), vh(nk, d);
-    std::vector<std::int32_t> positions(static_cast<std::size_t>(nk));
-    for (Eigen::Index m = 0; m < nk; ++m) {
-      const auto j = ch.tokens[static_cast<std::size_t>(m)];
-      kh.row(m) = K.row(j);
-      vh.row(m) = V.row(j);
-      positions[static_cast<std::size_t>(m)] = w.h.positions[static_cast<std::size_t>(j)];
+    auto kh = k_buf.get(nk, d);
+    auto vh = v_buf.get(nk, d);
+    positions.resize(static_cast<std::size_t>(nk));
+    for (const Run& r : runs) {
+      kh.middleRows(r.at, r.len) = K.middleRows(r.token, r.len);
+      vh.middleRows(r.at, r.len) = V.middleRows(r.token, r.len);
+      std::copy_n(w.h.positions.begin() + r.token, r.len, positions.begin() + r.at);
     }
     codec.reconstruct(ch.plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
                       {vh.data(), static_cast<std::size_t>(vh.size())});
+    // The group's query heads stacked: row r * rows + x is head kv * G + r at evaluation row i0 + x.
+    auto qs = q_buf.get(G * rows, d);
+    for (int r = 0; r < G; ++r)
+      qs.middleRows(r * rows, rows) =
+          StridedMap(w.q.data() + ((w.first_eval + i0) * Hq + kv * G + r) * d, rows, d, Eigen::OuterStride<>(Hq * d)) * scale;
+    auto s = s_buf.get(G * rows, nk + tail);
+    s.leftCols(nk).noalias() = qs * kh.transpose();
+    const std::vector<Run> gaps = gaps_of(runs, t0);
+    Eigen::Index kept_len = 0, gap_len = 0;
+    for (const Run& r : runs) kept_len += r.len;
+    for (const Run& r : gaps) gap_len += r.len;
+    std::vector<double> inv_sum(static_cast<std::size_t>(G * rows));
     for (int r = 0; r < G; ++r) {
-      const int qh = kv * G + r;
-      const auto qi = static_cast<std::size_t>(qh);
-      const StridedMap qe(w.q.data() + ((w.first_eval + i0) * Hq + qh) * d, rows, d, Eigen::OuterStride<>(Hq * d));
-      const Mat qs = qe * scale;
-      // Logits over [kept (reconstructed) | tail (exact)], and each kept token's shift from its
-      // exact logit: the shifts are all KL needs.
+      const auto qi = static_cast<std::size_t>(kv * G + r);
       const Mat& Lx = w.logits[qi];
-      Mat s(rows, nk + tail), delta(rows, nk);
-      s.leftCols(nk).noalias() = qs * kh.transpose();
-      s.rightCols(tail) = Lx.block(i0, t0, rows, tail);
-      for (std::int64_t x = 0; x < rows; ++x) {
-        const float* exact = Lx.row(i0 + x).data();
-        const float* got = s.row(x).data();
-        float* shift = delta.row(x).data();
-        for (Eigen::Index m = 0; m < nk; ++m) shift[m] = got[m] - exact[ch.tokens[static_cast<std::size_t>(m)]];
-      }
       const Mat& A = w.attn[qi];
-      std::vector<double> lse_q(static_cast<std::size_t>(rows)), lse_p(static_cast<std::size_t>(rows));
+      s.block(r * rows, nk, rows, tail) = Lx.block(i0, t0, rows, tail);
       for (std::int64_t x = 0; x < rows; ++x) {
-        const std::int64_t i = i0 + x;
-        // The full row's logsumexp from its largest probability: p_j = exp(logit_j - lse).
+        const std::int64_t i = i0 + x, y = r * rows + x;
         const Eigen::Index last = w.eval_tokens[static_cast<std::size_t>(i)];
-        Eigen::Index jmax = 0;
-        A.row(i).head(last + 1).maxCoeff(&jmax);
-        lse_p[static_cast<std::size_t>(x)] = static_cast<double>(Lx(i, jmax)) - std::log(static_cast<double>(A(i, jmax)));
-        // The compressed row's softmax, causal on the tail, with its logsumexp.
-        auto row = s.row(x);
-        const Eigen::Index seen = nk + (last - t0) + 1;
-        const float mx = row.head(seen).maxCoeff();
-        row.head(seen) = (row.head(seen).array() - mx).exp();
-        const double sum = row.head(seen).sum();
-        row.head(seen) /= static_cast<float>(sum);
-        if (seen < row.size()) row.tail(row.size() - seen).setZero();
-        lse_q[static_cast<std::size_t>(x)] = mx + std::log(sum);
-      }
-      Mat o(rows, d);
-      o.noalias() = s.leftCols(nk) * vh;
-      o.noalias() += s.rightCols(tail) * V.bottomRows(tail);
-      for (std::int64_t x = 0; x < rows; ++x) {
-        const std::int64_t i = i0 + x;
-        const Eigen::Index last = w.eval_tokens[static_cast<std::size_t>(i)];
-        // KL(q || p) = sum_j q_j (log q_j - log p_j); on the tail the logits agree, so only the
-        // kept tokens' logit shifts remain, plus the two normalisers.
-        double mass = static_cast<double>(A.row(i).segment(t0, last - t0 + 1).sum()), shift = 0;
-        for (Eigen::Index m = 0; m < nk; ++m) {
-          mass += A(i, ch.tokens[static_cast<std::size_t>(m)]);
-          shift += static_cast<double>(s(x, m)) * delta(x, m);
+        // Recall: the full attention mass on what the row sees, summed over the kept runs or, when
+        // those are longer, as one minus the mass on the gaps (a full row sums to one).
+        double mass = 0;
+        if (kept_len <= gap_len) {
+          for (const Run& run : runs) mass += static_cast<double>(A.row(i).segment(run.token, run.len).sum());
+          mass += static_cast<double>(A.row(i).segment(t0, last - t0 + 1).sum());
+        } else {
+          mass = 1.0;
+          for (const Run& gap : gaps) mass -= static_cast<double>(A.row(i).segment(gap.token, gap.len).sum());
         }
-        const double div = shift + lse_p[static_cast<std::size_t>(x)] - lse_q[static_cast<std::size_t>(x)];
-        const auto full = w.out[qi].row(i);
-        const double norm = full.squaredNorm();
+        // The compressed row's softmax (left unnormalised: the output is scaled afterwards),
+        // causal on the tail, with the kept tokens' exp-weighted logit shifts from the exact
+        // logits in the same pass: KL(q || p) = sum_j q_j (log q_j - log p_j) = the q-weighted
+        // shift + lse_p - lse_q, since the tail's logits agree.
+        float* row = s.row(y).data();
+        const Eigen::Index seen = nk + (last - t0) + 1;
+        const float mx = Eigen::Map<const Eigen::ArrayXf>(row, seen).maxCoeff();
+        ExpSums sums;
+        for (const Run& run : runs) sums += exp_shift(row + run.at, Lx.row(i).data() + run.token, run.len, mx);
+        sums += exp_shift(row + nk, nullptr, seen - nk, mx);
+        std::fill(row + seen, row + nk + tail, 0.0f);
+        inv_sum[static_cast<std::size_t>(y)] = 1.0 / sums.sum;
+        const double lse_q = mx + std::log(sums.sum);
+        const double div = sums.shift / sums.sum + w.lse[qi](i) - lse_q;
         const auto ii = static_cast<std::size_t>(i);
         out.recall[qi][ii] = std::clamp(mass, 1e-30, 1.0);
         out.kl[qi][ii] = std::max(div, 0.0);
-        out.err[qi][ii] = norm > 0 ? std::sqrt((o.row(x) - full).squaredNorm() / norm) : 0.0;
+      }
+    }
+    auto o = o_buf.get(G * rows, d);
+    o.noalias() = s.leftCols(nk) * vh;
+    o.noalias() += s.rightCols(tail) * V.bottomRows(tail);
+    for (int r = 0; r < G; ++r) {
+      const auto qi = static_cast<std::size_t>(kv * G + r);
+      for (std::int64_t x = 0; x < rows; ++x) {
+        const std::int64_t i = i0 + x, y = r * rows + x;
+        const auto full = w.out[qi].row(i);
+        const double norm = full.squaredNorm();
+        const auto got = o.row(y) * static_cast<float>(inv_sum[static_cast<std::size_t>(y)]);
+        out.err[qi][static_cast<std::size_t>(i)] = norm > 0 ? std::sqrt((got - full).squaredNorm() / norm) : 0.0;
       }
     }
   }
@@ -187,9 +264,29 @@ void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWor
     a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(nk + (i + 1) * w.g.n_kv_heads);
     a.saving_after_step[static_cast<std::size_t>(i)] += saving;
   }
+  // A plan this layer has already scored (same codec, same encoding, same codec data) reuses it.
+  auto same = [&](const CodedScore& done) {
+    if (done.codec != &codec || done.plan.heads.size() != plan.heads.size()) return false;
+    for (std::size_t k = 0; k < plan.heads.size(); ++k) {
+      const HeadPlan &x = plan.heads[k], &y = done.plan.heads[k];
+      if (x.codec != y.codec || x.rank != y.rank || x.data != y.data) return false;
+    }
+    return true;
+  };
+  {
+    const std::lock_guard<std::mutex> lock(w.coded.mu);
+    for (const auto& done : w.coded.done)
+      if (same(*done)) {
+        add_rows(w, RowMetrics(*done), a);
+        return;
+      }
+  }
   RowMetrics m(w.g.n_q_heads, w.E);
   score_rows(codec, heads, w.c, 0, w.E, w, m);
   add_rows(w, m, a);
+  auto done = std::make_shared<CodedScore>(CodedScore{&codec, plan, m.recall, m.kl, m.err});
+  const std::lock_guard<std::mutex> lock(w.coded.mu);
+  w.coded.done.push_back(std::move(done));
 }
 
 // Encoded plans whose policy re-encodes (re-tiers) or evicts while decoding. The walk: at each

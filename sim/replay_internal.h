@@ -51,6 +51,18 @@ struct Accumulator {
 };
 
 // Everything one layer shares across configs.
+// Metrics of one-shot encoded plans already scored in a layer: configs whose plans come out
+// identical (say, every budget at which a quantizer already keeps every token) score once.
+struct CodedScore {
+  const void* codec = nullptr;
+  LayerPlan plan;
+  std::vector<std::vector<double>> recall, kl, err;  // [Hq][E]
+};
+struct CodedScores {
+  std::mutex mu;
+  std::vector<std::shared_ptr<const CodedScore>> done;
+};
+
 struct LayerWork {
   const KvGeometry& g;
   int layer;
@@ -69,6 +81,8 @@ struct LayerWork {
   const std::vector<Mat>& full_v;     // [Hkv] T x d
   std::int64_t first_eval;            // row of q holding the first evaluation query
   const std::vector<Mat>& logits;     // [Hq] E x T scaled logits before the softmax (kept when a codec config needs them)
+  const std::vector<Eigen::VectorXd>& lse;  // [Hq] E: logsumexp of each full row (with logits)
+  CodedScores& coded;                       // this layer's scored encoded plans
 };
 
 // A one-shot config's keep-sets in one layer: a bitset over the c cached tokens per query head
