@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "policies/basis_set.h"
+#include "policies/scratch_matrix.h"
 
 namespace kvsim {
 
@@ -32,15 +33,6 @@ RopeTable& rope_table(const RopeSpec& s) {
       return t;
   tables.emplace_back(s);
   return tables.back();
-}
-
-// Per-thread work matrices that only grow: reconstruction runs once per config and layer, and
-// fresh megabyte buffers would be mapped and faulted in each time.
-Eigen::Map<RowMat> scratch(int slot, Eigen::Index rows, Eigen::Index cols) {
-  thread_local std::vector<float> buffers[4];
-  auto& b = buffers[slot];
-  if (static_cast<Eigen::Index>(b.size()) < rows * cols) b.resize(static_cast<std::size_t>(rows * cols));
-  return {b.data(), rows, cols};
 }
 
 RowMat unrotated_keys(const KvGeometry& g, std::span<const float> keys, std::span<const std::int32_t> positions) {
@@ -187,7 +179,8 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
   // Each LowRank row's coefficients beyond its rank are zeroed, then all rows are rebuilt by one
   // GEMM per tensor (ranks differ per token, the basis does not).
   const auto m = static_cast<Eigen::Index>(std::count(plan.codec.begin(), plan.codec.end(), TokenCodec::LowRank));
-  auto ck = scratch(0, m, d), cv = scratch(1, m, d);
+  thread_local ScratchMatrix ck_buf, cv_buf, kr_buf, vr_buf;
+  auto ck = ck_buf.get(m, d), cv = cv_buf.get(m, d);
   ck.setZero();
   cv.setZero();
   std::size_t row = 0;
@@ -205,7 +198,7 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
       ++row;
     }
   }
-  auto kr = scratch(2, m, d), vr = scratch(3, m, d);
+  auto kr = kr_buf.get(m, d), vr = vr_buf.get(m, d);
   kr.noalias() = ck * uk.transpose();
   vr.noalias() = cv * uv.transpose();
   Eigen::Index i = 0;

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "policies/codec.h"
+#include "policies/scratch_matrix.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim::replay_detail {
@@ -78,19 +79,6 @@ ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
   return out;
 }
 
-// A per-thread matrix that only grows: the scorer's work matrices (megabytes each) would
-// otherwise be mapped and faulted in again for every head of every config.
-class Scratch {
- public:
-  Eigen::Map<Mat> get(Eigen::Index rows, Eigen::Index cols) {
-    if (static_cast<Eigen::Index>(data_.size()) < rows * cols) data_.resize(static_cast<std::size_t>(rows * cols));
-    return {data_.data(), rows, cols};
-  }
-
- private:
-  FloatBuffer data_;
-};
-
 // Scores evaluation rows [i0, i1) on an encoded cache: every row attends over the heads' cached
 // tokens as their codec reads them back, plus the exact tokens from t0 on (causally). Reconstructed
 // keys change the logits, so no partial output can be shared with other configs: per KV head one
@@ -107,7 +95,7 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
   if (w.logits.size() != static_cast<std::size_t>(Hq) || w.logits.front().rows() != w.E ||
       w.lse.size() != static_cast<std::size_t>(Hq))
     throw Error("replay: encoded configs need the shared logits");
-  thread_local Scratch k_buf, v_buf, q_buf, s_buf, o_buf;
+  thread_local ScratchMatrix k_buf, v_buf, q_buf, s_buf, o_buf;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<std::int32_t> positions;
   for (int kv = 0; kv < Hkv; ++kv) {
@@ -133,10 +121,9 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
           StridedMap(w.q.data() + ((w.first_eval + i0) * Hq + kv * G + r) * d, rows, d, Eigen::OuterStride<>(Hq * d)) * scale;
     auto s = s_buf.get(G * rows, nk + tail);
     s.leftCols(nk).noalias() = qs * kh.transpose();
-    const std::vector<Run> gaps = gaps_of(runs, t0);
-    Eigen::Index kept_len = 0, gap_len = 0;
-    for (const Run& r : runs) kept_len += r.len;
-    for (const Run& r : gaps) gap_len += r.len;
+    // The head holds nk of the t0 tokens before the tail; recall sums whichever side is shorter.
+    const bool sum_kept = nk <= t0 - nk;
+    const std::vector<Run> gaps = sum_kept ? std::vector<Run>{} : gaps_of(runs, t0);
     std::vector<double> inv_sum(static_cast<std::size_t>(G * rows));
     for (int r = 0; r < G; ++r) {
       const auto qi = static_cast<std::size_t>(kv * G + r);
@@ -149,7 +136,7 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
         // Recall: the full attention mass on what the row sees, summed over the kept runs or, when
         // those are longer, as one minus the mass on the gaps (a full row sums to one).
         double mass = 0;
-        if (kept_len <= gap_len) {
+        if (sum_kept) {
           for (const Run& run : runs) mass += static_cast<double>(A.row(i).segment(run.token, run.len).sum());
           mass += static_cast<double>(A.row(i).segment(t0, last - t0 + 1).sum());
         } else {
