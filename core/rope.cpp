@@ -15,15 +15,27 @@ double rope_frequency(const RopeSpec& s, int i) {
 namespace {
 
 // Rotates each pair i of n_heads vectors by the angle whose cosine and sine are c[i], sn[i].
+// The pairing is resolved outside the loops so that the inner one vectorises (low-rank replay
+// rotates every reconstructed key; same arithmetic per element as a per-pair loop).
 void rotate_pairs(const RopeSpec& s, float* x, int n_heads, const float* c, const float* sn, bool inverse) {
-  for (int i = 0; i < s.rope_dim / 2; ++i) {
-    const float ci = c[i], si = inverse ? -sn[i] : sn[i];
-    const int a = rope_pair_first(s, i), b = rope_pair_second(s, i);
-    for (int h = 0; h < n_heads; ++h) {
-      float* v = x + static_cast<std::int64_t>(h) * s.head_dim;
-      const float x0 = v[a], x1 = v[b];
-      v[a] = x0 * ci - x1 * si;
-      v[b] = x0 * si + x1 * ci;
+  const int pairs = s.rope_dim / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<std::int64_t>(h) * s.head_dim;
+    if (s.type == RopeType::Neox) {
+      float* lo = v;
+      float* hi = v + pairs;
+      for (int i = 0; i < pairs; ++i) {
+        const float ci = c[i], si = sign * sn[i], x0 = lo[i], x1 = hi[i];
+        lo[i] = x0 * ci - x1 * si;
+        hi[i] = x0 * si + x1 * ci;
+      }
+    } else {
+      for (int i = 0; i < pairs; ++i) {
+        const float ci = c[i], si = sign * sn[i], x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * ci - x1 * si;
+        v[2 * i + 1] = x0 * si + x1 * ci;
+      }
     }
   }
 }

@@ -180,7 +180,11 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
   // GEMM per tensor (ranks differ per token, the basis does not).
   const auto m = static_cast<Eigen::Index>(std::count(plan.codec.begin(), plan.codec.end(), TokenCodec::LowRank));
   thread_local ScratchMatrix ck_buf, cv_buf, kr_buf, vr_buf;
-  auto ck = ck_buf.get(m, d), cv = cv_buf.get(m, d);
+  // Only the first r_max basis directions take part (no row has coefficients beyond them).
+  Eigen::Index r_max = 0;
+  for (std::size_t j = 0; j < plan.codec.size(); ++j)
+    if (plan.codec[j] == TokenCodec::LowRank) r_max = std::max<Eigen::Index>(r_max, std::min<Eigen::Index>(plan.rank.at(j), d));
+  auto ck = ck_buf.get(m, r_max), cv = cv_buf.get(m, r_max);
   ck.setZero();
   cv.setZero();
   std::size_t row = 0;
@@ -199,8 +203,8 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
     }
   }
   auto kr = kr_buf.get(m, d), vr = vr_buf.get(m, d);
-  kr.noalias() = ck * uk.transpose();
-  vr.noalias() = cv * uv.transpose();
+  kr.noalias() = ck * uk.leftCols(r_max).transpose();
+  vr.noalias() = cv * uv.leftCols(r_max).transpose();
   Eigen::Index i = 0;
   row = 0;
   RopeTable& rope = rope_table(g.rope);
