@@ -1,0 +1,51 @@
+#pragma once
+// CPU reference of the CUDA transformer backend (gpu/cuda_transformer.h): the same forward pass,
+// cache layout and rounding points in plain loops with double accumulation, the ground truth the
+// parity harness holds the GPU against. With DeviceWeights::F16 it rounds exactly where the GPU
+// path does (weights, every GEMM input, the KV cache), so the two differ only in summation order.
+// tests/test_transformer_ref.cpp holds it against the Eigen engine (capture/llama_model.h).
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "gpu/transformer_shape.h"
+
+namespace kvsim::gpu {
+
+class TransformerRef {
+ public:
+  TransformerRef(const TransformerShape& s, DeviceWeights w);
+  const TransformerShape& shape() const { return s_; }
+  void set_weight(WeightId id, int layer, std::span<const float> data);  // throws on a size mismatch
+  WeightSink sink();
+
+  void reset();                                                  // every layer: n_head_kv empty entries
+  void load_layer(int layer, std::span<const HostEntry> entries);  // replaces a layer's cache
+  int entries(int layer) const;
+  std::int64_t rows(int layer, int entry) const;
+  std::span<const float> entry_k(int layer, int entry) const;
+  std::span<const float> entry_v(int layer, int entry) const;
+
+  // Appends the tokens at `positions` to every entry and returns the logits [rows, vocab] of
+  // `logit_rows`; `on_layer` sees each layer's new rows (q only with want_q). With record_last,
+  // last_attention() then holds each query head's softmax of the last row over its entry.
+  std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                             std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
+                             const LayerCallback& on_layer = {});
+  std::span<const float> last_attention(int layer, int q_head) const;
+
+ private:
+  struct Entry {
+    std::vector<float> k, v;
+  };
+  const std::vector<float>& w(WeightId id, int layer) const;
+  TransformerShape s_;
+  DeviceWeights dw_;
+  std::vector<std::vector<float>> weights_;  // [(layer + 1) * n_ids + id]
+  std::vector<std::vector<Entry>> cache_;
+  std::vector<std::vector<std::vector<float>>> last_;  // [layer][q head]
+  std::vector<float> cos_, sin_;
+  std::int64_t rope_rows_ = 0;
+};
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,112 @@
+#include "gpu/transformer_shape.h"
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+namespace kvsim::gpu {
+
+void TransformerShape::check() const {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("transformer shape: " + what); };
+  if (n_layers <= 0) bad("n_layers must be > 0");
+  if (n_embd <= 0 || n_ff <= 0 || vocab <= 0) bad("n_embd, n_ff and vocab must be > 0");
+  if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0)
+    bad("n_head (" + std::to_string(n_head) + ") must be a positive multiple of n_head_kv (" + std::to_string(n_head_kv) + ")");
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 256) bad("head_dim must be even and in [2, 256]");
+  if (rope.head_dim != head_dim || rope.rope_dim <= 0 || rope.rope_dim > head_dim || rope.rope_dim % 2 != 0)
+    bad("rope dims must be even and within head_dim");
+}
+
+const char* device_weights_name(DeviceWeights w) { return w == DeviceWeights::F16 ? "f16" : "f32"; }
+
+const char* weight_id_name(WeightId id) {
+  switch (id) {
+    case WeightId::TokenEmbd: return "token_embd";
+    case WeightId::Output: return "output";
+    case WeightId::OutputNorm: return "output_norm";
+    case WeightId::AttnNorm: return "attn_norm";
+    case WeightId::FfnNorm: return "ffn_norm";
+    case WeightId::Wq: return "attn_q";
+    case WeightId::Wk: return "attn_k";
+    case WeightId::Wv: return "attn_v";
+    case WeightId::Wo: return "attn_output";
+    case WeightId::Wgate: return "ffn_gate";
+    case WeightId::Wup: return "ffn_up";
+    case WeightId::Wdown: return "ffn_down";
+    case WeightId::Bq: return "attn_q.bias";
+    case WeightId::Bk: return "attn_k.bias";
+    case WeightId::Bv: return "attn_v.bias";
+  }
+  return "?";
+}
+
+bool is_per_layer(WeightId id) {
+  return id != WeightId::TokenEmbd && id != WeightId::Output && id != WeightId::OutputNorm;
+}
+
+std::pair<std::int64_t, std::int64_t> weight_shape(const TransformerShape& s, WeightId id) {
+  switch (id) {
+    case WeightId::TokenEmbd:
+    case WeightId::Output: return {s.vocab, s.n_embd};
+    case WeightId::OutputNorm:
+    case WeightId::AttnNorm:
+    case WeightId::FfnNorm: return {1, s.n_embd};
+    case WeightId::Wq: return {s.q_dim(), s.n_embd};
+    case WeightId::Wk:
+    case WeightId::Wv: return {s.kv_dim(), s.n_embd};
+    case WeightId::Wo: return {s.n_embd, s.q_dim()};
+    case WeightId::Wgate:
+    case WeightId::Wup: return {s.n_ff, s.n_embd};
+    case WeightId::Wdown: return {s.n_embd, s.n_ff};
+    case WeightId::Bq: return {1, s.q_dim()};
+    case WeightId::Bk:
+    case WeightId::Bv: return {1, s.kv_dim()};
+  }
+  return {0, 0};
+}
+
+std::vector<std::pair<WeightId, int>> weight_list(const TransformerShape& s) {
+  std::vector<std::pair<WeightId, int>> out{{WeightId::TokenEmbd, -1}, {WeightId::OutputNorm, -1}};
+  if (!s.tied_embeddings) out.emplace_back(WeightId::Output, -1);
+  for (int l = 0; l < s.n_layers; ++l) {
+    for (WeightId id : {WeightId::AttnNorm, WeightId::FfnNorm, WeightId::Wq, WeightId::Wk, WeightId::Wv, WeightId::Wo,
+                        WeightId::Wgate, WeightId::Wup, WeightId::Wdown})
+      out.emplace_back(id, l);
+    if (s.has_bias)
+      for (WeightId id : {WeightId::Bq, WeightId::Bk, WeightId::Bv}) out.emplace_back(id, l);
+  }
+  return out;
+}
+
+void random_weights(const TransformerShape& s, std::uint64_t seed, const WeightSink& sink) {
+  s.check();
+  std::vector<float> buf;
+  std::uint64_t n_tensor = 0;
+  for (const auto& [id, layer] : weight_list(s)) {
+    const auto [rows, cols] = weight_shape(s, id);
+    buf.resize(static_cast<std::size_t>(rows * cols));
+    // One stream per tensor: a tensor's values do not depend on which tensors came before it.
+    std::mt19937_64 rng(seed * 1000003u + n_tensor++);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    float mean = 0.0f, sd = 1.0f;
+    if (id == WeightId::AttnNorm || id == WeightId::FfnNorm || id == WeightId::OutputNorm) mean = 1.0f, sd = 0.1f;
+    else if (id == WeightId::Bq || id == WeightId::Bk || id == WeightId::Bv) sd = 0.02f;
+    else if (id != WeightId::TokenEmbd) sd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols)));
+    for (auto& x : buf) x = mean + sd * nd(rng);
+    sink(id, layer, buf);
+  }
+}
+
+void rope_tables(const RopeSpec& s, std::int64_t rows, std::vector<float>& cos_t, std::vector<float>& sin_t) {
+  const int pairs = s.rope_dim / 2;
+  cos_t.resize(static_cast<std::size_t>(rows * pairs));
+  sin_t.resize(cos_t.size());
+  for (std::int64_t p = 0; p < rows; ++p)
+    for (int i = 0; i < pairs; ++i) {
+      const double angle = static_cast<double>(p) * rope_frequency(s, i);
+      cos_t[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::cos(angle));
+      sin_t[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::sin(angle));
+    }
+}
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,77 @@
+#pragma once
+// What the GPU transformer backend and its CPU reference agree on, in plain C++ (no CUDA, no
+// GGUF): the model's geometry, which weight tensors exist and their shapes, the KV-cache entry
+// layout, and synthetic random weights for checking the backend where real ones cannot travel.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/rope.h"
+
+namespace kvsim::gpu {
+
+struct TransformerShape {
+  int n_layers = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
+  std::int64_t vocab = 0;
+  double rms_eps = 1e-5;
+  RopeSpec rope;
+  bool has_bias = false;         // Q/K/V biases (qwen2)
+  bool tied_embeddings = false;  // logits from token_embd (no output tensor)
+  std::int64_t q_dim() const { return static_cast<std::int64_t>(n_head) * head_dim; }
+  std::int64_t kv_dim() const { return static_cast<std::int64_t>(n_head_kv) * head_dim; }
+  int group() const { return n_head / n_head_kv; }
+  void check() const;  // throws naming the inconsistent field
+};
+
+// How the GPU keeps the weights: dequantized once to fp16 (GEMMs on fp16 inputs, fp32
+// accumulation) or fp32 (slower, for tight parity with the CPU engine).
+enum class DeviceWeights { F16, F32 };
+const char* device_weights_name(DeviceWeights w);
+
+enum class WeightId { TokenEmbd, Output, OutputNorm, AttnNorm, FfnNorm, Wq, Wk, Wv, Wo, Wgate, Wup, Wdown, Bq, Bk, Bv };
+const char* weight_id_name(WeightId id);
+bool is_per_layer(WeightId id);
+// [rows, cols] of a weight (vectors: rows = 1), row-major, y = x W^T for matrices.
+std::pair<std::int64_t, std::int64_t> weight_shape(const TransformerShape& s, WeightId id);
+// Every tensor the shape needs, in load order (layer -1 for global ones).
+std::vector<std::pair<WeightId, int>> weight_list(const TransformerShape& s);
+
+// Receives one tensor (f32, row-major, exactly weight_shape's size).
+using WeightSink = std::function<void(WeightId, int layer, std::span<const float>)>;
+
+// Deterministic random weights: matrices N(0, 1/cols), norms 1 + N(0, 0.1^2), biases N(0, 0.02^2),
+// embeddings N(0, 1): activations stay O(1) through any depth, attention is neither flat nor one-hot.
+void random_weights(const TransformerShape& s, std::uint64_t seed, const WeightSink& sink);
+
+// One cache entry's rows, host side: k and v [rows, head_dim] (f16-valued floats).
+struct HostEntry {
+  std::int64_t rows = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
+// Entry layout rule shared by both backends: a layer holds one entry per KV head, or, after a
+// per-query-head plan, one per query head; query head h reads entry h or h / group.
+inline bool per_query_head(const TransformerShape& s, int entries) {
+  return entries == s.n_head && s.n_head != s.n_head_kv;
+}
+
+// What a forward pass hands out per layer for its n new rows, post-RoPE, row-major:
+// q [n, n_head, head_dim] (null unless asked for), k and v [n, n_head_kv, head_dim] f16-valued.
+struct LayerRows {
+  int layer = 0;
+  std::int64_t n = 0;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+using LayerCallback = std::function<void(const LayerRows&)>;
+
+// cos/sin of every rotary pair at positions [0, rows): [rows, rope_dim/2], computed as core/rope
+// computes them (double angles rounded to float), so both backends rotate with the same numbers.
+void rope_tables(const RopeSpec& s, std::int64_t rows, std::vector<float>& cos_t, std::vector<float>& sin_t);
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,197 @@
+// The CPU reference of the CUDA transformer (gpu/transformer_ref.h) is the parity harness's
+// ground truth, so it is itself held against the Eigen engine (capture/llama_model.h) on the real
+// SmolLM2 weights, and checked for the properties the GPU path relies on: chunking does not change
+// the result, the per-query-head cache layout reads the same rows, fp16 weights stay close to f32.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <stdexcept>
+
+#include "capture/gguf.h"
+#include "capture/llama_model.h"
+#include "capture/transformer_weights.h"
+#include "core/error.h"
+#include "gpu/transformer_ref.h"
+
+using namespace kvsim;
+using namespace kvsim::gpu;
+
+namespace {
+
+// Normalised mean squared error of `got` against `want`.
+double nmse(std::span<const float> got, std::span<const float> want) {
+  REQUIRE(got.size() == want.size());
+  double err = 0, ref = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - want[i];
+    err += e * e;
+    ref += static_cast<double>(want[i]) * want[i];
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+TransformerShape tiny_shape(RopeType rope, bool bias) {
+  TransformerShape s;
+  s.n_layers = 3;
+  s.n_embd = 48;
+  s.n_head = 6;
+  s.n_head_kv = 2;
+  s.head_dim = 8;
+  s.n_ff = 96;
+  s.vocab = 101;
+  s.rope = {rope, s.head_dim, s.head_dim, 10000.0};
+  s.has_bias = bias;
+  return s;
+}
+
+std::vector<std::int32_t> iota_tokens(std::int32_t n, std::int32_t first, std::int32_t stride, std::int64_t vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((first + i * stride) % vocab);
+  return t;
+}
+
+std::vector<std::int32_t> positions(std::int32_t from, std::int32_t n) {
+  std::vector<std::int32_t> p(static_cast<std::size_t>(n));
+  std::iota(p.begin(), p.end(), from);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transformer_ref]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  LlamaModel engine(gguf, WeightFormat::F32);
+  const TransformerShape s = transformer_shape(engine.config());
+  TransformerRef ref(s, DeviceWeights::F32);
+  load_transformer_weights(gguf, s, ref.sink());
+
+  const std::vector<std::int32_t> prompt = iota_tokens(12, 1000, 977, s.vocab);
+  const std::vector<std::int64_t> last{11};
+  std::vector<float> k0_engine, k0_ref;
+  const auto want = engine.forward(prompt, positions(0, 12), last, [&](const LayerActivations& a) {
+    if (a.layer == 0) k0_engine.assign(a.k.begin(), a.k.end());
+  });
+  const auto got = ref.forward(prompt, positions(0, 12), last, false, false, [&](const LayerRows& r) {
+    if (r.layer == 0) k0_ref.assign(r.k, r.k + r.n * s.kv_dim());
+  });
+  CHECK(nmse(k0_ref, k0_engine) < 1e-6);
+  CHECK(nmse(got, want) < 1e-6);
+
+  // Two decode steps, with the last row's attention the decode-time policies read.
+  engine.record_last_attention(true);
+  for (std::int32_t t = 0; t < 2; ++t) {
+    const std::int32_t tok = 4242 + 17 * t;
+    const auto w = engine.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0});
+    const auto g = ref.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0}, false, true);
+    INFO("decode step " << t);
+    CHECK(nmse(g, w) < 1e-6);
+    for (int layer : {0, s.n_layers - 1})
+      for (int h : {0, s.n_head - 1}) CHECK(nmse(ref.last_attention(layer, h), engine.last_attention(layer, h)) < 1e-6);
+  }
+  CHECK(ref.rows(0, 0) == 14);
+
+  // Kept in fp16 on the device, the weights move the logits only slightly.
+  TransformerRef half(s, DeviceWeights::F16);
+  load_transformer_weights(gguf, s, half.sink());
+  CHECK(nmse(half.forward(prompt, positions(0, 12), last, false, false), want) < 1e-3);
+}
+
+TEST_CASE("reference transformer: chunked prefill and decode equal one pass", "[transformer_ref]") {
+  for (const bool bias : {false, true}) {
+    const TransformerShape s = tiny_shape(bias ? RopeType::Neox : RopeType::Norm, bias);
+    TransformerRef one(s, DeviceWeights::F16), chunked(s, DeviceWeights::F16);
+    random_weights(s, 7, one.sink());
+    random_weights(s, 7, chunked.sink());
+    const auto tokens = iota_tokens(10, 3, 7, s.vocab);
+    const auto all = one.forward(tokens, positions(0, 10), std::vector<std::int64_t>{9}, false, false);
+    chunked.forward(std::span(tokens).first(6), positions(0, 6), {}, false, false);
+    chunked.forward(std::span(tokens).subspan(6, 3), positions(6, 3), {}, false, false);
+    const auto last = chunked.forward(std::span(tokens).subspan(9, 1), positions(9, 1), std::vector<std::int64_t>{0}, false, false);
+    INFO("bias " << bias);
+    CHECK(nmse(last, all) < 1e-10);
+    for (int e = 0; e < s.n_head_kv; ++e) {
+      REQUIRE(chunked.rows(2, e) == 10);
+      CHECK(nmse(chunked.entry_k(2, e), one.entry_k(2, e)) == 0.0);
+    }
+    // The logits are not degenerate: random weights give a spread distribution.
+    const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
+    CHECK(*hi - *lo > 1.0f);
+  }
+}
+
+TEST_CASE("reference transformer: per-query-head entries read the same rows", "[transformer_ref]") {
+  const TransformerShape s = tiny_shape(RopeType::Norm, false);
+  TransformerRef kv(s, DeviceWeights::F32), pq(s, DeviceWeights::F32);
+  random_weights(s, 11, kv.sink());
+  random_weights(s, 11, pq.sink());
+  const auto tokens = iota_tokens(8, 5, 13, s.vocab);
+  kv.forward(tokens, positions(0, 8), {}, false, false);
+  // The same cache, copied to one entry per query head (what a per-query-head plan leaves).
+  for (int l = 0; l < s.n_layers; ++l) {
+    std::vector<HostEntry> entries;
+    for (int h = 0; h < s.n_head; ++h) {
+      const int e = h / s.group();
+      entries.push_back({kv.rows(l, e), kv.entry_k(l, e).data(), kv.entry_v(l, e).data()});
+    }
+    pq.load_layer(l, entries);
+    REQUIRE(pq.entries(l) == s.n_head);
+  }
+  const std::vector<std::int32_t> next{42};
+  const auto a = kv.forward(next, positions(8, 1), std::vector<std::int64_t>{0}, false, true);
+  const auto b = pq.forward(next, positions(8, 1), std::vector<std::int64_t>{0}, false, true);
+  CHECK(nmse(b, a) == 0.0);
+  CHECK(nmse(pq.last_attention(1, 5), kv.last_attention(1, 5)) == 0.0);
+  CHECK(pq.rows(0, 5) == 9);
+}
+
+TEST_CASE("reference transformer: random weights are deterministic per tensor", "[transformer_ref]") {
+  const TransformerShape s = tiny_shape(RopeType::Norm, true);
+  std::vector<float> first, again, other;
+  auto grab = [](std::vector<float>& dst) {
+    return [&dst](WeightId id, int layer, std::span<const float> d) {
+      if (id == WeightId::Wk && layer == 1) dst.assign(d.begin(), d.end());
+    };
+  };
+  random_weights(s, 3, grab(first));
+  random_weights(s, 3, grab(again));
+  random_weights(s, 4, grab(other));
+  CHECK(first == again);
+  CHECK(first != other);
+  REQUIRE(first.size() == static_cast<std::size_t>(s.kv_dim() * s.n_embd));
+  double ss = 0;
+  for (float x : first) ss += static_cast<double>(x) * x;
+  CHECK(ss / static_cast<double>(first.size()) == Approx(1.0 / s.n_embd).epsilon(0.15));  // N(0, 1/cols)
+}
+
+TEST_CASE("reference transformer: bad input names what is wrong", "[transformer_ref]") {
+  TransformerShape s = tiny_shape(RopeType::Norm, false);
+  TransformerRef ref(s, DeviceWeights::F32);
+  std::vector<float> too_short(10);
+  CHECK_THROWS_WITH(ref.set_weight(WeightId::Wq, 0, too_short), Catch::Contains("attn_q") && Catch::Contains("expected 2304"));
+  CHECK_THROWS_WITH(ref.set_weight(WeightId::TokenEmbd, 0, too_short), Catch::Contains("token_embd at layer 0"));
+  const std::vector<std::int32_t> tok{1};
+  CHECK_THROWS_WITH(ref.forward(tok, positions(0, 1), {}, false, false), Catch::Contains("not set"));
+  random_weights(s, 1, ref.sink());
+  const std::vector<std::int32_t> bad{static_cast<std::int32_t>(s.vocab)};
+  CHECK_THROWS_WITH(ref.forward(bad, positions(0, 1), {}, false, false), Catch::Contains("token id 101 out of range"));
+  CHECK_THROWS_WITH(ref.load_layer(0, std::vector<HostEntry>(3)), Catch::Contains("expected n_head_kv or n_head"));
+  s.n_head_kv = 4;  // 6 heads do not split into 4 groups
+  CHECK_THROWS_WITH(TransformerRef(s, DeviceWeights::F32), Catch::Contains("multiple of n_head_kv"));
+}
+
+TEST_CASE("transformer weights from GGUF: a shape the file does not have is refused", "[transformer_ref]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  TransformerShape s = transformer_shape(LlamaConfig::from_gguf(gguf));
+  s.n_ff += 1;
+  try {
+    load_transformer_weights(gguf, s, [](WeightId, int, std::span<const float>) {});
+    FAIL("no error");
+  } catch (const FormatError& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Contains("blk.0.ffn_gate.weight") && Catch::Contains("expected [576, 1537]"));
+  }
+}
