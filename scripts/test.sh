@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Parallel test processes share the cores: OpenMP threads that spin while waiting starve each other.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 ctest --test-dir "${KVSIM_BUILD:-build}" --output-on-failure -j "${KVSIM_JOBS:-2}"
