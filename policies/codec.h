@@ -40,6 +40,17 @@ class KvCodec {
   // with what the stored encoding reads back; `positions` are the kept tokens' (RoPE) positions.
   virtual void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
                            std::span<float> keys, std::span<float> values) const = 0;
+  // As reconstruct, but a codec whose values are all stored as factors (V̂ = C·Uᵀ) may leave them
+  // so: `values` then receives C ([kept, r] row-major, zero beyond each token's rank) and `basis`
+  // U ([head_dim, head_dim] row-major, its first r columns used; owned by the plan's data), and it
+  // returns r. Attention weights times C is an r-wide product instead of a head_dim-wide one plus
+  // the rebuild. Returns -1 when `values` holds V̂ (the default).
+  virtual int reconstruct_factored(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                                   std::span<float> keys, std::span<float> values, std::span<const float>& basis) const {
+    reconstruct(plan, g, positions, keys, values);
+    basis = {};
+    return -1;
+  }
 };
 
 // Whether a plan entry needs its policy's codec (some token is neither dropped nor fp16).

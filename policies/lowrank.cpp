@@ -84,9 +84,11 @@ void fit_and_project(const RowMat& k, const Eigen::Map<const RowMat>& v, HeadBas
   }
   if (!ck) return;
   const Eigen::Map<const RowMat> uk(b.uk.data(), b.d, b.d), uv(b.uv.data(), b.d, b.d);
-  const RowMat a = k * uk, c = v * uv;
-  ck->assign(a.data(), a.data() + a.size());
-  cv->assign(c.data(), c.data() + c.size());
+  // Projected straight into the fit's vectors: no n x d temporaries to map, fault in and copy.
+  ck->resize(static_cast<std::size_t>(k.size()));
+  cv->resize(static_cast<std::size_t>(v.size()));
+  Eigen::Map<RowMat>(ck->data(), k.rows(), b.d).noalias() = k * uk;
+  Eigen::Map<RowMat>(cv->data(), v.rows(), b.d).noalias() = v * uv;
   round_half(*ck);
   round_half(*cv);
 }
@@ -168,6 +170,18 @@ double lowrank_bytes(const HeadPlan& plan, int head_dim) {
 
 void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
                                std::span<float> keys, std::span<float> values) const {
+  rebuild(plan, g, positions, keys, values, nullptr);
+}
+
+int LowRankCodec::reconstruct_factored(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                                       std::span<float> keys, std::span<float> values,
+                                       std::span<const float>& basis) const {
+  basis = {};
+  return rebuild(plan, g, positions, keys, values, &basis);
+}
+
+int LowRankCodec::rebuild(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                          std::span<float> keys, std::span<float> values, std::span<const float>* basis) const {
   const int d = g.head_dim;
   // The policy's fit covers every cached token (coefficient row = cached index); without one
   // (e.g. a plan re-mapped after a chunked prefill) fit the kept tokens here (row = kept index).
@@ -179,14 +193,16 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
   // Each LowRank row's coefficients beyond its rank are zeroed, then all rows are rebuilt by one
   // GEMM per tensor (ranks differ per token, the basis does not).
   const auto m = static_cast<Eigen::Index>(std::count(plan.codec.begin(), plan.codec.end(), TokenCodec::LowRank));
+  // Values stay factored when every kept token is LowRank and the basis outlives this call (it
+  // is the plan's own fit): the coefficient matrix is then the values buffer itself.
+  const bool factored = basis && by_cached && m == static_cast<Eigen::Index>(positions.size());
   thread_local ScratchMatrix ck_buf, cv_buf, kr_buf, vr_buf;
   // Only the first r_max basis directions take part (no row has coefficients beyond them).
   Eigen::Index r_max = 0;
   for (std::size_t j = 0; j < plan.codec.size(); ++j)
     if (plan.codec[j] == TokenCodec::LowRank) r_max = std::max<Eigen::Index>(r_max, std::min<Eigen::Index>(plan.rank.at(j), d));
-  auto ck = ck_buf.get(m, r_max), cv = cv_buf.get(m, r_max);
-  ck.setZero();
-  cv.setZero();
+  auto ck = ck_buf.get(m, r_max);
+  auto cv = factored ? Eigen::Map<ScratchMatrix::Mat>(values.data(), m, r_max) : cv_buf.get(m, r_max);
   std::size_t row = 0;
   {
     Eigen::Index i = 0;
@@ -197,14 +213,28 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
         const auto src = static_cast<Eigen::Index>(by_cached ? j : row) * d;
         ck.row(i).head(r) = Eigen::Map<const Eigen::RowVectorXf>(fit->ck.data() + src, r);
         cv.row(i).head(r) = Eigen::Map<const Eigen::RowVectorXf>(fit->cv.data() + src, r);
+        ck.row(i).tail(r_max - r).setZero();
+        cv.row(i).tail(r_max - r).setZero();
         ++i;
       }
       ++row;
     }
   }
-  auto kr = kr_buf.get(m, d), vr = vr_buf.get(m, d);
+  auto kr = kr_buf.get(m, d);
   kr.noalias() = ck * uk.leftCols(r_max).transpose();
-  vr.noalias() = cv * uv.leftCols(r_max).transpose();
+  if (factored) {
+    *basis = std::span<const float>(b.uv.data(), b.uv.size());
+  } else {
+    auto vr = vr_buf.get(m, d);
+    vr.noalias() = cv * uv.leftCols(r_max).transpose();
+    Eigen::Index i = 0;
+    row = 0;
+    for (std::size_t j = 0; j < plan.codec.size(); ++j) {
+      if (plan.codec[j] == TokenCodec::Drop) continue;
+      if (plan.codec[j] == TokenCodec::LowRank) Eigen::Map<Eigen::RowVectorXf>(values.data() + row * d, d) = vr.row(i++);
+      ++row;
+    }
+  }
   Eigen::Index i = 0;
   row = 0;
   RopeTable& rope = rope_table(g.rope);
@@ -212,13 +242,12 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::s
     if (plan.codec[j] == TokenCodec::Drop) continue;
     if (plan.codec[j] == TokenCodec::LowRank) {
       const auto at = static_cast<Eigen::Index>(row) * d;
-      Eigen::Map<Eigen::RowVectorXf>(keys.data() + at, d) = kr.row(i);
-      Eigen::Map<Eigen::RowVectorXf>(values.data() + at, d) = vr.row(i);
+      Eigen::Map<Eigen::RowVectorXf>(keys.data() + at, d) = kr.row(i++);
       rope.apply(keys.data() + at, 1, positions[row]);
-      ++i;
     }
     ++row;
   }
+  return factored ? static_cast<int>(r_max) : -1;
 }
 
 }  // namespace kvsim

@@ -64,6 +64,12 @@ class LowRankCodec : public KvCodec {
   double bytes(const HeadPlan& plan, int head_dim) const override { return lowrank_bytes(plan, head_dim); }
   void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
                    std::span<float> values) const override;
+  int reconstruct_factored(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                           std::span<float> keys, std::span<float> values, std::span<const float>& basis) const override;
+
+ private:
+  int rebuild(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
+              std::span<float> values, std::span<const float>* basis) const;
 };
 
 }  // namespace kvsim

@@ -95,7 +95,7 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
   if (w.logits.size() != static_cast<std::size_t>(Hq) || w.logits.front().rows() != w.E ||
       w.lse.size() != static_cast<std::size_t>(Hq))
     throw Error("replay: encoded configs need the shared logits");
-  thread_local ScratchMatrix k_buf, v_buf, q_buf, s_buf, o_buf;
+  thread_local ScratchMatrix k_buf, v_buf, q_buf, s_buf, o_buf, c_buf;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<std::int32_t> positions;
   for (int kv = 0; kv < Hkv; ++kv) {
@@ -112,8 +112,9 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
       vh.middleRows(r.at, r.len) = V.middleRows(r.token, r.len);
       std::copy_n(w.h.positions.begin() + r.token, r.len, positions.begin() + r.at);
     }
-    codec.reconstruct(ch.plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
-                      {vh.data(), static_cast<std::size_t>(vh.size())});
+    std::span<const float> v_basis;
+    const int v_rank = codec.reconstruct_factored(ch.plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
+                                                  {vh.data(), static_cast<std::size_t>(vh.size())}, v_basis);
     // The group's query heads stacked: row r * rows + x is head kv * G + r at evaluation row i0 + x.
     auto qs = q_buf.get(G * rows, d);
     for (int r = 0; r < G; ++r)
@@ -163,7 +164,13 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
       }
     }
     auto o = o_buf.get(G * rows, d);
-    o.noalias() = s.leftCols(nk) * vh;
+    if (v_rank >= 0) {  // vh holds the coefficients: weights x C, then x U's first v_rank columns
+      auto sc = c_buf.get(G * rows, v_rank);
+      sc.noalias() = s.leftCols(nk) * Eigen::Map<const ScratchMatrix::Mat>(vh.data(), nk, v_rank);
+      o.noalias() = sc * Eigen::Map<const ScratchMatrix::Mat>(v_basis.data(), d, d).leftCols(v_rank).transpose();
+    } else {
+      o.noalias() = s.leftCols(nk) * vh;
+    }
     o.noalias() += s.rightCols(tail) * V.bottomRows(tail);
     for (int r = 0; r < G; ++r) {
       const auto qi = static_cast<std::size_t>(kv * G + r);
