@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # The device check (issue 7), for a machine with an NVIDIA GPU and the CUDA toolkit (nothing else
 # needed: it builds only core/ and gpu/, KVSIM_GPU_ONLY). Builds, runs the GPU tests and the
-# parity harness with its bandwidth benchmark, and writes a compact report under $OUT:
+# parity harness with its benchmarks, and writes a compact report under $OUT:
 #   device.txt  GPU, driver and nvcc versions
-#   ctest.txt   gpu.half_parity and gpu.parity (skipped = no GPU seen: a failure of the check)
-#   parity.txt  every kernel against its CPU reference (NMSE, keep-set equality) at SmolLM2-135M
-#               and Mistral-7B shapes, and each attention kernel's bandwidth as a share of the
-#               device-to-device copy bandwidth measured in the same run
-# Usage (device tool): OUT=$OUT bash bench/gpu_check.sh      (~1-2 min on 16 cores)
+#   ctest.txt   gpu.half_parity (skipped = no GPU seen: a failure of the check)
+#   parity.txt  every compressed-attention kernel against its CPU reference (NMSE, keep-set
+#               equality) at SmolLM2-135M and Mistral-7B shapes; the CUDA transformer against
+#               gpu/transformer_ref with random weights (qwen2-like fp32 and fp16, head_dim
+#               32/96/256 corner shapes, SmolLM2-135M, Mistral-7B layer shapes): prefill with
+#               capture, decode, chunked prefill, per-query-head caches; then the benchmarks:
+#               kernel bandwidth vs the device's copy bandwidth, prefill/decode tokens/s vs the
+#               cuBLAS GEMM rate, capture overhead, all measured in the same run
+# Real SmolLM2 weights do not travel (98 MB > the 64 MiB per call): the GGUF path is covered on
+# the CPU (tests/test_transformer_ref.cpp, tests/test_backend_engine.cpp) and the GPU is held to
+# the same reference here with random weights of the same shapes.
+# Usage (device tool): OUT=$OUT bash bench/gpu_check.sh      (~3-4 min on 16 cores)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_check}
@@ -24,12 +31,16 @@ if ! cmake -S . -B "$BUILD" -DKVSIM_GPU_ONLY=ON -DCMAKE_BUILD_TYPE=Release > "$O
   tail -30 "$OUT/build.log" "$OUT/configure.log" 2>/dev/null
   exit 1
 fi
-(cd "$BUILD" && ctest --output-on-failure) > "$OUT/ctest.txt" 2>&1 || status=1
+(cd "$BUILD" && ctest --output-on-failure -R gpu.half_parity) > "$OUT/ctest.txt" 2>&1 || status=1
 if grep -q "Skipped" "$OUT/ctest.txt"; then
   echo "gpu_check: the GPU tests were skipped: no GPU visible" | tee -a "$OUT/ctest.txt"
   status=1
 fi
-"$BUILD/gpu/kvsim-parity" --bench --report "$OUT/parity.txt" || status=1
+# gpu.parity's run, with the benchmarks (ctest would run it a second time without them).
+"$BUILD/gpu/kvsim-parity" --bench --report "$OUT/parity.txt"
+rc=$?
+[ $rc -eq 77 ] && echo "gpu_check: kvsim-parity saw no GPU"
+[ $rc -ne 0 ] && status=1
 cat "$OUT/device.txt" "$OUT/ctest.txt" | tail -20
 echo "gpu_check: $([ $status -eq 0 ] && echo passed || echo FAILED); report in $OUT"
 exit $status

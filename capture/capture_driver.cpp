@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "capture/gguf.h"
-#include "capture/llama_model.h"
+#include "capture/engine.h"
 #include "capture/prompt.h"
 #include "capture/repeat_pass.h"
 #include "capture/query_spill.h"
@@ -186,7 +186,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   check_output_path(opts.out_path, opts.overwrite);
   const GgufFile gguf(opts.model_path);
   const Tokenizer tok(gguf);
-  LlamaModel model(gguf, opts.weights);
+  const std::unique_ptr<Engine> engine = make_engine(gguf, EngineOptions{opts.device, opts.weights});
+  Engine& model = *engine;
   const LlamaConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);
   const std::string default_system = default_system_prompt(gguf);
@@ -206,8 +207,9 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
                         {"max_new", opts.max_new},        {"ref_topk", opts.ref_topk},
                         {"queries", opts.all_queries ? "all" : "eval"},
                         {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk},
-                        {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass}};
-  CaptureInfo info{"kvsim 0.1.0", "cpu", utc_now(), 0, cfg.dump()};
+                        {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass},
+                        {"device", model.device()}};
+  CaptureInfo info{"kvsim 0.1.0", device_name(opts.device), utc_now(), 0, cfg.dump()};
   const std::string tmp = opts.out_path + ".partial";
   CaptureSummary summary;
   {

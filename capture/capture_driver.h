@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/weight_matrix.h"
+#include "capture/engine.h"
 
 namespace kvsim {
 
@@ -30,7 +30,8 @@ struct CaptureOptions {
   int prefill_chunk = 256;     // tokens per prefill forward pass
   bool overwrite = false;
   bool repeat_pass = false;    // also record KVzip's context-reconstruction pass (capture/repeat_pass.h)
-  WeightFormat weights = WeightFormat::Quantized;
+  WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
+  Device device = Device::Cpu;
 };
 
 struct CaptureSummary {

@@ -172,32 +172,6 @@ std::size_t LlamaModel::weight_heap_bytes() const {
   return b;
 }
 
-std::vector<float> LlamaModel::prefill(std::span<const std::int32_t> tokens, std::int64_t chunk,
-                                       const std::function<void(const LayerActivations&)>& hook) {
-  if (tokens.empty()) throw Error("prefill: no tokens");
-  if (chunk < 1) throw Error("prefill: chunk must be >= 1");
-  std::vector<float> logits;
-  for (std::size_t s = 0; s < tokens.size(); s += static_cast<std::size_t>(chunk)) {
-    const std::size_t e = std::min(tokens.size(), s + static_cast<std::size_t>(chunk));
-    std::vector<std::int32_t> pos(e - s);
-    for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int32_t>(cached_tokens()) + static_cast<std::int32_t>(i);
-    const std::int64_t last = static_cast<std::int64_t>(e - s) - 1;
-    const std::span<const std::int64_t> rows = e == tokens.size() ? std::span<const std::int64_t>(&last, 1)
-                                                                   : std::span<const std::int64_t>();
-    logits = forward(tokens.subspan(s, e - s), pos, rows, hook);
-  }
-  return logits;
-}
-
-std::vector<float> LlamaModel::step(std::int32_t token, const std::function<void(const LayerActivations&)>& hook) {
-  const auto pos = static_cast<std::int32_t>(cached_tokens());
-  const std::int64_t row = 0;
-  return forward(std::span<const std::int32_t>(&token, 1), std::span<const std::int32_t>(&pos, 1),
-                 std::span<const std::int64_t>(&row, 1), hook);
-}
-
-std::int64_t LlamaModel::cached_tokens() const { return impl_->cache.seen; }
-
 std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                                        std::span<const std::int64_t> logit_rows,
                                        const std::function<void(const LayerActivations&)>& hook) {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "capture/llama_model.h"
+#include "capture/engine.h"
 #include "capture/tokenizer.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -32,7 +32,7 @@ void append_rounded(std::vector<float>& dst, std::span<const float> src) {
 
 }  // namespace
 
-RepeatPass run_repeat_pass(LlamaModel& model, const Tokenizer& tok, const Prompt& p, int chunk_tokens) {
+RepeatPass run_repeat_pass(Engine& model, const Tokenizer& tok, const Prompt& p, int chunk_tokens) {
   if (chunk_tokens < 1) throw Error("repeat pass: chunk size must be >= 1");
   const auto [begin, end] = context_span(p);
   if (model.cached_tokens() != end)

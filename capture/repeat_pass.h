@@ -14,7 +14,7 @@
 
 namespace kvsim {
 
-class LlamaModel;
+class Engine;
 class Tokenizer;
 
 constexpr int kRepeatChunkTokens = 2000;  // KVzip's chunk size C
@@ -25,6 +25,6 @@ std::pair<std::int64_t, std::int64_t> context_span(const Prompt& p);
 
 // Runs the pass on `model`, whose cache holds exactly the prompt's tokens [0, context end), and
 // returns its post-RoPE queries and keys (f16-rounded, as a trace stores them) with the chunk table.
-RepeatPass run_repeat_pass(LlamaModel& model, const Tokenizer& tok, const Prompt& p, int chunk_tokens = kRepeatChunkTokens);
+RepeatPass run_repeat_pass(Engine& model, const Tokenizer& tok, const Prompt& p, int chunk_tokens = kRepeatChunkTokens);
 
 }  // namespace kvsim

@@ -13,9 +13,9 @@ namespace kvsim::cli {
 
 int capture_command(const Args& args) {
   CaptureOptions o;
-  std::string requests, queries = "eval", weights = "quant";
+  std::string requests, queries = "eval", weights = "quant", device = "cpu";
   po::options_description desc(
-      "kvsim capture: run a GGUF model (CPU) over JSONL requests and write a kvtrace file with\n"
+      "kvsim capture: run a GGUF model (CPU or CUDA) over JSONL requests and write a kvtrace file with\n"
       "post-RoPE K/V/Q per layer, segments and the reference next-token distribution");
   desc.add_options()("help,h", "show this help")("model,m", po::value(&o.model_path)->required(), "GGUF model file")(
       "requests,r", po::value(&requests)->required(),
@@ -31,6 +31,8 @@ int capture_command(const Args& args) {
                      "context on top of its cache; the kvzip policy scores with it)")(
       "weights", po::value(&weights)->default_value(weights),
       "quant (keep the GGUF blocks, dequantize on the fly) | f32 (dequantize once at load)")(
+      "device", po::value(&device)->default_value(device),
+      "cpu | cuda (the CUDA engine: fp16 weights on the GPU, Q/K/V copied to the host while the next layer runs)")(
       "force", "replace an existing output file");
   po::variables_map vm;
   if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]")) return 0;
@@ -39,6 +41,8 @@ int capture_command(const Args& args) {
     throw Error("--prefill-chunk and --ref-topk must be >= 1, --query-window and --max-new >= 0");
   o.all_queries = queries == "all";
   o.weights = parse_weight_format(weights);
+  o.device = parse_device(device);
+  require_device(o.device);
   o.overwrite = vm.count("force") > 0;
   o.repeat_pass = vm.count("repeat-pass") > 0;
   const auto reqs = read_capture_requests(requests);

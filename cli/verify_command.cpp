@@ -14,7 +14,7 @@ namespace kvsim::cli {
 
 int verify_command(const Args& args) {
   VerifySpec spec;
-  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant";
+  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant", device = "cpu";
   po::options_description desc(
       "kvsim verify: run (policy, budget) configs live on the model with a really compressed KV cache, against\n"
       "the full-cache run (next-token KL teacher-forced on its continuation, top-1, perplexity, task score of\n"
@@ -35,6 +35,7 @@ int verify_command(const Args& args) {
       "prefill-chunk", po::value(&spec.live.prefill_chunk)->default_value(spec.live.prefill_chunk),
       "tokens per prefill pass (capture's default, so keep-sets match a captured trace exactly)")(
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
+      "device", po::value(&device)->default_value(device), "cpu | cuda (see kvsim capture --help)")(
       "out,o", po::value(&spec.out_csv)->default_value(spec.out_csv), "per request x config results (CSV)")(
       "agreement", po::value(&spec.agreement_csv), "write the agreement table as CSV too")(
       "force", "replace an existing --out file")("quiet,q", "no progress lines");
@@ -53,6 +54,8 @@ int verify_command(const Args& args) {
   spec.mode_given = !vm["mode"].defaulted();
   spec.live.all_queries = queries == "all";
   spec.live.weights = parse_weight_format(weights);
+  spec.live.device = parse_device(device);
+  require_device(spec.live.device);
   spec.force = vm.count("force") > 0;
   spec.progress = vm.count("quiet") == 0;
   run_verify(spec, std::cout, std::cerr);

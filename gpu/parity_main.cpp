@@ -1,8 +1,11 @@
 // kvsim-parity: every compressed-attention and statistics kernel against its CPU reference
-// (gpu/attention_ref.h) on random problems at SmolLM2-135M and Mistral-7B shapes. Values pass at
-// NMSE <= 1e-6 (fp32 accumulation in a different order); keep-sets must be identical sets.
-// With --bench it also times each attention kernel and reports its bandwidth against the device's
-// own device-to-device copy bandwidth measured in the same run. Exit 77: no GPU (ctest: skipped).
+// (gpu/attention_ref.h) on random problems at SmolLM2-135M and Mistral-7B shapes, then the CUDA
+// transformer against gpu/transformer_ref.h with random weights (gpu/transformer_parity.h).
+// Kernel values pass at NMSE <= 1e-6 (fp32 accumulation in a different order), the transformer's
+// at 1e-5 (fp32 weights) or 1e-4 (fp16: an input near a rounding boundary may round the other
+// way); keep-sets must be identical sets. With --bench it also times each attention kernel
+// against the device's own copy bandwidth, and the transformer's prefill and decode against the
+// cuBLAS GEMM rate, all measured in the same run. Exit 77: no GPU (ctest: skipped).
 //   kvsim-parity [--bench] [--report FILE]
 #include <chrono>
 #include <cstdio>
@@ -20,6 +23,8 @@
 #include "gpu/compressed_attention.cuh"
 #include "gpu/cuda_check.h"
 #include "gpu/half_convert.cuh"
+#include "gpu/parity_report.h"
+#include "gpu/transformer_parity.h"
 
 using namespace kvsim;
 using namespace kvsim::gpu;
@@ -69,24 +74,9 @@ std::vector<std::uint16_t> to_half(const std::vector<float>& x) {
   return h;
 }
 
-struct Report {
-  std::ostringstream text;
-  int failures = 0;
-  void line(const std::string& s) {
-    std::printf("%s\n", s.c_str());
-    text << s << "\n";
-  }
-  void value(const std::string& what, double nmse) {
-    const bool ok = nmse <= kMaxNmse;
-    failures += !ok;
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "  %-40s NMSE %.3e  %s", what.c_str(), nmse, ok ? "ok" : "FAIL");
-    line(buf);
-  }
-  void same(const std::string& what, bool equal) {
-    failures += !equal;
-    line("  " + what + (equal ? "  identical  ok" : "  DIFFERENT  FAIL"));
-  }
+// The kernels' checks: fp32 accumulation in a different order only.
+struct Report : ParityReport {
+  void value(const std::string& what, double nmse) { ParityReport::value(what, nmse, kMaxNmse); }
 };
 
 double seconds_of(const std::function<void()>& fn, int reps) {
@@ -258,6 +248,16 @@ int main(int argc, char** argv) {
     }
     run({"SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, 1024}, bench, r, copy_gbs);
     run({"Mistral-7B shapes", AttnShape{32, 8, 128, 32768}, 8192}, bench, r, copy_gbs);
+    // The transformer backend against its reference: fp32 weights (tight), then fp16 as deployed.
+    transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r);
+    transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r);
+    for (const auto& [label, shape] : kernel_corner_shapes()) transformer_parity(label, shape, DeviceWeights::F16, r);
+    transformer_parity("SmolLM2-135M shapes", smollm2_shape(), DeviceWeights::F16, r);
+    transformer_parity("Mistral-7B shapes", mistral7b_shape(2), DeviceWeights::F16, r);
+    if (bench) {
+      transformer_bench("SmolLM2-135M shapes", smollm2_shape(), r, copy_gbs);
+      transformer_bench("Mistral-7B shapes (2 layers)", mistral7b_shape(2), r, copy_gbs);
+    }
     r.line(r.failures == 0 ? "parity: passed" : "parity: " + std::to_string(r.failures) + " check(s) FAILED");
     if (!report_path.empty()) std::ofstream(report_path) << r.text.str();
     return r.failures == 0 ? 0 : 1;

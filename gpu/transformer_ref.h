@@ -8,31 +8,29 @@
 #include <span>
 #include <vector>
 
-#include "gpu/transformer_shape.h"
+#include "gpu/transformer_backend.h"
 
 namespace kvsim::gpu {
 
-class TransformerRef {
+class TransformerRef : public TransformerBackend {
  public:
   TransformerRef(const TransformerShape& s, DeviceWeights w);
-  const TransformerShape& shape() const { return s_; }
+  const TransformerShape& shape() const override { return s_; }
   void set_weight(WeightId id, int layer, std::span<const float> data);  // throws on a size mismatch
-  WeightSink sink();
+  WeightSink sink() override;
 
-  void reset();                                                  // every layer: n_head_kv empty entries
-  void load_layer(int layer, std::span<const HostEntry> entries);  // replaces a layer's cache
+  void reset() override;
+  void load_layer(int layer, std::span<const HostEntry> entries) override;
   int entries(int layer) const;
   std::int64_t rows(int layer, int entry) const;
   std::span<const float> entry_k(int layer, int entry) const;
   std::span<const float> entry_v(int layer, int entry) const;
 
-  // Appends the tokens at `positions` to every entry and returns the logits [rows, vocab] of
-  // `logit_rows`; `on_layer` sees each layer's new rows (q only with want_q). With record_last,
-  // last_attention() then holds each query head's softmax of the last row over its entry.
   std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                              std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
-                             const LayerCallback& on_layer = {});
-  std::span<const float> last_attention(int layer, int q_head) const;
+                             const LayerCallback& on_layer = {}) override;
+  std::span<const float> last_attention(int layer, int q_head) const override;
+  std::string name() const override { return "cpu reference"; }
 
  private:
   struct Entry {

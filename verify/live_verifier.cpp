@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "capture/gguf.h"
-#include "capture/llama_model.h"
+#include "capture/engine.h"
 #include "capture/prompt.h"
 #include "capture/repeat_pass.h"
 #include "capture/tokenizer.h"
@@ -72,13 +72,14 @@ struct LiveVerifier::Impl {
   const GgufFile& gguf;
   VerifyOptions opts;
   Tokenizer tok;
-  LlamaModel model;
+  std::unique_ptr<Engine> engine;
+  Engine& model;
   KvGeometry g;
   std::string default_system;
   std::int64_t ctx_len;
 
   Impl(const GgufFile& f, VerifyOptions o)
-      : gguf(f), opts(o), tok(f), model(f, o.weights), default_system(default_system_prompt(f)),
+      : gguf(f), opts(o), tok(f), engine(make_engine(f, EngineOptions{o.device, o.weights})), model(*engine), default_system(default_system_prompt(f)),
         ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
     const LlamaConfig& c = model.config();
     g = KvGeometry{c.n_layers, c.n_head, c.n_head_kv, c.head_dim, c.rope};

@@ -25,7 +25,8 @@ struct VerifyOptions {
   bool all_queries = true;      // record every prompt query (H2O-style scores need them)
   int query_window = 64;        // else: the last this many context tokens' queries
   int prefill_chunk = 256;      // engine chunking; capture's default, so keep-sets match a trace
-  WeightFormat weights = WeightFormat::Quantized;
+  WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
+  Device device = Device::Cpu;
 };
 
 struct LiveConfigResult {

@@ -1,0 +1,100 @@
+#include "capture/backend_engine.h"
+
+#include "capture/gguf.h"
+#include "capture/transformer_weights.h"
+#include "core/error.h"
+#include "gpu/transformer_backend.h"
+
+namespace kvsim {
+
+BackendEngine::BackendEngine(const GgufFile& f, std::unique_ptr<gpu::TransformerBackend> backend)
+    : cfg_(LlamaConfig::from_gguf(f)), backend_(std::move(backend)) {
+  const gpu::TransformerShape want = transformer_shape(cfg_), &got = backend_->shape();
+  if (got.n_layers != want.n_layers || got.n_embd != want.n_embd || got.n_head != want.n_head ||
+      got.n_head_kv != want.n_head_kv || got.head_dim != want.head_dim || got.n_ff != want.n_ff || got.vocab != want.vocab)
+    throw Error(f.path() + ": the " + backend_->name() + " backend was made for another model shape");
+  load_transformer_weights(f, want, backend_->sink());
+  cache_.head_dim = cfg_.head_dim;
+  reset();
+}
+
+BackendEngine::~BackendEngine() = default;
+
+std::string BackendEngine::device() const { return backend_->name(); }
+
+void BackendEngine::reset() {
+  cache_.seen = 0;
+  cache_.layers.assign(static_cast<std::size_t>(cfg_.n_layers), std::vector<KvEntry>(static_cast<std::size_t>(cfg_.n_head_kv)));
+  backend_->reset();
+  edited_ = false;
+}
+
+void BackendEngine::reserve(std::int64_t tokens) {
+  const auto n = static_cast<std::size_t>(tokens);
+  for (auto& l : cache_.layers)
+    for (auto& e : l) {
+      e.tokens.reserve(n);
+      e.k.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
+      e.v.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
+    }
+}
+
+KvCache& BackendEngine::cache() {
+  edited_ = true;  // conservatively: the caller may change any entry
+  return cache_;
+}
+
+void BackendEngine::set_cache(KvCache cache) {
+  if (cache.layers.size() != cache_.layers.size() || cache.head_dim != cfg_.head_dim)
+    throw Error("set_cache: the cache is shaped for another model");
+  cache_ = std::move(cache);
+  edited_ = true;
+}
+
+std::span<const float> BackendEngine::last_attention(int layer, int q_head) const { return backend_->last_attention(layer, q_head); }
+
+void BackendEngine::load_backend() {
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    std::vector<gpu::HostEntry> entries;
+    for (const KvEntry& e : cache_.layers[static_cast<std::size_t>(l)]) entries.push_back({e.rows(), e.k.data(), e.v.data()});
+    backend_->load_layer(l, entries);
+  }
+  edited_ = false;
+}
+
+std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                                       std::span<const std::int64_t> logit_rows, const LayerHook& hook) {
+  if (edited_) load_backend();
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  const int d = cfg_.head_dim, G = cfg_.n_head / cfg_.n_head_kv;
+  const std::int64_t kw = static_cast<std::int64_t>(cfg_.n_head_kv) * d, qw = static_cast<std::int64_t>(cfg_.n_head) * d;
+  const std::int64_t first = cache_.seen;
+  // The mirror takes each layer's new rows as the backend delivers them (entry e reads KV head
+  // e, or e / group when the layer holds one entry per query head).
+  auto on_layer = [&](const gpu::LayerRows& r) {
+    auto& entries = cache_.layers[static_cast<std::size_t>(r.layer)];
+    const bool pqh = static_cast<int>(entries.size()) == cfg_.n_head && cfg_.n_head != cfg_.n_head_kv;
+    for (std::size_t e = 0; e < entries.size(); ++e) {
+      KvEntry& en = entries[e];
+      const std::int64_t hk = pqh ? static_cast<std::int64_t>(e) / G : static_cast<std::int64_t>(e);
+      for (std::int64_t i = 0; i < r.n; ++i) {
+        en.tokens.push_back(static_cast<std::int32_t>(first + i));
+        en.k.insert(en.k.end(), r.k + i * kw + hk * d, r.k + i * kw + hk * d + d);
+        en.v.insert(en.v.end(), r.v + i * kw + hk * d, r.v + i * kw + hk * d + d);
+      }
+    }
+    if (hook)
+      hook(LayerActivations{r.layer, r.n, {r.q, static_cast<std::size_t>(r.n * qw)}, {r.k, static_cast<std::size_t>(r.n * kw)},
+                            {r.v, static_cast<std::size_t>(r.n * kw)}});
+  };
+  std::vector<float> logits;
+  try {
+    logits = backend_->forward(tokens, positions, logit_rows, static_cast<bool>(hook), record_, on_layer);
+  } catch (const std::invalid_argument& e) {
+    throw Error(backend_->name() + ": " + e.what());
+  }
+  cache_.seen += n;
+  return logits;
+}
+
+}  // namespace kvsim

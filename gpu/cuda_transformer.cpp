@@ -1,0 +1,521 @@
+#include "gpu/cuda_transformer.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "core/half.h"
+#include "gpu/cuda_check.h"
+#include "gpu/transformer_kernels.cuh"
+
+namespace kvsim::gpu {
+
+namespace {
+
+constexpr int kIds = static_cast<int>(WeightId::Bv) + 1;
+
+#define KVSIM_CUBLAS_CHECK(call)                                                                        \
+  do {                                                                                                  \
+    const cublasStatus_t kvsim_st_ = (call);                                                            \
+    if (kvsim_st_ != CUBLAS_STATUS_SUCCESS)                                                             \
+      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
+                               " failed: " + cublasGetStatusString(kvsim_st_));                         \
+  } while (0)
+
+// Device memory that grows, stream-ordered on `stream` (contents are not kept unless asked).
+struct DeviceMem {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  DeviceMem() = default;
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  DeviceMem(DeviceMem&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr, o.bytes = 0; }
+  DeviceMem& operator=(DeviceMem&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~DeviceMem() {
+    if (ptr) cudaFree(ptr);
+  }
+  void release(cudaStream_t stream) {
+    if (ptr) KVSIM_CUDA_CHECK(cudaFreeAsync(ptr, stream));
+    ptr = nullptr;
+    bytes = 0;
+  }
+  void ensure(std::size_t want, cudaStream_t stream) {
+    if (want <= bytes) return;
+    if (ptr) KVSIM_CUDA_CHECK(cudaFreeAsync(ptr, stream));
+    ptr = nullptr;
+    bytes = 0;  // a failed allocation leaves an empty buffer, never a stale size
+    KVSIM_CUDA_CHECK(cudaMallocAsync(&ptr, want, stream));
+    bytes = want;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+// Page-locked host memory (asynchronous copies need it); grows only between forward passes.
+struct PinnedMem {
+  float* ptr = nullptr;
+  std::size_t count = 0;
+  PinnedMem() = default;
+  PinnedMem(const PinnedMem&) = delete;
+  PinnedMem& operator=(const PinnedMem&) = delete;
+  ~PinnedMem() {
+    if (ptr) cudaFreeHost(ptr);
+  }
+  void ensure(std::size_t want) {
+    if (want <= count) return;
+    if (ptr) KVSIM_CUDA_CHECK(cudaFreeHost(ptr));
+    ptr = nullptr;
+    count = 0;
+    KVSIM_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr), want * sizeof(float)));
+    count = want;
+  }
+};
+
+std::vector<std::uint16_t> halves_of(std::span<const float> x) {
+  std::vector<std::uint16_t> h(x.size());
+  floats_to_halves(x.data(), h.data(), x.size());
+  return h;
+}
+
+}  // namespace
+
+struct CudaTransformer::Impl {
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  // Here, not in ~CudaTransformer: a constructor that throws half-way and a move-assigned-over
+  // backend release their streams and handles too, after their pending work.
+  ~Impl() {
+    cudaSetDevice(device);
+    if (compute) cudaStreamSynchronize(compute);
+    if (copy) cudaStreamSynchronize(copy);
+    weights.clear();
+    cache.clear();
+    if (blas) cublasDestroy(blas);
+    for (int b = 0; b < 2; ++b) {
+      if (rows_ready[b]) cudaEventDestroy(rows_ready[b]);
+      if (copied[b]) cudaEventDestroy(copied[b]);
+    }
+    if (compute) cudaStreamDestroy(compute);
+    if (copy) cudaStreamDestroy(copy);
+    // The remaining buffers free themselves after this (cudaFree waits for the device).
+  }
+  TransformerShape s;
+  DeviceWeights dw;
+  bool f16 = true;
+  int device = 0;
+  std::string name;
+  cudaStream_t compute = nullptr, copy = nullptr;
+  cudaEvent_t rows_ready[2] = {}, copied[2] = {};
+  cublasHandle_t blas = nullptr;
+  std::vector<DeviceMem> weights;  // [(layer + 1) * kIds + id]
+  std::size_t weight_bytes = 0;
+
+  struct LayerCache {
+    std::vector<std::int64_t> rows;
+    std::int64_t capacity = 0;
+    DeviceMem k, v;
+  };
+  std::vector<LayerCache> cache;
+
+  // Work buffers for up to `work_rows` new rows.
+  std::int64_t work_rows = 0;
+  DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
+  DeviceMem cos_t, sin_t;
+  std::int64_t rope_rows = 0;
+  PinnedMem pq[2], pk[2], pv[2];
+  std::vector<std::vector<float>> last;  // [layer] -> [n_head, last_stride]
+  std::vector<std::vector<std::int64_t>> last_seen;
+  std::int64_t last_stride = 0;
+
+  std::size_t gemm_elem() const { return f16 ? sizeof(std::uint16_t) : sizeof(float); }
+  cudaDataType gemm_type() const { return f16 ? CUDA_R_16F : CUDA_R_32F; }
+
+  const DeviceMem& w(WeightId id, int layer) const {
+    const DeviceMem& m = weights[static_cast<std::size_t>((layer + 1) * kIds + static_cast<int>(id))];
+    if (!m.ptr) throw std::logic_error(std::string("CUDA transformer: weight ") + weight_id_name(id) + " not set");
+    return m;
+  }
+  const float* bias(WeightId id, int layer) const { return s.has_bias ? w(id, layer).as<float>() : nullptr; }
+
+  // y [n, rows] (+)= x [n, cols] W^T: cuBLAS is column-major, so this is Y^T = W^T^T X^T.
+  void gemm(const void* xin, std::int64_t n, const DeviceMem& W, std::int64_t rows, std::int64_t cols, float* y,
+            bool accumulate) {
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    KVSIM_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
+                                    static_cast<int>(cols), &alpha, W.ptr, gemm_type(), static_cast<int>(cols), xin,
+                                    gemm_type(), static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(rows),
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  void ensure_work(std::int64_t n, std::size_t n_logits) {
+    const std::int64_t E = s.n_embd, Q = s.q_dim(), K = s.kv_dim(), F = s.n_ff;
+    if (n > work_rows) {
+      KVSIM_CUDA_CHECK(cudaStreamSynchronize(copy));  // pinned buffers may be re-made
+      const auto un = static_cast<std::size_t>(n);
+      x.ensure(un * E * sizeof(float), compute);
+      in.ensure(un * std::max({E, Q, F}) * gemm_elem(), compute);
+      for (int b = 0; b < 2; ++b) {
+        q[b].ensure(un * Q * sizeof(float), compute);
+        k[b].ensure(un * K * sizeof(float), compute);
+        v[b].ensure(un * K * sizeof(float), compute);
+        pq[b].ensure(un * Q);
+        pk[b].ensure(un * K);
+        pv[b].ensure(un * K);
+      }
+      kh.ensure(un * K * sizeof(std::uint16_t), compute);
+      vh.ensure(un * K * sizeof(std::uint16_t), compute);
+      gate.ensure(un * F * sizeof(float), compute);
+      up.ensure(un * F * sizeof(float), compute);
+      dev_tokens.ensure(un * sizeof(std::int32_t), compute);
+      dev_positions.ensure(un * sizeof(std::int32_t), compute);
+      work_rows = n;
+    }
+    const std::size_t m = std::max<std::size_t>(n_logits, 1);
+    dev_logit_rows.ensure(m * sizeof(std::int64_t), compute);
+    xr.ensure(m * E * sizeof(float), compute);
+    in.ensure(m * E * gemm_elem(), compute);
+    logits.ensure(m * static_cast<std::size_t>(s.vocab) * sizeof(float), compute);
+  }
+
+  void ensure_rope(std::int64_t max_pos) {
+    if (max_pos < rope_rows) return;
+    rope_rows = std::max<std::int64_t>(max_pos + 1, 2 * rope_rows);
+    std::vector<float> c, sn;
+    rope_tables(s.rope, rope_rows, c, sn);
+    cos_t.ensure(c.size() * sizeof(float), compute);
+    sin_t.ensure(sn.size() * sizeof(float), compute);
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(cos_t.ptr, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(sin_t.ptr, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
+    KVSIM_CUDA_CHECK(cudaStreamSynchronize(compute));  // the host tables go out of scope
+  }
+
+  // Room for `extra` more rows in every entry of layer l, keeping what is there.
+  void ensure_cache(LayerCache& lc, std::int64_t extra) {
+    std::int64_t need = 0;
+    for (auto r : lc.rows) need = std::max(need, r + extra);
+    if (need <= lc.capacity) return;
+    const std::int64_t cap = std::max({need, 2 * lc.capacity, std::int64_t{256}});
+    const auto d = static_cast<std::size_t>(s.head_dim), ne = lc.rows.size();
+    DeviceMem nk, nv;
+    nk.ensure(ne * cap * d * sizeof(std::uint16_t), compute);
+    nv.ensure(ne * cap * d * sizeof(std::uint16_t), compute);
+    for (std::size_t e = 0; e < ne; ++e) {
+      if (lc.rows[e] == 0) continue;
+      const std::size_t bytes = static_cast<std::size_t>(lc.rows[e]) * d * sizeof(std::uint16_t);
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(nk.as<std::uint16_t>() + e * cap * d, lc.k.as<std::uint16_t>() + e * lc.capacity * d,
+                                       bytes, cudaMemcpyDeviceToDevice, compute));
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(nv.as<std::uint16_t>() + e * cap * d, lc.v.as<std::uint16_t>() + e * lc.capacity * d,
+                                       bytes, cudaMemcpyDeviceToDevice, compute));
+    }
+    std::swap(lc.k, nk);
+    std::swap(lc.v, nv);
+    nk.release(compute);  // stream-ordered: after the copies above
+    nv.release(compute);
+    lc.capacity = cap;
+  }
+
+  EntryRows entry_rows(const LayerCache& lc, std::int64_t plus) const {
+    EntryRows r;
+    r.count = static_cast<int>(lc.rows.size());
+    for (int e = 0; e < r.count; ++e) r.rows[e] = static_cast<int>(lc.rows[static_cast<std::size_t>(e)] + plus);
+    return r;
+  }
+  std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                             std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
+                             const LayerCallback& on_layer);
+
+  std::vector<float> download(int layer, int entry, bool keys) const {
+    KVSIM_CUDA_CHECK(cudaSetDevice(device));
+    const auto& lc = cache.at(static_cast<std::size_t>(layer));
+    const std::int64_t n = lc.rows.at(static_cast<std::size_t>(entry));
+    const auto d = static_cast<std::size_t>(s.head_dim);
+    std::vector<std::uint16_t> h(static_cast<std::size_t>(n) * d);
+    if (!h.empty()) {
+      const auto* src = (keys ? lc.k : lc.v).as<std::uint16_t>() + static_cast<std::size_t>(entry) * lc.capacity * d;
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(h.data(), src, h.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost, compute));
+      KVSIM_CUDA_CHECK(cudaStreamSynchronize(compute));
+    }
+    std::vector<float> out(h.size());
+    halves_to_floats(h.data(), out.data(), h.size());
+    return out;
+  }
+};
+
+int cuda_devices(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(err);
+    cudaGetLastError();  // clear it
+    return 0;
+  }
+  if (n == 0 && why) *why = "the CUDA driver reports no devices";
+  return n;
+}
+
+CudaTransformer::CudaTransformer(const TransformerShape& s, DeviceWeights w, int device) : impl_(std::make_unique<Impl>()) {
+  s.check();
+  Impl& m = *impl_;
+  m.s = s;
+  m.dw = w;
+  m.f16 = w == DeviceWeights::F16;
+  m.device = device;
+  const int d = s.head_dim;
+  if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
+    throw std::invalid_argument("CUDA transformer: head_dim " + std::to_string(d) + " is not supported (32, 64, 96, 128 or 256)");
+  if (s.n_head > kMaxEntries)
+    throw std::invalid_argument("CUDA transformer: " + std::to_string(s.n_head) + " query heads, at most " +
+                                std::to_string(kMaxEntries));
+  std::string why;
+  const int n = cuda_devices(&why);
+  if (device < 0 || device >= n)
+    throw std::runtime_error("no CUDA device " + std::to_string(device) + " (" + std::to_string(n) + " found" +
+                             (why.empty() ? "" : ": " + why) + ")");
+  KVSIM_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  KVSIM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  m.name = prop.name;
+  KVSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.compute, cudaStreamNonBlocking));
+  KVSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&m.copy, cudaStreamNonBlocking));
+  for (int b = 0; b < 2; ++b) {
+    KVSIM_CUDA_CHECK(cudaEventCreateWithFlags(&m.rows_ready[b], cudaEventDisableTiming));
+    KVSIM_CUDA_CHECK(cudaEventCreateWithFlags(&m.copied[b], cudaEventDisableTiming));
+  }
+  KVSIM_CUBLAS_CHECK(cublasCreate(&m.blas));
+  KVSIM_CUBLAS_CHECK(cublasSetStream(m.blas, m.compute));
+  m.weights.resize(static_cast<std::size_t>((s.n_layers + 1) * kIds));
+  m.cache.resize(static_cast<std::size_t>(s.n_layers));
+  reset();
+}
+
+CudaTransformer::~CudaTransformer() = default;
+
+CudaTransformer::CudaTransformer(CudaTransformer&&) noexcept = default;
+CudaTransformer& CudaTransformer::operator=(CudaTransformer&&) noexcept = default;
+
+const TransformerShape& CudaTransformer::shape() const { return impl_->s; }
+std::size_t CudaTransformer::weight_bytes() const { return impl_->weight_bytes; }
+std::string CudaTransformer::device_name() const { return impl_->name; }
+std::string CudaTransformer::name() const { return "cuda:" + std::to_string(impl_->device) + " (" + impl_->name + ")"; }
+
+void CudaTransformer::set_weight(WeightId id, int layer, std::span<const float> data) {
+  Impl& m = *impl_;
+  KVSIM_CUDA_CHECK(cudaSetDevice(m.device));  // the current device is per host thread
+  const auto [rows, cols] = weight_shape(m.s, id);
+  if (is_per_layer(id) != (layer >= 0) || layer >= m.s.n_layers)
+    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " at layer " + std::to_string(layer));
+  if (static_cast<std::int64_t>(data.size()) != rows * cols)
+    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " has " + std::to_string(data.size()) +
+                                " values, expected " + std::to_string(rows * cols));
+  DeviceMem& dst = m.weights[static_cast<std::size_t>((layer + 1) * kIds + static_cast<int>(id))];
+  const bool as_half = m.f16 && rows > 1;  // matrices in the GEMM type; norms and biases fp32
+  const std::size_t bytes = data.size() * (as_half ? sizeof(std::uint16_t) : sizeof(float));
+  if (!dst.ptr) m.weight_bytes += bytes;
+  dst.ensure(bytes, m.compute);
+  if (as_half) {
+    const std::vector<std::uint16_t> h = halves_of(data);
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(dst.ptr, h.data(), bytes, cudaMemcpyHostToDevice, m.compute));
+    KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
+  } else {
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(dst.ptr, data.data(), bytes, cudaMemcpyHostToDevice, m.compute));
+    KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
+  }
+}
+
+WeightSink CudaTransformer::sink() {
+  return [this](WeightId id, int layer, std::span<const float> d) { set_weight(id, layer, d); };
+}
+
+void CudaTransformer::reset() {
+  for (auto& lc : impl_->cache) lc.rows.assign(static_cast<std::size_t>(impl_->s.n_head_kv), 0);
+}
+
+void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) {
+  Impl& m = *impl_;
+  KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
+  if (entries.size() != static_cast<std::size_t>(m.s.n_head_kv) && !per_query_head(m.s, static_cast<int>(entries.size())))
+    throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
+  auto& lc = m.cache.at(static_cast<std::size_t>(layer));
+  const auto d = static_cast<std::size_t>(m.s.head_dim);
+  std::int64_t most = 0;
+  for (const auto& e : entries) most = std::max(most, e.rows);
+  lc.rows.assign(entries.size(), 0);
+  lc.capacity = 0;  // re-made at the new entry count
+  lc.k.release(m.compute);
+  lc.v.release(m.compute);
+  m.ensure_cache(lc, most);
+  for (std::size_t e = 0; e < entries.size(); ++e) {
+    const auto n = static_cast<std::size_t>(entries[e].rows) * d;
+    const std::vector<std::uint16_t> hk = halves_of({entries[e].k, n}), hv = halves_of({entries[e].v, n});
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.k.as<std::uint16_t>() + e * lc.capacity * d, hk.data(), n * sizeof(std::uint16_t),
+                                     cudaMemcpyHostToDevice, m.compute));
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.v.as<std::uint16_t>() + e * lc.capacity * d, hv.data(), n * sizeof(std::uint16_t),
+                                     cudaMemcpyHostToDevice, m.compute));
+    KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
+    lc.rows[e] = entries[e].rows;
+  }
+}
+
+int CudaTransformer::entries(int layer) const {
+  return static_cast<int>(impl_->cache.at(static_cast<std::size_t>(layer)).rows.size());
+}
+
+std::int64_t CudaTransformer::rows(int layer, int entry) const {
+  return impl_->cache.at(static_cast<std::size_t>(layer)).rows.at(static_cast<std::size_t>(entry));
+}
+
+std::vector<float> CudaTransformer::entry_k(int layer, int entry) const { return impl_->download(layer, entry, true); }
+std::vector<float> CudaTransformer::entry_v(int layer, int entry) const { return impl_->download(layer, entry, false); }
+
+
+std::span<const float> CudaTransformer::last_attention(int layer, int q_head) const {
+  const Impl& m = *impl_;
+  const auto& row = m.last.at(static_cast<std::size_t>(layer));
+  const std::int64_t seen = m.last_seen.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
+  return {row.data() + static_cast<std::size_t>(q_head * m.last_stride), static_cast<std::size_t>(seen)};
+}
+
+std::vector<float> CudaTransformer::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                                            std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
+                                            const LayerCallback& on_layer) {
+  KVSIM_CUDA_CHECK(cudaSetDevice(impl_->device));
+  try {
+    return impl_->forward(tokens, positions, logit_rows, want_q, record_last, on_layer);
+  } catch (...) {
+    // Nothing queued may outlive the call: it reads the caller's memory and the pinned buffers.
+    cudaStreamSynchronize(impl_->compute);
+    cudaStreamSynchronize(impl_->copy);
+    throw;
+  }
+}
+
+std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> tokens,
+                                                  std::span<const std::int32_t> positions,
+                                                  std::span<const std::int64_t> logit_rows, bool want_q,
+                                                  bool record_last, const LayerCallback& on_layer) {
+  Impl& m = *this;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  if (n == 0 || positions.size() != tokens.size())
+    throw std::invalid_argument("forward: tokens and positions must be non-empty and equal in length");
+  for (const auto t : tokens)
+    if (t < 0 || t >= s.vocab) throw std::invalid_argument("forward: token id " + std::to_string(t) + " out of range");
+  if (*std::min_element(positions.begin(), positions.end()) < 0) throw std::invalid_argument("forward: negative position");
+  for (const auto r : logit_rows)
+    if (r < 0 || r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " out of range");
+  const std::int64_t E = s.n_embd, Q = s.q_dim(), K = s.kv_dim(), F = s.n_ff, V = s.vocab;
+  const int d = s.head_dim, G = s.group();
+  m.ensure_work(n, logit_rows.size());
+  m.ensure_rope(*std::max_element(positions.begin(), positions.end()));
+  cudaStream_t st = m.compute;
+  KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_tokens.ptr, tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice, st));
+  KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_positions.ptr, positions.data(), positions.size_bytes(), cudaMemcpyHostToDevice, st));
+  const DeviceMem& embd = m.w(WeightId::TokenEmbd, -1);
+  KVSIM_CUDA_CHECK(embed_rows(embd.ptr, f16, m.dev_tokens.as<std::int32_t>(), static_cast<int>(n), static_cast<int>(E),
+                              m.x.as<float>(), st));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto eps = static_cast<float>(s.rms_eps);
+  const QkvShape qs{s.n_head, s.n_head_kv, d, s.rope.rope_dim, s.rope.type == RopeType::Neox};
+
+  // Last-row weights: one device block [layers, n_head, stride], fetched once after the layers.
+  if (record_last) {
+    std::int64_t most = 0;
+    for (const auto& lc : m.cache)
+      for (auto r : lc.rows) most = std::max(most, r + n);
+    m.last_stride = most;
+    m.probs.ensure(static_cast<std::size_t>(s.n_layers) * s.n_head * most * sizeof(float), st);
+    m.last_seen.assign(static_cast<std::size_t>(s.n_layers), std::vector<std::int64_t>(static_cast<std::size_t>(s.n_head)));
+  }
+
+  // The host side of the capture: layer l's rows, copied while layer l + 1 computes.
+  auto deliver = [&](int layer) {
+    const int b = layer % 2;
+    KVSIM_CUDA_CHECK(cudaEventSynchronize(m.copied[b]));
+    on_layer(LayerRows{layer, n, want_q ? m.pq[b].ptr : nullptr, m.pk[b].ptr, m.pv[b].ptr});
+  };
+
+  for (int l = 0; l < s.n_layers; ++l) {
+    const int b = l % 2;
+    // Buffer b was last read by layer l - 2's copy.
+    if (on_layer && l >= 2) KVSIM_CUDA_CHECK(cudaStreamWaitEvent(st, m.copied[b], 0));
+    float *qb = m.q[b].as<float>(), *kb = m.k[b].as<float>(), *vb = m.v[b].as<float>();
+    KVSIM_CUDA_CHECK(rms_norm_rows(m.x.as<float>(), m.w(WeightId::AttnNorm, l).as<float>(), static_cast<int>(n),
+                                   static_cast<int>(E), eps, m.in.ptr, f16, st));
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wq, l), Q, E, qb, false);
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wk, l), K, E, kb, false);
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wv, l), K, E, vb, false);
+    KVSIM_CUDA_CHECK(qkv_finish(qs, static_cast<int>(n), qb, kb, vb, m.bias(WeightId::Bq, l), m.bias(WeightId::Bk, l),
+                                m.bias(WeightId::Bv, l), m.dev_positions.as<std::int32_t>(), m.cos_t.as<float>(),
+                                m.sin_t.as<float>(), m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), st));
+    if (on_layer) {
+      KVSIM_CUDA_CHECK(cudaEventRecord(m.rows_ready[b], st));
+      KVSIM_CUDA_CHECK(cudaStreamWaitEvent(m.copy, m.rows_ready[b], 0));
+      const auto kv_bytes = static_cast<std::size_t>(n * K) * sizeof(float);
+      if (want_q)
+        KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.pq[b].ptr, qb, static_cast<std::size_t>(n * Q) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, m.copy));
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.pk[b].ptr, kb, kv_bytes, cudaMemcpyDeviceToHost, m.copy));
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.pv[b].ptr, vb, kv_bytes, cudaMemcpyDeviceToHost, m.copy));
+      KVSIM_CUDA_CHECK(cudaEventRecord(m.copied[b], m.copy));
+    }
+    auto& lc = m.cache[static_cast<std::size_t>(l)];
+    const bool pqh = per_query_head(s, static_cast<int>(lc.rows.size()));
+    m.ensure_cache(lc, n);
+    const EntryRows past = m.entry_rows(lc, 0);
+    KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
+                               past, pqh ? G : 1, lc.capacity, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), st));
+    KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(),
+                                 lc.v.as<std::uint16_t>(), lc.capacity, past, scale, m.in.ptr, f16, st));
+    if (record_last) {
+      const EntryRows seen = m.entry_rows(lc, n);
+      for (int h = 0; h < s.n_head; ++h)
+        m.last_seen[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)] = seen.rows[pqh ? h : h / G];
+      KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(), lc.capacity,
+                                        seen, scale, m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride,
+                                        static_cast<int>(m.last_stride), st));
+    }
+    for (auto& r : lc.rows) r += n;
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wo, l), E, Q, m.x.as<float>(), true);
+    KVSIM_CUDA_CHECK(rms_norm_rows(m.x.as<float>(), m.w(WeightId::FfnNorm, l).as<float>(), static_cast<int>(n),
+                                   static_cast<int>(E), eps, m.in.ptr, f16, st));
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wgate, l), F, E, m.gate.as<float>(), false);
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wup, l), F, E, m.up.as<float>(), false);
+    KVSIM_CUDA_CHECK(swiglu(m.gate.as<float>(), m.up.as<float>(), n * F, m.in.ptr, f16, st));
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wdown, l), E, F, m.x.as<float>(), true);
+    if (on_layer && l >= 1) deliver(l - 1);
+  }
+  if (on_layer) deliver(s.n_layers - 1);
+
+  std::vector<float> out(logit_rows.size() * static_cast<std::size_t>(V));
+  if (!logit_rows.empty()) {
+    const auto nl = static_cast<std::int64_t>(logit_rows.size());
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_logit_rows.ptr, logit_rows.data(), logit_rows.size_bytes(), cudaMemcpyHostToDevice, st));
+    KVSIM_CUDA_CHECK(gather_rows(m.x.as<float>(), m.dev_logit_rows.as<std::int64_t>(), static_cast<int>(nl), static_cast<int>(E),
+                                 m.xr.as<float>(), st));
+    KVSIM_CUDA_CHECK(rms_norm_rows(m.xr.as<float>(), m.w(WeightId::OutputNorm, -1).as<float>(), static_cast<int>(nl),
+                                   static_cast<int>(E), eps, m.in.ptr, f16, st));
+    m.gemm(m.in.ptr, nl, s.tied_embeddings ? m.w(WeightId::TokenEmbd, -1) : m.w(WeightId::Output, -1), V, E,
+           m.logits.as<float>(), false);
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.ptr, out.size() * sizeof(float), cudaMemcpyDeviceToHost, st));
+  }
+  if (record_last) {
+    m.last.assign(static_cast<std::size_t>(s.n_layers), std::vector<float>(static_cast<std::size_t>(s.n_head * m.last_stride)));
+    for (int l = 0; l < s.n_layers; ++l)
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.last[static_cast<std::size_t>(l)].data(),
+                                       m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride,
+                                       m.last[static_cast<std::size_t>(l)].size() * sizeof(float), cudaMemcpyDeviceToHost, st));
+  }
+  KVSIM_CUDA_CHECK(cudaStreamSynchronize(st));
+  return out;
+}
+
+}  // namespace kvsim::gpu

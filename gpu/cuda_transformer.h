@@ -1,0 +1,58 @@
+#pragma once
+// The CUDA transformer backend: the forward pass of a llama-family model on one GPU with the same
+// interface, cache layout and rounding points as its CPU reference (gpu/transformer_ref.h).
+// Weights are dequantized once on the host and kept on the device in fp16 (or fp32); GEMMs go
+// through cuBLAS with fp32 accumulation; everything else is gpu/transformer_kernels.cuh.
+// With a layer callback each layer's new Q/K/V rows are copied to pinned host buffers on a
+// second stream (two buffers in turn), and the callback for layer l runs on the host while the
+// GPU computes layer l + 1: a trace writer behind it does not stall the GPU.
+// No CUDA types here: callers compile as plain C++.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpu/transformer_backend.h"
+
+namespace kvsim::gpu {
+
+class CudaTransformer : public TransformerBackend {
+ public:
+  // Throws (naming the device) when there is no usable GPU or the shape is unsupported
+  // (head_dim not 32/64/96/128/256, more than 256 cache entries per layer).
+  CudaTransformer(const TransformerShape& s, DeviceWeights w, int device = 0);
+  ~CudaTransformer() override;
+  CudaTransformer(CudaTransformer&&) noexcept;
+  CudaTransformer& operator=(CudaTransformer&&) noexcept;
+
+  const TransformerShape& shape() const override;
+  void set_weight(WeightId id, int layer, std::span<const float> data);  // throws on a size mismatch
+  WeightSink sink() override;
+
+  void reset() override;
+  void load_layer(int layer, std::span<const HostEntry> entries) override;
+  int entries(int layer) const;
+  std::int64_t rows(int layer, int entry) const;
+  std::vector<float> entry_k(int layer, int entry) const;
+  std::vector<float> entry_v(int layer, int entry) const;
+
+  // TransformerRef::forward's contract.
+  std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                             std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
+                             const LayerCallback& on_layer = {}) override;
+  std::span<const float> last_attention(int layer, int q_head) const override;
+  std::string name() const override;  // "cuda:N (device name)"
+
+  std::size_t weight_bytes() const;  // on the device
+  std::string device_name() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Usable CUDA devices (0 without a driver or a GPU); `why` says what was found when there is none.
+int cuda_devices(std::string* why = nullptr);
+
+}  // namespace kvsim::gpu

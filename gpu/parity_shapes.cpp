@@ -1,0 +1,44 @@
+#include "gpu/parity_shapes.h"
+
+namespace kvsim::gpu {
+
+TransformerShape smollm2_shape() {
+  TransformerShape s;
+  s.n_layers = 30, s.n_embd = 576, s.n_head = 9, s.n_head_kv = 3, s.head_dim = 64, s.n_ff = 1536, s.vocab = 49152;
+  s.rope = RopeSpec{RopeType::Norm, 64, 64, 100000.0};
+  s.tied_embeddings = true;
+  return s;
+}
+
+TransformerShape mistral7b_shape(int layers) {
+  TransformerShape s;
+  s.n_layers = layers, s.n_embd = 4096, s.n_head = 32, s.n_head_kv = 8, s.head_dim = 128, s.n_ff = 14336, s.vocab = 32000;
+  s.rope = RopeSpec{RopeType::Norm, 128, 128, 1000000.0};
+  return s;
+}
+
+std::vector<std::pair<std::string, TransformerShape>> kernel_corner_shapes() {
+  std::vector<std::pair<std::string, TransformerShape>> out;
+  TransformerShape s;
+  s.n_layers = 2, s.n_embd = 192, s.n_head = 6, s.n_head_kv = 2, s.head_dim = 32, s.n_ff = 256, s.vocab = 500;
+  s.rope = RopeSpec{RopeType::Norm, 32, 32, 10000.0};
+  out.emplace_back("head_dim 32, group 3", s);
+  s.n_embd = 288, s.n_head = 3, s.n_head_kv = 3, s.head_dim = 96;  // plain multi-head, partial rotary
+  s.rope = RopeSpec{RopeType::Neox, 96, 64, 10000.0};
+  out.emplace_back("head_dim 96, MHA, rope_dim 64 (neox)", s);
+  s.n_embd = 512, s.n_head = 4, s.n_head_kv = 1, s.head_dim = 256;  // one KV head for four
+  s.rope = RopeSpec{RopeType::Norm, 256, 256, 10000.0};
+  out.emplace_back("head_dim 256, MQA", s);
+  return out;
+}
+
+TransformerShape qwen_like_shape() {
+  TransformerShape s;
+  s.n_layers = 3, s.n_embd = 256, s.n_head = 4, s.n_head_kv = 2, s.head_dim = 64, s.n_ff = 704, s.vocab = 1000;
+  s.rope = RopeSpec{RopeType::Neox, 64, 64, 1000000.0};
+  s.has_bias = true;
+  s.rms_eps = 1e-6;
+  return s;
+}
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,30 @@
+#pragma once
+// The interface both transformer backends offer (the CUDA one and its CPU reference), so one
+// engine (capture/backend_engine.h) drives either: on a CPU machine the reference stands in for
+// the GPU and every line of the engine above it is tested.
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpu/transformer_shape.h"
+
+namespace kvsim::gpu {
+
+class TransformerBackend {
+ public:
+  virtual ~TransformerBackend() = default;
+  virtual const TransformerShape& shape() const = 0;
+  virtual WeightSink sink() = 0;
+  virtual void reset() = 0;                                                  // every layer: n_head_kv empty entries
+  virtual void load_layer(int layer, std::span<const HostEntry> entries) = 0;  // replaces a layer's cache
+  // Appends the tokens at `positions` to every entry and returns the logits [rows, vocab] of
+  // `logit_rows`; `on_layer` sees each layer's new rows (q only with want_q). With record_last,
+  // last_attention() then holds each query head's softmax of the last row over its entry.
+  virtual std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                                     std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
+                                     const LayerCallback& on_layer) = 0;
+  virtual std::span<const float> last_attention(int layer, int q_head) const = 0;
+  virtual std::string name() const = 0;  // for traces and reports
+};
+
+}  // namespace kvsim::gpu

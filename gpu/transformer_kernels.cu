@@ -1,0 +1,312 @@
+#include "gpu/transformer_kernels.cuh"
+
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+namespace kvsim::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float from_half(std::uint16_t h) {
+  __half_raw raw;
+  raw.x = h;
+  return __half2float(__half(raw));
+}
+
+__device__ __forceinline__ std::uint16_t to_half(float x) {
+  const __half h = __float2half_rn(x);
+  return __half_raw(h).x;
+}
+
+__device__ __forceinline__ void store(void* out, std::int64_t i, float x, bool half_out) {
+  if (half_out) static_cast<std::uint16_t*>(out)[i] = to_half(x);
+  else static_cast<float*>(out)[i] = x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// Block-wide reduction through shared memory (blockDim.x a multiple of 32); every thread gets it.
+template <bool kMax>
+__device__ float block_reduce(float x, float* shared) {
+  x = kMax ? warp_max(x) : warp_sum(x);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float r = shared[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) r = kMax ? fmaxf(r, shared[w]) : r + shared[w];
+    shared[0] = r;
+  }
+  __syncthreads();
+  const float r = shared[0];
+  __syncthreads();
+  return r;
+}
+
+unsigned blocks_for(std::int64_t count, int threads = kThreads) {
+  return static_cast<unsigned>((count + threads - 1) / threads);
+}
+
+__global__ void embed_kernel(const void* table, bool half_table, const std::int32_t* tokens, int n, int e, float* x) {
+  const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<std::int64_t>(n) * e) return;
+  const std::int64_t i = idx / e, c = idx % e;
+  const std::int64_t src = static_cast<std::int64_t>(tokens[i]) * e + c;
+  x[idx] = half_table ? from_half(static_cast<const std::uint16_t*>(table)[src]) : static_cast<const float*>(table)[src];
+}
+
+__global__ void rms_norm_kernel(const float* x, const float* w, int e, float eps, void* y, bool half_out) {
+  __shared__ float shared[kThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * e;
+  float ss = 0;
+  for (int c = threadIdx.x; c < e; c += blockDim.x) ss += xr[c] * xr[c];
+  ss = block_reduce<false>(ss, shared);
+  const float scale = 1.0f / sqrtf(ss / static_cast<float>(e) + eps);
+  for (int c = threadIdx.x; c < e; c += blockDim.x) store(y, row * e + c, xr[c] * scale * w[c], half_out);
+}
+
+// One block per row: biases, then the rotation of every (head, pair), then K/V rounding.
+__global__ void qkv_finish_kernel(QkvShape s, float* q, float* k, float* v, const float* bq, const float* bk,
+                                  const float* bv, const std::int32_t* positions, const float* cos_t,
+                                  const float* sin_t, std::uint16_t* k_half, std::uint16_t* v_half) {
+  const std::int64_t i = blockIdx.x;
+  const int d = s.head_dim, Q = s.n_head * d, K = s.n_head_kv * d, pairs = s.rope_dim / 2;
+  float* qi = q + i * Q;
+  float* ki = k + i * K;
+  float* vi = v + i * K;
+  if (bq) {
+    for (int c = threadIdx.x; c < Q; c += blockDim.x) qi[c] += bq[c];
+    for (int c = threadIdx.x; c < K; c += blockDim.x) ki[c] += bk[c], vi[c] += bv[c];
+    __syncthreads();
+  }
+  const float* cs = cos_t + static_cast<std::int64_t>(positions[i]) * pairs;
+  const float* sn = sin_t + static_cast<std::int64_t>(positions[i]) * pairs;
+  for (int idx = threadIdx.x; idx < (s.n_head + s.n_head_kv) * pairs; idx += blockDim.x) {
+    const int head = idx / pairs, j = idx % pairs;
+    float* row = head < s.n_head ? qi + head * d : ki + (head - s.n_head) * d;
+    const int a = s.neox ? j : 2 * j, b = s.neox ? j + pairs : 2 * j + 1;
+    const float x0 = row[a], x1 = row[b];
+    row[a] = x0 * cs[j] - x1 * sn[j];
+    row[b] = x0 * sn[j] + x1 * cs[j];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < K; c += blockDim.x) {
+    const std::uint16_t hk = to_half(ki[c]), hv = to_half(vi[c]);
+    k_half[i * K + c] = hk;
+    v_half[i * K + c] = hv;
+    ki[c] = from_half(hk);
+    vi[c] = from_half(hv);
+  }
+}
+
+__global__ void kv_append_kernel(const std::uint16_t* k_half, const std::uint16_t* v_half, int n, int n_head_kv, int d,
+                                 EntryRows past, int entry_div, std::int64_t capacity, std::uint16_t* cache_k,
+                                 std::uint16_t* cache_v) {
+  const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t per_entry = static_cast<std::int64_t>(n) * d;
+  if (idx >= per_entry * past.count) return;
+  const int e = static_cast<int>(idx / per_entry);
+  const std::int64_t i = (idx % per_entry) / d, c = idx % d;
+  const std::int64_t src = (i * n_head_kv + e / entry_div) * d + c;
+  const std::int64_t dst = (static_cast<std::int64_t>(e) * capacity + past.rows[e] + i) * d + c;
+  cache_k[dst] = k_half[src];
+  cache_v[dst] = v_half[src];
+}
+
+constexpr int kRowsPerBlock = 4;  // warps per block, one query row each
+constexpr int kTile = 32;         // keys per shared-memory tile: one per lane
+
+// Each warp walks its row's keys tile by tile: lane j scores key j of the tile against the
+// row's query (in shared memory, a broadcast read), the warp folds the tile into its running
+// max / sum / output (lanes own d/32 output channels each). K rows are padded by two halves so
+// the lanes' reads of 32 different rows fall in 32 different banks.
+template <int kLanes>
+__global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_head, int head_div,
+                                   const std::uint16_t* __restrict__ cache_k, const std::uint16_t* __restrict__ cache_v,
+                                   std::int64_t capacity, EntryRows past, float scale, void* out, bool half_out) {
+  constexpr int d = kLanes * 32, kstride = d + 2;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto* ks = reinterpret_cast<std::uint16_t*>(smem_raw);
+  std::uint16_t* vs = ks + kTile * kstride;
+  float* qs = reinterpret_cast<float*>(vs + kTile * d);
+  const int h = blockIdx.y, e = h / head_div, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int first = blockIdx.x * kRowsPerBlock, i = first + warp;
+  const bool active = i < n;
+  const int p = past.rows[e];
+  const int limit = p + i;                                     // the last key this row sees
+  const int block_last = p + min(n - 1, first + kRowsPerBlock - 1);  // the last key any row sees
+  const std::uint16_t* K = cache_k + static_cast<std::int64_t>(e) * capacity * d;
+  const std::uint16_t* V = cache_v + static_cast<std::int64_t>(e) * capacity * d;
+  float* qw = qs + warp * d;
+  if (active)
+    for (int c = lane; c < d; c += 32) qw[c] = q[(static_cast<std::int64_t>(i) * n_head + h) * d + c] * scale;
+  float m = -INFINITY, l = 0.0f, o[kLanes];
+  for (int t = 0; t < kLanes; ++t) o[t] = 0.0f;
+  for (int t0 = 0; t0 <= block_last; t0 += kTile) {
+    const int keys = min(kTile, block_last + 1 - t0);
+    __syncthreads();  // the previous tile is consumed (and qw written, first time round)
+    for (int idx = threadIdx.x; idx < keys * (d / 2); idx += blockDim.x) {
+      const int j = idx / (d / 2), c = 2 * (idx % (d / 2));
+      const std::int64_t src = static_cast<std::int64_t>(t0 + j) * d + c;
+      *reinterpret_cast<std::uint32_t*>(ks + j * kstride + c) = *reinterpret_cast<const std::uint32_t*>(K + src);
+      *reinterpret_cast<std::uint32_t*>(vs + j * d + c) = *reinterpret_cast<const std::uint32_t*>(V + src);
+    }
+    __syncthreads();
+    if (!active || t0 > limit) continue;
+    float sc = -INFINITY;
+    if (lane < keys && t0 + lane <= limit) {
+      const std::uint16_t* kr = ks + lane * kstride;
+      float dot = 0.0f;
+#pragma unroll 8
+      for (int c = 0; c < d; c += 2) {
+        const __half2 k2 = *reinterpret_cast<const __half2*>(kr + c);
+        const float2 kf = __half22float2(k2);
+        dot = fmaf(qw[c], kf.x, dot);
+        dot = fmaf(qw[c + 1], kf.y, dot);
+      }
+      sc = dot;
+    }
+    const float m_new = fmaxf(m, warp_max(sc));  // finite: key t0 <= limit is in every active tile
+    const float corr = expf(m - m_new);
+    const float pj = sc == -INFINITY ? 0.0f : expf(sc - m_new);
+    l = l * corr + warp_sum(pj);
+    for (int t = 0; t < kLanes; ++t) o[t] *= corr;
+    for (int j = 0; j < keys; ++j) {
+      const float pw = __shfl_sync(0xffffffffu, pj, j);
+      const std::uint16_t* vr = vs + j * d;
+      for (int t = 0; t < kLanes; ++t) o[t] = fmaf(pw, from_half(vr[lane + 32 * t]), o[t]);
+    }
+    m = m_new;
+  }
+  if (!active) return;
+  const float inv = 1.0f / l;
+  for (int t = 0; t < kLanes; ++t)
+    store(out, (static_cast<std::int64_t>(i) * n_head + h) * d + lane + 32 * t, o[t] * inv, half_out);
+}
+
+__global__ void last_row_kernel(const float* q_last, int head_dim, int head_div, const std::uint16_t* cache_k,
+                                std::int64_t capacity, EntryRows seen, float scale, float* probs, int stride) {
+  extern __shared__ float qshared[];  // [head_dim] then reduction slots
+  float* red = qshared + head_dim;
+  const int h = blockIdx.x, e = h / head_div, n = seen.rows[e], d = head_dim;
+  const std::uint16_t* K = cache_k + static_cast<std::int64_t>(e) * capacity * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) qshared[c] = q_last[static_cast<std::int64_t>(h) * d + c] * scale;
+  __syncthreads();
+  float* w = probs + static_cast<std::int64_t>(h) * stride;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    float dot = 0.0f;
+    for (int c = 0; c < d; ++c) dot = fmaf(qshared[c], from_half(K[static_cast<std::int64_t>(j) * d + c]), dot);
+    w[j] = dot;
+    mx = fmaxf(mx, dot);
+  }
+  mx = block_reduce<true>(mx, red);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += (w[j] = expf(w[j] - mx));
+  sum = block_reduce<false>(sum, red);
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < stride; j += blockDim.x) w[j] = j < n ? w[j] * inv : 0.0f;
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, std::int64_t count, void* out, bool half_out) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const float g = gate[i];
+  store(out, i, g / (1.0f + expf(-g)) * up[i], half_out);
+}
+
+__global__ void gather_kernel(const float* x, const std::int64_t* rows, int m, int width, float* y) {
+  const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<std::int64_t>(m) * width) return;
+  y[idx] = x[rows[idx / width] * width + idx % width];
+}
+
+template <int kLanes>
+cudaError_t launch_attend(const float* q, int n, int n_head, int head_div, const std::uint16_t* ck,
+                          const std::uint16_t* cv, std::int64_t capacity, const EntryRows& past, float scale, void* out,
+                          bool half_out, cudaStream_t stream) {
+  constexpr int d = kLanes * 32;
+  const std::size_t smem = (kTile * (d + 2) + kTile * d) * sizeof(std::uint16_t) + kRowsPerBlock * d * sizeof(float);
+  const dim3 grid((n + kRowsPerBlock - 1) / kRowsPerBlock, n_head);
+  attend_rows_kernel<kLanes><<<grid, kRowsPerBlock * 32, smem, stream>>>(q, n, n_head, head_div, ck, cv, capacity,
+                                                                         past, scale, out, half_out);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t embed_rows(const void* table, bool half_table, const std::int32_t* tokens, int n, int n_embd, float* x,
+                       cudaStream_t stream) {
+  const std::int64_t count = static_cast<std::int64_t>(n) * n_embd;
+  embed_kernel<<<blocks_for(count), kThreads, 0, stream>>>(table, half_table, tokens, n, n_embd, x);
+  return cudaGetLastError();
+}
+
+cudaError_t rms_norm_rows(const float* x, const float* w, int n, int n_embd, float eps, void* y, bool half_out,
+                          cudaStream_t stream) {
+  rms_norm_kernel<<<n, kThreads, 0, stream>>>(x, w, n_embd, eps, y, half_out);
+  return cudaGetLastError();
+}
+
+cudaError_t qkv_finish(const QkvShape& s, int n, float* q, float* k, float* v, const float* bq, const float* bk,
+                       const float* bv, const std::int32_t* positions, const float* cos_t, const float* sin_t,
+                       std::uint16_t* k_half, std::uint16_t* v_half, cudaStream_t stream) {
+  qkv_finish_kernel<<<n, kThreads, 0, stream>>>(s, q, k, v, bq, bk, bv, positions, cos_t, sin_t, k_half, v_half);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_append(const std::uint16_t* k_half, const std::uint16_t* v_half, int n, int n_head_kv, int head_dim,
+                      const EntryRows& past, int entry_div, std::int64_t capacity, std::uint16_t* cache_k,
+                      std::uint16_t* cache_v, cudaStream_t stream) {
+  const std::int64_t count = static_cast<std::int64_t>(n) * head_dim * past.count;
+  kv_append_kernel<<<blocks_for(count), kThreads, 0, stream>>>(k_half, v_half, n, n_head_kv, head_dim, past, entry_div,
+                                                               capacity, cache_k, cache_v);
+  return cudaGetLastError();
+}
+
+cudaError_t attend_rows(const float* q, int n, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
+                        const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& past, float scale,
+                        void* out, bool half_out, cudaStream_t stream) {
+  switch (head_dim) {
+    case 32: return launch_attend<1>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
+    case 64: return launch_attend<2>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
+    case 96: return launch_attend<3>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
+    case 128: return launch_attend<4>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
+    case 256: return launch_attend<8>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
+                             std::int64_t capacity, const EntryRows& seen, float scale, float* probs, int stride,
+                             cudaStream_t stream) {
+  const std::size_t smem = (static_cast<std::size_t>(head_dim) + kThreads / 32) * sizeof(float);
+  last_row_kernel<<<n_head, kThreads, smem, stream>>>(q_last, head_dim, head_div, cache_k, capacity, seen, scale, probs,
+                                                      stride);
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu(const float* gate, const float* up, std::int64_t count, void* out, bool half_out, cudaStream_t stream) {
+  swiglu_kernel<<<blocks_for(count), kThreads, 0, stream>>>(gate, up, count, out, half_out);
+  return cudaGetLastError();
+}
+
+cudaError_t gather_rows(const float* x, const std::int64_t* rows, int m, int width, float* y, cudaStream_t stream) {
+  const std::int64_t count = static_cast<std::int64_t>(m) * width;
+  gather_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, rows, m, width, y);
+  return cudaGetLastError();
+}
+
+}  // namespace kvsim::gpu

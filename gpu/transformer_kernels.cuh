@@ -1,0 +1,65 @@
+#pragma once
+// The CUDA transformer's own kernels (the GEMMs are cuBLAS's): embedding, RMSNorm, bias + RoPE
+// (both pairings) + fp16 rounding of K/V, KV append, tiled causal attention with an online
+// softmax, the last row's attention weights, SwiGLU, row gather. Device pointers, asynchronous on
+// `stream`. Their CPU reference is the whole forward pass, gpu/transformer_ref.h; the parity
+// harness compares the two. Activations are fp32; `half_out` writes the next GEMM's fp16 input.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kvsim::gpu {
+
+// Rows each cache entry of a layer holds, passed by value (entries <= kMaxEntries: one per KV
+// head, or one per query head after a per-query-head plan).
+constexpr int kMaxEntries = 256;
+struct EntryRows {
+  int count = 0;
+  int rows[kMaxEntries] = {};
+};
+
+// x[i, :] = table[tokens[i], :] (fp16 or fp32 table).
+cudaError_t embed_rows(const void* table, bool half_table, const std::int32_t* tokens, int n, int n_embd, float* x,
+                       cudaStream_t stream);
+
+// y[i, :] = x[i, :] / rms(x[i, :]) * w.
+cudaError_t rms_norm_rows(const float* x, const float* w, int n, int n_embd, float eps, void* y, bool half_out,
+                          cudaStream_t stream);
+
+struct QkvShape {
+  int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0;
+  bool neox = false;  // pairs (i, i + rope_dim/2) instead of (2i, 2i+1)
+};
+// Adds the biases (null: none), rotates q and k at `positions` (cos/sin tables [pos, rope_dim/2]),
+// rounds k and v to fp16 in place and writes those halves to k_half/v_half ([n, n_head_kv, d]).
+cudaError_t qkv_finish(const QkvShape& s, int n, float* q, float* k, float* v, const float* bq, const float* bk,
+                       const float* bv, const std::int32_t* positions, const float* cos_t, const float* sin_t,
+                       std::uint16_t* k_half, std::uint16_t* v_half, cudaStream_t stream);
+
+// Appends the n new rows to every entry of a layer's cache ([entries, capacity, d] halves):
+// entry e takes KV head e / entry_div (entry_div = group for per-query-head entries, else 1).
+cudaError_t kv_append(const std::uint16_t* k_half, const std::uint16_t* v_half, int n, int n_head_kv, int head_dim,
+                      const EntryRows& past, int entry_div, std::int64_t capacity, std::uint16_t* cache_k,
+                      std::uint16_t* cache_v, cudaStream_t stream);
+
+// Causal attention of the n new rows: query head h reads entry h / head_div (head_div = group,
+// or 1 for per-query-head entries); row i sees the entry's past rows and new rows 0..i.
+// Tiles of keys pass through shared memory with an online softmax: nothing T x T is stored.
+// out [n, n_head, d]. head_dim: a multiple of 32, at most 256.
+cudaError_t attend_rows(const float* q, int n, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
+                        const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& past, float scale,
+                        void* out, bool half_out, cudaStream_t stream);
+
+// Softmax weights of the last new row (q_last [n_head, d]) over each head's entry (`seen` rows
+// incl. itself): probs [n_head, stride], zero past each head's count.
+cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
+                             std::int64_t capacity, const EntryRows& seen, float scale, float* probs, int stride,
+                             cudaStream_t stream);
+
+// out = silu(gate) * up, count values.
+cudaError_t swiglu(const float* gate, const float* up, std::int64_t count, void* out, bool half_out, cudaStream_t stream);
+
+// y[j, :] = x[rows[j], :].
+cudaError_t gather_rows(const float* x, const std::int64_t* rows, int m, int width, float* y, cudaStream_t stream);
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,272 @@
+#include "gpu/transformer_parity.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+
+#include "gpu/attention_ref.h"
+#include "gpu/cuda_check.h"
+#include "gpu/cuda_transformer.h"
+#include "gpu/transformer_ref.h"
+
+namespace kvsim::gpu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// NMSE that fails on a size mismatch (nmse() compares the common prefix only).
+double checked_nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size() || want.empty()) return 1e30;
+  return nmse(got, want);
+}
+
+std::vector<std::int32_t> prompt(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& v : t) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v = static_cast<std::int32_t>(x % static_cast<std::uint64_t>(vocab));
+  }
+  return t;
+}
+
+std::vector<std::int32_t> iota_from(std::int32_t first, std::int64_t n) {
+  std::vector<std::int32_t> p(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = first + static_cast<std::int32_t>(i);
+  return p;
+}
+
+std::int32_t argmax(const std::vector<float>& logits, std::int64_t row, std::int64_t vocab) {
+  const auto first = logits.begin() + row * vocab;
+  return static_cast<std::int32_t>(std::max_element(first, first + vocab) - first);
+}
+
+// Each layer's new rows, concatenated over layers.
+struct Captured {
+  std::vector<float> q, k, v;
+  LayerCallback callback() {
+    return [this](const LayerRows& x) {
+      if (x.q) q.insert(q.end(), x.q, x.q + x.n * qw);
+      k.insert(k.end(), x.k, x.k + x.n * kw);
+      v.insert(v.end(), x.v, x.v + x.n * kw);
+    };
+  }
+  std::int64_t qw = 0, kw = 0;
+};
+
+template <typename Backend>
+std::vector<float> all_entries(const Backend& b, const TransformerShape& s, bool keys) {
+  std::vector<float> out;
+  for (int l = 0; l < s.n_layers; ++l)
+    for (int e = 0; e < b.entries(l); ++e) {
+      const auto x = keys ? b.entry_k(l, e) : b.entry_v(l, e);
+      out.insert(out.end(), x.begin(), x.end());
+    }
+  return out;
+}
+
+template <typename Backend>
+std::vector<float> all_last(const Backend& b, const TransformerShape& s) {
+  std::vector<float> out;
+  for (int l = 0; l < s.n_layers; ++l)
+    for (int h = 0; h < s.n_head; ++h) {
+      const auto x = b.last_attention(l, h);
+      out.insert(out.end(), x.begin(), x.end());
+    }
+  return out;
+}
+
+}  // namespace
+
+void transformer_parity(const std::string& name, const TransformerShape& s, DeviceWeights w, ParityReport& r) {
+  r.line(name + " (" + device_weights_name(w) + " weights): " + std::to_string(s.n_layers) + " layers, n_embd " +
+         std::to_string(s.n_embd) + ", " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
+         " heads, head_dim " + std::to_string(s.head_dim) + ", rope " + (s.rope.type == RopeType::Neox ? "neox" : "norm") +
+         (s.has_bias ? ", QKV bias" : ""));
+  const double limit = w == DeviceWeights::F16 ? 1e-4 : 1e-5;
+  TransformerRef ref(s, w);
+  CudaTransformer gpu(s, w);
+  random_weights(s, 7, [&](WeightId id, int layer, std::span<const float> d) {
+    ref.set_weight(id, layer, d);
+    gpu.set_weight(id, layer, d);
+  });
+  const std::int64_t P = 80, V = s.vocab;  // 80 rows: three key tiles, twenty row blocks
+  const auto tokens = prompt(P, V, 3);
+  const auto pos = iota_from(0, P);
+  const std::vector<std::int64_t> rows = {P - 1, P / 2};
+
+  Captured cr, cg;
+  cr.qw = cg.qw = s.q_dim();
+  cr.kw = cg.kw = s.kv_dim();
+  const auto lr = ref.forward(tokens, pos, rows, true, false, cr.callback());
+  const auto lg = gpu.forward(tokens, pos, rows, true, false, cg.callback());
+  r.value("prefill logits (2 rows)", checked_nmse(lg, lr), limit);
+  r.value("prefill capture: Q rows of every layer", checked_nmse(cg.q, cr.q), limit);
+  r.value("prefill capture: K rows of every layer", checked_nmse(cg.k, cr.k), limit);
+  r.value("prefill capture: V rows of every layer", checked_nmse(cg.v, cr.v), limit);
+
+  // Greedy decode on the reference's tokens: logits and the last row's weights each step.
+  std::int32_t next = argmax(lr, 0, V);
+  double worst_logits = 0, worst_last = 0;
+  auto worst = [](double& acc, double x) {
+    if (!(x <= acc)) acc = x;  // NaN sticks (std::max would drop it)
+  };
+  int same_top1 = 0;
+  const int steps = 3;
+  for (int t = 0; t < steps; ++t) {
+    const std::vector<std::int32_t> one = {next}, at = {static_cast<std::int32_t>(P + t)};
+    const std::vector<std::int64_t> row0 = {0};
+    const auto dr = ref.forward(one, at, row0, false, true);
+    const auto dg = gpu.forward(one, at, row0, false, true);
+    worst(worst_logits, checked_nmse(dg, dr));
+    worst(worst_last, checked_nmse(all_last(gpu, s), all_last(ref, s)));
+    same_top1 += argmax(dg, 0, V) == argmax(dr, 0, V);
+    next = argmax(dr, 0, V);
+  }
+  r.value("decode logits (worst of 3 steps)", worst_logits, limit);
+  r.value("decode last-row attention weights (worst step)", worst_last, limit);
+  r.line("  decode top-1 agreement: " + std::to_string(same_top1) + "/" + std::to_string(steps) + " (informative)");
+  r.value("KV cache keys after decode", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+  r.value("KV cache values after decode", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+
+  // A chunked prefill reaches the one-pass logits.
+  gpu.reset();
+  const std::int64_t cut = 37;
+  gpu.forward(std::span(tokens).first(cut), std::span(pos).first(cut), {}, false, false);
+  const std::vector<std::int64_t> last = {P - cut - 1};
+  const auto chunked = gpu.forward(std::span(tokens).subspan(cut), std::span(pos).subspan(cut), last, false, false);
+  r.value("chunked prefill (37 + 43) vs one-pass reference", checked_nmse(chunked, {lr.begin(), lr.begin() + V}), limit);
+
+  // A per-query-head cache (each head drops different rows), loaded into both, then one step.
+  ref.reset();
+  ref.forward(tokens, pos, {}, false, false);
+  for (int l = 0; l < s.n_layers; ++l) {
+    std::vector<std::vector<float>> ks(static_cast<std::size_t>(s.n_head)), vs(ks.size());
+    std::vector<HostEntry> entries;
+    for (int h = 0; h < s.n_head; ++h) {
+      const auto K = ref.entry_k(l, h / s.group()), Vv = ref.entry_v(l, h / s.group());
+      const auto d = static_cast<std::size_t>(s.head_dim);
+      for (std::int64_t j = 0; j < P; ++j) {
+        if ((j + h) % 3 == 0 && j != 0) continue;
+        ks[static_cast<std::size_t>(h)].insert(ks[static_cast<std::size_t>(h)].end(), K.begin() + j * d, K.begin() + (j + 1) * d);
+        vs[static_cast<std::size_t>(h)].insert(vs[static_cast<std::size_t>(h)].end(), Vv.begin() + j * d, Vv.begin() + (j + 1) * d);
+      }
+    }
+    for (int h = 0; h < s.n_head; ++h)
+      entries.push_back({static_cast<std::int64_t>(ks[static_cast<std::size_t>(h)].size()) / s.head_dim,
+                         ks[static_cast<std::size_t>(h)].data(), vs[static_cast<std::size_t>(h)].data()});
+    ref.load_layer(l, entries);
+    gpu.load_layer(l, entries);
+  }
+  {
+    // A 5-token chunk (rows see different pasts per entry), then one decode step.
+    const auto more = prompt(5, V, 9);
+    const auto at = iota_from(static_cast<std::int32_t>(P), 5);
+    const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
+    r.value("per-query-head cache: 5-token chunk logits",
+            checked_nmse(gpu.forward(more, at, all_rows, false, false), ref.forward(more, at, all_rows, false, false)), limit);
+    const std::vector<std::int32_t> one = {more[0]}, at1 = {static_cast<std::int32_t>(P + 5)};
+    const auto dr = ref.forward(one, at1, row0, false, true);
+    const auto dg = gpu.forward(one, at1, row0, false, true);
+    r.value("per-query-head cache: decode logits", checked_nmse(dg, dr), limit);
+    r.value("per-query-head cache: last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+  }
+}
+
+void transformer_bench(const std::string& name, const TransformerShape& s, ParityReport& r, double copy_gbs) {
+  CudaTransformer gpu(s, DeviceWeights::F16);
+  random_weights(s, 11, gpu.sink());
+  char buf[400];
+
+  // cuBLAS's own rate on a large fp16-in, fp32-out GEMM: the ceiling the forward pass is held to.
+  double gemm_flops = 0;
+  {
+    const int n = 8192;
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    KVSIM_CUDA_CHECK(cudaMalloc(&a, std::size_t{2} * n * n));
+    KVSIM_CUDA_CHECK(cudaMalloc(&b, std::size_t{2} * n * n));
+    KVSIM_CUDA_CHECK(cudaMalloc(&c, std::size_t{4} * n * n));
+    KVSIM_CUDA_CHECK(cudaMemset(a, 0, std::size_t{2} * n * n));
+    KVSIM_CUDA_CHECK(cudaMemset(b, 0, std::size_t{2} * n * n));
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+    const float one = 1.0f, zero = 0.0f;
+    auto run = [&] {
+      if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b, CUDA_R_16F, n, &zero, c, CUDA_R_32F, n,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+        throw std::runtime_error("benchmark GEMM: cublasGemmEx failed");
+    };
+    run();
+    KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 5; ++i) run();
+    KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
+    gemm_flops = 5 * 2.0 * n * static_cast<double>(n) * n / since(t0);
+    cublasDestroy(h);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+  }
+  const double E = s.n_embd, Q = static_cast<double>(s.q_dim()), K = static_cast<double>(s.kv_dim()), F = s.n_ff;
+  const double layer_params = E * Q + 2 * E * K + Q * E + 3 * E * F;
+  const std::int64_t n = 2048;
+  const auto tokens = prompt(n, s.vocab, 5);
+  const auto pos = iota_from(0, n);
+  const std::vector<std::int64_t> last = {n - 1};
+  auto prefill = [&](const LayerCallback& cb) {
+    gpu.reset();
+    const auto t0 = Clock::now();
+    gpu.forward(tokens, pos, last, cb != nullptr, false, cb);
+    return since(t0);
+  };
+  prefill({});  // warm-up: buffers, cuBLAS heuristics
+  double t_plain = 1e30, t_capture = 1e30;
+  // A writer's side of the capture: the rows land in host memory the trace writer owns.
+  std::vector<float> sink_q(static_cast<std::size_t>(n * s.q_dim())), sink_k(static_cast<std::size_t>(n * s.kv_dim())),
+      sink_v(sink_k.size());
+  const LayerCallback writer = [&](const LayerRows& x) {
+    std::memcpy(sink_q.data(), x.q, static_cast<std::size_t>(x.n * s.q_dim()) * sizeof(float));
+    std::memcpy(sink_k.data(), x.k, static_cast<std::size_t>(x.n * s.kv_dim()) * sizeof(float));
+    std::memcpy(sink_v.data(), x.v, static_cast<std::size_t>(x.n * s.kv_dim()) * sizeof(float));
+  };
+  for (int rep = 0; rep < 3; ++rep) {
+    t_plain = std::min(t_plain, prefill({}));
+    t_capture = std::min(t_capture, prefill(writer));
+  }
+  const double attn_flops = s.n_layers * static_cast<double>(s.n_head) * 4.0 * s.head_dim * (n * (n + 1.0) / 2.0);
+  const double prefill_flops = 2.0 * n * s.n_layers * layer_params + 2.0 * E * static_cast<double>(s.vocab) + attn_flops;
+  // Decode: 64 single-token steps after the prompt.
+  const int steps = 64;
+  const std::vector<std::int64_t> row0 = {0};
+  const auto t0 = Clock::now();
+  for (int t = 0; t < steps; ++t) {
+    const std::vector<std::int32_t> one = {tokens[static_cast<std::size_t>(t)]}, at = {static_cast<std::int32_t>(n + t)};
+    gpu.forward(one, at, row0, false, false);
+  }
+  const double t_step = since(t0) / steps;
+  const double decode_flops = 2.0 * (s.n_layers * layer_params + E * static_cast<double>(s.vocab)) +
+                              s.n_layers * static_cast<double>(s.n_head) * 4.0 * s.head_dim * (n + steps / 2.0);
+  r.line(name + " benchmark (fp16 weights, " + std::to_string(gpu.weight_bytes() >> 20) + " MiB on " + gpu.device_name() + ")");
+  std::snprintf(buf, sizeof buf, "  cuBLAS GEMM 8192^3 fp16->fp32: %.1f TFLOP/s", gemm_flops / 1e12);
+  r.line(buf);
+  std::snprintf(buf, sizeof buf, "  prefill %lld tokens: %.0f tok/s, %.1f TFLOP/s = %.2f of the GEMM rate", static_cast<long long>(n),
+                n / t_plain, prefill_flops / t_plain / 1e12, prefill_flops / t_plain / gemm_flops);
+  r.line(buf);
+  std::snprintf(buf, sizeof buf,
+                "  decode at %lld: %.0f tok/s, %.3f TFLOP/s = %.4f of the GEMM rate; weights read at %.0f GB/s = %.2f of the "
+                "copy bandwidth",
+                static_cast<long long>(n), 1.0 / t_step, decode_flops / t_step / 1e12, decode_flops / t_step / gemm_flops,
+                static_cast<double>(gpu.weight_bytes()) / t_step / 1e9,
+                copy_gbs > 0 ? static_cast<double>(gpu.weight_bytes()) / t_step / 1e9 / copy_gbs : 0.0);
+  r.line(buf);
+  std::snprintf(buf, sizeof buf, "  capture (Q/K/V of every layer to host, copied while the next layer runs): prefill %.3f s vs %.3f s = %.2fx",
+                t_capture, t_plain, t_capture / t_plain);
+  r.line(buf);
+}
+
+}  // namespace kvsim::gpu

@@ -1,0 +1,18 @@
+#pragma once
+// The CUDA transformer against its CPU reference (kvsim-parity's second half), and its benchmark.
+#include <string>
+
+#include "gpu/parity_report.h"
+#include "gpu/parity_shapes.h"
+
+namespace kvsim::gpu {
+
+// Prefill with capture, decode with last-row weights, chunked prefill and a per-query-head
+// cache, GPU against reference; the same weights on both sides.
+void transformer_parity(const std::string& name, const TransformerShape& s, DeviceWeights w, ParityReport& r);
+
+// Prefill and decode tokens/s against the cuBLAS GEMM rate measured in the same run, decode's
+// weight bandwidth against `copy_gbs`, and the capture callback's overhead on prefill.
+void transformer_bench(const std::string& name, const TransformerShape& s, ParityReport& r, double copy_gbs);
+
+}  // namespace kvsim::gpu

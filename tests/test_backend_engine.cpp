@@ -1,0 +1,138 @@
+// The engine --device cuda runs (capture/backend_engine.h) tested without a GPU: over the CPU
+// reference backend it must behave as the Eigen engine does on SmolLM2 — logits, hooks, the
+// mirrored cache, edits to it (per-query-head keep-sets, evictions) and restored snapshots — and
+// the device choice must fail clearly where CUDA cannot run.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <numeric>
+
+#include "capture/backend_engine.h"
+#include "capture/gguf.h"
+#include "capture/llama_model.h"
+#include "capture/transformer_weights.h"
+#include "core/error.h"
+#include "gpu/transformer_ref.h"
+
+using namespace kvsim;
+
+namespace {
+
+double nmse(std::span<const float> got, std::span<const float> want) {
+  REQUIRE(got.size() == want.size());
+  double err = 0, ref = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - want[i];
+    err += e * e;
+    ref += static_cast<double>(want[i]) * want[i];
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+std::unique_ptr<gpu::TransformerBackend> reference_backend(const GgufFile& f) {
+  return std::make_unique<gpu::TransformerRef>(transformer_shape(LlamaConfig::from_gguf(f)), gpu::DeviceWeights::F32);
+}
+
+// Every layer's hook rows, concatenated.
+struct Rows {
+  std::vector<float> q, k, v;
+  LayerHook hook() {
+    return [this](const LayerActivations& a) {
+      q.insert(q.end(), a.q.begin(), a.q.end());
+      k.insert(k.end(), a.k.begin(), a.k.end());
+      v.insert(v.end(), a.v.begin(), a.v.end());
+    };
+  }
+};
+
+void require_same_cache(const KvCache& got, const KvCache& want) {
+  REQUIRE(got.seen == want.seen);
+  REQUIRE(got.layers.size() == want.layers.size());
+  for (std::size_t l = 0; l < got.layers.size(); ++l) {
+    REQUIRE(got.layers[l].size() == want.layers[l].size());
+    for (std::size_t e = 0; e < got.layers[l].size(); ++e) {
+      INFO("layer " << l << " entry " << e);
+      REQUIRE(got.layers[l][e].tokens == want.layers[l][e].tokens);
+      CHECK(nmse(got.layers[l][e].k, want.layers[l][e].k) < 1e-6);
+      CHECK(nmse(got.layers[l][e].v, want.layers[l][e].v) < 1e-6);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does", "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  LlamaModel cpu(gguf, WeightFormat::F32);
+  BackendEngine eng(gguf, reference_backend(gguf));
+  CHECK(eng.device() == "cpu reference");
+  const LlamaConfig& c = cpu.config();
+  const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649, 314, 16, 17, 18};
+
+  // Prefill in two chunks with hooks, then two decode steps.
+  Rows rc, re;
+  const auto lc = cpu.prefill(prompt, 9, rc.hook());
+  const auto le = eng.prefill(prompt, 9, re.hook());
+  CHECK(nmse(le, lc) < 1e-6);
+  CHECK(nmse(re.q, rc.q) < 1e-6);
+  CHECK(nmse(re.k, rc.k) < 1e-6);
+  CHECK(nmse(re.v, rc.v) < 1e-6);
+  for (const std::int32_t t : {42, 7}) CHECK(nmse(eng.step(t), cpu.step(t)) < 1e-6);
+  require_same_cache(eng.cache(), cpu.cache());
+  const KvCache saved = eng.cache();
+
+  // Compression edits the mirror: per-query-head keep-sets (each head drops other tokens) in
+  // every layer, an eviction in one entry; the next step runs on the edited cache.
+  for (int l = 0; l < c.n_layers; ++l) {
+    std::vector<std::vector<std::int32_t>> keep(static_cast<std::size_t>(c.n_head));
+    for (int h = 0; h < c.n_head; ++h)
+      for (std::int32_t t = 0; t < static_cast<std::int32_t>(cpu.cached_tokens()); ++t)
+        if (t < 2 || (t + h) % 3 != 0) keep[static_cast<std::size_t>(h)].push_back(t);
+    cpu.cache().keep(l, keep, c.n_head);
+    eng.cache().keep(l, keep, c.n_head);
+  }
+  const std::vector<std::int32_t> gone = {4};
+  cpu.cache().evict(3, 1, gone);
+  eng.cache().evict(3, 1, gone);
+  cpu.record_last_attention(true);
+  eng.record_last_attention(true);
+  CHECK(nmse(eng.step(99), cpu.step(99)) < 1e-6);
+  for (int l = 0; l < c.n_layers; l += 7)
+    for (int h = 0; h < c.n_head; h += 4) {
+      INFO("layer " << l << " head " << h);
+      CHECK(nmse(eng.last_attention(l, h), cpu.last_attention(l, h)) < 1e-6);
+    }
+  require_same_cache(eng.cache(), cpu.cache());
+
+  // A restored snapshot continues as the uncompressed run does.
+  cpu.set_cache(saved);
+  eng.set_cache(saved);
+  CHECK(nmse(eng.step(99), cpu.step(99)) < 1e-6);
+  require_same_cache(eng.cache(), cpu.cache());
+}
+
+TEST_CASE("backend engine refuses a backend made for another model", "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  gpu::TransformerShape other = transformer_shape(LlamaConfig::from_gguf(gguf));
+  other.n_layers = 2;
+  CHECK_THROWS_WITH(BackendEngine(gguf, std::make_unique<gpu::TransformerRef>(other, gpu::DeviceWeights::F32)),
+                    Catch::Contains("made for another model shape") && Catch::Contains("SmolLM2"));
+}
+
+TEST_CASE("device choice: names, and a clear refusal where CUDA cannot run", "[backend_engine]") {
+  CHECK(parse_device("cpu") == Device::Cpu);
+  CHECK(parse_device("cuda") == Device::Cuda);
+  CHECK_THROWS_WITH(parse_device("gpu"), "--device is 'gpu', expected cpu or cuda");
+  CHECK_NOTHROW(require_device(Device::Cpu));
+  try {
+    require_device(Device::Cuda);
+    SUCCEED("a CUDA device is visible here");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (cuda_built()) CHECK_THAT(msg, Catch::Contains("--device cuda: no CUDA device is visible"));
+    else CHECK_THAT(msg, Catch::Contains("--device cuda: this kvsim was built without CUDA"));
+    CHECK_THAT(msg, Catch::Contains("use --device cpu"));
+  }
+}
