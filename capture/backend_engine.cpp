@@ -23,21 +23,12 @@ BackendEngine::~BackendEngine() = default;
 std::string BackendEngine::device() const { return backend_->name(); }
 
 void BackendEngine::reset() {
-  cache_.seen = 0;
-  cache_.layers.assign(static_cast<std::size_t>(cfg_.n_layers), std::vector<KvEntry>(static_cast<std::size_t>(cfg_.n_head_kv)));
+  cache_.clear(cfg_.n_layers, cfg_.n_head_kv);
   backend_->reset();
   edited_ = false;
 }
 
-void BackendEngine::reserve(std::int64_t tokens) {
-  const auto n = static_cast<std::size_t>(tokens);
-  for (auto& l : cache_.layers)
-    for (auto& e : l) {
-      e.tokens.reserve(n);
-      e.k.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
-      e.v.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
-    }
-}
+void BackendEngine::reserve(std::int64_t tokens) { cache_.reserve(tokens); }
 
 KvCache& BackendEngine::cache() {
   edited_ = true;  // conservatively: the caller may change any entry

@@ -68,4 +68,19 @@ std::int64_t KvCache::entries_rows() const {
   return n;
 }
 
+void KvCache::clear(int n_layers, int kv_heads) {
+  seen = 0;
+  layers.assign(static_cast<std::size_t>(n_layers), std::vector<KvEntry>(static_cast<std::size_t>(kv_heads)));
+}
+
+void KvCache::reserve(std::int64_t tokens) {
+  const auto n = static_cast<std::size_t>(tokens);
+  for (auto& l : layers)
+    for (auto& e : l) {
+      e.tokens.reserve(n);
+      e.k.reserve(n * static_cast<std::size_t>(head_dim));
+      e.v.reserve(n * static_cast<std::size_t>(head_dim));
+    }
+}
+
 }  // namespace kvsim

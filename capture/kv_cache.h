@@ -27,7 +27,11 @@ struct KvCache {
   void keep(int layer, const std::vector<std::vector<std::int32_t>>& keep, int n_q_heads);
   // Drops `tokens` (each must be cached) from one entry.
   void evict(int layer, int entry, std::span<const std::int32_t> tokens);
-  std::int64_t entries_rows() const;  // K/V rows over every layer and entry (each copy counts)
+  std::int64_t entries_rows() const;
+  // Empty: `layers` layers of `kv_heads` entries, their memory released (a compressed cache may
+  // have grown per-query-head copies).
+  void clear(int layers, int kv_heads);
+  void reserve(std::int64_t tokens);  // room for this many rows in every entry  // K/V rows over every layer and entry (each copy counts)
 };
 
 }  // namespace kvsim

@@ -124,31 +124,9 @@ LlamaModel::LlamaModel(const GgufFile& f, WeightFormat weights)
 
 LlamaModel::~LlamaModel() = default;
 
-void LlamaModel::reset() {
-  KvCache& kv = impl_->cache;
-  kv.seen = 0;
-  kv.layers.resize(static_cast<std::size_t>(cfg_.n_layers));
-  for (auto& l : kv.layers) {
-    l.resize(static_cast<std::size_t>(cfg_.n_head_kv));
-    for (auto& e : l) {
-      e.tokens.clear();
-      e.k.clear();
-      e.v.clear();
-      e.k.shrink_to_fit();  // a compressed cache may have grown per-query-head copies
-      e.v.shrink_to_fit();
-    }
-  }
-}
+void LlamaModel::reset() { impl_->cache.clear(cfg_.n_layers, cfg_.n_head_kv); }
 
-void LlamaModel::reserve(std::int64_t tokens) {
-  const auto n = static_cast<std::size_t>(tokens);
-  for (auto& l : impl_->cache.layers)
-    for (auto& e : l) {
-      e.tokens.reserve(n);
-      e.k.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
-      e.v.reserve(n * static_cast<std::size_t>(cfg_.head_dim));
-    }
-}
+void LlamaModel::reserve(std::int64_t tokens) { impl_->cache.reserve(tokens); }
 
 const KvCache& LlamaModel::cache() const { return impl_->cache; }
 KvCache& LlamaModel::cache() { return impl_->cache; }
