@@ -130,6 +130,7 @@ struct CudaTransformer::Impl {
   // Work buffers for up to `work_rows` new rows.
   std::int64_t work_rows = 0;
   DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
+  DeviceMem decode_scratch;  // split-K decode partials
   DeviceMem cos_t, sin_t;
   std::int64_t rope_rows = 0;
   PinnedMem pq[2], pk[2], pv[2];
@@ -137,6 +138,8 @@ struct CudaTransformer::Impl {
   std::vector<std::vector<std::int64_t>> last_seen;
   std::int64_t last_stride = 0;
 
+  // Split-K decode: up to 256 key ranges per head.
+  std::size_t decode_floats() const { return static_cast<std::size_t>(s.n_head) * 256 * (s.head_dim + 2); }
   std::size_t gemm_elem() const { return f16 ? sizeof(std::uint16_t) : sizeof(float); }
   cudaDataType gemm_type() const { return f16 ? CUDA_R_16F : CUDA_R_32F; }
 
@@ -180,6 +183,7 @@ struct CudaTransformer::Impl {
       dev_positions.ensure(un * sizeof(std::int32_t), compute);
       work_rows = n;
     }
+    decode_scratch.ensure(decode_floats() * sizeof(float), compute);
     const std::size_t m = std::max<std::size_t>(n_logits, 1);
     dev_logit_rows.ensure(m * sizeof(std::int64_t), compute);
     xr.ensure(m * E * sizeof(float), compute);
@@ -473,8 +477,13 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     const EntryRows past = m.entry_rows(lc, 0);
     KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
                                past, pqh ? G : 1, lc.capacity, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), st));
-    KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(),
-                                 lc.v.as<std::uint16_t>(), lc.capacity, past, scale, m.in.ptr, f16, st));
+    if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
+      KVSIM_CUDA_CHECK(attend_decode(qb, s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(),
+                                     lc.capacity, m.entry_rows(lc, 1), scale, m.decode_scratch.as<float>(),
+                                     m.decode_floats(), m.in.ptr, f16, st));
+    else
+      KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(),
+                                   lc.v.as<std::uint16_t>(), lc.capacity, past, scale, m.in.ptr, f16, st));
     if (record_last) {
       const EntryRows seen = m.entry_rows(lc, n);
       for (int h = 0; h < s.n_head; ++h)

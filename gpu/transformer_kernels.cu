@@ -2,6 +2,7 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvsim::gpu {
@@ -196,6 +197,96 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
     store(out, (static_cast<std::int64_t>(i) * n_head + h) * d + lane + 32 * t, o[t] * inv, half_out);
 }
 
+constexpr int kDecodeWarps = 4;
+
+// Block (split, head): the head's keys [split * chunk, ...) shared by 4 warps tile by tile (lane j
+// scores key j of its tile straight from global memory), each warp with its own running state;
+// the warps merge in shared memory and write (max, sum, output[d]) for the combine kernel.
+template <int kLanes>
+__global__ void decode_split_kernel(const float* __restrict__ q, int head_div, const std::uint16_t* __restrict__ cache_k,
+                                    const std::uint16_t* __restrict__ cache_v, std::int64_t capacity, EntryRows seen,
+                                    float scale, int chunk, float* __restrict__ scratch) {
+  constexpr int d = kLanes * 32;
+  __shared__ float qs[d];
+  __shared__ float wm[kDecodeWarps], wl[kDecodeWarps];
+  __shared__ float wo[kDecodeWarps][d];
+  const int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, e = h / head_div;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n = seen.rows[e], begin = split * chunk, stop = min(n, begin + chunk);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[static_cast<std::int64_t>(h) * d + c] * scale;
+  __syncthreads();
+  const std::uint16_t* K = cache_k + static_cast<std::int64_t>(e) * capacity * d;
+  const std::uint16_t* V = cache_v + static_cast<std::int64_t>(e) * capacity * d;
+  float m = -INFINITY, l = 0.0f, o[kLanes];
+  for (int t = 0; t < kLanes; ++t) o[t] = 0.0f;
+  for (int t0 = begin + warp * 32; t0 < stop; t0 += kDecodeWarps * 32) {
+    const int j = t0 + lane;
+    float sc = -INFINITY;
+    if (j < stop) {
+      const std::uint16_t* kr = K + static_cast<std::int64_t>(j) * d;
+      float dot = 0.0f;
+#pragma unroll 8
+      for (int c = 0; c < d; c += 2) {
+        const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(kr + c));
+        dot = fmaf(qs[c], kf.x, dot);
+        dot = fmaf(qs[c + 1], kf.y, dot);
+      }
+      sc = dot;
+    }
+    const float m_new = fmaxf(m, warp_max(sc));  // finite: key t0 < stop is lane 0's
+    const float corr = expf(m - m_new);
+    const float p = j < stop ? expf(sc - m_new) : 0.0f;
+    l = l * corr + warp_sum(p);
+    for (int t = 0; t < kLanes; ++t) o[t] *= corr;
+    const int keys = min(32, stop - t0);
+    for (int jj = 0; jj < keys; ++jj) {
+      const float pw = __shfl_sync(0xffffffffu, p, jj);
+      const std::uint16_t* vr = V + static_cast<std::int64_t>(t0 + jj) * d;
+      for (int t = 0; t < kLanes; ++t) o[t] = fmaf(pw, from_half(vr[lane + 32 * t]), o[t]);
+    }
+    m = m_new;
+  }
+  if (lane == 0) wm[warp] = m, wl[warp] = l;
+  for (int t = 0; t < kLanes; ++t) wo[warp][lane + 32 * t] = o[t];
+  __syncthreads();
+  // A warp (or the whole split) without keys has max -inf: it adds nothing.
+  float M = -INFINITY;
+  for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, wm[w]);
+  float* dst = scratch + (static_cast<std::int64_t>(h) * splits + split) * (d + 2);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w)
+      if (wm[w] > -INFINITY) acc += wo[w][c] * expf(wm[w] - M);
+    dst[2 + c] = acc;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w)
+      if (wm[w] > -INFINITY) L += wl[w] * expf(wm[w] - M);
+    dst[0] = M;
+    dst[1] = L;
+  }
+}
+
+__global__ void decode_combine_kernel(const float* __restrict__ scratch, int splits, int d, void* out, bool half_out) {
+  const int h = blockIdx.x;
+  const float* base = scratch + static_cast<std::int64_t>(h) * splits * (d + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, base[s * (d + 2)]);
+  float L = 0.0f;
+  for (int s = 0; s < splits; ++s)
+    if (base[s * (d + 2)] > -INFINITY) L += base[s * (d + 2) + 1] * expf(base[s * (d + 2)] - M);
+  const float inv = 1.0f / L;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = base[s * (d + 2)];
+      if (ms > -INFINITY) acc += base[s * (d + 2) + 2 + c] * expf(ms - M);
+    }
+    store(out, static_cast<std::int64_t>(h) * d + c, acc * inv, half_out);
+  }
+}
+
 __global__ void last_row_kernel(const float* q_last, int head_dim, int head_div, const std::uint16_t* cache_k,
                                 std::int64_t capacity, EntryRows seen, float scale, float* probs, int stride) {
   extern __shared__ float qshared[];  // [head_dim] then reduction slots
@@ -245,6 +336,30 @@ cudaError_t launch_attend(const float* q, int n, int n_head, int head_div, const
   return cudaGetLastError();
 }
 
+template <int kLanes>
+cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::uint16_t* ck, const std::uint16_t* cv,
+                          std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
+                          std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
+  constexpr int d = kLanes * 32;
+  static int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  int most = 1;
+  for (int e = 0; e < seen.count; ++e) most = std::max(most, seen.rows[e]);
+  // About two blocks per SM over all heads, each at least one pass of its four warps.
+  const int want = std::clamp(2 * sms / n_head, 1, 256), step = kDecodeWarps * 32;
+  const int chunk = std::max(step, ((most + want - 1) / want + step - 1) / step * step);
+  const int splits = (most + chunk - 1) / chunk;
+  if (static_cast<std::size_t>(n_head) * splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
+  decode_split_kernel<kLanes><<<dim3(splits, n_head), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity, seen,
+                                                                                      scale, chunk, scratch);
+  decode_combine_kernel<<<n_head, 128, 0, stream>>>(scratch, splits, d, out, half_out);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t embed_rows(const void* table, bool half_table, const std::int32_t* tokens, int n, int n_embd, float* x,
@@ -285,6 +400,22 @@ cudaError_t attend_rows(const float* q, int n, int n_head, int head_dim, int hea
     case 96: return launch_attend<3>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
     case 128: return launch_attend<4>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
     case 256: return launch_attend<8>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
+                          const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& seen, float scale,
+                          float* scratch, std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
+  switch (head_dim) {
+#define KVSIM_DECODE(L) \
+  launch_decode<L>(q, n_head, head_div, cache_k, cache_v, capacity, seen, scale, scratch, scratch_floats, out, half_out, stream)
+    case 32: return KVSIM_DECODE(1);
+    case 64: return KVSIM_DECODE(2);
+    case 96: return KVSIM_DECODE(3);
+    case 128: return KVSIM_DECODE(4);
+    case 256: return KVSIM_DECODE(8);
+#undef KVSIM_DECODE
     default: return cudaErrorInvalidValue;
   }
 }

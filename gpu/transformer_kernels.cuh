@@ -50,6 +50,14 @@ cudaError_t attend_rows(const float* q, int n, int n_head, int head_dim, int hea
                         const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& past, float scale,
                         void* out, bool half_out, cudaStream_t stream);
 
+// One new row (decode) as attend_rows computes it, split over the keys so long caches fill the
+// device (flash-decoding): blocks of `splits` key ranges per head write partial softmax states to
+// `scratch` ([n_head, splits, head_dim + 2] floats, at most scratch_floats), a second kernel
+// merges them. `seen` counts the new row (already appended).
+cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
+                          const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& seen, float scale,
+                          float* scratch, std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream);
+
 // Softmax weights of the last new row (q_last [n_head, d]) over each head's entry (`seen` rows
 // incl. itself): probs [n_head, stride], zero past each head's count.
 cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,

@@ -144,6 +144,25 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
   const auto chunked = gpu.forward(std::span(tokens).subspan(cut), std::span(pos).subspan(cut), last, false, false);
   r.value("chunked prefill (37 + 43) vs one-pass reference", checked_nmse(chunked, {lr.begin(), lr.begin() + V}), limit);
 
+  // Small models: a long prompt, so decode splits its keys over many blocks and prefill walks
+  // many key tiles (the big shapes would take the reference minutes).
+  if (s.n_layers <= 3) {
+    const std::int64_t L = 1500;
+    const auto lt = prompt(L, V, 21);
+    const auto lp = iota_from(0, L);
+    ref.reset();
+    gpu.reset();
+    const std::vector<std::int64_t> lrow = {L - 1};
+    r.value("long prompt (1500): prefill logits", checked_nmse(gpu.forward(lt, lp, lrow, false, false),
+                                                            ref.forward(lt, lp, lrow, false, false)), limit);
+    const std::vector<std::int32_t> one = {lt[7]}, at = {static_cast<std::int32_t>(L)};
+    const std::vector<std::int64_t> row0 = {0};
+    const auto dr = ref.forward(one, at, row0, false, true);
+    const auto dg = gpu.forward(one, at, row0, false, true);
+    r.value("long prompt: split-key decode logits", checked_nmse(dg, dr), limit);
+    r.value("long prompt: decode last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+  }
+
   // A per-query-head cache (each head drops different rows), loaded into both, then one step.
   ref.reset();
   ref.forward(tokens, pos, {}, false, false);
