@@ -3,6 +3,7 @@
 #include "capture/gguf.h"
 #include "capture/transformer_weights.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "gpu/transformer_backend.h"
 
 namespace kvsim {
@@ -38,6 +39,12 @@ KvCache& BackendEngine::cache() {
 void BackendEngine::set_cache(KvCache cache) {
   if (cache.layers.size() != cache_.layers.size() || cache.head_dim != cfg_.head_dim)
     throw Error("set_cache: the cache is shaped for another model");
+  for (std::size_t l = 0; l < cache.layers.size(); ++l) {
+    const auto n = static_cast<int>(cache.layers[l].size());
+    if (n != cfg_.n_head_kv && n != cfg_.n_head)
+      throw Error("set_cache: layer " + std::to_string(l) + " has " + std::to_string(n) + " entries, expected " +
+                  std::to_string(cfg_.n_head_kv) + " (KV heads) or " + std::to_string(cfg_.n_head) + " (query heads)");
+  }
   cache_ = std::move(cache);
   edited_ = true;
 }
@@ -47,7 +54,13 @@ std::span<const float> BackendEngine::last_attention(int layer, int q_head) cons
 void BackendEngine::load_backend() {
   for (int l = 0; l < cfg_.n_layers; ++l) {
     std::vector<gpu::HostEntry> entries;
-    for (const KvEntry& e : cache_.layers[static_cast<std::size_t>(l)]) entries.push_back({e.rows(), e.k.data(), e.v.data()});
+    for (KvEntry& e : cache_.layers[static_cast<std::size_t>(l)]) {
+      // The backend's cache is fp16: rows a codec rebuilt are rounded here too, so the mirror
+      // stays what the backend holds (the CPU engine keeps them unrounded).
+      round_to_half(e.k.data(), e.k.size());
+      round_to_half(e.v.data(), e.v.size());
+      entries.push_back({e.rows(), e.k.data(), e.v.data()});
+    }
     backend_->load_layer(l, entries);
   }
   edited_ = false;
@@ -55,7 +68,11 @@ void BackendEngine::load_backend() {
 
 std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                                        std::span<const std::int64_t> logit_rows, const LayerHook& hook) {
-  if (edited_) load_backend();
+  try {
+    if (edited_) load_backend();
+  } catch (const std::invalid_argument& e) {
+    throw Error(backend_->name() + ": " + e.what());
+  }
   const auto n = static_cast<std::int64_t>(tokens.size());
   const int d = cfg_.head_dim, G = cfg_.n_head / cfg_.n_head_kv;
   const std::int64_t kw = static_cast<std::int64_t>(cfg_.n_head_kv) * d, qw = static_cast<std::int64_t>(cfg_.n_head) * d;
@@ -78,11 +95,30 @@ std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, 
       hook(LayerActivations{r.layer, r.n, {r.q, static_cast<std::size_t>(r.n * qw)}, {r.k, static_cast<std::size_t>(r.n * kw)},
                             {r.v, static_cast<std::size_t>(r.n * kw)}});
   };
+  // A pass that fails part-way leaves the mirror as it was, and the backend to be re-loaded.
+  std::vector<std::vector<std::size_t>> before(cache_.layers.size());
+  for (std::size_t l = 0; l < cache_.layers.size(); ++l)
+    for (const KvEntry& e : cache_.layers[l]) before[l].push_back(e.tokens.size());
+  auto restore = [&] {
+    const auto row = static_cast<std::size_t>(d);
+    for (std::size_t l = 0; l < cache_.layers.size(); ++l)
+      for (std::size_t e = 0; e < cache_.layers[l].size(); ++e) {
+        KvEntry& en = cache_.layers[l][e];
+        en.tokens.resize(before[l][e]);
+        en.k.resize(before[l][e] * row);
+        en.v.resize(before[l][e] * row);
+      }
+    edited_ = true;
+  };
   std::vector<float> logits;
   try {
     logits = backend_->forward(tokens, positions, logit_rows, static_cast<bool>(hook), record_, on_layer);
   } catch (const std::invalid_argument& e) {
+    restore();
     throw Error(backend_->name() + ": " + e.what());
+  } catch (...) {
+    restore();
+    throw;
   }
   cache_.seen += n;
   return logits;

@@ -25,6 +25,7 @@ struct LlamaConfig {
   double rms_eps = 1e-5;
   RopeSpec rope;
   bool tied_embeddings = false;
+  bool qkv_bias = false;  // Q/K/V biases present (qwen2 files carry them)
   static LlamaConfig from_gguf(const GgufFile& f);  // throws naming a missing or bad key
 };
 

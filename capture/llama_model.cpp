@@ -33,6 +33,7 @@ LlamaConfig LlamaConfig::from_gguf(const GgufFile& f) {
   c.rope.rope_dim = static_cast<int>(f.get_int(p + "rope.dimension_count", c.head_dim));
   c.rope.theta = f.get_float(p + "rope.freq_base", 10000.0);
   c.tied_embeddings = f.find("output.weight") == nullptr;
+  c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
   if (c.n_layers <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0 || c.head_dim <= 0)
     throw FormatError(f.path() + ": inconsistent head counts (" + std::to_string(c.n_head) + " heads, " +
                       std::to_string(c.n_head_kv) + " KV heads)");

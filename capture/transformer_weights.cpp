@@ -19,7 +19,7 @@ gpu::TransformerShape transformer_shape(const LlamaConfig& c) {
   s.vocab = c.vocab;
   s.rms_eps = c.rms_eps;
   s.rope = c.rope;
-  s.has_bias = c.arch == "qwen2";
+  s.has_bias = c.qkv_bias;
   s.tied_embeddings = c.tied_embeddings;
   return s;
 }

@@ -123,4 +123,14 @@ void floats_to_halves(const float* src, std::uint16_t* dst, std::size_t n) {
 }
 #endif
 
+void round_to_half(float* x, std::size_t n) {
+  constexpr std::size_t chunk = 512;
+  std::uint16_t h[chunk];
+  for (std::size_t b = 0; b < n; b += chunk) {
+    const std::size_t len = n - b < chunk ? n - b : chunk;
+    floats_to_halves(x + b, h, len);
+    halves_to_floats(h, x + b, len);
+  }
+}
+
 }  // namespace kvsim

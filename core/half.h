@@ -13,6 +13,8 @@ std::uint16_t float_to_half(float f);
 
 void halves_to_floats(const std::uint16_t* src, float* dst, std::size_t n);
 void floats_to_halves(const float* src, std::uint16_t* dst, std::size_t n);
+// x[i] <- the nearest fp16 value, in place (what an fp16 cache holds of a float).
+void round_to_half(float* x, std::size_t n);
 
 // Portable paths, exposed so tests can compare them with the dispatched ones bit for bit.
 void halves_to_floats_scalar(const std::uint16_t* src, float* dst, std::size_t n);

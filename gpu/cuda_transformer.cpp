@@ -353,21 +353,36 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
   const auto d = static_cast<std::size_t>(m.s.head_dim);
   std::int64_t most = 0;
   for (const auto& e : entries) most = std::max(most, e.rows);
-  lc.rows.assign(entries.size(), 0);
-  lc.capacity = 0;  // re-made at the new entry count
-  lc.k.release(m.compute);
-  lc.v.release(m.compute);
-  m.ensure_cache(lc, most);
-  for (std::size_t e = 0; e < entries.size(); ++e) {
-    const auto n = static_cast<std::size_t>(entries[e].rows) * d;
-    const std::vector<std::uint16_t> hk = halves_of({entries[e].k, n}), hv = halves_of({entries[e].v, n});
-    KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.k.as<std::uint16_t>() + e * lc.capacity * d, hk.data(), n * sizeof(std::uint16_t),
-                                     cudaMemcpyHostToDevice, m.compute));
-    KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.v.as<std::uint16_t>() + e * lc.capacity * d, hv.data(), n * sizeof(std::uint16_t),
-                                     cudaMemcpyHostToDevice, m.compute));
-    KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
-    lc.rows[e] = entries[e].rows;
+  // The buffers stay when the entry count is the same and they are big enough (a policy edits the
+  // cache every few steps); otherwise they are re-made, with room to grow.
+  if (lc.rows.size() != entries.size() || lc.capacity < most) {
+    lc.capacity = 0;
+    lc.k.release(m.compute);
+    lc.v.release(m.compute);
+    lc.rows.assign(entries.size(), 0);
+    m.ensure_cache(lc, most + most / 4);
   }
+  // All entries staged in one host buffer, copied, then one wait (the buffer must outlive the copies).
+  std::vector<std::uint16_t> hk, hv;
+  std::vector<std::size_t> at;
+  for (const auto& e : entries) {
+    const auto n = static_cast<std::size_t>(e.rows) * d;
+    at.push_back(hk.size());
+    hk.resize(hk.size() + n);
+    hv.resize(hv.size() + n);
+    floats_to_halves(e.k, hk.data() + at.back(), n);
+    floats_to_halves(e.v, hv.data() + at.back(), n);
+  }
+  for (std::size_t e = 0; e < entries.size(); ++e) {
+    const std::size_t bytes = static_cast<std::size_t>(entries[e].rows) * d * sizeof(std::uint16_t);
+    if (bytes == 0) continue;
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.k.as<std::uint16_t>() + e * lc.capacity * d, hk.data() + at[e], bytes,
+                                     cudaMemcpyHostToDevice, m.compute));
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.v.as<std::uint16_t>() + e * lc.capacity * d, hv.data() + at[e], bytes,
+                                     cudaMemcpyHostToDevice, m.compute));
+  }
+  KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
+  for (std::size_t e = 0; e < entries.size(); ++e) lc.rows[e] = entries[e].rows;
 }
 
 int CudaTransformer::entries(int layer) const {
@@ -435,6 +450,7 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     std::int64_t most = 0;
     for (const auto& lc : m.cache)
       for (auto r : lc.rows) most = std::max(most, r + n);
+    m.last.clear();  // until this pass succeeds there are no weights to hand out
     m.last_stride = most;
     m.probs.ensure(static_cast<std::size_t>(s.n_layers) * s.n_head * most * sizeof(float), st);
     m.last_seen.assign(static_cast<std::size_t>(s.n_layers), std::vector<std::int64_t>(static_cast<std::size_t>(s.n_head)));

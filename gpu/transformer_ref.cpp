@@ -14,10 +14,7 @@ namespace {
 
 constexpr int kIds = static_cast<int>(WeightId::Bv) + 1;
 
-float to_half(float x) { return half_to_float(float_to_half(x)); }
-void round_all(std::vector<float>& x) {
-  for (auto& e : x) e = to_half(e);
-}
+void round_all(std::vector<float>& x) { round_to_half(x.data(), x.size()); }
 
 // y [n, rows] (+)= x [n, cols] W^T with double accumulation.
 void matmul(const std::vector<float>& x, std::int64_t n, const std::vector<float>& W, std::int64_t rows,
@@ -90,8 +87,11 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
   const auto d = static_cast<std::size_t>(s_.head_dim);
   for (std::size_t e = 0; e < entries.size(); ++e) {
     const auto n = static_cast<std::size_t>(entries[e].rows) * d;
+    // The GPU cache is fp16: rows a codec rebuilt (not fp16-valued) are rounded as they are there.
     dst[e].k.assign(entries[e].k, entries[e].k + n);
     dst[e].v.assign(entries[e].v, entries[e].v + n);
+    round_all(dst[e].k);
+    round_all(dst[e].v);
   }
 }
 

@@ -17,11 +17,7 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 float fp16(float x) { return half_to_float(float_to_half(x)); }
 
 // Rounds to fp16 values in bulk (the vectorised conversion): coefficients are n x d per head.
-void round_half(std::vector<float>& x) {
-  std::vector<std::uint16_t> h(x.size());
-  floats_to_halves(x.data(), h.data(), x.size());
-  halves_to_floats(h.data(), x.data(), x.size());
-}
+void round_half(std::vector<float>& x) { round_to_half(x.data(), x.size()); }
 
 // Low-rank reconstruction rotates every cached key twice per config: the cosines and sines come
 // from a per-thread table (same values as apply_rope).

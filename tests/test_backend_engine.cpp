@@ -6,12 +6,14 @@
 
 #include <filesystem>
 #include <numeric>
+#include <utility>
 
 #include "capture/backend_engine.h"
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
 #include "capture/transformer_weights.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "gpu/transformer_ref.h"
 
 using namespace kvsim;
@@ -110,6 +112,24 @@ TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does
   eng.set_cache(saved);
   CHECK(nmse(eng.step(99), cpu.step(99)) < 1e-6);
   require_same_cache(eng.cache(), cpu.cache());
+
+  // A pass that fails part-way (the reference checks logit rows after the layers) leaves the
+  // mirror as it was; the next step runs as if it had not happened.
+  const std::int64_t before = eng.cached_tokens();
+  const std::int32_t tok = 5, at = static_cast<std::int32_t>(before);
+  const std::int64_t bad_row = 3;
+  CHECK_THROWS_WITH(eng.forward({&tok, 1}, {&at, 1}, {&bad_row, 1}), Catch::Contains("logit row 3 out of range"));
+  CHECK(eng.cached_tokens() == before);
+  CHECK(nmse(eng.step(tok), cpu.step(tok)) < 1e-6);
+  require_same_cache(eng.cache(), cpu.cache());
+
+  // Rows a codec rebuilt (not fp16 values) are held as the backend's fp16 cache holds them.
+  KvCache odd = std::as_const(eng).cache();
+  for (float& x : odd.layers[0][0].k) x *= 1.0001f;
+  eng.set_cache(odd);
+  eng.step(7);
+  for (const float x : std::span(std::as_const(eng).cache().layers[0][0].k).first(64))
+    CHECK(half_to_float(float_to_half(x)) == x);
 }
 
 TEST_CASE("backend engine refuses a backend made for another model", "[backend_engine]") {

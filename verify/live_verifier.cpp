@@ -1,6 +1,7 @@
 #include "verify/live_verifier.h"
 
 #include <algorithm>
+#include <utility>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -185,7 +186,7 @@ struct LiveVerifier::Impl {
         s.repeat_views.push_back(std::move(v));
       }
     }
-    s.at_point = model.cache();
+    s.at_point = std::as_const(model).cache();
     return s;
   }
 
@@ -212,7 +213,7 @@ struct LiveVerifier::Impl {
       logits = model.step(next, hook);
       if (next == tok.eos()) break;
     }
-    s.final_cache = model.cache();
+    s.final_cache = std::as_const(model).cache();
     s.future.assign(static_cast<std::size_t>(c.n_layers), std::nullopt);
   }
 
@@ -354,7 +355,8 @@ struct LiveVerifier::Impl {
     for (int l = 0; l < g.n_layers; ++l) {
       DecodeState* state = cs.states[static_cast<std::size_t>(l)].get();
       if (!state) continue;
-      auto& layer = model.cache().layers[static_cast<std::size_t>(l)];
+      // Reads go through the const cache: a mutable access marks the CUDA engine's mirror edited.
+      const auto& layer = std::as_const(model).cache().layers[static_cast<std::size_t>(l)];
       std::vector<std::vector<std::int32_t>> cache;
       for (const KvEntry& e : layer) cache.push_back(e.tokens);
       std::vector<std::vector<float>> weights(static_cast<std::size_t>(g.n_q_heads));
@@ -376,7 +378,7 @@ struct LiveVerifier::Impl {
           orig.k.insert(orig.k.end(), live.k.begin() + row, live.k.end());
           orig.v.insert(orig.v.end(), live.v.begin() + row, live.v.end());
         }
-        model.cache().evict(l, kv, evict[kvi]);
+        if (!evict[kvi].empty()) model.cache().evict(l, kv, evict[kvi]);
         const auto size = layer[kvi].rows();
         if (!tiered && size > std::max<std::int64_t>(cs.budget.tokens, 0))
           throw Error("policy " + label + ": cache holds " + std::to_string(size) + " tokens after step " + std::to_string(t) +
