@@ -49,6 +49,19 @@ void BackendEngine::set_cache(KvCache cache) {
   edited_ = true;
 }
 
+void BackendEngine::evict(int layer, int entry, std::span<const std::int32_t> tokens) {
+  if (tokens.empty()) return;
+  const std::vector<std::int32_t> had = cache_.layers.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry)).tokens;
+  cache_.evict(layer, entry, tokens);  // checks every token first
+  if (edited_) return;                 // the whole cache is reloaded before the next pass anyway
+  const std::vector<std::int32_t>& now = cache_.layers[static_cast<std::size_t>(layer)][static_cast<std::size_t>(entry)].tokens;
+  std::vector<std::int64_t> rows;  // the kept tokens' rows in the backend (both lists increase)
+  std::size_t j = 0;
+  for (std::size_t r = 0; r < had.size() && j < now.size(); ++r)
+    if (had[r] == now[j]) rows.push_back(static_cast<std::int64_t>(r)), ++j;
+  backend_->keep_rows(layer, entry, rows);
+}
+
 std::span<const float> BackendEngine::last_attention(int layer, int q_head) const { return backend_->last_attention(layer, q_head); }
 
 void BackendEngine::load_backend() {

@@ -29,6 +29,7 @@ class BackendEngine : public Engine {
   const KvCache& cache() const override { return cache_; }
   KvCache& cache() override;
   void set_cache(KvCache cache) override;
+  void evict(int layer, int entry, std::span<const std::int32_t> tokens) override;
   void record_last_attention(bool on) override { record_ = on; }
   std::span<const float> last_attention(int layer, int q_head) const override;
   std::string device() const override;

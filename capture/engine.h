@@ -57,6 +57,9 @@ class Engine {
   virtual const KvCache& cache() const = 0;
   virtual KvCache& cache() = 0;  // for editing between forward() calls
   virtual void set_cache(KvCache cache) = 0;
+  // Drops `tokens` (each must be cached) from one entry: KvCache::evict, which a backend engine
+  // also applies on the device instead of reloading the cache.
+  virtual void evict(int layer, int entry, std::span<const std::int32_t> tokens) { cache().evict(layer, entry, tokens); }
   // When on, forward() keeps each layer's attention weights of its last row over the entry the
   // query head reads (aligned with that entry's tokens): what decode-time policies read.
   virtual void record_last_attention(bool on) = 0;

@@ -131,6 +131,7 @@ struct CudaTransformer::Impl {
   std::int64_t work_rows = 0;
   DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
   DeviceMem decode_scratch;  // split-K decode partials
+  DeviceMem keep_index, keep_scratch;  // keep_rows: the kept row indices and the gathered rows
   DeviceMem cos_t, sin_t;
   std::int64_t rope_rows = 0;
   PinnedMem pq[2], pk[2], pv[2];
@@ -383,6 +384,33 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
   }
   KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
   for (std::size_t e = 0; e < entries.size(); ++e) lc.rows[e] = entries[e].rows;
+}
+
+void CudaTransformer::keep_rows(int layer, int entry, std::span<const std::int64_t> rows) {
+  Impl& m = *impl_;
+  KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
+  auto& lc = m.cache.at(static_cast<std::size_t>(layer));
+  const std::int64_t have = lc.rows.at(static_cast<std::size_t>(entry));
+  std::vector<std::int32_t> idx(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= have || (i > 0 && rows[i] <= rows[i - 1]))
+      throw std::invalid_argument("keep_rows: row " + std::to_string(rows[i]) + " of an entry of " + std::to_string(have) +
+                                  " rows (rows must increase)");
+    idx[i] = static_cast<std::int32_t>(rows[i]);
+  }
+  const auto n = static_cast<int>(idx.size()), d = m.s.head_dim;
+  const std::size_t bytes = static_cast<std::size_t>(n) * static_cast<std::size_t>(d) * sizeof(std::uint16_t);
+  m.keep_index.ensure(std::max<std::size_t>(idx.size(), 1) * sizeof(std::int32_t), m.compute);
+  m.keep_scratch.ensure(std::max<std::size_t>(bytes, 1), m.compute);
+  KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.keep_index.ptr, idx.data(), idx.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                   m.compute));
+  for (DeviceMem* buf : {&lc.k, &lc.v}) {  // gather into scratch, then back to the entry's start
+    std::uint16_t* base = buf->as<std::uint16_t>() + static_cast<std::size_t>(entry) * lc.capacity * d;
+    KVSIM_CUDA_CHECK(gather_half_rows(base, m.keep_index.as<std::int32_t>(), n, d, m.keep_scratch.as<std::uint16_t>(), m.compute));
+    if (bytes) KVSIM_CUDA_CHECK(cudaMemcpyAsync(base, m.keep_scratch.ptr, bytes, cudaMemcpyDeviceToDevice, m.compute));
+  }
+  KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));  // idx is host memory of this call
+  lc.rows[static_cast<std::size_t>(entry)] = n;
 }
 
 int CudaTransformer::entries(int layer) const {

@@ -32,6 +32,7 @@ class CudaTransformer : public TransformerBackend {
 
   void reset() override;
   void load_layer(int layer, std::span<const HostEntry> entries) override;
+  void keep_rows(int layer, int entry, std::span<const std::int64_t> rows) override;  // gathered on the device
   int entries(int layer) const;
   std::int64_t rows(int layer, int entry) const;
   std::vector<float> entry_k(int layer, int entry) const;

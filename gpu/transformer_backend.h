@@ -16,7 +16,10 @@ class TransformerBackend {
   virtual const TransformerShape& shape() const = 0;
   virtual WeightSink sink() = 0;
   virtual void reset() = 0;                                                  // every layer: n_head_kv empty entries
-  virtual void load_layer(int layer, std::span<const HostEntry> entries) = 0;  // replaces a layer's cache
+  // Replaces a layer's cache; rows are held as fp16 (a codec's rebuilt rows are rounded).
+  virtual void load_layer(int layer, std::span<const HostEntry> entries) = 0;
+  // Keeps only `rows` (increasing indices) of one entry, in place: an eviction without a reload.
+  virtual void keep_rows(int layer, int entry, std::span<const std::int64_t> rows) = 0;
   // Appends the tokens at `positions` to every entry and returns the logits [rows, vocab] of
   // `logit_rows`; `on_layer` sees each layer's new rows (q only with want_q). With record_last,
   // last_attention() then holds each query head's softmax of the last row over its entry.

@@ -318,6 +318,12 @@ __global__ void swiglu_kernel(const float* gate, const float* up, std::int64_t c
   store(out, i, g / (1.0f + expf(-g)) * up[i], half_out);
 }
 
+__global__ void gather_half_kernel(const std::uint16_t* src, const std::int32_t* rows, int n, int d, std::uint16_t* dst) {
+  const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<std::int64_t>(n) * d) return;
+  dst[idx] = src[static_cast<std::int64_t>(rows[idx / d]) * d + idx % d];
+}
+
 __global__ void gather_kernel(const float* x, const std::int64_t* rows, int m, int width, float* y) {
   const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<std::int64_t>(m) * width) return;
@@ -431,6 +437,14 @@ cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int 
 
 cudaError_t swiglu(const float* gate, const float* up, std::int64_t count, void* out, bool half_out, cudaStream_t stream) {
   swiglu_kernel<<<blocks_for(count), kThreads, 0, stream>>>(gate, up, count, out, half_out);
+  return cudaGetLastError();
+}
+
+cudaError_t gather_half_rows(const std::uint16_t* src, const std::int32_t* rows, int n, int head_dim, std::uint16_t* dst,
+                             cudaStream_t stream) {
+  const std::int64_t count = static_cast<std::int64_t>(n) * head_dim;
+  if (count == 0) return cudaSuccess;
+  gather_half_kernel<<<blocks_for(count), kThreads, 0, stream>>>(src, rows, n, head_dim, dst);
   return cudaGetLastError();
 }
 

@@ -67,6 +67,10 @@ cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int 
 // out = silu(gate) * up, count values.
 cudaError_t swiglu(const float* gate, const float* up, std::int64_t count, void* out, bool half_out, cudaStream_t stream);
 
+// dst[j, :] = src[rows[j], :] for j < n: rows of head_dim halves (an entry compacted on the device).
+cudaError_t gather_half_rows(const std::uint16_t* src, const std::int32_t* rows, int n, int head_dim, std::uint16_t* dst,
+                             cudaStream_t stream);
+
 // y[j, :] = x[rows[j], :].
 cudaError_t gather_rows(const float* x, const std::int64_t* rows, int m, int width, float* y, cudaStream_t stream);
 

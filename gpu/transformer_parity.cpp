@@ -136,6 +136,25 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
   r.value("KV cache keys after decode", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
   r.value("KV cache values after decode", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
 
+  // Eviction on the device: every entry keeps a different subset, then one more step.
+  for (int l = 0; l < s.n_layers; ++l)
+    for (int e = 0; e < ref.entries(l); ++e) {
+      std::vector<std::int64_t> keep;
+      for (std::int64_t j = 0; j < ref.rows(l, e); ++j)
+        if (j < 2 || (j + e + l) % 4 != 0) keep.push_back(j);
+      ref.keep_rows(l, e, keep);
+      gpu.keep_rows(l, e, keep);
+    }
+  r.value("evicted cache (keep_rows): keys", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+  {
+    const std::vector<std::int32_t> one = {next}, at = {static_cast<std::int32_t>(P + steps)};
+    const std::vector<std::int64_t> row0 = {0};
+    const auto dr = ref.forward(one, at, row0, false, true);
+    const auto dg = gpu.forward(one, at, row0, false, true);
+    r.value("evicted cache: decode logits", checked_nmse(dg, dr), limit);
+    r.value("evicted cache: last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+  }
+
   // A chunked prefill reaches the one-pass logits.
   gpu.reset();
   const std::int64_t cut = 37;

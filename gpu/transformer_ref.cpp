@@ -95,6 +95,23 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
   }
 }
 
+void TransformerRef::keep_rows(int layer, int entry, std::span<const std::int64_t> rows) {
+  Entry& en = cache_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry));
+  const auto d = static_cast<std::size_t>(s_.head_dim);
+  const auto have = static_cast<std::int64_t>(en.k.size() / d);
+  Entry kept;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::int64_t r = rows[i];
+    if (r < 0 || r >= have || (i > 0 && r <= rows[i - 1]))
+      throw std::invalid_argument("keep_rows: row " + std::to_string(r) + " of an entry of " + std::to_string(have) +
+                                  " rows (rows must increase)");
+    const auto at = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * d);
+    kept.k.insert(kept.k.end(), en.k.begin() + at, en.k.begin() + at + static_cast<std::ptrdiff_t>(d));
+    kept.v.insert(kept.v.end(), en.v.begin() + at, en.v.begin() + at + static_cast<std::ptrdiff_t>(d));
+  }
+  en = std::move(kept);
+}
+
 int TransformerRef::entries(int layer) const { return static_cast<int>(cache_.at(static_cast<std::size_t>(layer)).size()); }
 std::int64_t TransformerRef::rows(int layer, int entry) const {
   return static_cast<std::int64_t>(cache_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry)).k.size()) /

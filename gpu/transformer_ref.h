@@ -21,6 +21,7 @@ class TransformerRef : public TransformerBackend {
 
   void reset() override;
   void load_layer(int layer, std::span<const HostEntry> entries) override;
+  void keep_rows(int layer, int entry, std::span<const std::int64_t> rows) override;
   int entries(int layer) const;
   std::int64_t rows(int layer, int entry) const;
   std::span<const float> entry_k(int layer, int entry) const;

@@ -47,6 +47,21 @@ struct Rows {
   }
 };
 
+// The reference backend, counting how often the engine reloads a layer or compacts an entry.
+class CountingBackend : public gpu::TransformerRef {
+ public:
+  using TransformerRef::TransformerRef;
+  void load_layer(int layer, std::span<const gpu::HostEntry> entries) override {
+    ++loads;
+    TransformerRef::load_layer(layer, entries);
+  }
+  void keep_rows(int layer, int entry, std::span<const std::int64_t> rows) override {
+    ++compactions;
+    TransformerRef::keep_rows(layer, entry, rows);
+  }
+  int loads = 0, compactions = 0;
+};
+
 void require_same_cache(const KvCache& got, const KvCache& want) {
   REQUIRE(got.seen == want.seen);
   REQUIRE(got.layers.size() == want.layers.size());
@@ -155,4 +170,36 @@ TEST_CASE("device choice: names, and a clear refusal where CUDA cannot run", "[b
     else CHECK_THAT(msg, Catch::Contains("--device cuda: this kvsim was built without CUDA"));
     CHECK_THAT(msg, Catch::Contains("use --device cpu"));
   }
+}
+
+TEST_CASE("backend engine evicts on the backend without reloading the cache", "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  LlamaModel cpu(gguf, WeightFormat::F32);
+  auto counting = std::make_unique<CountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)), gpu::DeviceWeights::F32);
+  CountingBackend* backend = counting.get();
+  BackendEngine eng(gguf, std::move(counting));
+  const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649};
+  cpu.prefill(prompt);
+  eng.prefill(prompt);
+  // A decode-time policy's step: a different token out of every entry of every layer.
+  const int layers = cpu.config().n_layers, kv_heads = cpu.config().n_head_kv;
+  for (int l = 0; l < layers; ++l)
+    for (int e = 0; e < kv_heads; ++e) {
+      const std::int32_t t = 1 + (l + e) % 10;
+      cpu.evict(l, e, {&t, 1});
+      eng.evict(l, e, {&t, 1});
+    }
+  CHECK(backend->loads == 0);
+  CHECK(backend->compactions == layers * kv_heads);
+  cpu.record_last_attention(true);
+  eng.record_last_attention(true);
+  CHECK(nmse(eng.step(42), cpu.step(42)) < 1e-6);
+  CHECK(nmse(eng.last_attention(5, 4), cpu.last_attention(5, 4)) < 1e-6);
+  require_same_cache(eng.cache(), cpu.cache());
+  CHECK(backend->loads == 0);
+  // A token that is not cached is refused before anything changes.
+  const std::int32_t gone = 1 + (0 + 0) % 10;
+  CHECK_THROWS_WITH(eng.evict(0, 0, {&gone, 1}), Catch::Contains("cannot evict token 1"));
+  CHECK(nmse(eng.step(43), cpu.step(43)) < 1e-6);
 }

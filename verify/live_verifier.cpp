@@ -378,7 +378,7 @@ struct LiveVerifier::Impl {
           orig.k.insert(orig.k.end(), live.k.begin() + row, live.k.end());
           orig.v.insert(orig.v.end(), live.v.begin() + row, live.v.end());
         }
-        if (!evict[kvi].empty()) model.cache().evict(l, kv, evict[kvi]);
+        model.evict(l, kv, evict[kvi]);  // on the device too, with the CUDA engine
         const auto size = layer[kvi].rows();
         if (!tiered && size > std::max<std::int64_t>(cs.budget.tokens, 0))
           throw Error("policy " + label + ": cache holds " + std::to_string(size) + " tokens after step " + std::to_string(t) +
