@@ -1,5 +1,6 @@
 #include "gpu/transformer_shape.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -85,14 +86,22 @@ void random_weights(const TransformerShape& s, std::uint64_t seed, const WeightS
   for (const auto& [id, layer] : weight_list(s)) {
     const auto [rows, cols] = weight_shape(s, id);
     buf.resize(static_cast<std::size_t>(rows * cols));
-    // One stream per tensor: a tensor's values do not depend on which tensors came before it.
-    std::mt19937_64 rng(seed * 1000003u + n_tensor++);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     float mean = 0.0f, sd = 1.0f;
     if (id == WeightId::AttnNorm || id == WeightId::FfnNorm || id == WeightId::OutputNorm) mean = 1.0f, sd = 0.1f;
     else if (id == WeightId::Bq || id == WeightId::Bk || id == WeightId::Bv) sd = 0.02f;
     else if (id != WeightId::TokenEmbd) sd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols)));
-    for (auto& x : buf) x = mean + sd * nd(rng);
+    // One stream per (tensor, block of 2^20 values): values do not depend on which tensors came
+    // before, nor on the thread count, and a 7B-shaped layer is drawn on every core.
+    const std::uint64_t tensor = n_tensor++;
+    constexpr std::size_t block = std::size_t{1} << 20;
+    const auto blocks = static_cast<std::int64_t>((buf.size() + block - 1) / block);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      std::mt19937_64 rng((seed * 1000003u + tensor) * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(b));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      const std::size_t lo = static_cast<std::size_t>(b) * block, hi = std::min(buf.size(), lo + block);
+      for (std::size_t i = lo; i < hi; ++i) buf[i] = mean + sd * nd(rng);
+    }
     sink(id, layer, buf);
   }
 }
