@@ -116,23 +116,27 @@ int tokenize(const Args& args) {
 }
 
 int generate(const Args& args) {
-  std::string file, text, weights = "quant";
+  std::string file, text, weights = "quant", device = "cpu";
   int max_new = 32;
   po::options_description desc(
-      "kvsim model generate: greedy generation on the CPU engine, for checking a model by eye;\n"
+      "kvsim model generate: greedy generation (CPU or CUDA engine), for checking a model by eye;\n"
       "--logits prints the next-token logits of the prompt as JSON instead");
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
       "text", po::value(&text)->required(), "prompt")("chat", "wrap the prompt as a ChatML user turn")(
       "max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")(
       "logits", "print the prompt's next-token logits (JSON) and exit")(
-      "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)");
+      "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
+      "device", po::value(&device)->default_value(device), "cpu | cuda (see kvsim capture --help)");
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim model generate FILE --text T [--chat] [--max-new N] [--logits]")) return 0;
+  const Device dev = parse_device(device);
+  require_device(dev);
   const GgufFile f(file);
   const Tokenizer tok(f);
-  LlamaModel model(f, parse_weight_format(weights));
+  const std::unique_ptr<Engine> engine = make_engine(f, EngineOptions{dev, parse_weight_format(weights)});
+  Engine& model = *engine;
   if (vm.count("chat")) text = Tokenizer::chatml("", text);
   std::vector<std::int32_t> ids = tok.encode(text);
   if (tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
@@ -165,7 +169,7 @@ int model_command(const Args& args) {
   static const Subcommand subs[] = {{"info", "GGUF metadata and tensor table", info},
                                     {"dump", "rows of a tensor, dequantized to f32, as JSON", dump},
                                     {"tokenize", "token ids of a text with the model's tokenizer", tokenize},
-                                    {"generate", "greedy generation on the CPU engine (or the prompt's logits)", generate}};
+                                    {"generate", "greedy generation on the CPU or CUDA engine (or the prompt's logits)", generate}};
   return dispatch("kvsim model", subs, args);
 }
 
