@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "policies/codec.h"
@@ -116,23 +117,69 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
     const int v_rank = codec.reconstruct_factored(ch.plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
                                                   {vh.data(), static_cast<std::size_t>(vh.size())}, v_basis);
     // The group's query heads stacked: row r * rows + x is head kv * G + r at evaluation row i0 + x.
-    auto qs = q_buf.get(G * rows, d);
+    const std::int64_t GR = G * rows;
+    auto qs = q_buf.get(GR, d);
     for (int r = 0; r < G; ++r)
       qs.middleRows(r * rows, rows) =
           StridedMap(w.q.data() + ((w.first_eval + i0) * Hq + kv * G + r) * d, rows, d, Eigen::OuterStride<>(Hq * d)) * scale;
-    auto s = s_buf.get(G * rows, nk + tail);
-    s.leftCols(nk).noalias() = qs * kh.transpose();
     // The head holds nk of the t0 tokens before the tail; recall sums whichever side is shorter.
     const bool sum_kept = nk <= t0 - nk;
     const std::vector<Run> gaps = sum_kept ? std::vector<Run>{} : gaps_of(runs, t0);
-    std::vector<double> inv_sum(static_cast<std::size_t>(G * rows));
+    // The compressed rows' softmax runs over the cache in chunks of kChunk slots, online (a
+    // running max, with the sums and the output rescaled when it rises), so a chunk's logits stay
+    // in cache from their GEMM through the exps to the output GEMM. Values are accumulated in
+    // the codec's own space: coefficients when it keeps them factored (then x U at the end).
+    constexpr Eigen::Index kChunk = 512;
+    const Eigen::Index width = v_rank >= 0 ? v_rank : d;
+    const Eigen::Map<const ScratchMatrix::Mat> values(vh.data(), nk, width);
+    auto acc = c_buf.get(GR, width);
+    acc.setZero();
+    std::vector<float> mx(static_cast<std::size_t>(GR), -std::numeric_limits<float>::infinity());
+    std::vector<ExpSums> sums(static_cast<std::size_t>(GR));
+    auto rise = [&](std::int64_t y, float m) {  // the running max of row y becomes m (> the old one)
+      const auto yy = static_cast<std::size_t>(y);
+      if (mx[yy] > -std::numeric_limits<float>::infinity()) {
+        const double f = std::exp(static_cast<double>(mx[yy]) - m);
+        sums[yy].sum *= f;
+        sums[yy].shift *= f;
+        acc.row(y) *= static_cast<float>(f);
+      }
+      mx[yy] = m;
+    };
+    std::size_t first_run = 0;
+    for (Eigen::Index c0 = 0; c0 < nk; c0 += kChunk) {
+      const Eigen::Index len = std::min(kChunk, nk - c0);
+      auto sc = s_buf.get(GR, len);
+      sc.noalias() = qs * kh.middleRows(c0, len).transpose();
+      while (first_run < runs.size() && runs[first_run].at + runs[first_run].len <= c0) ++first_run;
+      for (int r = 0; r < G; ++r) {
+        const Mat& Lx = w.logits[static_cast<std::size_t>(kv * G + r)];
+        for (std::int64_t x = 0; x < rows; ++x) {
+          const std::int64_t y = r * rows + x;
+          float* row = sc.row(y).data();
+          const float m = Eigen::Map<const Eigen::ArrayXf>(row, len).maxCoeff();
+          if (m > mx[static_cast<std::size_t>(y)]) rise(y, m);
+          const float* exact = Lx.row(i0 + x).data();
+          for (std::size_t k = first_run; k < runs.size() && runs[k].at < c0 + len; ++k) {
+            const Eigen::Index a = std::max(runs[k].at, c0), b = std::min(runs[k].at + runs[k].len, c0 + len);
+            sums[static_cast<std::size_t>(y)] +=
+                exp_shift(row + (a - c0), exact + runs[k].token + (a - runs[k].at), b - a, mx[static_cast<std::size_t>(y)]);
+          }
+        }
+      }
+      acc.noalias() += sc * values.middleRows(c0, len);
+    }
+    // The tail: exact logits from the shared pass, causal per row.
+    auto st = s_buf.get(GR, tail);
+    std::vector<double> inv_sum(static_cast<std::size_t>(GR));
     for (int r = 0; r < G; ++r) {
       const auto qi = static_cast<std::size_t>(kv * G + r);
       const Mat& Lx = w.logits[qi];
       const Mat& A = w.attn[qi];
-      s.block(r * rows, nk, rows, tail) = Lx.block(i0, t0, rows, tail);
+      st.middleRows(r * rows, rows) = Lx.block(i0, t0, rows, tail);
       for (std::int64_t x = 0; x < rows; ++x) {
         const std::int64_t i = i0 + x, y = r * rows + x;
+        const auto yy = static_cast<std::size_t>(y);
         const Eigen::Index last = w.eval_tokens[static_cast<std::size_t>(i)];
         // Recall: the full attention mass on what the row sees, summed over the kept runs or, when
         // those are longer, as one minus the mass on the gaps (a full row sums to one).
@@ -144,34 +191,28 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
           mass = 1.0;
           for (const Run& gap : gaps) mass -= static_cast<double>(A.row(i).segment(gap.token, gap.len).sum());
         }
-        // The compressed row's softmax (left unnormalised: the output is scaled afterwards),
-        // causal on the tail, with the kept tokens' exp-weighted logit shifts from the exact
-        // logits in the same pass: KL(q || p) = sum_j q_j (log q_j - log p_j) = the q-weighted
-        // shift + lse_p - lse_q, since the tail's logits agree.
-        float* row = s.row(y).data();
-        const Eigen::Index seen = nk + (last - t0) + 1;
-        const float mx = Eigen::Map<const Eigen::ArrayXf>(row, seen).maxCoeff();
-        ExpSums sums;
-        for (const Run& run : runs) sums += exp_shift(row + run.at, Lx.row(i).data() + run.token, run.len, mx);
-        sums += exp_shift(row + nk, nullptr, seen - nk, mx);
-        std::fill(row + seen, row + nk + tail, 0.0f);
-        inv_sum[static_cast<std::size_t>(y)] = 1.0 / sums.sum;
-        const double lse_q = mx + std::log(sums.sum);
-        const double div = sums.shift / sums.sum + w.lse[qi](i) - lse_q;
+        // KL(q || p) = sum_j q_j (log q_j - log p_j) = the q-weighted logit shift + lse_p - lse_q,
+        // since the tail's logits agree: the shifts come with the exps, no per-element logarithm.
+        float* row = st.row(y).data();
+        const Eigen::Index seen = last - t0 + 1;
+        const float m = Eigen::Map<const Eigen::ArrayXf>(row, seen).maxCoeff();
+        if (m > mx[yy]) rise(y, m);
+        sums[yy] += exp_shift(row, nullptr, seen, mx[yy]);
+        std::fill(row + seen, row + tail, 0.0f);
+        inv_sum[yy] = 1.0 / sums[yy].sum;
+        const double lse_q = mx[yy] + std::log(sums[yy].sum);
+        const double div = sums[yy].shift / sums[yy].sum + w.lse[qi](i) - lse_q;
         const auto ii = static_cast<std::size_t>(i);
         out.recall[qi][ii] = std::clamp(mass, 1e-30, 1.0);
         out.kl[qi][ii] = std::max(div, 0.0);
       }
     }
-    auto o = o_buf.get(G * rows, d);
-    if (v_rank >= 0) {  // vh holds the coefficients: weights x C, then x U's first v_rank columns
-      auto sc = c_buf.get(G * rows, v_rank);
-      sc.noalias() = s.leftCols(nk) * Eigen::Map<const ScratchMatrix::Mat>(vh.data(), nk, v_rank);
-      o.noalias() = sc * Eigen::Map<const ScratchMatrix::Mat>(v_basis.data(), d, d).leftCols(v_rank).transpose();
-    } else {
-      o.noalias() = s.leftCols(nk) * vh;
-    }
-    o.noalias() += s.rightCols(tail) * V.bottomRows(tail);
+    auto o = o_buf.get(GR, d);
+    if (v_rank >= 0)  // coefficients x U's first v_rank columns
+      o.noalias() = acc * Eigen::Map<const ScratchMatrix::Mat>(v_basis.data(), d, d).leftCols(v_rank).transpose();
+    else
+      o = acc;
+    o.noalias() += st * V.bottomRows(tail);
     for (int r = 0; r < G; ++r) {
       const auto qi = static_cast<std::size_t>(kv * G + r);
       for (std::int64_t x = 0; x < rows; ++x) {
