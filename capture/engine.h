@@ -1,6 +1,6 @@
 #pragma once
 // What capture and live verify run a model on: the CPU engine (llama_model.h) or the CUDA
-// backend (cuda_engine.h), chosen with --device. Both hold the KV cache as a host KvCache that
+// backend through backend_engine.h, chosen with --device. Both hold the KV cache as a host KvCache that
 // compression edits between forward() calls (the CUDA engine mirrors it and re-loads the device
 // after an edit), and hand every layer's post-RoPE Q/K/V to a hook.
 #include <cstdint>

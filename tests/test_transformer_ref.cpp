@@ -15,23 +15,13 @@
 #include "core/error.h"
 #include "gpu/parity_shapes.h"
 #include "gpu/transformer_ref.h"
+#include "nmse_check.h"
 
 using namespace kvsim;
+using kvsim::test::nmse;
 using namespace kvsim::gpu;
 
 namespace {
-
-// Normalised mean squared error of `got` against `want`.
-double nmse(std::span<const float> got, std::span<const float> want) {
-  REQUIRE(got.size() == want.size());
-  double err = 0, ref = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double e = static_cast<double>(got[i]) - want[i];
-    err += e * e;
-    ref += static_cast<double>(want[i]) * want[i];
-  }
-  return ref > 0 ? err / ref : err;
-}
 
 TransformerShape tiny_shape(RopeType rope, bool bias) {
   TransformerShape s;
