@@ -29,12 +29,21 @@ using namespace kvsim::bench;
 int main(int argc, char** argv) {
   std::string dir = "out/bench";
   int requests = 4;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool factor_only = false;  // only the codec-vs-eviction factor (the quick loop when tuning replay)
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--requests") requests = std::stoi(argv[i + 1]);
+    if (a == "--codec-factor-only") {
+      factor_only = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only]\n");
+      return 2;
+    }
+    if (a == "--dir") dir = argv[++i];
+    else if (a == "--requests") requests = std::stoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N]\n");
+      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only]\n");
       return 2;
     }
   }
@@ -68,22 +77,6 @@ int main(int argc, char** argv) {
               policies.size(), budgets.size(), configs.size(), requests,
               cfg.system_tokens + cfg.context_tokens + cfg.question_tokens + cfg.generated_tokens, cfg.generated_tokens);
 
-  // One pass, all configs.
-  auto t0 = Clock::now();
-  double read_s = 0, attn_s = 0, cfg_s = 0, flops = 0;
-  const Replayer all(reader, ReplayMode::QueryAware, configs);
-  for (const auto& id : reader.request_ids()) {
-    const RequestResult r = all.replay(id);
-    read_s += r.read_seconds;
-    attn_s += r.attention_seconds;
-    cfg_s += r.config_seconds;
-    flops += r.attention_flops;
-  }
-  const double t_sweep = since(t0);
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);  // the sweep is the largest thing this process has done so far
-  const double rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
-
   // Quantized and low-rank configs cannot share partial outputs (reconstructed keys change the
   // logits): their per-config cost against the eviction configs' in the pass above.
   std::vector<ReplayConfig> codec_configs;
@@ -101,10 +94,43 @@ int main(int argc, char** argv) {
     return sum / static_cast<double>(cs.size());
   };
   double per_evict = 1e30, per_codec = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    per_evict = std::min(per_evict, config_seconds(configs));
-    per_codec = std::min(per_codec, config_seconds(codec_configs));
+  auto measure_factor = [&] {
+    for (int rep = 0; rep < 3; ++rep) {
+      per_evict = std::min(per_evict, config_seconds(configs));
+      per_codec = std::min(per_codec, config_seconds(codec_configs));
+    }
+  };
+
+  auto report_factor = [&] {
+    std::printf("codec configs (intn, kivi, lowrank, varrate x %zu budgets): %.3f s per config vs eviction %.3f s "
+                "(best of 3 each) | factor %.2fx (target < 4x) %s\n",
+                budgets.size(), per_codec, per_evict, per_codec / per_evict, per_codec / per_evict < 4 ? "OK" : "ABOVE TARGET");
+  };
+
+  if (factor_only) {
+    measure_factor();
+    report_factor();
+    std::filesystem::remove(trace);
+    return 0;
   }
+
+  // One pass, all configs.
+  auto t0 = Clock::now();
+  double read_s = 0, attn_s = 0, cfg_s = 0, flops = 0;
+  const Replayer all(reader, ReplayMode::QueryAware, configs);
+  for (const auto& id : reader.request_ids()) {
+    const RequestResult r = all.replay(id);
+    read_s += r.read_seconds;
+    attn_s += r.attention_seconds;
+    cfg_s += r.config_seconds;
+    flops += r.attention_flops;
+  }
+  const double t_sweep = since(t0);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);  // the sweep is the largest thing this process has done so far
+  const double rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
+
+  measure_factor();
 
   // The same configs, one replay each.
   t0 = Clock::now();
@@ -124,9 +150,7 @@ int main(int argc, char** argv) {
   std::printf("attention recomputation      %8.1f GFLOP/s | Eigen GEMM 1024^3 %.1f GFLOP/s | ratio %.2f (target >= 0.3) %s\n",
               attn_gflops, gemm, attn_gflops / gemm, attn_gflops / gemm >= 0.3 ? "OK" : "BELOW TARGET");
   std::printf("peak RSS of the sweep        %8.1f MB (target < 1024 MB) %s\n", rss_mb, rss_mb < 1024 ? "OK" : "OVER");
-  std::printf("codec configs (intn, kivi, lowrank, varrate x %zu budgets): %.3f s per config vs eviction %.3f s "
-              "(best of 3 each) | factor %.2fx (target < 4x) %s\n",
-              budgets.size(), per_codec, per_evict, per_codec / per_evict, per_codec / per_evict < 4 ? "OK" : "ABOVE TARGET");
+  report_factor();
   std::filesystem::remove(trace);
   return 0;
 }

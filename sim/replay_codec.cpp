@@ -63,21 +63,42 @@ struct ExpSums {
   }
 };
 
-// x[m] <- exp(x[m] - mx) over [0, n), returning the sum of the exps and, with `exact`, the sum of
-// exp * (x - exact): one pass, in cache-sized chunks, instead of a difference matrix.
-ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
-  constexpr Eigen::Index chunk = 512;
+// x[m] <- exp(x[m] - mx) over [0, n), returning the sum of the exps and, with an exact row, the
+// sum of exp * (x - exact): one fused pass in SIMD packets (loads, exp, both sums, store), as
+// this loop runs over every cached slot of every row of every encoded config. The float lanes
+// are flushed into the double sums every kFlush elements, so long rows keep their precision.
+template <bool WithShift>
+ExpSums exp_shift_impl(float* x, const float* exact, Eigen::Index n, float mx) {
+  namespace ei = Eigen::internal;
+  using Packet = ei::packet_traits<float>::type;
+  constexpr Eigen::Index W = ei::packet_traits<float>::size, kFlush = 512;
   ExpSums out;
-  Eigen::Array<float, Eigen::Dynamic, 1, 0, chunk, 1> z;
-  for (Eigen::Index b = 0; b < n; b += chunk) {
-    const Eigen::Index len = std::min(chunk, n - b);
-    Eigen::Map<Eigen::ArrayXf> xs(x + b, len);
-    z = (xs - mx).exp();
-    if (exact) out.shift += static_cast<double>((z * (xs - Eigen::Map<const Eigen::ArrayXf>(exact + b, len))).sum());
-    out.sum += static_cast<double>(z.sum());
-    xs = z;
+  const Packet vm = ei::pset1<Packet>(mx);
+  Eigen::Index m = 0;
+  while (m + W <= n) {
+    Packet sum = ei::pset1<Packet>(0.0f), shift = sum;
+    const Eigen::Index stop = std::min(n, m + kFlush);
+    for (; m + W <= stop; m += W) {
+      const Packet xv = ei::ploadu<Packet>(x + m);
+      const Packet z = ei::pexp(ei::psub(xv, vm));
+      sum = ei::padd(sum, z);
+      if constexpr (WithShift) shift = ei::pmadd(z, ei::psub(xv, ei::ploadu<Packet>(exact + m)), shift);
+      ei::pstoreu(x + m, z);
+    }
+    out.sum += static_cast<double>(ei::predux(sum));
+    if constexpr (WithShift) out.shift += static_cast<double>(ei::predux(shift));
+  }
+  for (; m < n; ++m) {
+    const float z = std::exp(x[m] - mx);
+    out.sum += z;
+    if constexpr (WithShift) out.shift += static_cast<double>(z) * (x[m] - exact[m]);
+    x[m] = z;
   }
   return out;
+}
+
+ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
+  return exact ? exp_shift_impl<true>(x, exact, n, mx) : exp_shift_impl<false>(x, nullptr, n, mx);
 }
 
 // Scores evaluation rows [i0, i1) on an encoded cache: every row attends over the heads' cached
@@ -147,11 +168,14 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
       mx[yy] = m;
     };
     std::size_t first_run = 0;
+    std::vector<float> gathered(static_cast<std::size_t>(std::min(kChunk, nk)));
     for (Eigen::Index c0 = 0; c0 < nk; c0 += kChunk) {
       const Eigen::Index len = std::min(kChunk, nk - c0);
       auto sc = s_buf.get(GR, len);
       sc.noalias() = qs * kh.middleRows(c0, len).transpose();
       while (first_run < runs.size() && runs[first_run].at + runs[first_run].len <= c0) ++first_run;
+      std::size_t end_run = first_run;
+      while (end_run < runs.size() && runs[end_run].at < c0 + len) ++end_run;
       for (int r = 0; r < G; ++r) {
         const Mat& Lx = w.logits[static_cast<std::size_t>(kv * G + r)];
         for (std::int64_t x = 0; x < rows; ++x) {
@@ -160,11 +184,18 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
           const float m = Eigen::Map<const Eigen::ArrayXf>(row, len).maxCoeff();
           if (m > mx[static_cast<std::size_t>(y)]) rise(y, m);
           const float* exact = Lx.row(i0 + x).data();
-          for (std::size_t k = first_run; k < runs.size() && runs[k].at < c0 + len; ++k) {
-            const Eigen::Index a = std::max(runs[k].at, c0), b = std::min(runs[k].at + runs[k].len, c0 + len);
-            sums[static_cast<std::size_t>(y)] +=
-                exp_shift(row + (a - c0), exact + runs[k].token + (a - runs[k].at), b - a, mx[static_cast<std::size_t>(y)]);
+          // The exact logits in slot order: the row itself when the chunk is one run, else
+          // gathered run by run, so the exps run over the whole chunk in packets however
+          // scattered the kept tokens are.
+          const float* ex = exact + runs[first_run].token + (c0 - runs[first_run].at);
+          if (end_run - first_run > 1) {
+            for (std::size_t k = first_run; k < end_run; ++k) {
+              const Eigen::Index a = std::max(runs[k].at, c0), b = std::min(runs[k].at + runs[k].len, c0 + len);
+              std::copy_n(exact + runs[k].token + (a - runs[k].at), b - a, gathered.data() + (a - c0));
+            }
+            ex = gathered.data();
           }
+          sums[static_cast<std::size_t>(y)] += exp_shift(row, ex, len, mx[static_cast<std::size_t>(y)]);
         }
       }
       acc.noalias() += sc * values.middleRows(c0, len);
