@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/packed_kv.h"
 
 namespace kvsim {
 
@@ -45,6 +46,32 @@ bool codec_reconstruct(TokenCodec codec, std::span<const float> k, std::span<con
     default: break;
   }
   throw Error(std::string("codec ") + codec_name(codec) + ": reconstruction not available yet");
+}
+
+void KvCodec::pack(const HeadPlan&, const KvGeometry&, std::span<const std::int32_t>, std::span<const float>,
+                   std::span<const float>, PackedEntry&) const {
+  throw Error("codec: this policy's encoding has no packed (device) form yet; verify it with --device cpu");
+}
+
+void pack_plan(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+               std::span<const float> keys, std::span<const float> values, PackedEntry& out) {
+  const auto d = static_cast<std::size_t>(g.head_dim);
+  const auto kept = static_cast<std::size_t>(plan.kept());
+  if (positions.size() != kept || keys.size() != kept * d || values.size() != kept * d)
+    throw Error("pack: a plan keeping " + std::to_string(kept) + " tokens got " + std::to_string(positions.size()) +
+                " positions and " + std::to_string(keys.size()) + " / " + std::to_string(values.size()) + " key / value floats");
+  if (needs_codec(plan)) {
+    if (!codec) throw Error("pack: the plan has encoded tokens but the policy has no codec");
+    codec->pack(plan, g, positions, keys, values, out);
+  } else {
+    out = PackedEntry{};
+    out.head_dim = g.head_dim;
+    for (std::size_t row = 0; row < kept; ++row) {
+      pack_fp16_row(out.k, keys.data() + row * d, g.head_dim, positions[row]);
+      pack_fp16_row(out.v, values.data() + row * d, g.head_dim, positions[row]);
+    }
+  }
+  check_packed(out);
 }
 
 }  // namespace kvsim

@@ -9,6 +9,8 @@
 
 namespace kvsim {
 
+struct PackedEntry;  // core/packed_kv.h
+
 // Bytes one token costs in one (layer, KV head) under `codec`: keys and values together,
 // including per-token metadata the codec needs (scales, coefficients).
 double codec_token_bytes(TokenCodec codec, int head_dim);
@@ -51,7 +53,17 @@ class KvCodec {
     basis = {};
     return -1;
   }
+  // What a really compressed cache stores for the plan's kept tokens (keys and values as
+  // reconstruct takes them): unpack_tensor reads back reconstruct's rows rounded to fp16, and
+  // the payload is bytes(plan). The default refuses, naming the missing piece.
+  virtual void pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                    std::span<const float> keys, std::span<const float> values, PackedEntry& out) const;
 };
+
+// Packs one plan entry: through `codec` when the plan needs it, else as fp16 rows (`codec` may be
+// null then). The result is checked (check_packed) before it is returned.
+void pack_plan(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+               std::span<const float> keys, std::span<const float> values, PackedEntry& out);
 
 // Whether a plan entry needs its policy's codec (some token is neither dropped nor fp16).
 bool needs_codec(const HeadPlan& plan);

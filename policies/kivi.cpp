@@ -22,6 +22,10 @@ class KiviCodec : public KvCodec {
     const int d = g.head_dim;
     kivi_roundtrip(s_, d, kept_tokens(plan), keys, values);
   }
+  void pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
+            std::span<const float> values, PackedEntry& out) const override {
+    kivi_pack(s_, g.head_dim, kept_tokens(plan), keys, values, positions, out);
+  }
 
  private:
   KiviSpec s_;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/packed_kv.h"
 #include "policies/basis_set.h"
 #include "policies/scratch_matrix.h"
 
@@ -177,6 +178,47 @@ int LowRankCodec::reconstruct_factored(const HeadPlan& plan, const KvGeometry& g
                                        std::span<const float>& basis) const {
   basis = {};
   return rebuild(plan, g, positions, keys, values, &basis);
+}
+
+void LowRankCodec::pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                        std::span<const float> keys, std::span<const float> values, PackedEntry& out) const {
+  const int d = g.head_dim;
+  // The same fit rebuild() reads: the plan's own (by cached index) or one on the kept tokens.
+  auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
+  const bool by_cached = fit && fit->n == static_cast<std::int64_t>(plan.codec.size());
+  if (!by_cached) fit = fit_lowrank(g, keys, values, positions);
+  out = PackedEntry{};
+  out.head_dim = d;
+  out.k.rotate = true;
+  bool any = false;
+  std::size_t row = 0;
+  for (std::size_t j = 0; j < plan.codec.size(); ++j) {
+    if (plan.codec[j] == TokenCodec::Drop) continue;
+    const auto at = row * static_cast<std::size_t>(d);
+    if (plan.codec[j] == TokenCodec::LowRank) {
+      any = true;
+      const int r = std::min<int>(plan.rank.at(j), d);
+      const std::size_t src = (by_cached ? j : row) * static_cast<std::size_t>(d);
+      for (PackedTensor* t : {&out.k, &out.v}) {
+        PackedRow p;
+        p.kind = PackedKind::LowRank;
+        p.rank = static_cast<std::uint16_t>(r);
+        p.position = positions[row];
+        p.data = static_cast<std::int64_t>(t->halves.size());
+        const std::vector<float>& c = t == &out.k ? fit->ck : fit->cv;
+        for (int i = 0; i < r; ++i) t->halves.push_back(float_to_half(c[src + static_cast<std::size_t>(i)]));
+        t->rows.push_back(p);
+      }
+    } else {
+      pack_fp16_row(out.k, keys.data() + at, d, positions[row]);
+      pack_fp16_row(out.v, values.data() + at, d, positions[row]);
+    }
+    ++row;
+  }
+  if (any) {
+    for (float x : fit->basis.uk) out.k.basis.push_back(float_to_half(x));
+    for (float x : fit->basis.uv) out.v.basis.push_back(float_to_half(x));
+  }
 }
 
 int LowRankCodec::rebuild(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,

@@ -9,6 +9,9 @@
 
 namespace kvsim {
 
+struct PackedTensor;  // core/packed_kv.h
+struct PackedEntry;
+
 struct IntSpec {
   int bits = 4;            // 2, 4 or 8
   int group = 32;          // channels per (scale[, min]) group; divides head_dim (wider: one group per row)
@@ -21,6 +24,9 @@ void check_int_spec(const IntSpec& s, int head_dim);
 double int_row_bytes(const IntSpec& s, int head_dim);
 // Quantizes and reconstructs one row in place.
 void int_roundtrip(const IntSpec& s, std::span<float> row);
+// Quantizes one row as int_roundtrip does and appends what the cache stores (codes and fp16
+// pairs, one pair per channel group) to `t`, whose bits / group / symmetry it sets or must match.
+void int_pack_row(const IntSpec& s, std::span<const float> row, std::int32_t position, PackedTensor& t);
 
 struct KiviSpec {
   int bits = 2;
@@ -29,8 +35,8 @@ struct KiviSpec {
 };
 
 void check_kivi_spec(const KiviSpec& s, int head_dim);
-// A KIVI cache holding n tokens after prefill: keys in whole blocks of R are quantized and the
-// last n mod R stay fp16; values keep the last min(n, R) in fp16 and quantize the rest.
+// A KIVI cache holding n tokens after prefill: keys in whole blocks of R (R = 0: of G) are
+// quantized and the last n mod R stay fp16; values keep the last min(n, R) in fp16 and quantize the rest.
 std::int64_t kivi_fp16_keys(const KiviSpec& s, std::int64_t n);
 std::int64_t kivi_fp16_values(const KiviSpec& s, std::int64_t n);
 // Bytes of n tokens in one (layer, KV head): quantized rows at bits/8 per value plus their fp16
@@ -40,5 +46,9 @@ double kivi_bytes(const KiviSpec& s, int head_dim, std::int64_t n);
 // Reconstructs n tokens' keys and values ([n, head_dim] row-major) in place, as a KIVI cache
 // holding them returns them.
 void kivi_roundtrip(const KiviSpec& s, int head_dim, std::int64_t n, std::span<float> keys, std::span<float> values);
+// The stored form of that cache (kivi_bytes of payload): each key token group shares one run of
+// head_dim (scale, min) pairs, value rows have their own per channel group; fp16 rows as above.
+void kivi_pack(const KiviSpec& s, int head_dim, std::int64_t n, std::span<const float> keys, std::span<const float> values,
+               std::span<const std::int32_t> positions, PackedEntry& out);
 
 }  // namespace kvsim

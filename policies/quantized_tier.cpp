@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/packed_kv.h"
 #include "policies/codec.h"
 
 namespace kvsim {
@@ -68,6 +69,25 @@ void IntCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<
     if (c != TokenCodec::Fp16) {
       int_roundtrip(s_, keys.subspan(row * d, d));
       int_roundtrip(s_, values.subspan(row * d, d));
+    }
+    ++row;
+  }
+}
+
+void IntCodec::pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+                    std::span<const float> keys, std::span<const float> values, PackedEntry& out) const {
+  const auto d = static_cast<std::size_t>(g.head_dim);
+  out = PackedEntry{};
+  out.head_dim = g.head_dim;
+  std::size_t row = 0;
+  for (TokenCodec c : plan.codec) {
+    if (c == TokenCodec::Drop) continue;
+    if (c == TokenCodec::Fp16) {
+      pack_fp16_row(out.k, keys.data() + row * d, g.head_dim, positions[row]);
+      pack_fp16_row(out.v, values.data() + row * d, g.head_dim, positions[row]);
+    } else {
+      int_pack_row(s_, keys.subspan(row * d, d), positions[row], out.k);
+      int_pack_row(s_, values.subspan(row * d, d), positions[row], out.v);
     }
     ++row;
   }

@@ -73,6 +73,9 @@ TEST_CASE("quantized bytes match the worked figures of methods.md §12", "[quant
   CHECK(kivi_fp16_values(KiviSpec{2, 32, 32}, 64) == 32);
   CHECK(kivi_bytes(KiviSpec{2, 32, 32}, 128, 64) == 64 * 48.0 + 32 * 48.0 + 32 * 256.0);
   CHECK(kivi_fp16_keys(KiviSpec{2, 32, 32}, 70) == 6);
+  // No residual window: a partial key group (70 mod 32) has no statistics yet and stays fp16.
+  CHECK(kivi_fp16_keys(KiviSpec{2, 32, 0}, 70) == 6);
+  CHECK(kivi_fp16_values(KiviSpec{2, 32, 0}, 70) == 0);
   // Per-token intN: d/8 * bits + groups * (4 asymmetric | 2 symmetric).
   CHECK(int_row_bytes(IntSpec{4, 64, false}, 128) == 64 + 2 * 4);
   CHECK(int_row_bytes(IntSpec{2, 32, true}, 128) == 32 + 4 * 2);

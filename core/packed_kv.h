@@ -1,0 +1,62 @@
+#pragma once
+// A cache entry as a really compressed cache stores it: the bytes a codec keeps (fp16 rows, packed
+// intN codes with their fp16 (scale, min) pairs, low-rank coefficients with the basis), not the
+// rows it reads back. Codecs pack into it (KvCodec::pack), the CPU reference unpacks it here, and
+// the CUDA backend holds it on the device and unpacks a layer at a time (gpu/packed_unpack.cuh).
+// Its payload bytes are what a codec's byte count claims, so the tests hold the two together.
+//
+// Quantized rows: head_dim codes of `bits` bits, little-endian (value i at bit i * bits); channel
+// c reads pair params[row.param + c / param_span]: per-token groups have param_span = group and a
+// row's own pairs, KIVI's per-channel keys have param_span = 1 and share one run of head_dim pairs
+// among a token group's rows. Asymmetric: x = u * scale + min; symmetric: x = (u - qmax) * scale,
+// qmax = 2^(bits-1) - 1, only the scale is stored (min is 0 here and not counted).
+// Low-rank rows: rank fp16 coefficients c; x = U[:, :rank] c with U the tensor's [d, d] basis
+// (row-major, column r = direction r); keys are then rotated to their position (pre-RoPE basis).
+#include <cstdint>
+#include <vector>
+
+#include "core/rope.h"
+
+namespace kvsim {
+
+enum class PackedKind : std::uint8_t { Fp16 = 0, Quant = 1, LowRank = 2 };
+
+struct PackedRow {
+  PackedKind kind = PackedKind::Fp16;
+  std::uint16_t rank = 0;     // LowRank: coefficients stored
+  std::int32_t position = 0;  // the token's RoPE position (LowRank keys are rotated to it)
+  std::int64_t data = 0;      // Fp16 / LowRank: first half in `halves`; Quant: first byte in `codes`
+  std::int64_t param = 0;     // Quant: first (scale, min) pair in `params`
+};
+
+struct PackedTensor {
+  int bits = 4, param_span = 32;  // every quantized row of the tensor shares them
+  bool symmetric = false;
+  bool rotate = false;  // keys: low-rank rows are rebuilt pre-RoPE and rotated
+  std::vector<PackedRow> rows;
+  std::vector<std::uint16_t> halves;  // fp16 bits: fp16 rows and low-rank coefficients
+  std::vector<std::uint8_t> codes;
+  std::vector<std::uint16_t> params;  // (scale, min) pairs, fp16 bits, interleaved
+  std::vector<std::uint16_t> basis;   // [d, d] fp16 bits, when a row is LowRank
+};
+
+struct PackedEntry {
+  int head_dim = 0;
+  PackedTensor k, v;
+  std::int64_t rows() const { return static_cast<std::int64_t>(k.rows.size()); }
+  // Stored bytes: fp16 rows and coefficients at 2 B, codes, 4 B per asymmetric pair or 2 B per
+  // symmetric scale, one rank byte per low-rank token (K and V share it) and the fp16 bases.
+  double payload_bytes() const;
+};
+
+// Appends an fp16 row (head_dim values, rounded) to a tensor.
+void pack_fp16_row(PackedTensor& t, const float* x, int head_dim, std::int32_t position);
+
+// Reads every row of `t` back ([rows, head_dim] floats, fp16 values): the reference the device
+// unpack kernel is held to. Throws naming the field when the tensor is malformed.
+void unpack_tensor(const PackedTensor& t, int head_dim, const RopeSpec& rope, std::vector<float>& out);
+
+// Checks the entry's structure (offsets in range, K and V row counts equal, ranks <= head_dim).
+void check_packed(const PackedEntry& e);
+
+}  // namespace kvsim
