@@ -19,10 +19,13 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/packed_kv.h"
+#include "core/rope.h"
 #include "gpu/attention_ref.h"
 #include "gpu/compressed_attention.cuh"
 #include "gpu/cuda_check.h"
 #include "gpu/half_convert.cuh"
+#include "gpu/packed_unpack.cuh"
 #include "gpu/parity_report.h"
 #include "gpu/transformer_parity.h"
 
@@ -213,6 +216,91 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
   r.same("top-k keep-sets (ties to the recent token)", dkeep.host() == keep_ref);
 }
 
+// A random packed tensor of n rows cycling fp16 / quantized / low rank (ranks 1..d), as a codec
+// would store a mixed plan: the device unpack against core/packed_kv.h's unpack_tensor.
+PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symmetric, bool rotate, std::mt19937& rng) {
+  PackedTensor t;
+  t.bits = bits, t.param_span = span, t.symmetric = symmetric, t.rotate = rotate;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.01f, 0.2f), mn(-1.0f, 0.0f);
+  const std::vector<float> basis = gaussian(static_cast<std::size_t>(d * d), rng, 0.125f);
+  t.basis = to_half(basis);
+  for (std::int64_t m = 0; m < n; ++m) {
+    PackedRow r;
+    r.position = static_cast<std::int32_t>(m);
+    if (m % 3 == 0) {
+      const std::vector<float> x = gaussian(static_cast<std::size_t>(d), rng);
+      pack_fp16_row(t, x.data(), d, r.position);
+      continue;
+    }
+    if (m % 3 == 1) {
+      r.kind = PackedKind::Quant;
+      r.data = static_cast<std::int64_t>(t.codes.size());
+      r.param = static_cast<std::int64_t>(t.params.size() / 2);
+      for (int b = 0; b < d * bits / 8; ++b) t.codes.push_back(static_cast<std::uint8_t>(byte(rng)));
+      for (int g = 0; g < d / span; ++g) {
+        t.params.push_back(float_to_half(scale(rng)));
+        t.params.push_back(float_to_half(symmetric ? 0.0f : mn(rng)));
+      }
+    } else {
+      r.kind = PackedKind::LowRank;
+      r.rank = static_cast<std::uint16_t>(1 + m % d);
+      r.data = static_cast<std::int64_t>(t.halves.size());
+      const auto c = to_half(gaussian(r.rank, rng));
+      t.halves.insert(t.halves.end(), c.begin(), c.end());
+    }
+    t.rows.push_back(r);
+  }
+  return t;
+}
+
+void packed_parity(const std::string& name, int d, std::int64_t n, bool bench, Report& r, double copy_gbs) {
+  std::mt19937 rng(7);
+  const RopeSpec spec{RopeType::Neox, d, d, 10000.0};
+  const RopeShape rope{true, d};
+  std::vector<float> cos_t(static_cast<std::size_t>(n * (d / 2))), sin_t(cos_t.size());
+  for (std::int64_t pos = 0; pos < n; ++pos)
+    for (int i = 0; i < d / 2; ++i) {
+      const double angle = static_cast<double>(pos) * rope_frequency(spec, i);
+      cos_t[static_cast<std::size_t>(pos * (d / 2) + i)] = static_cast<float>(std::cos(angle));
+      sin_t[static_cast<std::size_t>(pos * (d / 2) + i)] = static_cast<float>(std::sin(angle));
+    }
+  DeviceBuffer<float> dcos(cos_t), dsin(sin_t);
+  struct Case {
+    const char* label;
+    int bits, span;
+    bool symmetric, rotate;
+  };
+  for (const Case c : {Case{"keys: int4 g32 min-max, rotated low rank", 4, 32, false, true},
+                       Case{"values: int2 g16 absmax, low rank", 2, 16, true, false}}) {
+    const PackedTensor t = random_packed(d, n, c.bits, c.span, c.symmetric, c.rotate, rng);
+    std::vector<float> ref;
+    unpack_tensor(t, d, spec, ref);
+    std::vector<std::uint8_t> row_bytes(t.rows.size() * sizeof(PackedRow));
+    std::memcpy(row_bytes.data(), t.rows.data(), row_bytes.size());
+    DeviceBuffer<std::uint8_t> drows(row_bytes), dcodes(t.codes);
+    DeviceBuffer<std::uint16_t> dhalves(t.halves), dparams(t.params), dbasis(t.basis);
+    DeviceBuffer<std::uint16_t> dout(t.rows.size() * static_cast<std::size_t>(d));
+    PackedTensorView view{reinterpret_cast<const PackedRow*>(drows.ptr), static_cast<std::int64_t>(t.rows.size()),
+                          dhalves.ptr, dcodes.ptr, dparams.ptr, dbasis.ptr, t.bits, t.param_span, t.symmetric, t.rotate};
+    KVSIM_CUDA_CHECK(unpack_packed(view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr));
+    const std::vector<std::uint16_t> got = dout.host();
+    std::vector<float> gotf(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i) gotf[i] = half_to_float(got[i]);
+    r.value(name + " packed unpack, " + c.label, nmse(gotf, ref));
+    if (bench) {
+      const double sec = seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, 20);
+      // Bytes moved: the packed payload read and the fp16 rows written (bases and tables cached).
+      const double bytes = 2.0 * static_cast<double>(t.halves.size() + t.params.size()) + static_cast<double>(t.codes.size()) +
+                           static_cast<double>(row_bytes.size()) + 2.0 * static_cast<double>(got.size());
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "  bench packed unpack (%s): %.1f us, %.1f GB/s = %.2f of copy bandwidth", c.label,
+                    sec * 1e6, bytes / sec / 1e9, bytes / sec / 1e9 / copy_gbs);
+      r.line(buf);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,6 +336,8 @@ int main(int argc, char** argv) {
     }
     run({"SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, 1024}, bench, r, copy_gbs);
     run({"Mistral-7B shapes", AttnShape{32, 8, 128, 32768}, 8192}, bench, r, copy_gbs);
+    packed_parity("SmolLM2-135M shapes", 64, 4096, bench, r, copy_gbs);
+    packed_parity("Mistral-7B shapes", 128, 32768, bench, r, copy_gbs);
     // The transformer backend against its reference: fp32 weights (tight), then fp16 as deployed.
     transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r);
     transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r);
