@@ -42,6 +42,12 @@ class KvCodec {
   // with what the stored encoding reads back; `positions` are the kept tokens' (RoPE) positions.
   virtual void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
                            std::span<float> keys, std::span<float> values) const = 0;
+  // Whether reconstruct reads the rows it is handed. False: it writes every kept row from the
+  // plan's own data (a low-rank fit of the cached tokens), so the caller need not gather them.
+  virtual bool reads_rows(const HeadPlan& plan) const {
+    (void)plan;
+    return true;
+  }
   // As reconstruct, but a codec whose values are all stored as factors (V̂ = C·Uᵀ) may leave them
   // so: `values` then receives C ([kept, r] row-major, zero beyond each token's rank) and `basis`
   // U ([head_dim, head_dim] row-major, its first r columns used; owned by the plan's data), and it

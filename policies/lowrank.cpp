@@ -180,6 +180,15 @@ int LowRankCodec::reconstruct_factored(const HeadPlan& plan, const KvGeometry& g
   return rebuild(plan, g, positions, keys, values, &basis);
 }
 
+bool LowRankCodec::reads_rows(const HeadPlan& plan) const {
+  // rebuild() fits the kept rows themselves unless the plan's fit covers every cached token, and
+  // copies fp16 rows through untouched.
+  const auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
+  if (!fit || fit->n != static_cast<std::int64_t>(plan.codec.size())) return true;
+  return std::any_of(plan.codec.begin(), plan.codec.end(),
+                     [](TokenCodec c) { return c != TokenCodec::Drop && c != TokenCodec::LowRank; });
+}
+
 void LowRankCodec::pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
                         std::span<const float> keys, std::span<const float> values, PackedEntry& out) const {
   const int d = g.head_dim;

@@ -66,6 +66,7 @@ class LowRankCodec : public KvCodec {
                    std::span<float> values) const override;
   int reconstruct_factored(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
                            std::span<float> keys, std::span<float> values, std::span<const float>& basis) const override;
+  bool reads_rows(const HeadPlan& plan) const override;
   void pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
             std::span<const float> values, PackedEntry& out) const override;
 

@@ -112,8 +112,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     repeat.rows = table.rows;
     prefix.repeat = &repeat;
   }
-  // Phase A hands out the configs that score their own logits (encoded caches, several times an
-  // eviction config's work) first, so the layer does not end on one of them running alone.
+  // Phase A hands out the configs with a codec first (their plans fit bases; decode-time ones
+  // replay to the end there), so the phase does not end on one of them running alone.
   std::vector<std::size_t> heavy_first(P);
   std::iota(heavy_first.begin(), heavy_first.end(), std::size_t{0});
   std::stable_partition(heavy_first.begin(), heavy_first.end(),
@@ -160,10 +160,9 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     attention_s += since(t0);
     t0 = Clock::now();
     const CacheSignals signals(ctx, g, layer, c, h, qbuf, prefix);
-    CodedScores coded;
 
     const LayerWork work{g,        layer, c,        E,   T,    prefill_chunk_, ctx, h, qbuf, full_k, eval_limit,
-                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval, logits, lse, coded};
+                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval, logits, lse};
     // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
     std::exception_ptr failure;
     auto guard = [&](auto&& fn) {
@@ -175,7 +174,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       }
     };
     // Phase A: plans (decode-time configs run to the end here).
-    std::vector<std::optional<OneShot>> planned(P);
+    std::vector<Planned> planned(P);
 #pragma omp parallel for schedule(dynamic)
     for (std::size_t k = 0; k < P; ++k) {
       const std::size_t p = heavy_first[k];
@@ -183,24 +182,49 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     }
     if (failure) std::rethrow_exception(failure);
     std::vector<OneShot> shots;
-    for (auto& s : planned)
-      if (s) shots.push_back(std::move(*s));
+    std::vector<CodedShot> coded;
+    for (auto& s : planned) {
+      if (s.shot) shots.push_back(std::move(*s.shot));
+      if (s.coded) coded.push_back(std::move(*s.coded));
+    }
+    // Encoded plans score their own logits, each distinct plan once (found before any is scored,
+    // so two threads never score the same one).
+    const std::vector<std::size_t> first = first_equal(coded);
+    std::vector<std::size_t> distinct;
+    for (std::size_t k = 0; k < coded.size(); ++k)
+      if (first[k] == k) distinct.push_back(k);
+    std::vector<CodedRows> coded_rows(coded.size());
     // Phase B: one-shot configs share partial outputs along a spanning tree per KV head.
     // (Per query head: identical trees within a group unless a plan keeps per-query-head sets;
     // building them is a negligible popcount pass.)
     std::vector<BuildOrder> trees(static_cast<std::size_t>(Hq));
     for (int qh = 0; qh < Hq; ++qh) trees[static_cast<std::size_t>(qh)] = spanning_tree(shots, qh, c);
     std::vector<std::vector<std::vector<double>>> rec(static_cast<std::size_t>(Hq)), err(rec.size());
+    // One pool of tasks: the encoded plans (several times a query head's phase B work) first, then
+    // phase B per query head.
+    const auto tasks = static_cast<std::int64_t>(distinct.size()) + Hq;
 #pragma omp parallel for schedule(dynamic)
-    for (int qh = 0; qh < Hq; ++qh) {
-      rec[static_cast<std::size_t>(qh)].resize(shots.size());
-      err[static_cast<std::size_t>(qh)].resize(shots.size());
+    for (std::int64_t t = 0; t < tasks; ++t) {
       guard([&] {
-        score_shots(work, shots, trees[static_cast<std::size_t>(qh)], qh, rec[static_cast<std::size_t>(qh)],
-                    err[static_cast<std::size_t>(qh)]);
+        if (t < static_cast<std::int64_t>(distinct.size())) {
+          const std::size_t k = distinct[static_cast<std::size_t>(t)];
+          try {
+            coded_rows[k] = score_codec(coded[k], work);
+          } catch (const Error& e) {  // name the policy, as phase A's errors do
+            const std::string msg = e.what();
+            if (msg.rfind("policy ", 0) == 0) throw;
+            throw Error("policy " + configs_[coded[k].config].label() + ": " + msg);
+          }
+          return;
+        }
+        const auto qh = static_cast<std::size_t>(t - static_cast<std::int64_t>(distinct.size()));
+        rec[qh].resize(shots.size());
+        err[qh].resize(shots.size());
+        score_shots(work, shots, trees[qh], static_cast<int>(qh), rec[qh], err[qh]);
       });
     }
     if (failure) std::rethrow_exception(failure);
+    for (std::size_t k = 0; k < coded.size(); ++k) add_codec_rows(work, coded_rows[first[k]], acc[coded[k].config]);
     for (std::size_t k = 0; k < shots.size(); ++k)
       for (int qh = 0; qh < Hq; ++qh)
         for (std::int64_t i = 0; i < E; ++i)

@@ -18,13 +18,13 @@ struct CodedHead {
                   // its codec data, at the compression point; Drop-free while decoding)
 };
 
-// Per query head, per evaluation row: the metrics of one config.
-struct RowMetrics {
-  std::vector<std::vector<double>> recall, kl, err;  // [Hq][E]
-  RowMetrics(int hq, std::int64_t e)
-      : recall(static_cast<std::size_t>(hq), std::vector<double>(static_cast<std::size_t>(e))), kl(recall), err(recall) {}
-  explicit RowMetrics(const CodedScore& done) : recall(done.recall), kl(done.kl), err(done.err) {}
-};
+// Per query head, per evaluation row: the metrics of one config, zeroed.
+CodedRows blank_rows(int hq, std::int64_t e) {
+  CodedRows m;
+  m.recall.assign(static_cast<std::size_t>(hq), std::vector<double>(static_cast<std::size_t>(e)));
+  m.kl = m.err = m.recall;
+  return m;
+}
 
 // Maximal runs of consecutive token indices in a head's (increasing) token list: the cache's
 // slices that gather, and compare with the exact rows, as contiguous blocks. Kept sets are mostly
@@ -110,7 +110,7 @@ ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
 // normalisers (no per-element logarithms; as eviction's -log recall when nothing is encoded), and
 // the output's relative error.
 void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::int64_t t0, std::int64_t i0,
-                std::int64_t i1, const LayerWork& w, RowMetrics& out) {
+                std::int64_t i1, const LayerWork& w, CodedRows& out) {
   const int Hkv = w.g.n_kv_heads, G = w.g.group(), d = w.g.head_dim, Hq = w.g.n_q_heads;
   const std::int64_t rows = i1 - i0, tail = w.T - t0;
   if (rows <= 0) return;
@@ -129,9 +129,14 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
     auto kh = k_buf.get(nk, d);
     auto vh = v_buf.get(nk, d);
     positions.resize(static_cast<std::size_t>(nk));
+    // The exact rows only when the codec reads them (a fully low-rank head is rebuilt from its
+    // coefficients: gathering 2 x nk x d floats for it would be overwritten unread).
+    const bool gather = codec.reads_rows(ch.plan);
     for (const Run& r : runs) {
-      kh.middleRows(r.at, r.len) = K.middleRows(r.token, r.len);
-      vh.middleRows(r.at, r.len) = V.middleRows(r.token, r.len);
+      if (gather) {
+        kh.middleRows(r.at, r.len) = K.middleRows(r.token, r.len);
+        vh.middleRows(r.at, r.len) = V.middleRows(r.token, r.len);
+      }
       std::copy_n(w.h.positions.begin() + r.token, r.len, positions.begin() + r.at);
     }
     std::span<const float> v_basis;
@@ -257,7 +262,7 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
   }
 }
 
-void add_rows(const LayerWork& w, const RowMetrics& m, Accumulator& a) {
+void add_rows(const LayerWork& w, const CodedRows& m, Accumulator& a) {
   for (std::int64_t i = 0; i < w.E; ++i)
     for (int qh = 0; qh < w.g.n_q_heads; ++qh) {
       const auto qi = static_cast<std::size_t>(qh), ii = static_cast<std::size_t>(i);
@@ -265,8 +270,9 @@ void add_rows(const LayerWork& w, const RowMetrics& m, Accumulator& a) {
     }
 }
 
-// The plan's kept tokens of [0, c) with their encodings; mixes the plan into the keep hash.
-std::vector<CodedHead> coded_heads(const LayerPlan& plan, std::int64_t c, Accumulator& a) {
+// The plan's kept tokens of [0, c) with their encodings; mixes the plan into the keep hash when
+// given one.
+std::vector<CodedHead> coded_heads(const LayerPlan& plan, std::int64_t c, Accumulator* a) {
   std::vector<CodedHead> heads;
   for (const HeadPlan& hp : plan.heads) {
     CodedHead ch;
@@ -275,7 +281,7 @@ std::vector<CodedHead> coded_heads(const LayerPlan& plan, std::int64_t c, Accumu
       const auto jj = static_cast<std::size_t>(j);
       const TokenCodec code = hp.codec[jj];
       const std::uint64_t rank = hp.rank.empty() ? 0 : hp.rank[jj];
-      a.mix((static_cast<std::uint64_t>(code) * 0x9e37ull + 1) ^ (rank << 20));
+      if (a) a->mix((static_cast<std::uint64_t>(code) * 0x9e37ull + 1) ^ (rank << 20));
       if (code != TokenCodec::Drop) ch.tokens.push_back(static_cast<std::int32_t>(j));
     }
     heads.push_back(std::move(ch));
@@ -316,10 +322,11 @@ const KvCodec& codec_of(const ReplayConfig& cfg) {
 
 }  // namespace
 
-// One-shot plans with encoded tokens (quantized tiers, low rank).
-void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w, Accumulator& a) {
+// One-shot plans with encoded tokens (quantized tiers, low rank): bytes now, rows once scored.
+CodedShot account_codec(std::size_t index, const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w,
+                        Accumulator& a) {
   const KvCodec& codec = codec_of(cfg);
-  const std::vector<CodedHead> heads = coded_heads(plan, w.c, a);
+  const std::vector<CodedHead> heads = coded_heads(plan, w.c, &a);
   const auto [saving, host] = saving_and_host(codec, heads, w.g.head_dim);
   std::int64_t nk = 0;
   for (const CodedHead& ch : heads) nk += static_cast<std::int64_t>(ch.tokens.size());
@@ -330,30 +337,38 @@ void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWor
     a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(nk + (i + 1) * w.g.n_kv_heads);
     a.saving_after_step[static_cast<std::size_t>(i)] += saving;
   }
-  // A plan this layer has already scored (same codec, same encoding, same codec data) reuses it.
-  auto same = [&](const CodedScore& done) {
-    if (done.codec != &codec || done.plan.heads.size() != plan.heads.size()) return false;
-    for (std::size_t k = 0; k < plan.heads.size(); ++k) {
-      const HeadPlan &x = plan.heads[k], &y = done.plan.heads[k];
-      if (x.codec != y.codec || x.rank != y.rank || x.data != y.data) return false;
+  return CodedShot{index, &codec, plan};
+}
+
+// Same codec, same encoding, same codec data (the data by identity: a layer's fits are shared).
+std::vector<std::size_t> first_equal(const std::vector<CodedShot>& shots) {
+  auto same = [](const CodedShot& x, const CodedShot& y) {
+    if (x.codec != y.codec || x.plan.heads.size() != y.plan.heads.size()) return false;
+    for (std::size_t k = 0; k < x.plan.heads.size(); ++k) {
+      const HeadPlan &a = x.plan.heads[k], &b = y.plan.heads[k];
+      if (a.codec != b.codec || a.rank != b.rank || a.data != b.data) return false;
     }
     return true;
   };
-  {
-    const std::lock_guard<std::mutex> lock(w.coded.mu);
-    for (const auto& done : w.coded.done)
-      if (same(*done)) {
-        add_rows(w, RowMetrics(*done), a);
-        return;
+  std::vector<std::size_t> first(shots.size());
+  for (std::size_t k = 0; k < shots.size(); ++k) {
+    first[k] = k;
+    for (std::size_t e = 0; e < k; ++e)
+      if (first[e] == e && same(shots[e], shots[k])) {
+        first[k] = e;
+        break;
       }
   }
-  RowMetrics m(w.g.n_q_heads, w.E);
-  score_rows(codec, heads, w.c, 0, w.E, w, m);
-  add_rows(w, m, a);
-  auto done = std::make_shared<CodedScore>(CodedScore{&codec, plan, m.recall, m.kl, m.err});
-  const std::lock_guard<std::mutex> lock(w.coded.mu);
-  w.coded.done.push_back(std::move(done));
+  return first;
 }
+
+CodedRows score_codec(const CodedShot& shot, const LayerWork& w) {
+  CodedRows m = blank_rows(w.g.n_q_heads, w.E);
+  score_rows(*shot.codec, coded_heads(shot.plan, w.c, nullptr), w.c, 0, w.E, w, m);
+  return m;
+}
+
+void add_codec_rows(const LayerWork& w, const CodedRows& rows, Accumulator& a) { add_rows(w, rows, a); }
 
 // Encoded plans whose policy re-encodes (re-tiers) or evicts while decoding. The walk: at each
 // decode step the token joins every head's cache in fp16 and its query attends (the weights the
@@ -370,7 +385,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const Laye
     throw Error("policy " + cfg.policy + " re-encodes its cache while decoding and needs the query of every token after "
                 "the compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
                 "; capture with all decode-step queries");
-  std::vector<CodedHead> heads = coded_heads(plan, c, a);
+  std::vector<CodedHead> heads = coded_heads(plan, c, &a);
   strip_drops(heads);
   const double head_budget = cfg.budget * static_cast<double>(c) * codec_token_bytes(TokenCodec::Fp16, d);
   auto [saving, host] = saving_and_host(codec, heads, d);
@@ -455,7 +470,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const Laye
   a.host_bytes += host_peak;
   // A stretch's cache lacks the tokens that join inside it: they are the exact tail from its
   // first row's token on (which is also why each snapshot is taken before that token joins).
-  RowMetrics m(Hq, E);
+  CodedRows m = blank_rows(Hq, E);
   for (std::size_t k = 0; k < stretches.size(); ++k) {
     const std::int64_t i0 = stretches[k].i0, i1 = k + 1 < stretches.size() ? stretches[k + 1].i0 : E;
     std::vector<CodedHead> before = stretches[k].heads;

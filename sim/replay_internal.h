@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,19 +49,20 @@ struct Accumulator {
   }
 };
 
-// Everything one layer shares across configs.
-// Metrics of one-shot encoded plans already scored in a layer: configs whose plans come out
-// identical (say, every budget at which a quantizer already keeps every token) score once.
-struct CodedScore {
-  const void* codec = nullptr;
+// A one-shot plan with encoded tokens, accounted in phase A and scored after it: configs whose
+// plans come out identical (say, every budget at which a quantizer already keeps every token)
+// are found before any is scored, and score once.
+struct CodedShot {
+  std::size_t config = 0;
+  const KvCodec* codec = nullptr;
   LayerPlan plan;
+};
+// Its metrics per query head and evaluation row.
+struct CodedRows {
   std::vector<std::vector<double>> recall, kl, err;  // [Hq][E]
 };
-struct CodedScores {
-  std::mutex mu;
-  std::vector<std::shared_ptr<const CodedScore>> done;
-};
 
+// Everything one layer shares across configs.
 struct LayerWork {
   const KvGeometry& g;
   int layer;
@@ -82,7 +82,6 @@ struct LayerWork {
   std::int64_t first_eval;            // row of q holding the first evaluation query
   const std::vector<Mat>& logits;     // [Hq] E x T scaled logits before the softmax (kept when a codec config needs them)
   const std::vector<Eigen::VectorXd>& lse;  // [Hq] E: logsumexp of each full row (with logits)
-  CodedScores& coded;                       // this layer's scored encoded plans
 };
 
 // A one-shot config's keep-sets in one layer: a bitset over the c cached tokens per query head
@@ -121,14 +120,24 @@ inline std::vector<double> cache_weights(const LayerWork& w, std::int64_t i, con
   return mass;
 }
 
-// Phase A of a layer for one config (replay_shots.cpp).
-std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
-                                   const LayerWork& w, Accumulator& a);
+// Phase A of a layer for one config (replay_shots.cpp): a keep-set for phase B, an encoded plan
+// to score, or neither (the config was replayed, or needs no compression).
+struct Planned {
+  std::optional<OneShot> shot;
+  std::optional<CodedShot> coded;
+};
+Planned plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w,
+                    Accumulator& a);
 // Decode-time configs (replay_decode.cpp).
 void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, const LayerPlan& plan,
                    DecodeState& state, Accumulator& a);
-// One-shot plans with encoded tokens (replay_codec.cpp).
-void replay_codec(const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w, Accumulator& a);
+// One-shot plans with encoded tokens (replay_codec.cpp): the memory accounting (phase A), which
+// shots are identical (per shot, the first shot it equals), the scoring and the rows.
+CodedShot account_codec(std::size_t index, const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w,
+                        Accumulator& a);
+std::vector<std::size_t> first_equal(const std::vector<CodedShot>& shots);
+CodedRows score_codec(const CodedShot& shot, const LayerWork& w);
+void add_codec_rows(const LayerWork& w, const CodedRows& rows, Accumulator& a);
 // Plans with encoded tokens whose policy evicts or re-tiers while decoding (replay_codec.cpp).
 void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const LayerPlan& plan, DecodeState& state,
                          Accumulator& a);

@@ -119,9 +119,9 @@ LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const 
 
 // Phase A of a layer, for one config: asks the policy for its plan. Decode-time configs are
 // replayed entirely here; uncompressed ones record exact rows; one-shot ones return their
-// keep-sets for the shared phase B.
-static std::optional<OneShot> plan_config_unchecked(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
-                                   const LayerWork& w, Accumulator& a) {
+// keep-sets for the shared phase B, encoded ones their plans for scoring after phase A.
+static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
+                                     const LayerWork& w, Accumulator& a) {
   const int Hkv = w.g.n_kv_heads;
   const std::int64_t c = w.c;
   bool compress = cfg.impl->respects_budget() && cfg.budget < 1.0;
@@ -147,7 +147,7 @@ static std::optional<OneShot> plan_config_unchecked(std::size_t index, const Rep
     for (std::int64_t i = 0; i < w.T - c; ++i)
       a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>((c + i + 1) * Hkv);
     for (std::int64_t row = 0; row < w.E * w.g.n_q_heads; ++row) a.add_row(w.layer, 1.0, 0.0);
-    return std::nullopt;
+    return {};
   }
   const int G = w.g.group();
   LayerDecision d = decide(cfg, budget_tokens, w, a);
@@ -158,13 +158,12 @@ static std::optional<OneShot> plan_config_unchecked(std::size_t index, const Rep
     a.entries = Hkv;
     if (cfg.impl->codec()) replay_codec_decode(cfg, w, plan, *d.state, a);
     else replay_decode(cfg, budget_tokens, w, plan, *d.state, a);
-    return std::nullopt;
+    return {};
   }
   if (std::any_of(plan.heads.begin(), plan.heads.end(), [](const HeadPlan& hp) { return needs_codec(hp); })) {
     if (per_query_head) throw Error("policy " + cfg.policy + ": plans with encoded tokens must have one entry per KV head");
     a.entries = Hkv;
-    replay_codec(cfg, plan, w, a);
-    return std::nullopt;
+    return {std::nullopt, account_codec(index, cfg, plan, w, a)};
   }
   a.entries = static_cast<std::int64_t>(plan.heads.size());
   OneShot shot;
@@ -187,7 +186,7 @@ static std::optional<OneShot> plan_config_unchecked(std::size_t index, const Rep
       shot.count.push_back(kept);
     }
   }
-  return shot;
+  return {std::move(shot), std::nullopt};
 }
 
 static std::int64_t symmetric_difference(const std::vector<std::uint64_t>& x, const std::vector<std::uint64_t>& y) {
@@ -304,8 +303,8 @@ void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const Bu
 }
 
 // Errors raised while a policy runs name the policy (unless they already do).
-std::optional<OneShot> plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
-                                   const LayerWork& w, Accumulator& a) {
+Planned plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w,
+                    Accumulator& a) {
   try {
     return plan_config_unchecked(index, cfg, budget_tokens, w, a);
   } catch (const Error& e) {

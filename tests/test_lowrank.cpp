@@ -84,6 +84,37 @@ TEST_CASE("low-rank reconstruction: exact at full rank, error falls with rank, b
   }
 }
 
+TEST_CASE("a head rebuilt from its plan's own fit does not read the rows it is handed", "[lowrank]") {
+  const KvGeometry g = geometry(RopeType::Neox);
+  std::vector<float> k, v;
+  std::vector<std::int32_t> pos;
+  make_tokens(g, 64, k, v, pos);
+  HeadPlan plan;
+  plan.codec.assign(64, TokenCodec::LowRank);
+  plan.rank.assign(64, 3);
+  for (std::size_t j = 0; j < 64; j += 5) plan.codec[j] = TokenCodec::Drop;
+  const LowRankCodec codec;
+  CHECK(codec.reads_rows(plan));  // no fit: rebuild fits the kept rows themselves
+  plan.data = fit_lowrank(g, k, v, pos);
+  REQUIRE_FALSE(codec.reads_rows(plan));
+  // The kept rows, and the same shape filled with NaN: both rebuild to the same cache.
+  std::vector<float> kk, vk;
+  std::vector<std::int32_t> kept_pos;
+  for (std::size_t j = 0; j < 64; ++j) {
+    if (plan.codec[j] == TokenCodec::Drop) continue;
+    kk.insert(kk.end(), k.begin() + static_cast<std::ptrdiff_t>(j * 16), k.begin() + static_cast<std::ptrdiff_t>(j * 16 + 16));
+    vk.insert(vk.end(), v.begin() + static_cast<std::ptrdiff_t>(j * 16), v.begin() + static_cast<std::ptrdiff_t>(j * 16 + 16));
+    kept_pos.push_back(pos[j]);
+  }
+  std::vector<float> kn(kk.size(), std::nanf("")), vn(vk.size(), std::nanf(""));
+  codec.reconstruct(plan, g, kept_pos, kk, vk);
+  codec.reconstruct(plan, g, kept_pos, kn, vn);
+  CHECK(kn == kk);
+  CHECK(vn == vk);
+  plan.codec[1] = TokenCodec::Fp16;  // an fp16 row passes through: it must be gathered
+  CHECK(codec.reads_rows(plan));
+}
+
 TEST_CASE("low-rank bytes: coefficients, rank bytes, fp16 tokens and both bases", "[lowrank]") {
   HeadPlan plan;
   plan.codec = {TokenCodec::LowRank, TokenCodec::LowRank, TokenCodec::Drop, TokenCodec::Fp16};

@@ -149,6 +149,29 @@ TEST_CASE("one pass over many configs equals replaying each alone", "[replay]") 
   }
 }
 
+TEST_CASE("encoded configs in one pass equal each alone; identical plans share their scores", "[replay]") {
+  const TraceReader reader(replay_trace());
+  // intn:bits=4 keeps every token at 0.5 and 0.99 (one plan, scored once) and drops some at 0.1.
+  const auto all = configs({"intn:bits=4", "kivi", "lowrank", "varrate", "snapkv"}, {0.1, 0.5, 0.99});
+  const RequestResult together = Replayer(reader, ReplayMode::QueryAware, all).replay("r1");
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    const RequestResult alone = Replayer(reader, ReplayMode::QueryAware, {all[p]}).replay("r1");
+    INFO(all[p].label() << " @ " << all[p].budget);
+    CHECK(alone.configs[0].keep_hash == together.configs[p].keep_hash);
+    CHECK(alone.configs[0].compressed_bytes == together.configs[p].compressed_bytes);
+    if (all[p].impl->codec()) {  // scored on its own reconstruction either way: the same numbers
+      CHECK(alone.configs[0].mean_kl == together.configs[p].mean_kl);
+      CHECK(alone.configs[0].mean_err == together.configs[p].mean_err);
+      CHECK(alone.configs[0].p95_kl == together.configs[p].p95_kl);
+    }
+  }
+  const ConfigResult &low = together.configs[0], &mid = together.configs[1], &high = together.configs[2];
+  CHECK(mid.keep_hash == high.keep_hash);
+  CHECK(mid.mean_kl == high.mean_kl);
+  CHECK(low.kept_fraction < 1.0);
+  CHECK(low.mean_kl > mid.mean_kl);
+}
+
 TEST_CASE("replay properties hold for every policy", "[replay]") {
   const TraceReader reader(replay_trace());
   const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
