@@ -1,9 +1,12 @@
 #include "capture/backend_engine.h"
 
+#include <algorithm>
+
 #include "capture/gguf.h"
 #include "capture/transformer_weights.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/packed_kv.h"
 #include "gpu/transformer_backend.h"
 
 namespace kvsim {
@@ -51,8 +54,11 @@ void BackendEngine::set_cache(KvCache cache) {
 
 void BackendEngine::evict(int layer, int entry, std::span<const std::int32_t> tokens) {
   if (tokens.empty()) return;
-  const std::vector<std::int32_t> had = cache_.layers.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry)).tokens;
+  const KvEntry& before = cache_.layers.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry));
+  const std::vector<std::int32_t> had = before.tokens;
+  const bool was_packed = before.packed != nullptr;
   cache_.evict(layer, entry, tokens);  // checks every token first
+  if (was_packed) edited_ = true;      // packed rows cannot be gathered in place: reload
   if (edited_) return;                 // the whole cache is reloaded before the next pass anyway
   const std::vector<std::int32_t>& now = cache_.layers[static_cast<std::size_t>(layer)][static_cast<std::size_t>(entry)].tokens;
   std::vector<std::int64_t> rows;  // the kept tokens' rows in the backend (both lists increase)
@@ -72,7 +78,20 @@ void BackendEngine::load_backend() {
       // stays what the backend holds (the CPU engine keeps them unrounded).
       round_to_half(e.k.data(), e.k.size());
       round_to_half(e.v.data(), e.v.size());
-      entries.push_back({e.rows(), e.k.data(), e.v.data()});
+      // A packed prefix is held packed; the mirror's rows become its read-back (low-rank rows
+      // rebuild in another summation order than the codec's reconstruction).
+      if (e.packed) {
+        if (e.packed->head_dim != cfg_.head_dim || e.packed->rows() > e.rows())
+          throw Error("KV cache layer " + std::to_string(l) + ": a packed entry of " + std::to_string(e.packed->rows()) +
+                      " rows of head_dim " + std::to_string(e.packed->head_dim) + " for an entry of " +
+                      std::to_string(e.rows()) + " rows of head_dim " + std::to_string(cfg_.head_dim));
+        std::vector<float> rows;
+        unpack_tensor(e.packed->k, cfg_.head_dim, cfg_.rope, rows);
+        std::copy(rows.begin(), rows.end(), e.k.begin());
+        unpack_tensor(e.packed->v, cfg_.head_dim, cfg_.rope, rows);
+        std::copy(rows.begin(), rows.end(), e.v.begin());
+      }
+      entries.push_back({e.rows(), e.k.data(), e.v.data(), e.packed.get()});
     }
     backend_->load_layer(l, entries);
   }

@@ -10,7 +10,8 @@ namespace kvsim {
 
 namespace {
 
-// The rows of `src` whose tokens are in `want` (increasing).
+// The rows of `src` whose tokens are in `want` (increasing); a packed form no longer lines up
+// with them and is left behind.
 KvEntry select_rows(const KvEntry& src, const std::vector<std::int32_t>& want, int d, int layer) {
   KvEntry out;
   out.tokens.reserve(want.size());

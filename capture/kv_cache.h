@@ -5,14 +5,21 @@
 // the cache holds exactly what an fp16 cache (llama.cpp's default) would, and what a trace
 // stores, so live and offline policies see the same numbers.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 namespace kvsim {
 
+struct PackedEntry;  // core/packed_kv.h
+
 struct KvEntry {
   std::vector<std::int32_t> tokens;  // token indices, increasing
   std::vector<float> k, v;           // [tokens, head_dim] row-major
+  // When a codec encoded the entry: what a really compressed cache stores for its first
+  // packed->rows() rows (k and v hold their read-back). A backend that holds packed entries keeps
+  // this instead of those rows; rows appended later are fp16. Any edit that removes rows drops it.
+  std::shared_ptr<const PackedEntry> packed;
   std::int64_t rows() const { return static_cast<std::int64_t>(tokens.size()); }
 };
 

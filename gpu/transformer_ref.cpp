@@ -92,6 +92,15 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
     dst[e].v.assign(entries[e].v, entries[e].v + n);
     round_all(dst[e].k);
     round_all(dst[e].v);
+    // A packed prefix is read back from its stored form, as the GPU unpacks it.
+    if (const PackedEntry* p = entries[e].packed) {
+      check_host_packed(*p, entries[e].rows, s_.head_dim, static_cast<int>(e));
+      std::vector<float> rows;
+      unpack_tensor(p->k, s_.head_dim, s_.rope, rows);
+      std::copy(rows.begin(), rows.end(), dst[e].k.begin());
+      unpack_tensor(p->v, s_.head_dim, s_.rope, rows);
+      std::copy(rows.begin(), rows.end(), dst[e].v.begin());
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 #include <stdexcept>
+#include <string>
 
 namespace kvsim::gpu {
 
@@ -116,6 +117,19 @@ void rope_tables(const RopeSpec& s, std::int64_t rows, std::vector<float>& cos_t
       cos_t[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::cos(angle));
       sin_t[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::sin(angle));
     }
+}
+
+void check_host_packed(const PackedEntry& p, std::int64_t entry_rows, int head_dim, int entry) {
+  const std::string where = "load_layer: entry " + std::to_string(entry) + "'s packed rows: ";
+  if (p.head_dim != head_dim)
+    throw std::invalid_argument(where + "head_dim " + std::to_string(p.head_dim) + ", expected " + std::to_string(head_dim));
+  try {
+    check_packed(p);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(where + e.what());
+  }
+  if (p.rows() > entry_rows)
+    throw std::invalid_argument(where + std::to_string(p.rows()) + " rows, but the entry has " + std::to_string(entry_rows));
 }
 
 }  // namespace kvsim::gpu

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/packed_kv.h"
 #include "core/rope.h"
 
 namespace kvsim::gpu {
@@ -51,7 +52,14 @@ struct HostEntry {
   std::int64_t rows = 0;
   const float* k = nullptr;
   const float* v = nullptr;
+  // Optional: the packed form of the first packed->rows() rows (core/packed_kv.h), which a backend
+  // then holds instead of those rows (k and v must hold its read-back).
+  const PackedEntry* packed = nullptr;
 };
+
+// Checks a HostEntry's packed prefix before a backend holds it: well formed (check_packed), the
+// model's head_dim, no more rows than the entry. Throws std::invalid_argument naming the entry.
+void check_host_packed(const PackedEntry& p, std::int64_t entry_rows, int head_dim, int entry);
 
 // Entry layout rule shared by both backends: a layer holds one entry per KV head, or, after a
 // per-query-head plan, one per query head; query head h reads entry h or h / group.

@@ -1,7 +1,8 @@
 // The engine --device cuda runs (capture/backend_engine.h) tested without a GPU: over the CPU
 // reference backend it must behave as the Eigen engine does on SmolLM2 — logits, hooks, the
 // mirrored cache, edits to it (per-query-head keep-sets, evictions) and restored snapshots — and
-// the device choice must fail clearly where CUDA cannot run.
+// the device choice must fail clearly where CUDA cannot run; packed (really compressed) entries
+// reach the backend, and the mirror holds what it reads back.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -14,7 +15,11 @@
 #include "capture/transformer_weights.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/packed_kv.h"
 #include "gpu/transformer_ref.h"
+#include "policies/codec.h"
+#include "policies/lowrank.h"
+#include "policies/quantized_tier.h"
 #include "nmse_check.h"
 
 using namespace kvsim;
@@ -197,4 +202,82 @@ TEST_CASE("backend engine evicts on the backend without reloading the cache", "[
   const std::int32_t gone = 1 + (0 + 0) % 10;
   CHECK_THROWS_WITH(eng.evict(0, 0, {&gone, 1}), Catch::Contains("cannot evict token 1"));
   CHECK(nmse(eng.step(43), cpu.step(43)) < 1e-6);
+}
+
+TEST_CASE("backend engine hands packed entries to the backend, whose read-back the mirror holds", "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  LlamaModel cpu(gguf, WeightFormat::F32);
+  // Counts the entries that arrive packed.
+  class PackedCounting : public CountingBackend {
+   public:
+    using CountingBackend::CountingBackend;
+    void load_layer(int layer, std::span<const gpu::HostEntry> entries) override {
+      for (const auto& e : entries) packed += e.packed != nullptr;
+      CountingBackend::load_layer(layer, entries);
+    }
+    int packed = 0;
+  };
+  auto owned = std::make_unique<PackedCounting>(transformer_shape(LlamaConfig::from_gguf(gguf)), gpu::DeviceWeights::F32);
+  PackedCounting* backend = owned.get();
+  BackendEngine eng(gguf, std::move(owned));
+  const LlamaConfig& c = cpu.config();
+  const KvGeometry g{c.n_layers, c.n_head, c.n_head_kv, c.head_dim, c.rope};
+  const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649, 314, 16, 17, 18};
+  cpu.prefill(prompt);
+  eng.prefill(prompt);
+  // Every entry: the first two tokens fp16, the rest int4 (even layers) or rank-8 low rank (odd
+  // layers), packed from the exact rows; both engines then hold the codec's reconstruction.
+  const IntCodec int4(IntSpec{4, 32, false});
+  const LowRankCodec lowrank;
+  std::vector<std::vector<PackedEntry>> packed(static_cast<std::size_t>(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l)
+    for (int e = 0; e < c.n_head_kv; ++e) {
+      KvEntry& mine = eng.cache().layers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
+      KvEntry& theirs = cpu.cache().layers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
+      const KvCodec& codec = l % 2 == 0 ? static_cast<const KvCodec&>(int4) : lowrank;
+      HeadPlan plan;
+      plan.codec.assign(mine.tokens.size(), l % 2 == 0 ? TokenCodec::Int4 : TokenCodec::LowRank);
+      plan.codec[0] = plan.codec[1] = TokenCodec::Fp16;
+      if (l % 2 == 1) plan.rank.assign(mine.tokens.size(), 8);
+      auto p = std::make_shared<PackedEntry>();
+      pack_plan(&codec, plan, g, mine.tokens, mine.k, mine.v, *p);
+      codec.reconstruct(plan, g, mine.tokens, mine.k, mine.v);
+      mine.packed = p;
+      packed[static_cast<std::size_t>(l)].push_back(*p);
+      // The CPU engine gets the stored form's read-back (what the backend must attend over): a
+      // cache this compressed turns fp16-level row differences into 1e-4 logit differences.
+      unpack_tensor(p->k, c.head_dim, c.rope, theirs.k);
+      unpack_tensor(p->v, c.head_dim, c.rope, theirs.v);
+    }
+  const int loads = backend->loads;
+  CHECK(nmse(eng.step(42), cpu.step(42)) < 1e-6);
+  CHECK(backend->loads == loads + c.n_layers);
+  CHECK(backend->packed == c.n_layers * c.n_head_kv);
+  // The mirror's packed rows are the stored form's read-back, exactly; the new row is fp16.
+  for (int l = 0; l < c.n_layers; l += 5) {
+    const KvEntry& en = std::as_const(eng).cache().layers[static_cast<std::size_t>(l)][1];
+    std::vector<float> k, v;
+    unpack_tensor(packed[static_cast<std::size_t>(l)][1].k, c.head_dim, c.rope, k);
+    unpack_tensor(packed[static_cast<std::size_t>(l)][1].v, c.head_dim, c.rope, v);
+    INFO("layer " << l);
+    CHECK(std::vector<float>(en.k.begin(), en.k.begin() + static_cast<std::ptrdiff_t>(k.size())) == k);
+    CHECK(std::vector<float>(en.v.begin(), en.v.begin() + static_cast<std::ptrdiff_t>(v.size())) == v);
+    CHECK(en.rows() == static_cast<std::int64_t>(prompt.size()) + 1);
+  }
+  CHECK(nmse(eng.step(7), cpu.step(7)) < 1e-6);  // decode continues on the packed prefix
+  CHECK(backend->loads == loads + c.n_layers);
+  // Evicting from a packed entry drops its packed form (it no longer lines up) and reloads.
+  const std::int32_t t = 3;
+  eng.evict(2, 0, {&t, 1});
+  cpu.evict(2, 0, {&t, 1});
+  CHECK(std::as_const(eng).cache().layers[2][0].packed == nullptr);
+  CHECK(backend->compactions == 0);
+  CHECK(nmse(eng.step(9), cpu.step(9)) < 1e-6);
+  CHECK(backend->loads == loads + 2 * c.n_layers);
+  // A packed form for another geometry is refused, naming the layer.
+  auto wrong = std::make_shared<PackedEntry>(packed[4][0]);
+  wrong->head_dim = c.head_dim / 2;
+  eng.cache().layers[4][0].packed = wrong;
+  CHECK_THROWS_WITH(eng.step(11), Catch::Contains("KV cache layer 4: a packed entry"));
 }

@@ -138,6 +138,46 @@ TEST_CASE("reference transformer: per-query-head entries read the same rows", "[
   CHECK(pq.rows(0, 5) == 9);
 }
 
+TEST_CASE("reference transformer: a packed prefix is held as its stored form reads back", "[transformer_ref]") {
+  const TransformerShape s = tiny_shape(RopeType::Neox, false);
+  TransformerRef ref(s, DeviceWeights::F32);
+  random_weights(s, 5, ref.sink());
+  ref.forward(iota_tokens(8, 3, 7, s.vocab), positions(0, 8), {}, false, false);
+  // Layer 1, entry 0: its first 5 rows stored as fp16 rows of other values (twice the cache's).
+  std::vector<HostEntry> entries;
+  std::vector<std::vector<float>> k(2), v(2);
+  for (int e = 0; e < 2; ++e) {
+    const auto ke = ref.entry_k(1, e), ve = ref.entry_v(1, e);
+    k[static_cast<std::size_t>(e)].assign(ke.begin(), ke.end());
+    v[static_cast<std::size_t>(e)].assign(ve.begin(), ve.end());
+    entries.push_back({ref.rows(1, e), k[static_cast<std::size_t>(e)].data(), v[static_cast<std::size_t>(e)].data()});
+  }
+  PackedEntry p;
+  p.head_dim = s.head_dim;
+  for (int r = 0; r < 5; ++r) {
+    std::vector<float> kr(k[0].begin() + r * s.head_dim, k[0].begin() + (r + 1) * s.head_dim), vr = kr;
+    for (float& x : kr) x *= 2;
+    for (float& x : vr) x = -x;
+    pack_fp16_row(p.k, kr.data(), s.head_dim, r);
+    pack_fp16_row(p.v, vr.data(), s.head_dim, r);
+  }
+  entries[0].packed = &p;
+  ref.load_layer(1, entries);
+  const std::vector<float> held(ref.entry_k(1, 0).begin(), ref.entry_k(1, 0).end());
+  REQUIRE(held.size() == k[0].size());
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    INFO("value " << i);
+    CHECK(held[i] == (i < 5u * static_cast<std::size_t>(s.head_dim) ? 2 * k[0][i] : k[0][i]));
+  }
+  CHECK(ref.entry_v(1, 0)[3] == -ref.entry_k(1, 0)[3] / 2);
+  // More packed rows than the entry has, or another head_dim: refused, naming the entry.
+  entries[0].rows = 4;
+  CHECK_THROWS_WITH(ref.load_layer(1, entries), Catch::Contains("entry 0's packed rows: 5 rows, but the entry has 4"));
+  entries[0].rows = ref.rows(1, 0);
+  p.head_dim = 16;
+  CHECK_THROWS_WITH(ref.load_layer(1, entries), Catch::Contains("head_dim"));
+}
+
 TEST_CASE("reference transformer: random weights are deterministic per tensor", "[transformer_ref]") {
   const TransformerShape s = tiny_shape(RopeType::Norm, true);
   std::vector<float> first, again, other;

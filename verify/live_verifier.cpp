@@ -14,6 +14,7 @@
 #include "capture/tokenizer.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "core/packed_kv.h"
 #include "policies/codec.h"
 #include "sim/budget.h"
 #include "sim/cache_signals.h"
@@ -52,6 +53,15 @@ void append_rounded(FloatBuffer& dst, const float* src, std::size_t n) {
   const std::size_t at = dst.size();
   dst.resize(at + n);
   halves_to_floats(h.data(), dst.data() + at, n);
+}
+
+// What a really compressed cache stores for an entry the codec is about to encode (its rows are
+// still the exact ones pack reads): a backend that holds packed entries keeps this.
+std::shared_ptr<const PackedEntry> packed_form(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g,
+                                               const std::vector<std::int32_t>& positions, const KvEntry& entry) {
+  auto p = std::make_shared<PackedEntry>();
+  pack_plan(codec, plan, g, positions, entry.k, entry.v, *p);
+  return p;
 }
 
 // RULER's string_match_all: the share of expected strings found, case-insensitively.
@@ -321,6 +331,7 @@ struct LiveVerifier::Impl {
           KvEntry& entry = model.cache().layers[static_cast<std::size_t>(l)][e];
           std::vector<std::int32_t> positions;
           for (auto t : entry.tokens) positions.push_back(s.header.positions[static_cast<std::size_t>(t)]);
+          entry.packed = packed_form(cfg.impl->codec(), plan.heads[e], g, positions, entry);
           cfg.impl->codec()->reconstruct(plan.heads[e], g, positions, entry.k, entry.v);
           codec_saving += static_cast<double>(entry.rows()) * out.budget.kv_token_bytes - cfg.impl->codec()->bytes(plan.heads[e], g.head_dim);
         }
@@ -432,6 +443,7 @@ struct LiveVerifier::Impl {
       entry = host.layers[0][kv];
       std::vector<std::int32_t> positions;
       for (auto token : entry.tokens) positions.push_back((*cs.positions)[static_cast<std::size_t>(token)]);
+      entry.packed = packed_form(codec, kept_plans[kv], g, positions, entry);
       codec->reconstruct(kept_plans[kv], g, positions, entry.k, entry.v);
       if (codec->bytes(kept_plans[kv], g.head_dim) > budget + 1e-6)
         throw Error("policy " + label + ": re-tiered cache of layer " + std::to_string(l) + ", KV head " + std::to_string(kv) +
