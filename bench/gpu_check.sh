@@ -8,7 +8,8 @@
 #               equality) at SmolLM2-135M and Mistral-7B shapes; the CUDA transformer against
 #               gpu/transformer_ref with random weights (qwen2-like fp32 and fp16, head_dim
 #               32/96/256 corner shapes, SmolLM2-135M, Mistral-7B layer shapes): prefill with
-#               capture, decode, chunked prefill, per-query-head caches; then the benchmarks:
+#               capture, decode, chunked prefill, per-query-head caches, packed caches held
+#               packed on the device (with their device bytes); then the benchmarks:
 #               kernel bandwidth vs the device's copy bandwidth, prefill/decode tokens/s vs the
 #               cuBLAS GEMM rate, capture overhead, all measured in the same run
 # Real SmolLM2 weights do not travel (98 MB > the 64 MiB per call): the GGUF path is covered on

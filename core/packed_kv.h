@@ -2,7 +2,7 @@
 // A cache entry as a really compressed cache stores it: the bytes a codec keeps (fp16 rows, packed
 // intN codes with their fp16 (scale, min) pairs, low-rank coefficients with the basis), not the
 // rows it reads back. Codecs pack into it (KvCodec::pack) and the reference unpack here reads it
-// back; it is the form the CUDA backend's cache is to hold (docs/gpu.md, "Not yet"). Its payload
+// back; the CUDA backend's cache holds it (docs/gpu.md). Its payload
 // bytes are what a codec's byte count claims, so the tests hold the two together.
 //
 // Quantized rows: head_dim codes of `bits` bits, little-endian (value i at bit i * bits); channel

@@ -9,6 +9,7 @@
 
 #include "core/half.h"
 #include "gpu/cuda_check.h"
+#include "gpu/packed_unpack.cuh"
 #include "gpu/transformer_kernels.cuh"
 
 namespace kvsim::gpu {
@@ -120,12 +121,26 @@ struct CudaTransformer::Impl {
   std::vector<DeviceMem> weights;  // [(layer + 1) * kIds + id]
   std::size_t weight_bytes = 0;
 
+  // One tensor of an entry's packed prefix on the device: core/packed_kv.h's arrays, same layout.
+  struct PackedDev {
+    DeviceMem rows, halves, codes, params, basis;
+    PackedTensorView view;
+  };
+  struct EntryPacked {
+    std::int64_t rows = 0;
+    PackedDev k, v;
+  };
   struct LayerCache {
-    std::vector<std::int64_t> rows;
-    std::int64_t capacity = 0;
-    DeviceMem k, v;
+    std::vector<std::int64_t> rows;    // rows each entry holds: its packed prefix, then fp16 rows
+    std::vector<EntryPacked> packed;   // [entry], empty when nothing in the layer is packed
+    std::int64_t capacity = 0;         // fp16 rows per entry the buffers have room for
+    DeviceMem k, v;                    // each entry's fp16 rows (those after its packed prefix)
+    std::int64_t packed_rows(std::size_t e) const { return packed.empty() ? 0 : packed[e].rows; }
+    std::int64_t stored(std::size_t e) const { return rows[e] - packed_rows(e); }
   };
   std::vector<LayerCache> cache;
+  // A packed layer's rows for attention, unpacked one layer at a time: [entries, cap, d] fp16.
+  DeviceMem unpacked_k, unpacked_v;
 
   // Work buffers for up to `work_rows` new rows.
   std::int64_t work_rows = 0;
@@ -207,7 +222,7 @@ struct CudaTransformer::Impl {
   // Room for `extra` more rows in every entry of layer l, keeping what is there.
   void ensure_cache(LayerCache& lc, std::int64_t extra) {
     std::int64_t need = 0;
-    for (auto r : lc.rows) need = std::max(need, r + extra);
+    for (std::size_t e = 0; e < lc.rows.size(); ++e) need = std::max(need, lc.stored(e) + extra);
     if (need <= lc.capacity) return;
     const std::int64_t cap = std::max({need, 2 * lc.capacity, std::int64_t{256}});
     const auto d = static_cast<std::size_t>(s.head_dim), ne = lc.rows.size();
@@ -215,8 +230,8 @@ struct CudaTransformer::Impl {
     nk.ensure(ne * cap * d * sizeof(std::uint16_t), compute);
     nv.ensure(ne * cap * d * sizeof(std::uint16_t), compute);
     for (std::size_t e = 0; e < ne; ++e) {
-      if (lc.rows[e] == 0) continue;
-      const std::size_t bytes = static_cast<std::size_t>(lc.rows[e]) * d * sizeof(std::uint16_t);
+      if (lc.stored(e) == 0) continue;
+      const std::size_t bytes = static_cast<std::size_t>(lc.stored(e)) * d * sizeof(std::uint16_t);
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(nk.as<std::uint16_t>() + e * cap * d, lc.k.as<std::uint16_t>() + e * lc.capacity * d,
                                        bytes, cudaMemcpyDeviceToDevice, compute));
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(nv.as<std::uint16_t>() + e * cap * d, lc.v.as<std::uint16_t>() + e * lc.capacity * d,
@@ -235,11 +250,57 @@ struct CudaTransformer::Impl {
     for (int e = 0; e < r.count; ++e) r.rows[e] = static_cast<int>(lc.rows[static_cast<std::size_t>(e)] + plus);
     return r;
   }
+  EntryRows stored_rows(const LayerCache& lc) const {
+    EntryRows r;
+    r.count = static_cast<int>(lc.rows.size());
+    for (int e = 0; e < r.count; ++e) r.rows[e] = static_cast<int>(lc.stored(static_cast<std::size_t>(e)));
+    return r;
+  }
+
+  // Copies one packed tensor's arrays to the device (the host vectors must outlive the stream's
+  // copies: load_layer waits for them).
+  void upload(const PackedTensor& t, PackedDev& dst) {
+    auto put = [&](DeviceMem& m, const void* src, std::size_t bytes) {
+      if (bytes == 0) return;
+      m.ensure(bytes, compute);
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.ptr, src, bytes, cudaMemcpyHostToDevice, compute));
+    };
+    put(dst.rows, t.rows.data(), t.rows.size() * sizeof(PackedRow));
+    put(dst.halves, t.halves.data(), t.halves.size() * sizeof(std::uint16_t));
+    put(dst.codes, t.codes.data(), t.codes.size());
+    put(dst.params, t.params.data(), t.params.size() * sizeof(std::uint16_t));
+    put(dst.basis, t.basis.data(), t.basis.size() * sizeof(std::uint16_t));
+    dst.view = PackedTensorView{dst.rows.as<const PackedRow>(), static_cast<std::int64_t>(t.rows.size()),
+                                dst.halves.as<const std::uint16_t>(), dst.codes.as<const std::uint8_t>(),
+                                dst.params.as<const std::uint16_t>(), dst.basis.as<const std::uint16_t>(),
+                                t.bits, t.param_span, t.symmetric, t.rotate};
+  }
+  static std::size_t bytes_of(const PackedDev& p) {
+    return p.rows.bytes + p.halves.bytes + p.codes.bytes + p.params.bytes + p.basis.bytes;
+  }
+
+  // Entry e's rows as attention reads them, its packed prefix unpacked and its first
+  // stored(e) + extra fp16 rows after it, to out_k / out_v ([rows, d] fp16 each).
+  void materialize(const LayerCache& lc, std::size_t e, std::int64_t extra, std::uint16_t* out_k, std::uint16_t* out_v) {
+    const auto d = static_cast<std::size_t>(s.head_dim);
+    const std::int64_t p = lc.packed_rows(e);
+    if (p > 0) {
+      const RopeShape rope{s.rope.type == RopeType::Neox, s.rope.rope_dim};
+      KVSIM_CUDA_CHECK(unpack_packed(lc.packed[e].k.view, s.head_dim, rope, cos_t.as<float>(), sin_t.as<float>(), out_k, compute));
+      KVSIM_CUDA_CHECK(unpack_packed(lc.packed[e].v.view, s.head_dim, rope, cos_t.as<float>(), sin_t.as<float>(), out_v, compute));
+    }
+    const std::size_t bytes = static_cast<std::size_t>(lc.stored(e) + extra) * d * sizeof(std::uint16_t);
+    if (bytes == 0) return;
+    const std::size_t from = e * static_cast<std::size_t>(lc.capacity) * d, to = static_cast<std::size_t>(p) * d;
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(out_k + to, lc.k.as<std::uint16_t>() + from, bytes, cudaMemcpyDeviceToDevice, compute));
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(out_v + to, lc.v.as<std::uint16_t>() + from, bytes, cudaMemcpyDeviceToDevice, compute));
+  }
+
   std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                              std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                              const LayerCallback& on_layer);
 
-  std::vector<float> download(int layer, int entry, bool keys) const {
+  std::vector<float> download(int layer, int entry, bool keys) {
     KVSIM_CUDA_CHECK(cudaSetDevice(device));
     const auto& lc = cache.at(static_cast<std::size_t>(layer));
     const std::int64_t n = lc.rows.at(static_cast<std::size_t>(entry));
@@ -247,6 +308,13 @@ struct CudaTransformer::Impl {
     std::vector<std::uint16_t> h(static_cast<std::size_t>(n) * d);
     if (!h.empty()) {
       const auto* src = (keys ? lc.k : lc.v).as<std::uint16_t>() + static_cast<std::size_t>(entry) * lc.capacity * d;
+      DeviceMem tk, tv;  // a packed entry is read back as attention reads it
+      if (lc.packed_rows(static_cast<std::size_t>(entry)) > 0) {
+        tk.ensure(h.size() * sizeof(std::uint16_t), compute);
+        tv.ensure(h.size() * sizeof(std::uint16_t), compute);
+        materialize(lc, static_cast<std::size_t>(entry), 0, tk.as<std::uint16_t>(), tv.as<std::uint16_t>());
+        src = (keys ? tk : tv).as<std::uint16_t>();
+      }
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(h.data(), src, h.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost, compute));
       KVSIM_CUDA_CHECK(cudaStreamSynchronize(compute));
     }
@@ -310,6 +378,17 @@ CudaTransformer& CudaTransformer::operator=(CudaTransformer&&) noexcept = defaul
 
 const TransformerShape& CudaTransformer::shape() const { return impl_->s; }
 std::size_t CudaTransformer::weight_bytes() const { return impl_->weight_bytes; }
+
+std::size_t CudaTransformer::cache_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& lc : impl_->cache) {
+    bytes += lc.k.bytes + lc.v.bytes;
+    for (const auto& p : lc.packed) bytes += Impl::bytes_of(p.k) + Impl::bytes_of(p.v);
+  }
+  return bytes;
+}
+
+std::size_t CudaTransformer::unpack_scratch_bytes() const { return impl_->unpacked_k.bytes + impl_->unpacked_v.bytes; }
 std::string CudaTransformer::device_name() const { return impl_->name; }
 std::string CudaTransformer::name() const { return "cuda:" + std::to_string(impl_->device) + " (" + impl_->name + ")"; }
 
@@ -342,7 +421,10 @@ WeightSink CudaTransformer::sink() {
 }
 
 void CudaTransformer::reset() {
-  for (auto& lc : impl_->cache) lc.rows.assign(static_cast<std::size_t>(impl_->s.n_head_kv), 0);
+  for (auto& lc : impl_->cache) {
+    lc.rows.assign(static_cast<std::size_t>(impl_->s.n_head_kv), 0);
+    lc.packed.clear();
+  }
 }
 
 void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) {
@@ -352,30 +434,55 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
     throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
   auto& lc = m.cache.at(static_cast<std::size_t>(layer));
   const auto d = static_cast<std::size_t>(m.s.head_dim);
+  // Packed prefixes are held as stored (unpacked per layer when attention reads them); the
+  // buffers hold the fp16 rows after them.
+  bool any_packed = false;
+  std::int32_t last_position = 0;
+  std::vector<std::int64_t> first_fp16(entries.size(), 0);
+  for (std::size_t e = 0; e < entries.size(); ++e) {
+    const PackedEntry* p = entries[e].packed;
+    if (!p) continue;
+    check_host_packed(*p, entries[e].rows, m.s.head_dim, static_cast<int>(e));
+    any_packed = true;
+    first_fp16[e] = p->rows();
+    for (const PackedRow& r : p->k.rows) last_position = std::max(last_position, r.position);
+  }
   std::int64_t most = 0;
-  for (const auto& e : entries) most = std::max(most, e.rows);
+  for (std::size_t e = 0; e < entries.size(); ++e) most = std::max(most, entries[e].rows - first_fp16[e]);
+  lc.packed.clear();
+  lc.rows.assign(entries.size(), 0);  // until the copies are in, the layer holds nothing
   // The buffers stay when the entry count is the same and they are big enough (a policy edits the
   // cache every few steps); otherwise they are re-made, with room to grow.
-  if (lc.rows.size() != entries.size() || lc.capacity < most) {
+  if (lc.k.bytes == 0 || lc.capacity < most || lc.k.bytes < entries.size() * static_cast<std::size_t>(lc.capacity) * d * 2) {
     lc.capacity = 0;
     lc.k.release(m.compute);
     lc.v.release(m.compute);
-    lc.rows.assign(entries.size(), 0);
     m.ensure_cache(lc, most + most / 4);
   }
-  // All entries staged in one host buffer, copied, then one wait (the buffer must outlive the copies).
+  if (any_packed) {
+    m.ensure_rope(last_position);  // rotated low-rank rows read the tables
+    lc.packed.resize(entries.size());
+    for (std::size_t e = 0; e < entries.size(); ++e) {
+      if (!entries[e].packed) continue;
+      lc.packed[e].rows = first_fp16[e];
+      m.upload(entries[e].packed->k, lc.packed[e].k);
+      m.upload(entries[e].packed->v, lc.packed[e].v);
+    }
+  }
+  // All fp16 rows staged in one host buffer, copied, then one wait (the buffers must outlive the copies).
   std::vector<std::uint16_t> hk, hv;
   std::vector<std::size_t> at;
-  for (const auto& e : entries) {
-    const auto n = static_cast<std::size_t>(e.rows) * d;
+  for (std::size_t e = 0; e < entries.size(); ++e) {
+    const auto skip = static_cast<std::size_t>(first_fp16[e]) * d;
+    const auto n = static_cast<std::size_t>(entries[e].rows) * d - skip;
     at.push_back(hk.size());
     hk.resize(hk.size() + n);
     hv.resize(hv.size() + n);
-    floats_to_halves(e.k, hk.data() + at.back(), n);
-    floats_to_halves(e.v, hv.data() + at.back(), n);
+    floats_to_halves(entries[e].k + skip, hk.data() + at.back(), n);
+    floats_to_halves(entries[e].v + skip, hv.data() + at.back(), n);
   }
   for (std::size_t e = 0; e < entries.size(); ++e) {
-    const std::size_t bytes = static_cast<std::size_t>(entries[e].rows) * d * sizeof(std::uint16_t);
+    const std::size_t bytes = static_cast<std::size_t>(entries[e].rows - first_fp16[e]) * d * sizeof(std::uint16_t);
     if (bytes == 0) continue;
     KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.k.as<std::uint16_t>() + e * lc.capacity * d, hk.data() + at[e], bytes,
                                      cudaMemcpyHostToDevice, m.compute));
@@ -391,6 +498,9 @@ void CudaTransformer::keep_rows(int layer, int entry, std::span<const std::int64
   KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
   auto& lc = m.cache.at(static_cast<std::size_t>(layer));
   const std::int64_t have = lc.rows.at(static_cast<std::size_t>(entry));
+  if (lc.packed_rows(static_cast<std::size_t>(entry)) > 0)
+    throw std::invalid_argument("keep_rows: entry " + std::to_string(entry) + " of layer " + std::to_string(layer) +
+                                " is held packed; load the layer again instead");
   std::vector<std::int32_t> idx(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (rows[i] < 0 || rows[i] >= have || (i > 0 && rows[i] <= rows[i - 1]))
@@ -519,21 +629,37 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     const bool pqh = per_query_head(s, static_cast<int>(lc.rows.size()));
     m.ensure_cache(lc, n);
     const EntryRows past = m.entry_rows(lc, 0);
-    KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
-                               past, pqh ? G : 1, lc.capacity, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), st));
+    std::uint16_t *ck = lc.k.as<std::uint16_t>(), *cv = lc.v.as<std::uint16_t>();
+    std::int64_t cap = lc.capacity;
+    if (lc.packed.empty()) {
+      KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
+                                 past, pqh ? G : 1, lc.capacity, ck, cv, st));
+    } else {
+      // The new rows join the fp16 rows; attention then reads the layer unpacked: each entry's
+      // packed prefix read back, its fp16 rows after it, in the one-layer scratch.
+      KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
+                                 m.stored_rows(lc), pqh ? G : 1, lc.capacity, ck, cv, st));
+      cap = 0;
+      for (auto r : lc.rows) cap = std::max(cap, r + n);
+      const auto ne = lc.rows.size(), per = static_cast<std::size_t>(cap) * static_cast<std::size_t>(d);
+      m.unpacked_k.ensure(ne * per * sizeof(std::uint16_t), st);
+      m.unpacked_v.ensure(ne * per * sizeof(std::uint16_t), st);
+      ck = m.unpacked_k.as<std::uint16_t>();
+      cv = m.unpacked_v.as<std::uint16_t>();
+      for (std::size_t e = 0; e < ne; ++e) m.materialize(lc, e, n, ck + e * per, cv + e * per);
+    }
     if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
-      KVSIM_CUDA_CHECK(attend_decode(qb, s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(),
-                                     lc.capacity, m.entry_rows(lc, 1), scale, m.decode_scratch.as<float>(),
-                                     m.decode_floats(), m.in.ptr, f16, st));
+      KVSIM_CUDA_CHECK(attend_decode(qb, s.n_head, d, pqh ? 1 : G, ck, cv, cap, m.entry_rows(lc, 1), scale,
+                                     m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, st));
     else
-      KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(),
-                                   lc.v.as<std::uint16_t>(), lc.capacity, past, scale, m.in.ptr, f16, st));
+      KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, pqh ? 1 : G, ck, cv, cap, past, scale, m.in.ptr,
+                                   f16, st));
     if (record_last) {
       const EntryRows seen = m.entry_rows(lc, n);
       for (int h = 0; h < s.n_head; ++h)
         m.last_seen[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)] = seen.rows[pqh ? h : h / G];
-      KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_head, d, pqh ? 1 : G, lc.k.as<std::uint16_t>(), lc.capacity,
-                                        seen, scale, m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride,
+      KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_head, d, pqh ? 1 : G, ck, cap, seen, scale,
+                                        m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride,
                                         static_cast<int>(m.last_stride), st));
     }
     for (auto& r : lc.rows) r += n;

@@ -3,6 +3,10 @@
 // interface, cache layout and rounding points as its CPU reference (gpu/transformer_ref.h).
 // Weights are dequantized once on the host and kept on the device in fp16 (or fp32); GEMMs go
 // through cuBLAS with fp32 accumulation; everything else is gpu/transformer_kernels.cuh.
+// A layer's entries may arrive packed (HostEntry::packed, core/packed_kv.h): their packed prefix
+// stays on the device as stored, fp16 codes and coefficients, and is unpacked into a one-layer
+// scratch (gpu/packed_unpack.cuh) right before that layer's attention, so the cache's device
+// memory is what the codec stores plus one layer's fp16 rows.
 // With a layer callback each layer's new Q/K/V rows are copied to pinned host buffers on a
 // second stream (two buffers in turn), and the callback for layer l runs on the host while the
 // GPU computes layer l + 1: a trace writer behind it does not stall the GPU.
@@ -46,6 +50,10 @@ class CudaTransformer : public TransformerBackend {
   std::string name() const override;  // "cuda:N (device name)"
 
   std::size_t weight_bytes() const;  // on the device
+  // Device bytes the KV cache holds: each layer's fp16 row buffers (allocated capacity) and its
+  // packed entries as stored; beside it, the one-layer scratch packed layers are unpacked into.
+  std::size_t cache_bytes() const;
+  std::size_t unpack_scratch_bytes() const;
   std::string device_name() const;
 
  private:

@@ -27,6 +27,7 @@
 #include "gpu/half_convert.cuh"
 #include "gpu/packed_unpack.cuh"
 #include "gpu/parity_report.h"
+#include "gpu/random_packed.h"
 #include "gpu/transformer_parity.h"
 
 using namespace kvsim;
@@ -214,44 +215,6 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
   DeviceBuffer<std::uint8_t> dprotect(protect), dkeep(keep_ref.size());
   KVSIM_CUDA_CHECK(top_k(dscores.ptr, dprotect.ptr, Hq, n, p.kept, dkeep.ptr, nullptr));
   r.same("top-k keep-sets (ties to the recent token)", dkeep.host() == keep_ref);
-}
-
-// A random packed tensor of n rows cycling fp16 / quantized / low rank (ranks 1..d), as a codec
-// would store a mixed plan: the device unpack against core/packed_kv.h's unpack_tensor.
-PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symmetric, bool rotate, std::mt19937& rng) {
-  PackedTensor t;
-  t.bits = bits, t.param_span = span, t.symmetric = symmetric, t.rotate = rotate;
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.01f, 0.2f), mn(-1.0f, 0.0f);
-  const std::vector<float> basis = gaussian(static_cast<std::size_t>(d * d), rng, 0.125f);
-  t.basis = to_half(basis);
-  for (std::int64_t m = 0; m < n; ++m) {
-    PackedRow r;
-    r.position = static_cast<std::int32_t>(m);
-    if (m % 3 == 0) {
-      const std::vector<float> x = gaussian(static_cast<std::size_t>(d), rng);
-      pack_fp16_row(t, x.data(), d, r.position);
-      continue;
-    }
-    if (m % 3 == 1) {
-      r.kind = PackedKind::Quant;
-      r.data = static_cast<std::int64_t>(t.codes.size());
-      r.param = static_cast<std::int64_t>(t.params.size() / 2);
-      for (int b = 0; b < d * bits / 8; ++b) t.codes.push_back(static_cast<std::uint8_t>(byte(rng)));
-      for (int g = 0; g < d / span; ++g) {
-        t.params.push_back(float_to_half(scale(rng)));
-        t.params.push_back(float_to_half(symmetric ? 0.0f : mn(rng)));
-      }
-    } else {
-      r.kind = PackedKind::LowRank;
-      r.rank = static_cast<std::uint16_t>(1 + m % d);
-      r.data = static_cast<std::int64_t>(t.halves.size());
-      const auto c = to_half(gaussian(r.rank, rng));
-      t.halves.insert(t.halves.end(), c.begin(), c.end());
-    }
-    t.rows.push_back(r);
-  }
-  return t;
 }
 
 void packed_parity(const std::string& name, int d, std::int64_t n, bool bench, Report& r, double copy_gbs) {

@@ -16,7 +16,8 @@ class TransformerBackend {
   virtual const TransformerShape& shape() const = 0;
   virtual WeightSink sink() = 0;
   virtual void reset() = 0;                                                  // every layer: n_head_kv empty entries
-  // Replaces a layer's cache; rows are held as fp16 (a codec's rebuilt rows are rounded).
+  // Replaces a layer's cache; rows are held as fp16 (a codec's rebuilt rows are rounded), an
+  // entry's packed prefix (HostEntry::packed) as stored where the backend can.
   virtual void load_layer(int layer, std::span<const HostEntry> entries) = 0;
   // Keeps only `rows` (increasing indices) of one entry, in place: an eviction without a reload.
   virtual void keep_rows(int layer, int entry, std::span<const std::int64_t> rows) = 0;

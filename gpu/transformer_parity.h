@@ -7,8 +7,8 @@
 
 namespace kvsim::gpu {
 
-// Prefill with capture, decode with last-row weights, chunked prefill and a per-query-head
-// cache, GPU against reference; the same weights on both sides.
+// Prefill with capture, decode with last-row weights, chunked prefill, a per-query-head cache
+// and a packed (really compressed) cache, GPU against reference; the same weights on both sides.
 void transformer_parity(const std::string& name, const TransformerShape& s, DeviceWeights w, ParityReport& r);
 
 // Prefill and decode tokens/s against the cuBLAS GEMM rate measured in the same run, decode's

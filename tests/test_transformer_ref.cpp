@@ -7,13 +7,16 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <random>
 #include <stdexcept>
 
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
 #include "capture/transformer_weights.h"
 #include "core/error.h"
+#include "core/packed_kv.h"
 #include "gpu/parity_shapes.h"
+#include "gpu/random_packed.h"
 #include "gpu/transformer_ref.h"
 #include "nmse_check.h"
 
@@ -176,6 +179,37 @@ TEST_CASE("reference transformer: a packed prefix is held as its stored form rea
   entries[0].rows = ref.rows(1, 0);
   p.head_dim = 16;
   CHECK_THROWS_WITH(ref.load_layer(1, entries), Catch::Contains("head_dim"));
+}
+
+TEST_CASE("reference transformer: random packed caches (the parity harness's) load and run", "[transformer_ref]") {
+  const TransformerShape s = tiny_shape(RopeType::Norm, false);
+  TransformerRef ref(s, DeviceWeights::F32);
+  random_weights(s, 9, ref.sink());
+  ref.forward(iota_tokens(12, 1, 5, s.vocab), positions(0, 12), {}, false, false);
+  std::mt19937 rng(3);
+  for (int l = 0; l < s.n_layers; ++l) {
+    std::vector<PackedEntry> packs(2);
+    std::vector<std::vector<float>> k(2), v(2);
+    std::vector<HostEntry> entries;
+    for (std::size_t e = 0; e < 2; ++e) {
+      packs[e].head_dim = s.head_dim;
+      packs[e].k = random_packed(s.head_dim, 9, 4, 8, false, true, rng);
+      packs[e].v = random_packed(s.head_dim, 9, 2, 4, true, false, rng);
+      REQUIRE_NOTHROW(check_packed(packs[e]));
+      unpack_tensor(packs[e].k, s.head_dim, s.rope, k[e]);
+      unpack_tensor(packs[e].v, s.head_dim, s.rope, v[e]);
+      const auto K = ref.entry_k(l, static_cast<int>(e)), V = ref.entry_v(l, static_cast<int>(e));
+      k[e].insert(k[e].end(), K.begin() + 9 * s.head_dim, K.end());
+      v[e].insert(v[e].end(), V.begin() + 9 * s.head_dim, V.end());
+    }
+    for (std::size_t e = 0; e < 2; ++e) entries.push_back({12, k[e].data(), v[e].data(), &packs[e]});
+    ref.load_layer(l, entries);
+    CHECK(std::vector<float>(ref.entry_k(l, 1).begin(), ref.entry_k(l, 1).end()) == k[1]);
+  }
+  const std::vector<std::int32_t> next{7};
+  const auto logits = ref.forward(next, positions(12, 1), std::vector<std::int64_t>{0}, false, false);
+  for (float x : logits) REQUIRE(std::isfinite(x));
+  CHECK(ref.rows(2, 0) == 13);
 }
 
 TEST_CASE("reference transformer: random weights are deterministic per tensor", "[transformer_ref]") {
