@@ -18,6 +18,7 @@
 #include "capture/tokenizer.h"
 #include "traces/trace_reader.h"
 #include "bench_util.h"
+#include "core/heap_reuse.h"
 
 using namespace kvsim;
 using namespace kvsim::bench;
@@ -55,6 +56,7 @@ int rss_child(const std::string& model, const std::string& dir, const std::strin
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_freed_memory_for_reuse();  // as the kvsim command does
   if (argc == 6 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], argv[3], argv[4], std::atoi(argv[5]));
   std::string model = std::string(getenv("HOME") ? getenv("HOME") : ".") + "/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string dir = "out/bench";

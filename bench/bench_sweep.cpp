@@ -25,12 +25,14 @@
 #include "traces/synth_trace.h"
 #include "traces/trace_writer.h"
 #include "bench_util.h"
+#include "core/heap_reuse.h"
 
 using namespace kvsim;
 using namespace kvsim::bench;
 
 
 int main(int argc, char** argv) {
+  keep_freed_memory_for_reuse();  // as the kvsim command does
   std::string dir = "out/bench";
   int requests = 4;
   bool factor_only = false;  // only the codec-vs-eviction factor (the quick loop when tuning replay)

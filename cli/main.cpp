@@ -4,8 +4,10 @@
 #include <vector>
 
 #include "cli/dispatch.h"
+#include "core/heap_reuse.h"
 
 int main(int argc, char** argv) {
+  kvsim::keep_freed_memory_for_reuse();
   static const kvsim::cli::Subcommand commands[] = {
       {"trace", "inspect, validate and synthesize kvtrace HDF5 files", kvsim::cli::trace_command},
       {"sweep", "replay traces against many (policy, budget) configs in one pass", kvsim::cli::sweep_command},
