@@ -19,7 +19,9 @@ namespace {
 
 void list_policies(std::ostream& os) {
   for (const PolicyInfo* p : PolicyRegistry::instance().all()) {
-    os << p->name << "\n    " << p->description << "\n    cite: " << p->citation << "\n";
+    os << p->name;
+    for (const auto& alias : PolicyRegistry::instance().aliases_of(p->name)) os << " (also: " << alias << ")";
+    os << "\n    " << p->description << "\n    cite: " << p->citation << "\n";
     for (const auto& s : p->params)
       os << "    " << std::left << std::setw(14) << (s.key + "=" + s.default_value) << " " << s.help << "\n";
   }

@@ -176,6 +176,9 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
       return std::make_unique<LowRankUniform>(static_cast<int>(p.integer("sinks")), basis_param(p.text("basis")));
     }});
 
+// The issue and the seed papers call the uniform baseline lowrank_uniform.
+KVSIM_REGISTER_POLICY_ALIAS("lowrank_uniform", "lowrank");
+
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "varrate", "[interp] variable rank per token >= r_min: greedy water-filling on salience-weighted coefficient energy",
     "seed VarRate (not found), read after DynaKV arXiv 2603.04411; methods.md §10.b",

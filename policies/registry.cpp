@@ -18,13 +18,33 @@ PolicyRegistry& PolicyRegistry::instance() {
 bool PolicyRegistry::add(PolicyInfo info) {
   for (const auto& existing : infos_)
     if (existing.name == info.name) throw Error("policy '" + info.name + "' registered twice");
+  for (const auto& existing : aliases_)
+    if (existing.first == info.name) throw Error("policy '" + info.name + "' is already an alias");
   infos_.push_back(std::move(info));
   return true;
+}
+
+bool PolicyRegistry::add_alias(std::string alias, std::string name) {
+  for (const auto& existing : infos_)
+    if (existing.name == alias) throw Error("policy alias '" + alias + "' is the name of a policy");
+  for (const auto& existing : aliases_)
+    if (existing.first == alias) throw Error("policy alias '" + alias + "' registered twice");
+  aliases_.emplace_back(std::move(alias), std::move(name));
+  return true;
+}
+
+std::vector<std::string> PolicyRegistry::aliases_of(const std::string& name) const {
+  std::vector<std::string> out;
+  for (const auto& [alias, target] : aliases_)
+    if (target == name) out.push_back(alias);
+  return out;
 }
 
 const PolicyInfo& PolicyRegistry::find(const std::string& name) const {
   for (const auto& info : infos_)
     if (info.name == name) return info;
+  for (const auto& [alias, target] : aliases_)
+    if (alias == name) return find(target);
   std::string valid;
   for (const auto* info : all()) valid += (valid.empty() ? "" : ", ") + info->name;
   throw Error("unknown policy '" + name + "'; valid policies: " + valid);
@@ -52,9 +72,9 @@ std::string PolicyRegistry::compact_label(const std::string& name, const std::st
 PolicyInstance PolicyRegistry::create(const std::string& spec) const {
   auto [name, given] = split_policy_spec(spec);
   const PolicyInfo& info = find(name);
-  const Params params(name, info.params, given);
+  const Params params(info.name, info.params, given);
   PolicyInstance inst;
-  inst.name = name;
+  inst.name = info.name;
   inst.params = params.canonical();
   inst.policy = info.make(params);
   return inst;

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "policies/params.h"
@@ -32,6 +33,11 @@ class PolicyRegistry {
  public:
   static PolicyRegistry& instance();
   bool add(PolicyInfo info);
+  // Another name for a registered policy (the name a paper or an issue uses); results carry the
+  // canonical name.
+  bool add_alias(std::string alias, std::string name);
+  // The other names `name` is known by.
+  std::vector<std::string> aliases_of(const std::string& name) const;
   // Throws naming the unknown policy and listing the valid ones.
   const PolicyInfo& find(const std::string& name) const;
   std::vector<const PolicyInfo*> all() const;  // sorted by name
@@ -42,6 +48,7 @@ class PolicyRegistry {
 
  private:
   std::vector<PolicyInfo> infos_;
+  std::vector<std::pair<std::string, std::string>> aliases_;  // (alias, canonical name)
 };
 
 }  // namespace kvsim
@@ -52,3 +59,7 @@ class PolicyRegistry {
 #define KVSIM_REGISTER_POLICY(...)                                                    \
   static const bool KVSIM_POLICY_CONCAT(kvsim_policy_registered_, __LINE__) [[maybe_unused]] = \
       ::kvsim::PolicyRegistry::instance().add(__VA_ARGS__)
+// KVSIM_REGISTER_POLICY_ALIAS("other_name", "name"): `other_name` selects the policy `name`.
+#define KVSIM_REGISTER_POLICY_ALIAS(alias, name)                                                  \
+  static const bool KVSIM_POLICY_CONCAT(kvsim_policy_alias_, __LINE__) [[maybe_unused]] = \
+      ::kvsim::PolicyRegistry::instance().add_alias(alias, name)

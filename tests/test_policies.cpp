@@ -189,6 +189,19 @@ TEST_CASE("the registry rejects unknown policies and parameters, naming the vali
   }
 }
 
+TEST_CASE("a policy alias selects the policy under its canonical name", "[policy]") {
+  auto& reg = PolicyRegistry::instance();
+  const PolicyInstance inst = reg.create("lowrank_uniform:sinks=2");
+  CHECK(inst.name == "lowrank");
+  CHECK(inst.params == reg.create("lowrank:sinks=2").params);
+  CHECK(reg.find("lowrank_uniform").name == "lowrank");
+  CHECK(reg.aliases_of("lowrank") == std::vector<std::string>{"lowrank_uniform"});
+  CHECK(reg.aliases_of("snapkv").empty());
+  CHECK_THROWS_WITH(reg.create("lowrank_uniform:rank=3"), Catch::Contains("unknown parameter 'rank'"));
+  CHECK_THROWS_WITH(reg.add_alias("snapkv", "h2o"), Catch::Contains("is the name of a policy"));
+  CHECK_THROWS_WITH(reg.add_alias("lowrank_uniform", "h2o"), Catch::Contains("registered twice"));
+}
+
 TEST_CASE("expected_attention scores keys by expected attention of the mean query times |v|", "[policy]") {
   FakeSignals s(1, 1, 5);  // head_dim 2, no rotary dims: the mean rotation is the identity
   s.queries_[0] = {{9, 9}, {1, 0}, {1, 0}, {3, 0}, {3, 0}};  // row 0 is a sink: left out, mean (2, 0)
