@@ -37,10 +37,23 @@ if grep -q "Skipped" "$OUT/ctest.txt"; then
   echo "gpu_check: the GPU tests were skipped: no GPU visible" | tee -a "$OUT/ctest.txt"
   status=1
 fi
-# gpu.parity's run, with the benchmarks (ctest would run it a second time without them).
-"$BUILD/gpu/kvsim-parity" --bench --report "$OUT/parity.txt"
+# gpu.parity's run, with the benchmarks (ctest would run it a second time without them). Each
+# section runs on its own and the report is written line by line, so a failure or the time limit
+# (PARITY_TIMEOUT seconds) still leaves every result so far in parity.txt. For a rerun of what
+# failed: PARITY_ONLY="packed,qwen2" (substrings of `kvsim-parity --list`), and SANITIZE=1 runs
+# those sections under compute-sanitizer's memcheck (slow: only with PARITY_ONLY).
+parity=("$BUILD/gpu/kvsim-parity" --report "$OUT/parity.txt")
+[ -n "${PARITY_ONLY:-}" ] && parity+=(--only "$PARITY_ONLY")
+if [ "${SANITIZE:-0}" = 1 ]; then
+  parity=(compute-sanitizer --tool memcheck --log-file "$OUT/sanitizer.txt" "${parity[@]}")
+else
+  parity+=(--bench)
+fi
+timeout "${PARITY_TIMEOUT:-360}" "${parity[@]}"
 rc=$?
 [ $rc -eq 77 ] && echo "gpu_check: kvsim-parity saw no GPU"
+[ $rc -eq 124 ] && echo "gpu_check: kvsim-parity ran past ${PARITY_TIMEOUT:-360} s; parity.txt has what it checked" |
+  tee -a "$OUT/parity.txt"
 [ $rc -ne 0 ] && status=1
 cat "$OUT/device.txt" "$OUT/ctest.txt" | tail -20
 echo "gpu_check: $([ $status -eq 0 ] && echo passed || echo FAILED); report in $OUT"

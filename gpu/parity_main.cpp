@@ -6,7 +6,7 @@
 // way); keep-sets must be identical sets. With --bench it also times each attention kernel
 // against the device's own copy bandwidth, and the transformer's prefill and decode against the
 // cuBLAS GEMM rate, all measured in the same run. Exit 77: no GPU (ctest: skipped).
-//   kvsim-parity [--bench] [--report FILE]
+//   kvsim-parity [--bench] [--report FILE] [--only NAME,...] [--list]
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -264,30 +264,104 @@ void packed_parity(const std::string& name, int d, std::int64_t n, bool bench, R
   }
 }
 
+// Named sections, each run on its own: an exception in one (a failed check of shapes, a CUDA
+// error) is reported as a failure and the next section runs, unless the device context is lost.
+struct Section {
+  std::string name;
+  std::function<void()> run;
+};
+
+// After a section threw: a sticky CUDA error (an illegal address, a kernel trap) leaves the
+// context unusable for every later section; an ordinary error is cleared.
+bool device_context_lost() {
+  (void)cudaGetLastError();  // an ordinary launch error is returned once, then cleared
+  return cudaDeviceSynchronize() != cudaSuccess;  // a sticky one comes back from every call
+}
+
+bool selected(const std::string& name, const std::vector<std::string>& only) {
+  if (only.empty()) return true;
+  for (const auto& o : only)
+    if (name.find(o) != std::string::npos) return true;
+  return false;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t end = std::min(s.find(',', start), s.size());
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+constexpr const char* kUsage = "usage: kvsim-parity [--bench] [--report FILE] [--only NAME,...] [--list]\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool bench = false;
+  bool bench = false, list = false;
   std::string report_path;
+  std::vector<std::string> only;  // substrings of section names
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--bench") bench = true;
+    else if (a == "--list") list = true;
     else if (a == "--report" && i + 1 < argc) report_path = argv[++i];
+    else if (a == "--only" && i + 1 < argc) only = split_commas(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: kvsim-parity [--bench] [--report FILE]\n");
+      std::fprintf(stderr, "%s", kUsage);
       return 2;
     }
+  }
+  Report r;
+  double copy_gbs = 0;
+  std::vector<Section> sections = {
+      {"kernels: SmolLM2-135M shapes", [&] { run({"SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, 1024}, bench, r, copy_gbs); }},
+      {"kernels: Mistral-7B shapes", [&] { run({"Mistral-7B shapes", AttnShape{32, 8, 128, 32768}, 8192}, bench, r, copy_gbs); }},
+      {"packed unpack: SmolLM2-135M shapes", [&] { packed_parity("SmolLM2-135M shapes", 64, 4096, bench, r, copy_gbs); }},
+      {"packed unpack: Mistral-7B shapes", [&] { packed_parity("Mistral-7B shapes", 128, 32768, bench, r, copy_gbs); }},
+      // The transformer backend against its reference: fp32 weights (tight), then fp16 as deployed.
+      {"transformer: qwen2-like fp32", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r); }},
+      {"transformer: qwen2-like fp16", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r); }},
+  };
+  for (const auto& [label, shape] : kernel_corner_shapes())
+    sections.push_back({"transformer: " + label, [&r, label = label, shape = shape] {
+                          transformer_parity(label, shape, DeviceWeights::F16, r);
+                        }});
+  sections.push_back({"transformer: SmolLM2-135M shapes",
+                      [&] { transformer_parity("SmolLM2-135M shapes", smollm2_shape(), DeviceWeights::F16, r); }});
+  sections.push_back({"transformer: Mistral-7B shapes",
+                      [&] { transformer_parity("Mistral-7B shapes", mistral7b_shape(2), DeviceWeights::F16, r); }});
+  if (bench) {
+    sections.push_back({"bench: SmolLM2-135M shapes",
+                        [&] { transformer_bench("SmolLM2-135M shapes", smollm2_shape(), r, copy_gbs); }});
+    sections.push_back({"bench: Mistral-7B shapes (2 layers)",
+                        [&] { transformer_bench("Mistral-7B shapes (2 layers)", mistral7b_shape(2), r, copy_gbs); }});
+  }
+  if (list) {
+    for (const auto& sec : sections) std::printf("%s\n", sec.name.c_str());
+    return 0;
+  }
+  std::size_t chosen = 0;
+  for (const auto& sec : sections) chosen += selected(sec.name, only);
+  if (chosen == 0) {
+    std::fprintf(stderr, "kvsim-parity: --only matches no section (see --list)\n");
+    return 2;
   }
   if (device_count() == 0) {
     std::printf("skipped (no GPU)\n");
     return 77;
   }
+  if (!report_path.empty() && !r.open(report_path)) {
+    std::fprintf(stderr, "kvsim-parity: cannot write the report file %s\n", report_path.c_str());
+    return 1;
+  }
   try {
-    Report r;
     cudaDeviceProp prop{};
     KVSIM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     r.line(std::string("device: ") + prop.name);
-    double copy_gbs = 0;
     if (bench) {  // device-to-device copy of 1 GiB: read + write bytes per second
       const std::size_t bytes = std::size_t{1} << 30;
       DeviceBuffer<std::uint8_t> a(bytes), b(bytes);
@@ -297,25 +371,24 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "device copy bandwidth: %.1f GB/s (read + write)", copy_gbs);
       r.line(buf);
     }
-    run({"SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, 1024}, bench, r, copy_gbs);
-    run({"Mistral-7B shapes", AttnShape{32, 8, 128, 32768}, 8192}, bench, r, copy_gbs);
-    packed_parity("SmolLM2-135M shapes", 64, 4096, bench, r, copy_gbs);
-    packed_parity("Mistral-7B shapes", 128, 32768, bench, r, copy_gbs);
-    // The transformer backend against its reference: fp32 weights (tight), then fp16 as deployed.
-    transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r);
-    transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r);
-    for (const auto& [label, shape] : kernel_corner_shapes()) transformer_parity(label, shape, DeviceWeights::F16, r);
-    transformer_parity("SmolLM2-135M shapes", smollm2_shape(), DeviceWeights::F16, r);
-    transformer_parity("Mistral-7B shapes", mistral7b_shape(2), DeviceWeights::F16, r);
-    if (bench) {
-      transformer_bench("SmolLM2-135M shapes", smollm2_shape(), r, copy_gbs);
-      transformer_bench("Mistral-7B shapes (2 layers)", mistral7b_shape(2), r, copy_gbs);
-    }
-    r.line(r.failures == 0 ? "parity: passed" : "parity: " + std::to_string(r.failures) + " check(s) FAILED");
-    if (!report_path.empty()) std::ofstream(report_path) << r.text.str();
-    return r.failures == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvsim-parity: %s\n", e.what());
     return 1;
   }
+  for (std::size_t k = 0; k < sections.size(); ++k) {
+    const Section& sec = sections[k];
+    if (!selected(sec.name, only)) continue;
+    r.line("== " + sec.name);
+    try {
+      sec.run();
+    } catch (const std::exception& e) {
+      r.fail(sec.name + " stopped: " + e.what());
+      if (device_context_lost()) {
+        r.fail("the CUDA context is lost; sections not run: " + std::to_string(sections.size() - k - 1));
+        break;
+      }
+    }
+  }
+  r.line(r.failures == 0 ? "parity: passed" : "parity: " + std::to_string(r.failures) + " check(s) FAILED");
+  return r.failures == 0 ? 0 : 1;
 }
