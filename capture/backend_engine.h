@@ -33,6 +33,7 @@ class BackendEngine : public Engine {
   void record_last_attention(bool on) override { record_ = on; }
   std::span<const float> last_attention(int layer, int q_head) const override;
   std::string device() const override;
+  bool holds_packed() const override { return true; }
 
  private:
   void load_backend();

@@ -65,6 +65,10 @@ class Engine {
   virtual void record_last_attention(bool on) = 0;
   virtual std::span<const float> last_attention(int layer, int q_head) const = 0;
   virtual std::string device() const = 0;  // "cpu", or "cuda:N (name)"
+  // Whether the engine holds a KvEntry's packed form (KvEntry::packed) as stored, so that a caller
+  // encoding tokens with a codec should pack them; the CPU engine attends over the codec's float
+  // reconstruction and has no use for it.
+  virtual bool holds_packed() const { return false; }
 };
 
 enum class Device { Cpu, Cuda };

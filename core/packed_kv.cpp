@@ -43,6 +43,8 @@ void check_tensor(const PackedTensor& t, int d, const char* name) {
         if (r.rank > d) fail(m, "rank " + std::to_string(r.rank) + " > head_dim " + std::to_string(d));
         if (r.data < 0 || r.data + r.rank > static_cast<std::int64_t>(t.halves.size())) fail(m, "coefficients past the halves");
         if (t.basis.size() != static_cast<std::size_t>(d) * d) fail(m, "low-rank row without a [head_dim, head_dim] basis");
+        // The device reads its RoPE tables at this position.
+        if (t.rotate && r.position < 0) fail(m, "position " + std::to_string(r.position) + ", expected >= 0");
         break;
       default:
         fail(m, "kind " + std::to_string(static_cast<int>(r.kind)) + ", expected 0 (fp16), 1 (quant) or 2 (low rank)");

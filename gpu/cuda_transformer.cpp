@@ -219,12 +219,15 @@ struct CudaTransformer::Impl {
     KVSIM_CUDA_CHECK(cudaStreamSynchronize(compute));  // the host tables go out of scope
   }
 
+  // The fewest fp16 rows per entry a layer's buffers are made with (they double as rows arrive).
+  static constexpr std::int64_t kMinCacheRows = 64;
+
   // Room for `extra` more rows in every entry of layer l, keeping what is there.
   void ensure_cache(LayerCache& lc, std::int64_t extra) {
     std::int64_t need = 0;
     for (std::size_t e = 0; e < lc.rows.size(); ++e) need = std::max(need, lc.stored(e) + extra);
     if (need <= lc.capacity) return;
-    const std::int64_t cap = std::max({need, 2 * lc.capacity, std::int64_t{256}});
+    const std::int64_t cap = std::max({need, 2 * lc.capacity, kMinCacheRows});
     const auto d = static_cast<std::size_t>(s.head_dim), ne = lc.rows.size();
     DeviceMem nk, nv;
     nk.ensure(ne * cap * d * sizeof(std::uint16_t), compute);
@@ -449,24 +452,32 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
   }
   std::int64_t most = 0;
   for (std::size_t e = 0; e < entries.size(); ++e) most = std::max(most, entries[e].rows - first_fp16[e]);
+  // Until every copy is in, the layer holds nothing (rows 0, no packed prefix): a load that throws
+  // part-way leaves it empty, never with row counts that disagree with its buffers.
   lc.packed.clear();
-  lc.rows.assign(entries.size(), 0);  // until the copies are in, the layer holds nothing
-  // The buffers stay when the entry count is the same and they are big enough (a policy edits the
-  // cache every few steps); otherwise they are re-made, with room to grow.
-  if (lc.k.bytes == 0 || lc.capacity < most || lc.k.bytes < entries.size() * static_cast<std::size_t>(lc.capacity) * d * 2) {
+  lc.rows.assign(entries.size(), 0);
+  // The fp16 buffers hold the rows after the packed prefixes, with a quarter more to grow. They stay
+  // when the entry count is the same and they fit without being more than twice too large (a
+  // policy edits the cache every few steps); otherwise they are re-made, so a cache a codec packed
+  // keeps only its few fp16 rows in fp16 (and none when every row is packed).
+  const std::int64_t want = most + most / 4;
+  const bool fits = lc.k.bytes != 0 && lc.capacity >= most &&
+                    lc.k.bytes >= entries.size() * static_cast<std::size_t>(lc.capacity) * d * 2;
+  const bool oversized = lc.capacity > 2 * std::max(want, Impl::kMinCacheRows);
+  if (!fits || oversized) {
     lc.capacity = 0;
     lc.k.release(m.compute);
     lc.v.release(m.compute);
-    m.ensure_cache(lc, most + most / 4);
+    if (want > 0) m.ensure_cache(lc, want);
   }
+  std::vector<Impl::EntryPacked> packed;
   if (any_packed) {
     m.ensure_rope(last_position);  // rotated low-rank rows read the tables
-    lc.packed.resize(entries.size());
+    packed.resize(entries.size());
     for (std::size_t e = 0; e < entries.size(); ++e) {
       if (!entries[e].packed) continue;
-      lc.packed[e].rows = first_fp16[e];
-      m.upload(entries[e].packed->k, lc.packed[e].k);
-      m.upload(entries[e].packed->v, lc.packed[e].v);
+      m.upload(entries[e].packed->k, packed[e].k);
+      m.upload(entries[e].packed->v, packed[e].v);
     }
   }
   // All fp16 rows staged in one host buffer, copied, then one wait (the buffers must outlive the copies).
@@ -490,6 +501,8 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
                                      cudaMemcpyHostToDevice, m.compute));
   }
   KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
+  for (std::size_t e = 0; e < packed.size(); ++e) packed[e].rows = first_fp16[e];
+  lc.packed = std::move(packed);
   for (std::size_t e = 0; e < entries.size(); ++e) lc.rows[e] = entries[e].rows;
 }
 

@@ -1,5 +1,9 @@
 #include "gpu/random_packed.h"
 
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/half.h"
@@ -53,6 +57,52 @@ PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symme
     t.rows.push_back(r);
   }
   return t;
+}
+
+std::vector<HostEntry> PackedLayer::entries() const {
+  std::vector<HostEntry> out;
+  for (std::size_t e = 0; e < packs.size(); ++e) {
+    const auto d = static_cast<std::int64_t>(packs[e].head_dim);
+    out.push_back({static_cast<std::int64_t>(k[e].size()) / d, k[e].data(), v[e].data(), is_packed[e] ? &packs[e] : nullptr});
+  }
+  return out;
+}
+
+PackedLayer random_packed_layer(const TransformerShape& s, int layer, std::int64_t rows,
+                                const std::function<std::vector<float>(int, bool)>& rows_of, std::mt19937& rng) {
+  const int d = s.head_dim, entries = s.n_head_kv;
+  const bool all_packed = layer % 2 == 1;
+  PackedLayer out;
+  out.packs.resize(static_cast<std::size_t>(entries));
+  out.is_packed.assign(static_cast<std::size_t>(entries), 0);
+  for (int e = 0; e < entries; ++e) {
+    const auto ue = static_cast<std::size_t>(e);
+    std::int64_t prefix = all_packed ? rows : std::max<std::int64_t>(rows - 3 - e, 0);
+    if (!all_packed && entries > 1 && e == entries - 1) prefix = 0;
+    PackedEntry& p = out.packs[ue];
+    p.head_dim = d;
+    if (prefix > 0) {
+      out.is_packed[ue] = 1;
+      if (all_packed) {
+        p.k = random_packed(d, prefix, 8, 1, false, true, rng);
+        p.v = random_packed(d, prefix, 4, d, true, false, rng);
+      } else {
+        p.k = random_packed(d, prefix, 4, std::min(32, d), false, true, rng);
+        p.v = random_packed(d, prefix, 2, std::min(16, d), true, false, rng);
+      }
+    }
+    for (const bool keys : {true, false}) {
+      std::vector<float>& dst = keys ? out.k.emplace_back() : out.v.emplace_back();
+      dst.assign(static_cast<std::size_t>(prefix * d), std::numeric_limits<float>::quiet_NaN());
+      const std::vector<float> now = rows_of(e, keys);
+      if (static_cast<std::int64_t>(now.size()) != rows * d)
+        throw std::invalid_argument("random_packed_layer: entry " + std::to_string(e) + " has " +
+                                    std::to_string(now.size() / static_cast<std::size_t>(d)) + " rows, expected " +
+                                    std::to_string(rows));
+      dst.insert(dst.end(), now.begin() + prefix * d, now.end());
+    }
+  }
+  return out;
 }
 
 }  // namespace kvsim::gpu

@@ -2,9 +2,13 @@
 // Random packed cache tensors (core/packed_kv.h) for the parity harness and its CPU tests: rows
 // cycling fp16 / quantized / low rank (ranks 1..d), as a codec storing a mixed plan would.
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "core/packed_kv.h"
+#include "gpu/transformer_shape.h"
 
 namespace kvsim::gpu {
 
@@ -13,5 +17,22 @@ namespace kvsim::gpu {
 // coefficients in a Gaussian basis of scale 0.125, fp16 rows N(0, 1) values.
 PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symmetric, bool rotate, std::mt19937& rng,
                            std::int32_t first_position = 0);
+
+// One layer of a packed cache as the parity harness loads it into both backends, every shape of
+// entry a codec's plans produce: on even layers entry e keeps its first rows - 3 - e rows packed
+// (int4 keys with rotated low-rank rows, int2 absmax values) and the last entry, when there are
+// several, none; on odd layers every row of every entry is packed (8-bit keys with per-channel
+// pairs as KIVI's, 4-bit absmax values over the whole head), so no fp16 row is left. The floats
+// of a packed prefix are NaN: a backend that read them instead of the packed form would show it.
+struct PackedLayer {
+  std::vector<PackedEntry> packs;        // [entry]
+  std::vector<char> is_packed;           // [entry]
+  std::vector<std::vector<float>> k, v;  // [entry] -> [rows, head_dim]
+  std::vector<HostEntry> entries() const;
+};
+
+// `rows_of(e, keys)` gives entry e's current rows ([rows, head_dim]), whose tail stays fp16.
+PackedLayer random_packed_layer(const TransformerShape& s, int layer, std::int64_t rows,
+                                const std::function<std::vector<float>(int, bool)>& rows_of, std::mt19937& rng);
 
 }  // namespace kvsim::gpu

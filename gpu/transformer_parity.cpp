@@ -220,57 +220,41 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
     r.value("per-query-head cache: last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
   }
 
-  // A packed cache (what verify loads after a codec): every KV entry's first P - 3 rows stored
-  // as int4 keys with rotated low-rank rows and int2 absmax values with low-rank rows (mixed with
-  // fp16 rows), its last 3 rows fp16. The GPU holds them packed and unpacks per layer.
+  // A packed cache (what verify loads after a codec), every entry shape a codec's plans produce
+  // (gpu/random_packed.h): packed prefixes of different lengths with fp16 rows after them, an
+  // entry with none, layers packed to the last row; int2/4/8 codes, per-token and per-channel
+  // pairs, rotated low-rank keys. The floats of packed rows are NaN, so a backend that ignored the
+  // packed form would fail every check below. The GPU holds them packed and unpacks per layer.
   ref.reset();
   ref.forward(tokens, pos, {}, false, false);
   {
     std::mt19937 rng(19);
-    const std::int64_t packed_rows = P - 3;
-    const auto d = static_cast<std::size_t>(s.head_dim);
-    std::vector<std::vector<PackedEntry>> packs(static_cast<std::size_t>(s.n_layers));
-    std::vector<std::vector<std::vector<float>>> ks(packs.size()), vs(packs.size());
+    std::vector<PackedLayer> layers;
     for (int l = 0; l < s.n_layers; ++l) {
-      auto& pk = packs[static_cast<std::size_t>(l)];
-      auto& kl = ks[static_cast<std::size_t>(l)];
-      auto& vl = vs[static_cast<std::size_t>(l)];
-      std::vector<HostEntry> entries;
-      for (int e = 0; e < s.n_head_kv; ++e) {
-        PackedEntry p;
-        p.head_dim = s.head_dim;
-        p.k = random_packed(s.head_dim, packed_rows, 4, 32 <= s.head_dim ? 32 : s.head_dim, false, true, rng);
-        p.v = random_packed(s.head_dim, packed_rows, 2, 16 <= s.head_dim ? 16 : s.head_dim, true, false, rng);
-        pk.push_back(std::move(p));
-      }
-      for (int e = 0; e < s.n_head_kv; ++e) {
-        // The floats a HostEntry carries: the packed rows' read-back, then the fp16 rows.
-        std::vector<float> k, v;
-        unpack_tensor(pk[static_cast<std::size_t>(e)].k, s.head_dim, s.rope, k);
-        unpack_tensor(pk[static_cast<std::size_t>(e)].v, s.head_dim, s.rope, v);
-        const auto K = ref.entry_k(l, e), Vv = ref.entry_v(l, e);
-        k.insert(k.end(), K.begin() + packed_rows * static_cast<std::ptrdiff_t>(d), K.end());
-        v.insert(v.end(), Vv.begin() + packed_rows * static_cast<std::ptrdiff_t>(d), Vv.end());
-        kl.push_back(std::move(k));
-        vl.push_back(std::move(v));
-      }
-      for (int e = 0; e < s.n_head_kv; ++e)
-        entries.push_back({P, kl[static_cast<std::size_t>(e)].data(), vl[static_cast<std::size_t>(e)].data(),
-                           &pk[static_cast<std::size_t>(e)]});
+      layers.push_back(random_packed_layer(s, l, P, [&](int e, bool keys) {
+        const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
+        return std::vector<float>(x.begin(), x.end());
+      }, rng));
+      const std::vector<HostEntry> entries = layers.back().entries();
       ref.load_layer(l, entries);
       gpu.load_layer(l, entries);
     }
     r.value("packed cache: rows read back (keys)", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
     r.value("packed cache: rows read back (values)", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
-    double payload = 0;
-    for (const auto& layer : packs)
-      for (const auto& p : layer) payload += p.payload_bytes();
+    double payload = 0, fp16_rows = 0;
+    for (const auto& layer : layers)
+      for (std::size_t e = 0; e < layer.packs.size(); ++e) {
+        if (layer.is_packed[e]) payload += layer.packs[e].payload_bytes();
+        fp16_rows += static_cast<double>(layer.k[e].size()) / s.head_dim - static_cast<double>(layer.is_packed[e] ? layer.packs[e].rows() : 0);
+      }
     const double fp16 = 2.0 * 2.0 * static_cast<double>(s.n_layers) * s.n_head_kv * static_cast<double>(P) * s.head_dim;
-    char buf[300];
-    std::snprintf(buf, sizeof buf, "  packed cache on the device: %.1f KB (payload %.1f KB, scratch %.1f KB) vs %.1f KB as fp16",
-                  static_cast<double>(gpu.cache_bytes()) / 1e3, payload / 1e3, static_cast<double>(gpu.unpack_scratch_bytes()) / 1e3,
-                  fp16 / 1e3);
+    char buf[360];
+    std::snprintf(buf, sizeof buf,
+                  "  packed cache on the device: %.1f KB (payload %.1f KB + %.0f fp16 rows, scratch %.1f KB) vs %.1f KB as fp16",
+                  static_cast<double>(gpu.cache_bytes()) / 1e3, payload / 1e3, fp16_rows,
+                  static_cast<double>(gpu.unpack_scratch_bytes()) / 1e3, fp16 / 1e3);
     r.line(buf);
+    r.same("packed cache: unpacked through the one-layer scratch", gpu.unpack_scratch_bytes() > 0);
     const auto more = prompt(5, V, 13);
     const auto at = iota_from(static_cast<std::int32_t>(P), 5);
     const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
@@ -282,6 +266,7 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
     r.value("packed cache: decode logits", checked_nmse(dg, dr), limit);
     r.value("packed cache: last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
     r.value("packed cache: rows after decoding (keys)", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+    r.value("packed cache: rows after decoding (values)", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
   }
 }
 

@@ -82,6 +82,9 @@ void TransformerRef::reset() {
 void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
   if (entries.size() != static_cast<std::size_t>(s_.n_head_kv) && !per_query_head(s_, static_cast<int>(entries.size())))
     throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
+  // Every packed prefix is checked before the layer changes: a refused load leaves it as it was.
+  for (std::size_t e = 0; e < entries.size(); ++e)
+    if (const PackedEntry* p = entries[e].packed) check_host_packed(*p, entries[e].rows, s_.head_dim, static_cast<int>(e));
   auto& dst = cache_.at(static_cast<std::size_t>(layer));
   dst.assign(entries.size(), Entry{});
   const auto d = static_cast<std::size_t>(s_.head_dim);
@@ -94,7 +97,6 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
     round_all(dst[e].v);
     // A packed prefix is read back from its stored form, as the GPU unpacks it.
     if (const PackedEntry* p = entries[e].packed) {
-      check_host_packed(*p, entries[e].rows, s_.head_dim, static_cast<int>(e));
       std::vector<float> rows;
       unpack_tensor(p->k, s_.head_dim, s_.rope, rows);
       std::copy(rows.begin(), rows.end(), dst[e].k.begin());

@@ -53,7 +53,8 @@ struct HostEntry {
   const float* k = nullptr;
   const float* v = nullptr;
   // Optional: the packed form of the first packed->rows() rows (core/packed_kv.h), which a backend
-  // then holds instead of those rows (k and v must hold its read-back).
+  // then holds instead of those rows. Backends do not read k and v there (the parity harness puts
+  // NaN in them to prove it); the backend engine keeps the read-back there for its mirror.
   const PackedEntry* packed = nullptr;
 };
 

@@ -205,6 +205,19 @@ TEST_CASE("malformed packed entries are refused naming the row and field", "[pac
     bad.k.rows[2].rank = 17;
     CHECK_THROWS_WITH(check_packed(bad), Catch::Contains("rank 17 > head_dim 16"));
   }
+  {
+    PackedEntry bad = e;
+    bad.k.basis.assign(16 * 16, 0);
+    bad.k.rows[2].kind = PackedKind::LowRank;
+    bad.k.rows[2].rank = 1;
+    bad.k.rows[2].data = 0;
+    bad.k.halves.assign(1, 0);
+    bad.k.rows[2].position = -5;
+    bad.k.rotate = true;  // keys rebuilt pre-RoPE are rotated to their position
+    CHECK_THROWS_WITH(check_packed(bad), Catch::Contains("packed keys row 2: position -5, expected >= 0"));
+    bad.k.rotate = false;  // unrotated rows (values) never read a position
+    CHECK_NOTHROW(check_packed(bad));
+  }
   CHECK_THROWS_WITH(pack_plan(&codec, plan, g, std::span(all.pos).first(3), all.k, all.v, e),
                     Catch::Contains("keeping 4 tokens got 3 positions"));
   // A quantized layout of a second kind cannot join a tensor holding one.

@@ -176,6 +176,7 @@ TEST_CASE("reference transformer: a packed prefix is held as its stored form rea
   // More packed rows than the entry has, or another head_dim: refused, naming the entry.
   entries[0].rows = 4;
   CHECK_THROWS_WITH(ref.load_layer(1, entries), Catch::Contains("entry 0's packed rows: 5 rows, but the entry has 4"));
+  CHECK(std::vector<float>(ref.entry_k(1, 0).begin(), ref.entry_k(1, 0).end()) == held);  // a refused load changes nothing
   entries[0].rows = ref.rows(1, 0);
   p.head_dim = 16;
   CHECK_THROWS_WITH(ref.load_layer(1, entries), Catch::Contains("head_dim"));
@@ -187,29 +188,45 @@ TEST_CASE("reference transformer: random packed caches (the parity harness's) lo
   random_weights(s, 9, ref.sink());
   ref.forward(iota_tokens(12, 1, 5, s.vocab), positions(0, 12), {}, false, false);
   std::mt19937 rng(3);
+  const auto d = static_cast<std::size_t>(s.head_dim);
   for (int l = 0; l < s.n_layers; ++l) {
-    std::vector<PackedEntry> packs(2);
-    std::vector<std::vector<float>> k(2), v(2);
-    std::vector<HostEntry> entries;
-    for (std::size_t e = 0; e < 2; ++e) {
-      packs[e].head_dim = s.head_dim;
-      packs[e].k = random_packed(s.head_dim, 9, 4, 8, false, true, rng);
-      packs[e].v = random_packed(s.head_dim, 9, 2, 4, true, false, rng);
-      REQUIRE_NOTHROW(check_packed(packs[e]));
-      unpack_tensor(packs[e].k, s.head_dim, s.rope, k[e]);
-      unpack_tensor(packs[e].v, s.head_dim, s.rope, v[e]);
-      const auto K = ref.entry_k(l, static_cast<int>(e)), V = ref.entry_v(l, static_cast<int>(e));
-      k[e].insert(k[e].end(), K.begin() + 9 * s.head_dim, K.end());
-      v[e].insert(v[e].end(), V.begin() + 9 * s.head_dim, V.end());
+    INFO("layer " << l);
+    const std::vector<float> before(ref.entry_k(l, 1).begin(), ref.entry_k(l, 1).end());
+    const PackedLayer layer = random_packed_layer(s, l, 12, [&](int e, bool keys) {
+      const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
+      return std::vector<float>(x.begin(), x.end());
+    }, rng);
+    for (std::size_t e = 0; e < layer.packs.size(); ++e)
+      if (layer.is_packed[e]) REQUIRE_NOTHROW(check_packed(layer.packs[e]));
+    if (l % 2 == 1) {  // every row packed: nothing left in fp16
+      CHECK(layer.packs[0].rows() == 12);
+      CHECK(layer.packs[1].rows() == 12);
+    } else {  // entry 0: all but its last 3 rows; the last entry: none
+      CHECK(layer.packs[0].rows() == 9);
+      CHECK_FALSE(layer.is_packed[1]);
     }
-    for (std::size_t e = 0; e < 2; ++e) entries.push_back({12, k[e].data(), v[e].data(), &packs[e]});
-    ref.load_layer(l, entries);
-    CHECK(std::vector<float>(ref.entry_k(l, 1).begin(), ref.entry_k(l, 1).end()) == k[1]);
+    CHECK(std::isnan(layer.k[0][0]));  // packed rows carry no floats a backend could read instead
+    ref.load_layer(l, layer.entries());
+    std::vector<float> k0;
+    unpack_tensor(layer.packs[0].k, s.head_dim, s.rope, k0);
+    const auto held = ref.entry_k(l, 0);
+    CHECK(std::vector<float>(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(k0.size())) == k0);
+    if (l % 2 == 0) {
+      CHECK(std::vector<float>(ref.entry_k(l, 1).begin(), ref.entry_k(l, 1).end()) == before);  // unpacked entry
+      CHECK(layer.k[0].size() == 12 * d);
+    }
   }
   const std::vector<std::int32_t> next{7};
   const auto logits = ref.forward(next, positions(12, 1), std::vector<std::int64_t>{0}, false, false);
   for (float x : logits) REQUIRE(std::isfinite(x));
   CHECK(ref.rows(2, 0) == 13);
+  CHECK(ref.rows(1, 1) == 13);
+  // Entry rows that do not match the layer are refused, naming the entry.
+  CHECK_THROWS_WITH(random_packed_layer(s, 0, 11, [&](int e, bool keys) {
+                      const auto x = keys ? ref.entry_k(0, e) : ref.entry_v(0, e);
+                      return std::vector<float>(x.begin(), x.end());
+                    }, rng),
+                    Catch::Contains("entry 0 has 13 rows, expected 11"));
 }
 
 TEST_CASE("reference transformer: random weights are deterministic per tensor", "[transformer_ref]") {

@@ -89,8 +89,8 @@ struct LiveVerifier::Impl {
   std::string default_system;
   std::int64_t ctx_len;
 
-  Impl(const GgufFile& f, VerifyOptions o)
-      : gguf(f), opts(o), tok(f), engine(make_engine(f, EngineOptions{o.device, o.weights})), model(*engine), default_system(default_system_prompt(f)),
+  Impl(const GgufFile& f, VerifyOptions o, std::unique_ptr<Engine> e)
+      : gguf(f), opts(o), tok(f), engine(e ? std::move(e) : make_engine(f, EngineOptions{o.device, o.weights})), model(*engine), default_system(default_system_prompt(f)),
         ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
     const LlamaConfig& c = model.config();
     g = KvGeometry{c.n_layers, c.n_head, c.n_head_kv, c.head_dim, c.rope};
@@ -331,7 +331,7 @@ struct LiveVerifier::Impl {
           KvEntry& entry = model.cache().layers[static_cast<std::size_t>(l)][e];
           std::vector<std::int32_t> positions;
           for (auto t : entry.tokens) positions.push_back(s.header.positions[static_cast<std::size_t>(t)]);
-          entry.packed = packed_form(cfg.impl->codec(), plan.heads[e], g, positions, entry);
+          if (model.holds_packed()) entry.packed = packed_form(cfg.impl->codec(), plan.heads[e], g, positions, entry);
           cfg.impl->codec()->reconstruct(plan.heads[e], g, positions, entry.k, entry.v);
           codec_saving += static_cast<double>(entry.rows()) * out.budget.kv_token_bytes - cfg.impl->codec()->bytes(plan.heads[e], g.head_dim);
         }
@@ -443,7 +443,7 @@ struct LiveVerifier::Impl {
       entry = host.layers[0][kv];
       std::vector<std::int32_t> positions;
       for (auto token : entry.tokens) positions.push_back((*cs.positions)[static_cast<std::size_t>(token)]);
-      entry.packed = packed_form(codec, kept_plans[kv], g, positions, entry);
+      entry.packed = model.holds_packed() ? packed_form(codec, kept_plans[kv], g, positions, entry) : nullptr;
       codec->reconstruct(kept_plans[kv], g, positions, entry.k, entry.v);
       if (codec->bytes(kept_plans[kv], g.head_dim) > budget + 1e-6)
         throw Error("policy " + label + ": re-tiered cache of layer " + std::to_string(l) + ", KV head " + std::to_string(kv) +
@@ -530,7 +530,11 @@ const VerifyOptions& checked(const VerifyOptions& o) {
 
 }  // namespace
 
-LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts) : impl_(std::make_unique<Impl>(gguf, checked(opts))) {}
+LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts)
+    : impl_(std::make_unique<Impl>(gguf, checked(opts), nullptr)) {}
+
+LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts, std::unique_ptr<Engine> engine)
+    : impl_(std::make_unique<Impl>(gguf, checked(opts), std::move(engine))) {}
 
 LiveVerifier::~LiveVerifier() = default;
 

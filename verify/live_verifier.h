@@ -17,6 +17,7 @@
 
 namespace kvsim {
 
+class Engine;
 class GgufFile;
 
 struct VerifyOptions {
@@ -60,6 +61,9 @@ class LiveVerifier {
  public:
   // `gguf` must outlive the verifier (weights may stay in its mapping).
   LiveVerifier(const GgufFile& gguf, VerifyOptions opts);
+  // The same on a given engine for `gguf`'s model (opts.device and opts.weights are then not
+  // used): the tests run verify on the backend engine over the CPU reference, the GPU's stand-in.
+  LiveVerifier(const GgufFile& gguf, VerifyOptions opts, std::unique_ptr<Engine> engine);
   ~LiveVerifier();
   KvGeometry geometry() const;
   LiveRequestResult run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs);
