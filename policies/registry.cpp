@@ -47,7 +47,9 @@ const PolicyInfo& PolicyRegistry::find(const std::string& name) const {
     if (alias == name) return find(target);
   std::string valid;
   for (const auto* info : all()) valid += (valid.empty() ? "" : ", ") + info->name;
-  throw Error("unknown policy '" + name + "'; valid policies: " + valid);
+  std::string aliases;
+  for (const auto& [alias, target] : aliases_) aliases += (aliases.empty() ? "" : ", ") + alias + " = " + target;
+  throw Error("unknown policy '" + name + "'; valid policies: " + valid + (aliases.empty() ? "" : "; aliases: " + aliases));
 }
 
 std::vector<const PolicyInfo*> PolicyRegistry::all() const {

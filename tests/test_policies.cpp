@@ -198,6 +198,7 @@ TEST_CASE("a policy alias selects the policy under its canonical name", "[policy
   CHECK(reg.aliases_of("lowrank") == std::vector<std::string>{"lowrank_uniform"});
   CHECK(reg.aliases_of("snapkv").empty());
   CHECK_THROWS_WITH(reg.create("lowrank_uniform:rank=3"), Catch::Contains("unknown parameter 'rank'"));
+  CHECK_THROWS_WITH(reg.create("lowrank_uniformm"), Catch::Contains("aliases: lowrank_uniform = lowrank"));
   CHECK_THROWS_WITH(reg.add_alias("snapkv", "h2o"), Catch::Contains("is the name of a policy"));
   CHECK_THROWS_WITH(reg.add_alias("lowrank_uniform", "h2o"), Catch::Contains("registered twice"));
 }
