@@ -40,17 +40,22 @@ fi
 # gpu.parity's run, with the benchmarks (ctest would run it a second time without them). Each
 # section runs on its own and the report is written line by line, so a failure or the time limit
 # (PARITY_TIMEOUT seconds) still leaves every result so far in parity.txt. For a rerun of what
-# failed: PARITY_ONLY="packed,qwen2" (substrings of `kvsim-parity --list`), and SANITIZE=1 runs
-# those sections under compute-sanitizer's memcheck (slow: only with PARITY_ONLY).
+# failed: PARITY_ONLY="packed unpack,qwen2-like fp32" (substrings of `kvsim-parity --list`), and
+# SANITIZE=1 runs those sections under compute-sanitizer's memcheck (slow: only with PARITY_ONLY).
 parity=("$BUILD/gpu/kvsim-parity" --report "$OUT/parity.txt")
 [ -n "${PARITY_ONLY:-}" ] && parity+=(--only "$PARITY_ONLY")
 if [ "${SANITIZE:-0}" = 1 ]; then
-  parity=(compute-sanitizer --tool memcheck --log-file "$OUT/sanitizer.txt" "${parity[@]}")
+  if [ -z "${PARITY_ONLY:-}" ]; then
+    echo "gpu_check: SANITIZE=1 needs PARITY_ONLY (every section under memcheck would outrun the time limit)"
+    exit 2
+  fi
+  parity=(compute-sanitizer --tool memcheck --error-exitcode 99 --log-file "$OUT/sanitizer.txt" "${parity[@]}")
 else
   parity+=(--bench)
 fi
-timeout "${PARITY_TIMEOUT:-360}" "${parity[@]}"
+timeout -k 20 "${PARITY_TIMEOUT:-360}" "${parity[@]}"
 rc=$?
+[ "${SANITIZE:-0}" = 1 ] && grep -h "ERROR SUMMARY" "$OUT/sanitizer.txt" 2>/dev/null
 [ $rc -eq 77 ] && echo "gpu_check: kvsim-parity saw no GPU"
 [ $rc -eq 124 ] && echo "gpu_check: kvsim-parity ran past ${PARITY_TIMEOUT:-360} s; parity.txt has what it checked" |
   tee -a "$OUT/parity.txt"

@@ -463,7 +463,7 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
   const std::int64_t want = most + most / 4;
   const bool fits = lc.k.bytes != 0 && lc.capacity >= most &&
                     lc.k.bytes >= entries.size() * static_cast<std::size_t>(lc.capacity) * d * 2;
-  const bool oversized = lc.capacity > 2 * std::max(want, Impl::kMinCacheRows);
+  const bool oversized = (want == 0 && lc.capacity > 0) || lc.capacity > 2 * std::max(want, Impl::kMinCacheRows);
   if (!fits || oversized) {
     lc.capacity = 0;
     lc.k.release(m.compute);

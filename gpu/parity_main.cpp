@@ -285,6 +285,7 @@ bool selected(const std::string& name, const std::vector<std::string>& only) {
   return false;
 }
 
+// (cli/options.h has its twin; the GPU-only build links no cli/.)
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
   std::size_t start = 0;
@@ -384,7 +385,9 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       r.fail(sec.name + " stopped: " + e.what());
       if (device_context_lost()) {
-        r.fail("the CUDA context is lost; sections not run: " + std::to_string(sections.size() - k - 1));
+        std::size_t left = 0;
+        for (std::size_t j = k + 1; j < sections.size(); ++j) left += selected(sections[j].name, only);
+        r.fail("the CUDA context is lost; sections not run: " + std::to_string(left));
         break;
       }
     }

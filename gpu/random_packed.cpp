@@ -22,12 +22,13 @@ std::vector<std::uint16_t> gaussian_halves(std::size_t n, std::mt19937& rng, flo
 }  // namespace
 
 PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symmetric, bool rotate, std::mt19937& rng,
-                           std::int32_t first_position) {
+                           std::int32_t first_position, int param_group) {
   PackedTensor t;
   t.bits = bits, t.param_span = span, t.symmetric = symmetric, t.rotate = rotate;
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(0.01f, 0.2f), mn(-1.0f, 0.0f);
   t.basis = gaussian_halves(static_cast<std::size_t>(d * d), rng, 0.125f);
+  std::int64_t run_group = -1, run_start = 0;
   for (std::int64_t m = 0; m < n; ++m) {
     PackedRow r;
     r.position = first_position + static_cast<std::int32_t>(m);
@@ -41,12 +42,17 @@ PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symme
     if (m % 3 == 1) {
       r.kind = PackedKind::Quant;
       r.data = static_cast<std::int64_t>(t.codes.size());
-      r.param = static_cast<std::int64_t>(t.params.size() / 2);
       for (int b = 0; b < d * bits / 8; ++b) t.codes.push_back(static_cast<std::uint8_t>(byte(rng)));
-      for (int g = 0; g < d / span; ++g) {
-        t.params.push_back(float_to_half(scale(rng)));
-        t.params.push_back(float_to_half(symmetric ? 0.0f : mn(rng)));
+      // A new run of pairs for each group of rows; the rows of a group read the same run.
+      if (m / param_group != run_group) {
+        run_group = m / param_group;
+        run_start = static_cast<std::int64_t>(t.params.size() / 2);
+        for (int g = 0; g < d / span; ++g) {
+          t.params.push_back(float_to_half(scale(rng)));
+          t.params.push_back(float_to_half(symmetric ? 0.0f : mn(rng)));
+        }
       }
+      r.param = run_start;
     } else {
       r.kind = PackedKind::LowRank;
       r.rank = static_cast<std::uint16_t>(1 + m % d);
@@ -84,7 +90,7 @@ PackedLayer random_packed_layer(const TransformerShape& s, int layer, std::int64
     if (prefix > 0) {
       out.is_packed[ue] = 1;
       if (all_packed) {
-        p.k = random_packed(d, prefix, 8, 1, false, true, rng);
+        p.k = random_packed(d, prefix, 8, 1, false, true, rng, 0, 6);
         p.v = random_packed(d, prefix, 4, d, true, false, rng);
       } else {
         p.k = random_packed(d, prefix, 4, std::min(32, d), false, true, rng);

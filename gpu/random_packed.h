@@ -15,14 +15,17 @@ namespace kvsim::gpu {
 // n rows at positions first_position, first_position + 1, ...; quantized rows hold random codes
 // with scales in [0.01, 0.2] (and mins in [-1, 0] unless symmetric), low-rank rows Gaussian
 // coefficients in a Gaussian basis of scale 0.125, fp16 rows N(0, 1) values.
+// With param_group > 1, quantized rows share their run of pairs in groups of that many rows
+// (KIVI's per-channel keys: one run of head_dim pairs per token group).
 PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symmetric, bool rotate, std::mt19937& rng,
-                           std::int32_t first_position = 0);
+                           std::int32_t first_position = 0, int param_group = 1);
 
 // One layer of a packed cache as the parity harness loads it into both backends, every shape of
 // entry a codec's plans produce: on even layers entry e keeps its first rows - 3 - e rows packed
 // (int4 keys with rotated low-rank rows, int2 absmax values) and the last entry, when there are
 // several, none; on odd layers every row of every entry is packed (8-bit keys with per-channel
-// pairs as KIVI's, 4-bit absmax values over the whole head), so no fp16 row is left. The floats
+// pairs shared by groups of 6 rows as KIVI's, 4-bit absmax values over the whole head), so no fp16
+// row is left. The floats
 // of a packed prefix are NaN: a backend that read them instead of the packed form would show it.
 struct PackedLayer {
   std::vector<PackedEntry> packs;        // [entry]

@@ -44,7 +44,11 @@ const PolicyInfo& PolicyRegistry::find(const std::string& name) const {
   for (const auto& info : infos_)
     if (info.name == name) return info;
   for (const auto& [alias, target] : aliases_)
-    if (alias == name) return find(target);
+    if (alias == name) {
+      for (const auto& info : infos_)
+        if (info.name == target) return info;
+      throw Error("policy alias '" + alias + "' names '" + target + "', which is not a policy");
+    }
   std::string valid;
   for (const auto* info : all()) valid += (valid.empty() ? "" : ", ") + info->name;
   std::string aliases;

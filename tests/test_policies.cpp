@@ -201,6 +201,9 @@ TEST_CASE("a policy alias selects the policy under its canonical name", "[policy
   CHECK_THROWS_WITH(reg.create("lowrank_uniformm"), Catch::Contains("aliases: lowrank_uniform = lowrank"));
   CHECK_THROWS_WITH(reg.add_alias("snapkv", "h2o"), Catch::Contains("is the name of a policy"));
   CHECK_THROWS_WITH(reg.add_alias("lowrank_uniform", "h2o"), Catch::Contains("registered twice"));
+  // An alias of an alias (or of nothing) is refused when used, never followed round a cycle.
+  reg.add_alias("test_alias_of_alias", "lowrank_uniform");
+  CHECK_THROWS_WITH(reg.create("test_alias_of_alias"), Catch::Contains("names 'lowrank_uniform', which is not a policy"));
 }
 
 TEST_CASE("expected_attention scores keys by expected attention of the mean query times |v|", "[policy]") {

@@ -201,6 +201,11 @@ TEST_CASE("reference transformer: random packed caches (the parity harness's) lo
     if (l % 2 == 1) {  // every row packed: nothing left in fp16
       CHECK(layer.packs[0].rows() == 12);
       CHECK(layer.packs[1].rows() == 12);
+      // KIVI-style keys: quantized rows 1 and 4 read one shared run of pairs, row 7 its own.
+      const auto& rows = layer.packs[0].k.rows;
+      CHECK(rows[1].kind == PackedKind::Quant);
+      CHECK(rows[1].param == rows[4].param);
+      CHECK(rows[7].param != rows[4].param);
     } else {  // entry 0: all but its last 3 rows; the last entry: none
       CHECK(layer.packs[0].rows() == 9);
       CHECK_FALSE(layer.is_packed[1]);

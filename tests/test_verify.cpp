@@ -236,8 +236,8 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
     CHECK(g.final_rows == w.final_rows);
     // The backend attends over the packed form's fp16 read-back where the CPU engine keeps the
     // codec's float reconstruction: the same up to fp16 rounding.
-    // (Measured: relative differences of 1e-3 or less.)
-    CHECK(g.mean_kl == Approx(w.mean_kl).margin(0.005).epsilon(0.02));
+    // (Measured: relative differences of 2e-3 or less.)
+    CHECK(g.mean_kl == Approx(w.mean_kl).margin(1e-4).epsilon(5e-3));
     CHECK(g.top1 == w.top1);
   }
 }

@@ -331,7 +331,7 @@ struct LiveVerifier::Impl {
           KvEntry& entry = model.cache().layers[static_cast<std::size_t>(l)][e];
           std::vector<std::int32_t> positions;
           for (auto t : entry.tokens) positions.push_back(s.header.positions[static_cast<std::size_t>(t)]);
-          if (model.holds_packed()) entry.packed = packed_form(cfg.impl->codec(), plan.heads[e], g, positions, entry);
+          entry.packed = model.holds_packed() ? packed_form(cfg.impl->codec(), plan.heads[e], g, positions, entry) : nullptr;
           cfg.impl->codec()->reconstruct(plan.heads[e], g, positions, entry.k, entry.v);
           codec_saving += static_cast<double>(entry.rows()) * out.budget.kv_token_bytes - cfg.impl->codec()->bytes(plan.heads[e], g.head_dim);
         }
