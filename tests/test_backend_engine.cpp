@@ -20,9 +20,11 @@
 #include "policies/codec.h"
 #include "policies/lowrank.h"
 #include "policies/quantized_tier.h"
+#include "counting_backend.h"
 #include "nmse_check.h"
 
 using namespace kvsim;
+using kvsim::test::CountingBackend;
 using kvsim::test::nmse;
 
 namespace {
@@ -41,21 +43,6 @@ struct Rows {
       v.insert(v.end(), a.v.begin(), a.v.end());
     };
   }
-};
-
-// The reference backend, counting how often the engine reloads a layer or compacts an entry.
-class CountingBackend : public gpu::TransformerRef {
- public:
-  using TransformerRef::TransformerRef;
-  void load_layer(int layer, std::span<const gpu::HostEntry> entries) override {
-    ++loads;
-    TransformerRef::load_layer(layer, entries);
-  }
-  void keep_rows(int layer, int entry, std::span<const std::int64_t> rows) override {
-    ++compactions;
-    TransformerRef::keep_rows(layer, entry, rows);
-  }
-  int loads = 0, compactions = 0;
 };
 
 void require_same_cache(const KvCache& got, const KvCache& want) {
@@ -208,18 +195,8 @@ TEST_CASE("backend engine hands packed entries to the backend, whose read-back t
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel cpu(gguf, WeightFormat::F32);
-  // Counts the entries that arrive packed.
-  class PackedCounting : public CountingBackend {
-   public:
-    using CountingBackend::CountingBackend;
-    void load_layer(int layer, std::span<const gpu::HostEntry> entries) override {
-      for (const auto& e : entries) packed += e.packed != nullptr;
-      CountingBackend::load_layer(layer, entries);
-    }
-    int packed = 0;
-  };
-  auto owned = std::make_unique<PackedCounting>(transformer_shape(LlamaConfig::from_gguf(gguf)), gpu::DeviceWeights::F32);
-  PackedCounting* backend = owned.get();
+  auto owned = std::make_unique<CountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)), gpu::DeviceWeights::F32);
+  CountingBackend* backend = owned.get();
   BackendEngine eng(gguf, std::move(owned));
   const LlamaConfig& c = cpu.config();
   const KvGeometry g{c.n_layers, c.n_head, c.n_head_kv, c.head_dim, c.rope};

@@ -11,11 +11,11 @@
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
 #include "capture/transformer_weights.h"
-#include "gpu/transformer_ref.h"
 #include "policies/registry.h"
 #include "sim/cache_signals.h"
 #include "sim/replay.h"
 #include "traces/trace_reader.h"
+#include "counting_backend.h"
 #include "trace_fixtures.h"
 #include "verify/live_verifier.h"
 
@@ -192,17 +192,6 @@ TEST_CASE("live qevict re-tiers while decoding and holds its byte budget", "[ver
   }
 }
 
-// The reference backend (the GPU's stand-in), counting the entries that arrive packed.
-class PackedCountingBackend : public gpu::TransformerRef {
- public:
-  using TransformerRef::TransformerRef;
-  void load_layer(int layer, std::span<const gpu::HostEntry> entries) override {
-    for (const auto& e : entries) packed += e.packed != nullptr;
-    TransformerRef::load_layer(layer, entries);
-  }
-  int packed = 0;
-};
-
 TEST_CASE("live verify on the backend engine (the --device cuda path, over the CPU reference) matches the CPU engine",
           "[verify]") {
   require_model();
@@ -219,9 +208,9 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
     configs.push_back({inst.name, inst.params, impl, spec == "lowrank" ? 0.5 : 0.25});
   }
   LiveVerifier cpu(gguf, o);
-  auto backend = std::make_unique<PackedCountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)),
+  auto backend = std::make_unique<test::CountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)),
                                                          gpu::DeviceWeights::F32);
-  const PackedCountingBackend& counter = *backend;
+  const test::CountingBackend& counter = *backend;
   LiveVerifier on_backend(gguf, o, std::make_unique<BackendEngine>(gguf, std::move(backend)));
   const LiveRequestResult want = cpu.run(needle_request(), configs);
   const LiveRequestResult got = on_backend.run(needle_request(), configs);
