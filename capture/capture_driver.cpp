@@ -181,12 +181,13 @@ void check_output_path(const std::string& out, bool overwrite) {
 
 }  // namespace
 
-CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts) {
+CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts,
+                           const EngineFactory& make) {
   const auto t0 = std::chrono::steady_clock::now();
   check_output_path(opts.out_path, opts.overwrite);
   const GgufFile gguf(opts.model_path);
   const Tokenizer tok(gguf);
-  const std::unique_ptr<Engine> engine = make_engine(gguf, EngineOptions{opts.device, opts.weights});
+  const std::unique_ptr<Engine> engine = make ? make(gguf) : make_engine(gguf, EngineOptions{opts.device, opts.weights});
   Engine& model = *engine;
   const LlamaConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);

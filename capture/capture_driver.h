@@ -3,6 +3,8 @@
 // every token and Q of the selected positions for every layer, segments, and the reference
 // next-token distribution (top-k log-probs + logsumexp) for the question and answer tokens.
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,10 @@ struct CaptureSummary {
   double seconds = 0;
 };
 
-CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts);
+// Builds the engine for the opened model file; the default, make_engine(opts.device, opts.weights).
+// The tests capture on the backend engine over the CPU reference (the GPU's stand-in) this way.
+using EngineFactory = std::function<std::unique_ptr<Engine>(const GgufFile&)>;
+CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts,
+                           const EngineFactory& make = {});
 
 }  // namespace kvsim

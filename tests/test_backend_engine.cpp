@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "capture/backend_engine.h"
+#include "capture/capture_driver.h"
 #include "capture/gguf.h"
 #include "capture/llama_model.h"
 #include "capture/transformer_weights.h"
@@ -20,6 +21,8 @@
 #include "policies/codec.h"
 #include "policies/lowrank.h"
 #include "policies/quantized_tier.h"
+#include "trace_fixtures.h"
+#include "traces/trace_reader.h"
 #include "counting_backend.h"
 #include "nmse_check.h"
 
@@ -258,3 +261,56 @@ TEST_CASE("backend engine hands packed entries to the backend, whose read-back t
   eng.cache().layers[4][0].packed = wrong;
   CHECK_THROWS_WITH(eng.step(11), Catch::Contains("KV cache layer 4: a packed entry"));
 }
+
+TEST_CASE("capture on the backend engine (the --device cuda path, over the CPU reference) writes the CPU engine's trace",
+          "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  CaptureRequest req;
+  req.id = "r";
+  req.context = "The key to the blue door is under the third stone of the garden wall, next to the old well.";
+  req.question = "Where is the key to the blue door?";
+  CaptureOptions o;
+  o.model_path = KVSIM_TEST_MODEL;
+  o.overwrite = true;
+  o.max_new = 4;
+  o.all_queries = true;
+  o.prefill_chunk = 16;  // several chunks, as a long prompt would
+  o.weights = WeightFormat::F32;
+  o.out_path = test::scratch_file("capture_cpu.h5");
+  run_capture({req}, o);
+  o.out_path = test::scratch_file("capture_backend.h5");
+  int engines = 0;
+  run_capture({req}, o, [&](const GgufFile& f) {
+    ++engines;
+    return std::make_unique<BackendEngine>(f, reference_backend(f));
+  });
+  CHECK(engines == 1);
+  const TraceReader want(test::scratch_file("capture_cpu.h5")), got(test::scratch_file("capture_backend.h5"));
+  const RequestHeader hw = want.header("r"), hg = got.header("r");
+  CHECK(hg.tokens == hw.tokens);  // the same greedy continuation
+  CHECK(hg.positions == hw.positions);
+  CHECK(hg.segments == hw.segments);
+  CHECK(hg.q_index == hw.q_index);
+  // The trace's configuration names the engine that wrote it.
+  CHECK(got.capture().config.find("\"device\":\"cpu reference\"") != std::string::npos);
+  CHECK(want.capture().config.find("\"device\":\"cpu\"") != std::string::npos);
+  for (int layer = 0; layer < want.geometry().n_layers; ++layer) {
+    INFO("layer " << layer);
+    for (const Tensor t : {Tensor::K, Tensor::V, Tensor::Q}) {
+      std::vector<float> a(want.layer_elements("r", t)), b(got.layer_elements("r", t));
+      want.read_layer("r", t, layer, a);
+      got.read_layer("r", t, layer, b);
+      CHECK(nmse(b, a) < 1e-6);
+    }
+  }
+  const ReferenceDistribution rw = want.reference("r"), rg = got.reference("r");
+  REQUIRE(rg.rows == rw.rows);
+  CHECK(rg.index == rw.index);
+  for (std::int32_t row = 0; row < rw.rows; ++row) {
+    INFO("reference row " << row);
+    CHECK(rg.topk_ids[static_cast<std::size_t>(row * rw.topk)] == rw.topk_ids[static_cast<std::size_t>(row * rw.topk)]);
+    // Logits agree to NMSE 1e-6 (tests above): a logsumexp near 30 to about 1e-2.
+    CHECK(rg.lse[static_cast<std::size_t>(row)] == Approx(rw.lse[static_cast<std::size_t>(row)]).epsilon(1e-3));
+  }
+}
+
