@@ -60,11 +60,11 @@ int main(int argc, char** argv) {
   if (argc == 6 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], argv[3], argv[4], std::atoi(argv[5]));
   std::string model = std::string(getenv("HOME") ? getenv("HOME") : ".") + "/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string dir = "out/bench";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--model") model = argv[i + 1];
-    else if (a == "--dir") dir = argv[i + 1];
-    else {
+    if (i + 1 < argc && a == "--model") model = argv[i + 1];
+    else if (i + 1 < argc && a == "--dir") dir = argv[i + 1];
+    else {  // --help, an unknown option or one without its value
       std::fprintf(stderr, "usage: bench_capture [--model M.gguf] [--dir D]\n");
       return 2;
     }

@@ -128,12 +128,12 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2]);
   Shape s;
   std::string dir = "out/bench";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--requests") s.requests = std::stoi(argv[i + 1]);
-    else if (a == "--tokens") s.tokens = std::stoi(argv[i + 1]);
-    else {
+    if (i + 1 < argc && a == "--dir") dir = argv[i + 1];
+    else if (i + 1 < argc && a == "--requests") s.requests = std::stoi(argv[i + 1]);
+    else if (i + 1 < argc && a == "--tokens") s.tokens = std::stoi(argv[i + 1]);
+    else {  // --help, an unknown option or one without its value
       std::fprintf(stderr, "usage: bench_trace_io [--dir D] [--requests N] [--tokens T]\n");
       return 2;
     }
