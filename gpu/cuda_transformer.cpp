@@ -9,6 +9,7 @@
 
 #include "core/half.h"
 #include "gpu/cuda_check.h"
+#include "gpu/packed_rows.h"
 #include "gpu/packed_unpack.cuh"
 #include "gpu/transformer_kernels.cuh"
 
@@ -123,7 +124,7 @@ struct CudaTransformer::Impl {
 
   // One tensor of an entry's packed prefix on the device: core/packed_kv.h's arrays, same layout.
   struct PackedDev {
-    DeviceMem rows, halves, codes, params, basis;
+    DeviceMem rows, positions, halves, codes, params, basis;
     PackedTensorView view;
   };
   struct EntryPacked {
@@ -262,24 +263,27 @@ struct CudaTransformer::Impl {
 
   // Copies one packed tensor's arrays to the device (the host vectors must outlive the stream's
   // copies: load_layer waits for them).
-  void upload(const PackedTensor& t, PackedDev& dst) {
+  void upload(const PackedTensor& t, const CompactRows& table, PackedDev& dst) {
     auto put = [&](DeviceMem& m, const void* src, std::size_t bytes) {
       if (bytes == 0) return;
       m.ensure(bytes, compute);
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.ptr, src, bytes, cudaMemcpyHostToDevice, compute));
     };
-    put(dst.rows, t.rows.data(), t.rows.size() * sizeof(PackedRow));
+    put(dst.rows, table.rows.data(), table.rows.size() * sizeof(CompactRow));
+    put(dst.positions, table.positions.data(), table.positions.size() * sizeof(std::int32_t));
     put(dst.halves, t.halves.data(), t.halves.size() * sizeof(std::uint16_t));
     put(dst.codes, t.codes.data(), t.codes.size());
     put(dst.params, t.params.data(), t.params.size() * sizeof(std::uint16_t));
     put(dst.basis, t.basis.data(), t.basis.size() * sizeof(std::uint16_t));
-    dst.view = PackedTensorView{dst.rows.as<const PackedRow>(), static_cast<std::int64_t>(t.rows.size()),
+    dst.view = PackedTensorView{dst.rows.as<const CompactRow>(),
+                                table.positions.empty() ? nullptr : dst.positions.as<const std::int32_t>(),
+                                static_cast<std::int64_t>(t.rows.size()),
                                 dst.halves.as<const std::uint16_t>(), dst.codes.as<const std::uint8_t>(),
                                 dst.params.as<const std::uint16_t>(), dst.basis.as<const std::uint16_t>(),
                                 t.bits, t.param_span, t.symmetric, t.rotate};
   }
   static std::size_t bytes_of(const PackedDev& p) {
-    return p.rows.bytes + p.halves.bytes + p.codes.bytes + p.params.bytes + p.basis.bytes;
+    return p.rows.bytes + p.positions.bytes + p.halves.bytes + p.codes.bytes + p.params.bytes + p.basis.bytes;
   }
 
   // Entry e's rows as attention reads them, its packed prefix unpacked and its first
@@ -442,10 +446,13 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
   bool any_packed = false;
   std::int32_t last_position = 0;
   std::vector<std::int64_t> first_fp16(entries.size(), 0);
+  std::vector<CompactRows> k_tables(entries.size()), v_tables(entries.size());  // outlive the copies below
   for (std::size_t e = 0; e < entries.size(); ++e) {
     const PackedEntry* p = entries[e].packed;
     if (!p) continue;
     check_host_packed(*p, entries[e].rows, m.s.head_dim, static_cast<int>(e));
+    k_tables[e] = compact_rows(p->k);
+    v_tables[e] = compact_rows(p->v);
     any_packed = true;
     first_fp16[e] = p->rows();
     for (const PackedRow& r : p->k.rows) last_position = std::max(last_position, r.position);
@@ -476,8 +483,8 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
     packed.resize(entries.size());
     for (std::size_t e = 0; e < entries.size(); ++e) {
       if (!entries[e].packed) continue;
-      m.upload(entries[e].packed->k, packed[e].k);
-      m.upload(entries[e].packed->v, packed[e].v);
+      m.upload(entries[e].packed->k, k_tables[e], packed[e].k);
+      m.upload(entries[e].packed->v, v_tables[e], packed[e].v);
     }
   }
   // All fp16 rows staged in one host buffer, copied, then one wait (the buffers must outlive the copies).

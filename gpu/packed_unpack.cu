@@ -17,7 +17,7 @@ __device__ float half_bits_to_float(std::uint16_t h) {
 __global__ void unpack_kernel(PackedTensorView t, int d, RopeShape rope, const float* __restrict__ rope_cos,
                               const float* __restrict__ rope_sin, std::uint16_t* __restrict__ out) {
   extern __shared__ float x[];
-  const PackedRow r = t.rows[blockIdx.x];
+  const PackedRow r = packed_row_at(t.rows, t.positions, blockIdx.x);
   const int i = threadIdx.x;
   float v = 0;
   if (r.kind == PackedKind::Fp16) {

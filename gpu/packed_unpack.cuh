@@ -8,12 +8,15 @@
 
 #include "core/packed_kv.h"
 #include "gpu/kv_format.h"
+#include "gpu/packed_rows.h"
 
 namespace kvsim::gpu {
 
-// Device copies of one PackedTensor's arrays (same layout as the host vectors).
+// Device copies of one PackedTensor's arrays (same layout as the host vectors), its row table in
+// the device's compact form (gpu/packed_rows.h).
 struct PackedTensorView {
-  const PackedRow* rows = nullptr;
+  const CompactRow* rows = nullptr;
+  const std::int32_t* positions = nullptr;  // null unless low-rank rows are rotated
   std::int64_t n_rows = 0;
   const std::uint16_t* halves = nullptr;
   const std::uint8_t* codes = nullptr;

@@ -25,6 +25,7 @@
 #include "gpu/compressed_attention.cuh"
 #include "gpu/cuda_check.h"
 #include "gpu/half_convert.cuh"
+#include "gpu/packed_rows.h"
 #include "gpu/packed_unpack.cuh"
 #include "gpu/parity_report.h"
 #include "gpu/random_packed.h"
@@ -239,12 +240,16 @@ void packed_parity(const std::string& name, int d, std::int64_t n, bool bench, R
     const PackedTensor t = random_packed(d, n, c.bits, c.span, c.symmetric, c.rotate, rng);
     std::vector<float> ref;
     unpack_tensor(t, d, spec, ref);
-    std::vector<std::uint8_t> row_bytes(t.rows.size() * sizeof(PackedRow));
-    std::memcpy(row_bytes.data(), t.rows.data(), row_bytes.size());
+    const CompactRows table = compact_rows(t);
+    std::vector<std::uint8_t> row_bytes(table.rows.size() * sizeof(CompactRow));
+    std::memcpy(row_bytes.data(), table.rows.data(), row_bytes.size());
     DeviceBuffer<std::uint8_t> drows(row_bytes), dcodes(t.codes);
+    DeviceBuffer<std::int32_t> dpositions(table.positions);
     DeviceBuffer<std::uint16_t> dhalves(t.halves), dparams(t.params), dbasis(t.basis);
     DeviceBuffer<std::uint16_t> dout(t.rows.size() * static_cast<std::size_t>(d));
-    PackedTensorView view{reinterpret_cast<const PackedRow*>(drows.ptr), static_cast<std::int64_t>(t.rows.size()),
+    PackedTensorView view{reinterpret_cast<const CompactRow*>(drows.ptr),
+                          table.positions.empty() ? nullptr : dpositions.ptr,
+                          static_cast<std::int64_t>(t.rows.size()),
                           dhalves.ptr, dcodes.ptr, dparams.ptr, dbasis.ptr, t.bits, t.param_span, t.symmetric, t.rotate};
     KVSIM_CUDA_CHECK(unpack_packed(view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr));
     const std::vector<std::uint16_t> got = dout.host();
@@ -255,7 +260,7 @@ void packed_parity(const std::string& name, int d, std::int64_t n, bool bench, R
       const double sec = seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, 20);
       // Bytes moved: the packed payload read and the fp16 rows written (bases and tables cached).
       const double bytes = 2.0 * static_cast<double>(t.halves.size() + t.params.size()) + static_cast<double>(t.codes.size()) +
-                           static_cast<double>(row_bytes.size()) + 2.0 * static_cast<double>(got.size());
+                           static_cast<double>(table.bytes()) + 2.0 * static_cast<double>(got.size());
       char buf[200];
       std::snprintf(buf, sizeof buf, "  bench packed unpack (%s): %.1f us, %.1f GB/s = %.2f of copy bandwidth", c.label,
                     sec * 1e6, bytes / sec / 1e9, bytes / sec / 1e9 / copy_gbs);

@@ -9,6 +9,8 @@
 
 #include "core/half.h"
 #include "gpu/attention_ref.h"
+#include "gpu/packed_rows.h"
+#include "gpu/random_packed.h"
 #include "policies/lowrank.h"
 #include "policies/quantize.h"
 #include "policies/selection.h"
@@ -203,3 +205,38 @@ TEST_CASE("low-rank attention reference equals attention over the low-rank codec
                      counts.data(), got.data());
   CHECK(nmse(got, want) < 1e-10);
 }
+
+TEST_CASE("the device's compact row table reads back every packed row", "[gpu-ref]") {
+  std::mt19937 rng(5);
+  for (const bool rotate : {true, false}) {
+    INFO("rotate " << rotate);
+    const PackedTensor t = random_packed(32, 40, 4, 8, false, rotate, rng, 3, 6);
+    const CompactRows c = compact_rows(t);
+    REQUIRE(c.rows.size() == t.rows.size());
+    // Positions only where a low-rank row is rotated to one.
+    CHECK(c.positions.size() == (rotate ? t.rows.size() : 0u));
+    CHECK(c.bytes() == t.rows.size() * (rotate ? 16u : 12u));
+    for (std::size_t m = 0; m < t.rows.size(); ++m) {
+      INFO("row " << m);
+      const PackedRow want = t.rows[m];
+      const PackedRow got = packed_row_at(c.rows.data(), c.positions.empty() ? nullptr : c.positions.data(),
+                                          static_cast<std::int64_t>(m));
+      CHECK(got.kind == want.kind);
+      CHECK(got.rank == want.rank);
+      CHECK(got.data == want.data);
+      CHECK(got.param == want.param);
+      if (rotate) CHECK(got.position == want.position);
+    }
+  }
+  // Rotated keys with no low-rank row need no positions.
+  PackedTensor quant_only = random_packed(32, 2, 4, 8, false, true, rng);
+  quant_only.rows.erase(quant_only.rows.begin());  // drop the fp16 row 0; row 1 is quantized
+  quant_only.rows.front().position = 9;
+  CHECK(compact_rows(quant_only).positions.empty());
+  // An offset past 32 bits cannot be held.
+  PackedTensor huge = quant_only;
+  huge.rows.front().data = std::int64_t{1} << 33;
+  CHECK_THROWS_WITH(compact_rows(huge), Catch::Contains("packed row 0: offsets 8589934592") &&
+                                            Catch::Contains("32-bit row table"));
+}
+
