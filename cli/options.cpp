@@ -1,18 +1,7 @@
-#include <sstream>
-
 #include "cli/options.h"
 #include "core/error.h"
 
 namespace kvsim::cli {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream in(s);
-  while (std::getline(in, cur, sep))
-    if (!cur.empty()) out.push_back(cur);
-  return out;
-}
 
 std::vector<std::string> split_policies(const std::string& s) {
   std::vector<std::string> out;

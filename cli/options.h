@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/split.h"
 
 namespace kvsim::cli {
 
@@ -25,7 +26,7 @@ inline bool parse_options(const Args& args, const boost::program_options::option
 }
 
 // Comma- or semicolon-separated option values.
-std::vector<std::string> split(const std::string& s, char sep);
+using kvsim::split;
 // Policies are separated by ';' or by ',' before a token that is not key=value, so that
 // "snapkv:window=64,kernel=7,h2o" reads as two policies.
 std::vector<std::string> split_policies(const std::string& s);

@@ -12,15 +12,14 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/half.h"
 #include "core/packed_kv.h"
 #include "core/rope.h"
+#include "core/split.h"
 #include "gpu/attention_ref.h"
 #include "gpu/compressed_attention.cuh"
 #include "gpu/cuda_check.h"
@@ -290,18 +289,6 @@ bool selected(const std::string& name, const std::vector<std::string>& only) {
   return false;
 }
 
-// (cli/options.h has its twin; the GPU-only build links no cli/.)
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= s.size()) {
-    const std::size_t end = std::min(s.find(',', start), s.size());
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 constexpr const char* kUsage = "usage: kvsim-parity [--bench] [--report FILE] [--only NAME,...] [--list]\n";
 
 }  // namespace
@@ -315,7 +302,7 @@ int main(int argc, char** argv) {
     if (a == "--bench") bench = true;
     else if (a == "--list") list = true;
     else if (a == "--report" && i + 1 < argc) report_path = argv[++i];
-    else if (a == "--only" && i + 1 < argc) only = split_commas(argv[++i]);
+    else if (a == "--only" && i + 1 < argc) only = split(argv[++i], ',');
     else {
       std::fprintf(stderr, "%s", kUsage);
       return 2;
