@@ -5,12 +5,14 @@
 #   device.txt  GPU, driver and nvcc versions
 #   ctest.txt   gpu.half_parity (skipped = no GPU seen: a failure of the check)
 #   parity.txt  every compressed-attention kernel against its CPU reference (NMSE, keep-set
-#               equality) at SmolLM2-135M and Mistral-7B shapes; the CUDA transformer against
+#               equality) at SmolLM2-135M and Mistral-7B shapes, the packed-row unpack and the
+#               fused decode over packed rows among them; the CUDA transformer against
 #               gpu/transformer_ref with random weights (qwen2-like fp32 and fp16, head_dim
 #               32/96/256 corner shapes, SmolLM2-135M, Mistral-7B layer shapes): prefill with
 #               capture, decode, chunked prefill, per-query-head caches, packed caches held
 #               packed on the device (with their device bytes); then the benchmarks:
-#               kernel bandwidth vs the device's copy bandwidth, prefill/decode tokens/s vs the
+#               kernel bandwidth vs the device's copy bandwidth (fused packed decode vs
+#               unpack-then-attend vs an fp16 cache), prefill/decode tokens/s vs the
 #               cuBLAS GEMM rate, capture overhead, all measured in the same run
 # Real SmolLM2 weights do not travel (98 MB > the 64 MiB per call): the GGUF path is covered on
 # the CPU (tests/test_transformer_ref.cpp, tests/test_backend_engine.cpp) and the GPU is held to

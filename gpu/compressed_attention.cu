@@ -3,38 +3,15 @@
 #include <cub/device/device_segmented_sort.cuh>
 #include <cuda_fp16.h>
 
+#include "gpu/device_math.cuh"
+
 namespace kvsim::gpu {
 
 namespace {
 
 constexpr int kThreads = 128;
 
-__device__ float half_at(const std::uint16_t* p, std::int64_t i) {
-  __half_raw raw;
-  raw.x = p[i];
-  return __half2float(__half(raw));
-}
-
-// Block-wide reduction (max or sum) through shared memory; every thread gets the result.
-template <bool kMax>
-__device__ float block_reduce(float x, float* shared) {
-  for (int off = 16; off > 0; off >>= 1) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, off);
-    x = kMax ? fmaxf(x, y) : x + y;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) shared[warp] = x;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float r = shared[0];
-    for (int w = 1; w < blockDim.x / 32; ++w) r = kMax ? fmaxf(r, shared[w]) : r + shared[w];
-    shared[0] = r;
-  }
-  __syncthreads();
-  const float r = shared[0];
-  __syncthreads();
-  return r;
-}
+__device__ float half_at(const std::uint16_t* p, std::int64_t i) { return from_half(p[i]); }
 
 // Softmax over `n` logits in w (in place), by the whole block.
 __device__ void block_softmax(float* w, int n, float* shared) {

@@ -9,6 +9,7 @@
 
 #include "core/half.h"
 #include "gpu/cuda_check.h"
+#include "gpu/packed_attention.cuh"
 #include "gpu/packed_rows.h"
 #include "gpu/packed_unpack.cuh"
 #include "gpu/transformer_kernels.cuh"
@@ -134,6 +135,7 @@ struct CudaTransformer::Impl {
   struct LayerCache {
     std::vector<std::int64_t> rows;    // rows each entry holds: its packed prefix, then fp16 rows
     std::vector<EntryPacked> packed;   // [entry], empty when nothing in the layer is packed
+    DeviceMem views;                   // [entry] PackedEntryView of `packed`, what the fused decode reads
     std::int64_t capacity = 0;         // fp16 rows per entry the buffers have room for
     DeviceMem k, v;                    // each entry's fp16 rows (those after its packed prefix)
     std::int64_t packed_rows(std::size_t e) const { return packed.empty() ? 0 : packed[e].rows; }
@@ -147,6 +149,8 @@ struct CudaTransformer::Impl {
   std::int64_t work_rows = 0;
   DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
   DeviceMem decode_scratch;  // split-K decode partials
+  DeviceMem head_stats;      // [n_head, 2]: a packed decode's softmax (max, sum) for the last-row weights
+  PackedDecode packed_decode = PackedDecode::Fused;
   DeviceMem keep_index, keep_scratch;  // keep_rows: the kept row indices and the gathered rows
   DeviceMem cos_t, sin_t;
   std::int64_t rope_rows = 0;
@@ -201,6 +205,7 @@ struct CudaTransformer::Impl {
       work_rows = n;
     }
     decode_scratch.ensure(decode_floats() * sizeof(float), compute);
+    head_stats.ensure(static_cast<std::size_t>(s.n_head) * 2 * sizeof(float), compute);
     const std::size_t m = std::max<std::size_t>(n_logits, 1);
     dev_logit_rows.ensure(m * sizeof(std::int64_t), compute);
     xr.ensure(m * E * sizeof(float), compute);
@@ -391,12 +396,15 @@ std::size_t CudaTransformer::cache_bytes() const {
   for (const auto& lc : impl_->cache) {
     bytes += lc.k.bytes + lc.v.bytes;
     for (const auto& p : lc.packed) bytes += Impl::bytes_of(p.k) + Impl::bytes_of(p.v);
+    if (!lc.packed.empty()) bytes += lc.views.bytes;
   }
   return bytes;
 }
 
 std::size_t CudaTransformer::unpack_scratch_bytes() const { return impl_->unpacked_k.bytes + impl_->unpacked_v.bytes; }
 std::string CudaTransformer::device_name() const { return impl_->name; }
+void CudaTransformer::set_packed_decode(PackedDecode how) { impl_->packed_decode = how; }
+
 std::string CudaTransformer::name() const { return "cuda:" + std::to_string(impl_->device) + " (" + impl_->name + ")"; }
 
 void CudaTransformer::set_weight(WeightId id, int layer, std::span<const float> data) {
@@ -486,6 +494,14 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
       m.upload(entries[e].packed->k, k_tables[e], packed[e].k);
       m.upload(entries[e].packed->v, v_tables[e], packed[e].v);
     }
+  }
+  // The fused decode's view of the layer: one PackedEntryView per entry (empty where none is packed).
+  std::vector<PackedEntryView> views;
+  if (any_packed) {
+    for (const auto& p : packed) views.push_back({p.k.view, p.v.view});
+    lc.views.ensure(views.size() * sizeof(PackedEntryView), m.compute);
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(lc.views.ptr, views.data(), views.size() * sizeof(PackedEntryView),
+                                     cudaMemcpyHostToDevice, m.compute));
   }
   // All fp16 rows staged in one host buffer, copied, then one wait (the buffers must outlive the copies).
   std::vector<std::uint16_t> hk, hv;
@@ -647,40 +663,47 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     }
     auto& lc = m.cache[static_cast<std::size_t>(l)];
     const bool pqh = per_query_head(s, static_cast<int>(lc.rows.size()));
+    const int head_div = pqh ? 1 : G;
     m.ensure_cache(lc, n);
-    const EntryRows past = m.entry_rows(lc, 0);
-    std::uint16_t *ck = lc.k.as<std::uint16_t>(), *cv = lc.v.as<std::uint16_t>();
-    std::int64_t cap = lc.capacity;
-    if (lc.packed.empty()) {
-      KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
-                                 past, pqh ? G : 1, lc.capacity, ck, cv, st));
-    } else {
-      // The new rows join the fp16 rows; attention then reads the layer unpacked: each entry's
-      // packed prefix read back, its fp16 rows after it, in the one-layer scratch.
-      KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
-                                 m.stored_rows(lc), pqh ? G : 1, lc.capacity, ck, cv, st));
-      cap = 0;
-      for (auto r : lc.rows) cap = std::max(cap, r + n);
-      const auto ne = lc.rows.size(), per = static_cast<std::size_t>(cap) * static_cast<std::size_t>(d);
-      m.unpacked_k.ensure(ne * per * sizeof(std::uint16_t), st);
-      m.unpacked_v.ensure(ne * per * sizeof(std::uint16_t), st);
-      ck = m.unpacked_k.as<std::uint16_t>();
-      cv = m.unpacked_v.as<std::uint16_t>();
-      for (std::size_t e = 0; e < ne; ++e) m.materialize(lc, e, n, ck + e * per, cv + e * per);
-    }
-    if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
-      KVSIM_CUDA_CHECK(attend_decode(qb, s.n_head, d, pqh ? 1 : G, ck, cv, cap, m.entry_rows(lc, 1), scale,
-                                     m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, st));
-    else
-      KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, pqh ? 1 : G, ck, cv, cap, past, scale, m.in.ptr,
-                                   f16, st));
-    if (record_last) {
-      const EntryRows seen = m.entry_rows(lc, n);
+    const EntryRows past = m.entry_rows(lc, 0), seen = m.entry_rows(lc, n);
+    float* last_w = record_last ? m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride : nullptr;
+    if (record_last)
       for (int h = 0; h < s.n_head; ++h)
         m.last_seen[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)] = seen.rows[pqh ? h : h / G];
-      KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_head, d, pqh ? 1 : G, ck, cap, seen, scale,
-                                        m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride,
-                                        static_cast<int>(m.last_stride), st));
+    std::uint16_t *ck = lc.k.as<std::uint16_t>(), *cv = lc.v.as<std::uint16_t>();
+    std::int64_t cap = lc.capacity;
+    // The new rows join the fp16 rows (after the packed prefixes, if any).
+    KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
+                               lc.packed.empty() ? past : m.stored_rows(lc), head_div, lc.capacity, ck, cv, st));
+    if (!lc.packed.empty() && n == 1 && m.packed_decode == PackedDecode::Fused) {
+      // Decode reads the packed prefixes where they are, with the last-row weights on the way.
+      const RopeShape rope{s.rope.type == RopeType::Neox, s.rope.rope_dim};
+      KVSIM_CUDA_CHECK(attend_decode_packed(qb, s.n_head, d, head_div, lc.views.as<const PackedEntryView>(), rope,
+                                            m.cos_t.as<float>(), m.sin_t.as<float>(), ck, cv, cap, seen, scale,
+                                            m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, last_w,
+                                            static_cast<int>(m.last_stride), m.head_stats.as<float>(), st));
+    } else {
+      if (!lc.packed.empty()) {
+        // Attention reads the layer unpacked: each entry's packed prefix read back, its fp16 rows
+        // after it, in the one-layer scratch.
+        cap = 0;
+        for (auto r : lc.rows) cap = std::max(cap, r + n);
+        const auto ne = lc.rows.size(), per = static_cast<std::size_t>(cap) * static_cast<std::size_t>(d);
+        m.unpacked_k.ensure(ne * per * sizeof(std::uint16_t), st);
+        m.unpacked_v.ensure(ne * per * sizeof(std::uint16_t), st);
+        ck = m.unpacked_k.as<std::uint16_t>();
+        cv = m.unpacked_v.as<std::uint16_t>();
+        for (std::size_t e = 0; e < ne; ++e) m.materialize(lc, e, n, ck + e * per, cv + e * per);
+      }
+      if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
+        KVSIM_CUDA_CHECK(attend_decode(qb, s.n_head, d, head_div, ck, cv, cap, seen, scale, m.decode_scratch.as<float>(),
+                                       m.decode_floats(), m.in.ptr, f16, st));
+      else
+        KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, head_div, ck, cv, cap, past, scale, m.in.ptr,
+                                     f16, st));
+      if (record_last)
+        KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_head, d, head_div, ck, cap, seen, scale, last_w,
+                                          static_cast<int>(m.last_stride), st));
     }
     for (auto& r : lc.rows) r += n;
     m.gemm(m.in.ptr, n, m.w(WeightId::Wo, l), E, Q, m.x.as<float>(), true);

@@ -4,9 +4,11 @@
 // Weights are dequantized once on the host and kept on the device in fp16 (or fp32); GEMMs go
 // through cuBLAS with fp32 accumulation; everything else is gpu/transformer_kernels.cuh.
 // A layer's entries may arrive packed (HostEntry::packed, core/packed_kv.h): their packed prefix
-// stays on the device as stored, fp16 codes and coefficients, and is unpacked into a one-layer
-// scratch (gpu/packed_unpack.cuh) right before that layer's attention, so the cache's device
-// memory is what the codec stores plus one layer's fp16 rows.
+// stays on the device as stored, fp16 codes and coefficients. A decode step attends over it where
+// it is (gpu/packed_attention.cuh: rows dequantized or rebuilt inside the attention kernel); a pass
+// of several rows unpacks the layer into a one-layer fp16 scratch (gpu/packed_unpack.cuh) right
+// before its attention. So the cache's device memory is what the codec stores (plus its row
+// table), and the scratch exists only once a chunk has run over a packed layer.
 // With a layer callback each layer's new Q/K/V rows are copied to pinned host buffers on a
 // second stream (two buffers in turn), and the callback for layer l runs on the host while the
 // GPU computes layer l + 1: a trace writer behind it does not stall the GPU.
@@ -20,6 +22,10 @@
 #include "gpu/transformer_backend.h"
 
 namespace kvsim::gpu {
+
+// How a decode step attends over a layer held packed: in the attention kernel (the default), or
+// by unpacking the layer first as a chunk does (kept for the parity harness and the benchmark).
+enum class PackedDecode { Fused, Unpack };
 
 class CudaTransformer : public TransformerBackend {
  public:
@@ -47,11 +53,13 @@ class CudaTransformer : public TransformerBackend {
                              std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                              const LayerCallback& on_layer = {}) override;
   std::span<const float> last_attention(int layer, int q_head) const override;
+  void set_packed_decode(PackedDecode how);
   std::string name() const override;  // "cuda:N (device name)"
 
   std::size_t weight_bytes() const;  // on the device
   // Device bytes the KV cache holds: each layer's fp16 row buffers (allocated capacity) and its
-  // packed entries as stored; beside it, the one-layer scratch packed layers are unpacked into.
+  // packed entries as stored; beside it, the one-layer scratch packed layers are unpacked into
+  // (made by the first chunk over a packed layer, or a decode step with PackedDecode::Unpack).
   std::size_t cache_bytes() const;
   std::size_t unpack_scratch_bytes() const;
   std::string device_name() const;

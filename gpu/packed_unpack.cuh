@@ -12,20 +12,6 @@
 
 namespace kvsim::gpu {
 
-// Device copies of one PackedTensor's arrays (same layout as the host vectors), its row table in
-// the device's compact form (gpu/packed_rows.h).
-struct PackedTensorView {
-  const CompactRow* rows = nullptr;
-  const std::int32_t* positions = nullptr;  // null unless low-rank rows are rotated
-  std::int64_t n_rows = 0;
-  const std::uint16_t* halves = nullptr;
-  const std::uint8_t* codes = nullptr;
-  const std::uint16_t* params = nullptr;
-  const std::uint16_t* basis = nullptr;  // [head_dim, head_dim] when a row is low rank
-  int bits = 4, param_span = 32;
-  bool symmetric = false, rotate = false;
-};
-
 // out [n_rows, head_dim] fp16 bits. Rotated low-rank rows use the RoPE tables cos/sin
 // [positions, rope.rope_dim / 2] (covering every row's position). head_dim <= 256.
 cudaError_t unpack_packed(const PackedTensorView& t, int head_dim, const RopeShape& rope, const float* rope_cos,

@@ -7,27 +7,22 @@
 // against the device's own copy bandwidth, and the transformer's prefill and decode against the
 // cuBLAS GEMM rate, all measured in the same run. Exit 77: no GPU (ctest: skipped).
 //   kvsim-parity [--bench] [--report FILE] [--only NAME,...] [--list]
-#include <chrono>
 #include <cstdio>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/half.h"
-#include "core/packed_kv.h"
-#include "core/rope.h"
 #include "core/split.h"
 #include "gpu/attention_ref.h"
 #include "gpu/compressed_attention.cuh"
 #include "gpu/cuda_check.h"
 #include "gpu/half_convert.cuh"
-#include "gpu/packed_rows.h"
-#include "gpu/packed_unpack.cuh"
+#include "gpu/packed_parity.h"
+#include "gpu/parity_buffers.h"
 #include "gpu/parity_report.h"
-#include "gpu/random_packed.h"
 #include "gpu/transformer_parity.h"
 
 using namespace kvsim;
@@ -35,62 +30,16 @@ using namespace kvsim::gpu;
 
 namespace {
 
-constexpr double kMaxNmse = 1e-6;
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  explicit DeviceBuffer(const std::vector<T>& host) : n(host.size()) {
-    KVSIM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)));
-    if (n) KVSIM_CUDA_CHECK(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  explicit DeviceBuffer(std::size_t count) : n(count) {
-    KVSIM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)));
-    KVSIM_CUDA_CHECK(cudaMemset(ptr, 0, std::max<std::size_t>(n, 1) * sizeof(T)));
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  std::vector<T> host() const {
-    std::vector<T> out(n);
-    if (n) KVSIM_CUDA_CHECK(cudaMemcpy(out.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return out;
-  }
-};
-
 struct Problem {
   std::string name;
   AttnShape shape;
   int kept;  // tokens kept per KV head
 };
 
-std::vector<float> gaussian(std::size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-std::vector<std::uint16_t> to_half(const std::vector<float>& x) {
-  std::vector<std::uint16_t> h(x.size());
-  floats_to_halves(x.data(), h.data(), x.size());
-  return h;
-}
-
 // The kernels' checks: fp32 accumulation in a different order only.
 struct Report : ParityReport {
-  void value(const std::string& what, double nmse) { ParityReport::value(what, nmse, kMaxNmse); }
+  void value(const std::string& what, double nmse) { ParityReport::value(what, nmse, kKernelNmse); }
 };
-
-double seconds_of(const std::function<void()>& fn, int reps) {
-  fn();  // warm-up
-  KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) fn();
-  KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-}
 
 void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
   const AttnShape& s = p.shape;
@@ -217,57 +166,6 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
   r.same("top-k keep-sets (ties to the recent token)", dkeep.host() == keep_ref);
 }
 
-void packed_parity(const std::string& name, int d, std::int64_t n, bool bench, Report& r, double copy_gbs) {
-  std::mt19937 rng(7);
-  const RopeSpec spec{RopeType::Neox, d, d, 10000.0};
-  const RopeShape rope{true, d};
-  std::vector<float> cos_t(static_cast<std::size_t>(n * (d / 2))), sin_t(cos_t.size());
-  for (std::int64_t pos = 0; pos < n; ++pos)
-    for (int i = 0; i < d / 2; ++i) {
-      const double angle = static_cast<double>(pos) * rope_frequency(spec, i);
-      cos_t[static_cast<std::size_t>(pos * (d / 2) + i)] = static_cast<float>(std::cos(angle));
-      sin_t[static_cast<std::size_t>(pos * (d / 2) + i)] = static_cast<float>(std::sin(angle));
-    }
-  DeviceBuffer<float> dcos(cos_t), dsin(sin_t);
-  struct Case {
-    const char* label;
-    int bits, span;
-    bool symmetric, rotate;
-  };
-  for (const Case c : {Case{"keys: int4 g32 min-max, rotated low rank", 4, 32, false, true},
-                       Case{"values: int2 g16 absmax, low rank", 2, 16, true, false}}) {
-    const PackedTensor t = random_packed(d, n, c.bits, c.span, c.symmetric, c.rotate, rng);
-    std::vector<float> ref;
-    unpack_tensor(t, d, spec, ref);
-    const CompactRows table = compact_rows(t);
-    std::vector<std::uint8_t> row_bytes(table.rows.size() * sizeof(CompactRow));
-    std::memcpy(row_bytes.data(), table.rows.data(), row_bytes.size());
-    DeviceBuffer<std::uint8_t> drows(row_bytes), dcodes(t.codes);
-    DeviceBuffer<std::int32_t> dpositions(table.positions);
-    DeviceBuffer<std::uint16_t> dhalves(t.halves), dparams(t.params), dbasis(t.basis);
-    DeviceBuffer<std::uint16_t> dout(t.rows.size() * static_cast<std::size_t>(d));
-    PackedTensorView view{reinterpret_cast<const CompactRow*>(drows.ptr),
-                          table.positions.empty() ? nullptr : dpositions.ptr,
-                          static_cast<std::int64_t>(t.rows.size()),
-                          dhalves.ptr, dcodes.ptr, dparams.ptr, dbasis.ptr, t.bits, t.param_span, t.symmetric, t.rotate};
-    KVSIM_CUDA_CHECK(unpack_packed(view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr));
-    const std::vector<std::uint16_t> got = dout.host();
-    std::vector<float> gotf(got.size());
-    for (std::size_t i = 0; i < got.size(); ++i) gotf[i] = half_to_float(got[i]);
-    r.value(name + " packed unpack, " + c.label, nmse(gotf, ref));
-    if (bench) {
-      const double sec = seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, 20);
-      // Bytes moved: the packed payload read and the fp16 rows written (bases and tables cached).
-      const double bytes = 2.0 * static_cast<double>(t.halves.size() + t.params.size()) + static_cast<double>(t.codes.size()) +
-                           static_cast<double>(table.bytes()) + 2.0 * static_cast<double>(got.size());
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "  bench packed unpack (%s): %.1f us, %.1f GB/s = %.2f of copy bandwidth", c.label,
-                    sec * 1e6, bytes / sec / 1e9, bytes / sec / 1e9 / copy_gbs);
-      r.line(buf);
-    }
-  }
-}
-
 // Named sections, each run on its own: an exception in one (a failed check of shapes, a CUDA
 // error) is reported as a failure and the next section runs, unless the device context is lost.
 struct Section {
@@ -313,8 +211,12 @@ int main(int argc, char** argv) {
   std::vector<Section> sections = {
       {"kernels: SmolLM2-135M shapes", [&] { run({"SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, 1024}, bench, r, copy_gbs); }},
       {"kernels: Mistral-7B shapes", [&] { run({"Mistral-7B shapes", AttnShape{32, 8, 128, 32768}, 8192}, bench, r, copy_gbs); }},
-      {"packed unpack: SmolLM2-135M shapes", [&] { packed_parity("SmolLM2-135M shapes", 64, 4096, bench, r, copy_gbs); }},
-      {"packed unpack: Mistral-7B shapes", [&] { packed_parity("Mistral-7B shapes", 128, 32768, bench, r, copy_gbs); }},
+      {"packed unpack: SmolLM2-135M shapes", [&] { packed_unpack_parity("SmolLM2-135M shapes", 64, 4096, bench, r, copy_gbs); }},
+      {"packed unpack: Mistral-7B shapes", [&] { packed_unpack_parity("Mistral-7B shapes", 128, 32768, bench, r, copy_gbs); }},
+      {"packed decode: SmolLM2-135M shapes",
+       [&] { packed_decode_parity("SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, bench, r, copy_gbs); }},
+      {"packed decode: Mistral-7B shapes",
+       [&] { packed_decode_parity("Mistral-7B shapes", AttnShape{32, 8, 128, 16384}, bench, r, copy_gbs); }},
       // The transformer backend against its reference: fp32 weights (tight), then fp16 as deployed.
       {"transformer: qwen2-like fp32", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r); }},
       {"transformer: qwen2-like fp16", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r); }},

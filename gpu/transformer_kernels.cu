@@ -5,55 +5,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gpu/device_math.cuh"
+#include "gpu/split_decode.cuh"
+
 namespace kvsim::gpu {
 
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float from_half(std::uint16_t h) {
-  __half_raw raw;
-  raw.x = h;
-  return __half2float(__half(raw));
-}
-
-__device__ __forceinline__ std::uint16_t to_half(float x) {
-  const __half h = __float2half_rn(x);
-  return __half_raw(h).x;
-}
-
-__device__ __forceinline__ void store(void* out, std::int64_t i, float x, bool half_out) {
-  if (half_out) static_cast<std::uint16_t*>(out)[i] = to_half(x);
-  else static_cast<float*>(out)[i] = x;
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
-// Block-wide reduction through shared memory (blockDim.x a multiple of 32); every thread gets it.
-template <bool kMax>
-__device__ float block_reduce(float x, float* shared) {
-  x = kMax ? warp_max(x) : warp_sum(x);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) shared[warp] = x;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float r = shared[0];
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) r = kMax ? fmaxf(r, shared[w]) : r + shared[w];
-    shared[0] = r;
-  }
-  __syncthreads();
-  const float r = shared[0];
-  __syncthreads();
-  return r;
-}
 
 unsigned blocks_for(std::int64_t count, int threads = kThreads) {
   return static_cast<unsigned>((count + threads - 1) / threads);
@@ -197,11 +156,32 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
     store(out, (static_cast<std::int64_t>(i) * n_head + h) * d + lane + 32 * t, o[t] * inv, half_out);
 }
 
-constexpr int kDecodeWarps = 4;
+// A decode block's keys and values straight from an fp16 cache entry: lane j scores key j of
+// its tile from global memory.
+template <int kLanes>
+struct HalfRows {
+  static constexpr int d = kLanes * 32;
+  const std::uint16_t* K;
+  const std::uint16_t* V;
+  __device__ float tile_scores(int t0, int keys, int lane, const float* qs) const {
+    if (lane >= keys) return -INFINITY;
+    const std::uint16_t* kr = K + static_cast<std::int64_t>(t0 + lane) * d;
+    float dot = 0.0f;
+#pragma unroll 8
+    for (int c = 0; c < d; c += 2) {
+      const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(kr + c));
+      dot = fmaf(qs[c], kf.x, dot);
+      dot = fmaf(qs[c + 1], kf.y, dot);
+    }
+    return dot;
+  }
+  __device__ void value(int j, int lane, float (&x)[kLanes]) const {
+    const std::uint16_t* vr = V + static_cast<std::int64_t>(j) * d;
+    for (int t = 0; t < kLanes; ++t) x[t] = from_half(vr[lane + 32 * t]);
+  }
+};
 
-// Block (split, head): the head's keys [split * chunk, ...) shared by 4 warps tile by tile (lane j
-// scores key j of its tile straight from global memory), each warp with its own running state;
-// the warps merge in shared memory and write (max, sum, output[d]) for the combine kernel.
+// Block (split, head): split_decode over the head's keys [split * chunk, ...) of its fp16 entry.
 template <int kLanes>
 __global__ void decode_split_kernel(const float* __restrict__ q, int head_div, const std::uint16_t* __restrict__ cache_k,
                                     const std::uint16_t* __restrict__ cache_v, std::int64_t capacity, EntryRows seen,
@@ -209,66 +189,18 @@ __global__ void decode_split_kernel(const float* __restrict__ q, int head_div, c
   constexpr int d = kLanes * 32;
   __shared__ float qs[d];
   __shared__ float wm[kDecodeWarps], wl[kDecodeWarps];
-  __shared__ float wo[kDecodeWarps][d];
+  __shared__ float wo[kDecodeWarps * d];
   const int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, e = h / head_div;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n = seen.rows[e], begin = split * chunk, stop = min(n, begin + chunk);
   for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[static_cast<std::int64_t>(h) * d + c] * scale;
   __syncthreads();
-  const std::uint16_t* K = cache_k + static_cast<std::int64_t>(e) * capacity * d;
-  const std::uint16_t* V = cache_v + static_cast<std::int64_t>(e) * capacity * d;
-  float m = -INFINITY, l = 0.0f, o[kLanes];
-  for (int t = 0; t < kLanes; ++t) o[t] = 0.0f;
-  for (int t0 = begin + warp * 32; t0 < stop; t0 += kDecodeWarps * 32) {
-    const int j = t0 + lane;
-    float sc = -INFINITY;
-    if (j < stop) {
-      const std::uint16_t* kr = K + static_cast<std::int64_t>(j) * d;
-      float dot = 0.0f;
-#pragma unroll 8
-      for (int c = 0; c < d; c += 2) {
-        const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(kr + c));
-        dot = fmaf(qs[c], kf.x, dot);
-        dot = fmaf(qs[c + 1], kf.y, dot);
-      }
-      sc = dot;
-    }
-    const float m_new = fmaxf(m, warp_max(sc));  // finite: key t0 < stop is lane 0's
-    const float corr = expf(m - m_new);
-    const float p = j < stop ? expf(sc - m_new) : 0.0f;
-    l = l * corr + warp_sum(p);
-    for (int t = 0; t < kLanes; ++t) o[t] *= corr;
-    const int keys = min(32, stop - t0);
-    for (int jj = 0; jj < keys; ++jj) {
-      const float pw = __shfl_sync(0xffffffffu, p, jj);
-      const std::uint16_t* vr = V + static_cast<std::int64_t>(t0 + jj) * d;
-      for (int t = 0; t < kLanes; ++t) o[t] = fmaf(pw, from_half(vr[lane + 32 * t]), o[t]);
-    }
-    m = m_new;
-  }
-  if (lane == 0) wm[warp] = m, wl[warp] = l;
-  for (int t = 0; t < kLanes; ++t) wo[warp][lane + 32 * t] = o[t];
-  __syncthreads();
-  // A warp (or the whole split) without keys has max -inf: it adds nothing.
-  float M = -INFINITY;
-  for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, wm[w]);
-  float* dst = scratch + (static_cast<std::int64_t>(h) * splits + split) * (d + 2);
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w)
-      if (wm[w] > -INFINITY) acc += wo[w][c] * expf(wm[w] - M);
-    dst[2 + c] = acc;
-  }
-  if (threadIdx.x == 0) {
-    float L = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w)
-      if (wm[w] > -INFINITY) L += wl[w] * expf(wm[w] - M);
-    dst[0] = M;
-    dst[1] = L;
-  }
+  const HalfRows<kLanes> rows{cache_k + static_cast<std::int64_t>(e) * capacity * d, cache_v + static_cast<std::int64_t>(e) * capacity * d};
+  split_decode<kLanes>(rows, qs, begin, stop, nullptr, wm, wl, wo,
+                       scratch + (static_cast<std::int64_t>(h) * splits + split) * (d + 2));
 }
 
-__global__ void decode_combine_kernel(const float* __restrict__ scratch, int splits, int d, void* out, bool half_out) {
+__global__ void decode_combine_kernel(const float* __restrict__ scratch, int splits, int d, void* out, bool half_out,
+                                      float* stats) {
   const int h = blockIdx.x;
   const float* base = scratch + static_cast<std::int64_t>(h) * splits * (d + 2);
   float M = -INFINITY;
@@ -276,6 +208,7 @@ __global__ void decode_combine_kernel(const float* __restrict__ scratch, int spl
   float L = 0.0f;
   for (int s = 0; s < splits; ++s)
     if (base[s * (d + 2)] > -INFINITY) L += base[s * (d + 2) + 1] * expf(base[s * (d + 2)] - M);
+  if (stats && threadIdx.x == 0) stats[2 * h] = M, stats[2 * h + 1] = L;
   const float inv = 1.0f / L;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float acc = 0.0f;
@@ -347,7 +280,17 @@ cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::u
                           std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
                           std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
-  static int sms = [] {
+  const DecodeSplit sp = decode_split(n_head, seen);
+  if (static_cast<std::size_t>(n_head) * sp.splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
+  decode_split_kernel<kLanes><<<dim3(sp.splits, n_head), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity, seen,
+                                                                                         scale, sp.chunk, scratch);
+  return combine_decode(scratch, n_head, sp.splits, d, out, half_out, nullptr, stream);
+}
+
+}  // namespace
+
+DecodeSplit decode_split(int n_head, const EntryRows& seen) {
+  static const int sms = [] {
     int dev = 0, n = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
@@ -357,16 +300,17 @@ cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::u
   for (int e = 0; e < seen.count; ++e) most = std::max(most, seen.rows[e]);
   // About two blocks per SM over all heads, each at least one pass of its four warps.
   const int want = std::clamp(2 * sms / n_head, 1, 256), step = kDecodeWarps * 32;
-  const int chunk = std::max(step, ((most + want - 1) / want + step - 1) / step * step);
-  const int splits = (most + chunk - 1) / chunk;
-  if (static_cast<std::size_t>(n_head) * splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
-  decode_split_kernel<kLanes><<<dim3(splits, n_head), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity, seen,
-                                                                                      scale, chunk, scratch);
-  decode_combine_kernel<<<n_head, 128, 0, stream>>>(scratch, splits, d, out, half_out);
-  return cudaGetLastError();
+  DecodeSplit sp;
+  sp.chunk = std::max(step, ((most + want - 1) / want + step - 1) / step * step);
+  sp.splits = (most + sp.chunk - 1) / sp.chunk;
+  return sp;
 }
 
-}  // namespace
+cudaError_t combine_decode(const float* scratch, int n_head, int splits, int head_dim, void* out, bool half_out,
+                           float* stats, cudaStream_t stream) {
+  decode_combine_kernel<<<n_head, 128, 0, stream>>>(scratch, splits, head_dim, out, half_out, stats);
+  return cudaGetLastError();
+}
 
 cudaError_t embed_rows(const void* table, bool half_table, const std::int32_t* tokens, int n, int n_embd, float* x,
                        cudaStream_t stream) {

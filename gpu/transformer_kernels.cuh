@@ -58,6 +58,19 @@ cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div
                           const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& seen, float scale,
                           float* scratch, std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream);
 
+// How a split decode divides each head's keys: ranges of `chunk` keys (whole passes of its
+// kDecodeWarps warps), about two blocks per SM over all heads; `splits` ranges cover the longest entry.
+constexpr int kDecodeWarps = 4;
+struct DecodeSplit {
+  int chunk = 0, splits = 0;
+};
+DecodeSplit decode_split(int n_head, const EntryRows& seen);
+// A split decode's second kernel: merges the [n_head, splits, head_dim + 2] partial states
+// (max, sum, output) into out [n_head, head_dim]; with `stats` (or null) it also writes each
+// head's (max, sum) [n_head, 2], by which the split kernel's logits become softmax weights.
+cudaError_t combine_decode(const float* scratch, int n_head, int splits, int head_dim, void* out, bool half_out,
+                           float* stats, cudaStream_t stream);
+
 // Softmax weights of the last new row (q_last [n_head, d]) over each head's entry (`seen` rows
 // incl. itself): probs [n_head, stride], zero past each head's count.
 cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,

@@ -224,7 +224,7 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
   // (gpu/random_packed.h): packed prefixes of different lengths with fp16 rows after them, an
   // entry with none, layers packed to the last row; int2/4/8 codes, per-token and per-channel
   // pairs, rotated low-rank keys. The floats of packed rows are NaN, so a backend that ignored the
-  // packed form would fail every check below. The GPU holds them packed and unpacks per layer.
+  // packed form would fail every check below. The GPU holds them packed.
   ref.reset();
   ref.forward(tokens, pos, {}, false, false);
   {
@@ -248,24 +248,35 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
         fp16_rows += static_cast<double>(layer.k[e].size()) / s.head_dim - static_cast<double>(layer.is_packed[e] ? layer.packs[e].rows() : 0);
       }
     const double fp16 = 2.0 * 2.0 * static_cast<double>(s.n_layers) * s.n_head_kv * static_cast<double>(P) * s.head_dim;
-    const auto more = prompt(5, V, 13);
-    const auto at = iota_from(static_cast<std::int32_t>(P), 5);
+    // A decode step reads the packed prefixes where they are (no unpack scratch), the last-row
+    // weights on the way; a chunk unpacks the layer; then a decode step each way, the unpack path
+    // as a chunk would take it and the fused one over packed prefixes with more fp16 rows after them.
+    const auto more = prompt(8, V, 13);
     const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
+    auto decode = [&](std::size_t i, std::int32_t at, const std::string& label) {
+      const std::vector<std::int32_t> one = {more[i]}, at1 = {at};
+      const auto dr = ref.forward(one, at1, row0, false, true);
+      const auto dg = gpu.forward(one, at1, row0, false, true);
+      r.value("packed cache: " + label + ": logits", checked_nmse(dg, dr), limit);
+      r.value("packed cache: " + label + ": last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+    };
+    decode(0, static_cast<std::int32_t>(P), "fused decode");
+    r.same("packed cache: the fused decode made no unpack scratch", gpu.unpack_scratch_bytes() == 0);
+    const std::vector<std::int32_t> chunk(more.begin() + 1, more.begin() + 6);
+    const auto at = iota_from(static_cast<std::int32_t>(P + 1), 5);
     r.value("packed cache: 5-token chunk logits",
-            checked_nmse(gpu.forward(more, at, all_rows, false, false), ref.forward(more, at, all_rows, false, false)), limit);
-    // The scratch exists once a pass has attended over the packed layers.
+            checked_nmse(gpu.forward(chunk, at, all_rows, false, false), ref.forward(chunk, at, all_rows, false, false)), limit);
     char buf[360];
     std::snprintf(buf, sizeof buf,
                   "  packed cache on the device: %.1f KB (payload %.1f KB + %.0f fp16 rows, scratch %.1f KB) vs %.1f KB as fp16",
                   static_cast<double>(gpu.cache_bytes()) / 1e3, payload / 1e3, fp16_rows,
                   static_cast<double>(gpu.unpack_scratch_bytes()) / 1e3, fp16 / 1e3);
     r.line(buf);
-    r.same("packed cache: unpacked through the one-layer scratch", gpu.unpack_scratch_bytes() > 0);
-    const std::vector<std::int32_t> one = {more[1]}, at1 = {static_cast<std::int32_t>(P + 5)};
-    const auto dr = ref.forward(one, at1, row0, false, true);
-    const auto dg = gpu.forward(one, at1, row0, false, true);
-    r.value("packed cache: decode logits", checked_nmse(dg, dr), limit);
-    r.value("packed cache: last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+    r.same("packed cache: the chunk unpacked through the one-layer scratch", gpu.unpack_scratch_bytes() > 0);
+    gpu.set_packed_decode(PackedDecode::Unpack);
+    decode(6, static_cast<std::int32_t>(P + 6), "unpack-then-attend decode");
+    gpu.set_packed_decode(PackedDecode::Fused);
+    decode(7, static_cast<std::int32_t>(P + 7), "fused decode after the chunk");
     r.value("packed cache: rows after decoding (keys)", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
     r.value("packed cache: rows after decoding (values)", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
   }

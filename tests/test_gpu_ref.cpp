@@ -11,6 +11,7 @@
 #include "gpu/attention_ref.h"
 #include "gpu/packed_rows.h"
 #include "gpu/random_packed.h"
+#include "gpu/transformer_shape.h"
 #include "policies/lowrank.h"
 #include "policies/quantize.h"
 #include "policies/selection.h"
@@ -240,3 +241,52 @@ TEST_CASE("the device's compact row table reads back every packed row", "[gpu-re
                                             Catch::Contains("32-bit row table"));
 }
 
+
+TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is unpack_tensor's", "[gpu-ref]") {
+  // The unpack kernel and the fused packed decode both rebuild rows through these functions; run
+  // on the host over host copies of every kind of packed tensor, they must give unpack_tensor's rows.
+  std::mt19937 rng(23);
+  struct Case {
+    int d, bits, span;
+    bool symmetric, rotate;
+    int param_group;
+    RopeType pairing;
+  };
+  const Case cases[] = {{64, 4, 32, false, true, 1, RopeType::Norm},  {64, 2, 16, true, false, 1, RopeType::Norm},
+                        {32, 8, 1, false, true, 6, RopeType::Neox},   {96, 4, 96, true, true, 1, RopeType::Neox},
+                        {128, 8, 32, false, false, 1, RopeType::Neox}};
+  for (const Case& c : cases) {
+    INFO("d " << c.d << " bits " << c.bits << " span " << c.span << " symmetric " << c.symmetric << " rotate " << c.rotate);
+    const PackedTensor t = random_packed(c.d, 45, c.bits, c.span, c.symmetric, c.rotate, rng, 7, c.param_group);
+    const RopeSpec spec{c.pairing, c.d, c.d == 96 ? 64 : c.d, 10000.0};  // d 96: partial rotary
+    std::vector<float> want;
+    unpack_tensor(t, c.d, spec, want);
+    std::vector<float> cos_t, sin_t;
+    rope_tables(spec, 7 + 45, cos_t, sin_t);
+    const CompactRows table = compact_rows(t);
+    const PackedTensorView view{table.rows.data(), table.positions.empty() ? nullptr : table.positions.data(),
+                                static_cast<std::int64_t>(t.rows.size()), t.halves.data(), t.codes.data(),
+                                t.params.data(), t.basis.data(), t.bits, t.param_span, t.symmetric, t.rotate};
+    const RopeShape rope{c.pairing == RopeType::Neox, spec.rope_dim};
+    int rotated = 0;
+    for (std::int64_t m = 0; m < view.n_rows; ++m) {
+      INFO("row " << m);
+      const PackedRow r = packed_row_at(view.rows, view.positions, m);
+      std::vector<float> x(static_cast<std::size_t>(c.d));
+      for (int i = 0; i < c.d; ++i) x[static_cast<std::size_t>(i)] = packed_value(view, r, c.d, i);
+      if (packed_rotated(view, r)) {
+        ++rotated;
+        for (int i = 0; i < rope.rope_dim / 2; ++i) rotate_pair(rope, cos_t.data(), sin_t.data(), r.position, i, x.data());
+      }
+      for (int i = 0; i < c.d; ++i) {
+        const float got = half_round(x[static_cast<std::size_t>(i)]);
+        const float ref = want[static_cast<std::size_t>(m * c.d + i)];
+        if (r.kind == PackedKind::LowRank)  // the rotation's tables vs core/rope's: one fp16 step at most
+          CHECK(std::abs(got - ref) <= std::ldexp(std::abs(ref), -10) + 1e-7f);
+        else
+          CHECK(got == ref);
+      }
+    }
+    CHECK(rotated == (c.rotate ? 15 : 0));  // every third row is low rank
+  }
+}

@@ -1,0 +1,65 @@
+#pragma once
+// What the parity harness's kernel sections share: device buffers made from host vectors, random
+// inputs, and a timer. Host C++ over the CUDA runtime (no kernels).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "gpu/cuda_check.h"
+
+namespace kvsim::gpu {
+
+// Kernel values against their CPU references: fp32 accumulation in a different order only.
+constexpr double kKernelNmse = 1e-6;
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceBuffer(const std::vector<T>& host) : n(host.size()) {
+    KVSIM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)));
+    if (n) KVSIM_CUDA_CHECK(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  explicit DeviceBuffer(std::size_t count) : n(count) {
+    KVSIM_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)));
+    KVSIM_CUDA_CHECK(cudaMemset(ptr, 0, std::max<std::size_t>(n, 1) * sizeof(T)));
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::vector<T> host() const {
+    std::vector<T> out(n);
+    if (n) KVSIM_CUDA_CHECK(cudaMemcpy(out.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+inline std::vector<float> gaussian(std::size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+inline std::vector<std::uint16_t> to_half(const std::vector<float>& x) {
+  std::vector<std::uint16_t> h(x.size());
+  floats_to_halves(x.data(), h.data(), x.size());
+  return h;
+}
+
+// Mean seconds per call of `fn` over `reps` calls after one warm-up call.
+inline double seconds_of(const std::function<void()>& fn, int reps) {
+  fn();
+  KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+}  // namespace kvsim::gpu
