@@ -125,7 +125,7 @@ struct CudaTransformer::Impl {
 
   // One tensor of an entry's packed prefix on the device: core/packed_kv.h's arrays, same layout.
   struct PackedDev {
-    DeviceMem rows, positions, halves, codes, params, basis;
+    DeviceMem runs, positions, halves, codes, params, basis;
     PackedTensorView view;
   };
   struct EntryPacked {
@@ -268,19 +268,19 @@ struct CudaTransformer::Impl {
 
   // Copies one packed tensor's arrays to the device (the host vectors must outlive the stream's
   // copies: load_layer waits for them).
-  void upload(const PackedTensor& t, const CompactRows& table, PackedDev& dst) {
+  void upload(const PackedTensor& t, const RowTable& table, PackedDev& dst) {
     auto put = [&](DeviceMem& m, const void* src, std::size_t bytes) {
       if (bytes == 0) return;
       m.ensure(bytes, compute);
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.ptr, src, bytes, cudaMemcpyHostToDevice, compute));
     };
-    put(dst.rows, table.rows.data(), table.rows.size() * sizeof(CompactRow));
+    put(dst.runs, table.runs.data(), table.runs.size() * sizeof(RowRun));
     put(dst.positions, table.positions.data(), table.positions.size() * sizeof(std::int32_t));
     put(dst.halves, t.halves.data(), t.halves.size() * sizeof(std::uint16_t));
     put(dst.codes, t.codes.data(), t.codes.size());
     put(dst.params, t.params.data(), t.params.size() * sizeof(std::uint16_t));
     put(dst.basis, t.basis.data(), t.basis.size() * sizeof(std::uint16_t));
-    dst.view = PackedTensorView{dst.rows.as<const CompactRow>(),
+    dst.view = PackedTensorView{dst.runs.as<const RowRun>(), static_cast<int>(table.runs.size()),
                                 table.positions.empty() ? nullptr : dst.positions.as<const std::int32_t>(),
                                 static_cast<std::int64_t>(t.rows.size()),
                                 dst.halves.as<const std::uint16_t>(), dst.codes.as<const std::uint8_t>(),
@@ -288,7 +288,7 @@ struct CudaTransformer::Impl {
                                 t.bits, t.param_span, t.symmetric, t.rotate};
   }
   static std::size_t bytes_of(const PackedDev& p) {
-    return p.rows.bytes + p.positions.bytes + p.halves.bytes + p.codes.bytes + p.params.bytes + p.basis.bytes;
+    return p.runs.bytes + p.positions.bytes + p.halves.bytes + p.codes.bytes + p.params.bytes + p.basis.bytes;
   }
 
   // Entry e's rows as attention reads them, its packed prefix unpacked and its first
@@ -436,9 +436,11 @@ WeightSink CudaTransformer::sink() {
 }
 
 void CudaTransformer::reset() {
+  KVSIM_CUDA_CHECK(cudaSetDevice(impl_->device));
   for (auto& lc : impl_->cache) {
     lc.rows.assign(static_cast<std::size_t>(impl_->s.n_head_kv), 0);
     lc.packed.clear();
+    lc.views.release(impl_->compute);
   }
 }
 
@@ -449,18 +451,18 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
     throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
   auto& lc = m.cache.at(static_cast<std::size_t>(layer));
   const auto d = static_cast<std::size_t>(m.s.head_dim);
-  // Packed prefixes are held as stored (unpacked per layer when attention reads them); the
-  // buffers hold the fp16 rows after them.
+  // Packed prefixes are held as stored (a decode step reads them in place, a chunk unpacks the
+  // layer first); the buffers hold the fp16 rows after them.
   bool any_packed = false;
   std::int32_t last_position = 0;
   std::vector<std::int64_t> first_fp16(entries.size(), 0);
-  std::vector<CompactRows> k_tables(entries.size()), v_tables(entries.size());  // outlive the copies below
+  std::vector<RowTable> k_tables(entries.size()), v_tables(entries.size());  // outlive the copies below
   for (std::size_t e = 0; e < entries.size(); ++e) {
     const PackedEntry* p = entries[e].packed;
     if (!p) continue;
     check_host_packed(*p, entries[e].rows, m.s.head_dim, static_cast<int>(e));
-    k_tables[e] = compact_rows(p->k);
-    v_tables[e] = compact_rows(p->v);
+    k_tables[e] = row_table(p->k, m.s.head_dim);
+    v_tables[e] = row_table(p->v, m.s.head_dim);
     any_packed = true;
     first_fp16[e] = p->rows();
     for (const PackedRow& r : p->k.rows) last_position = std::max(last_position, r.position);
@@ -497,6 +499,7 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
   }
   // The fused decode's view of the layer: one PackedEntryView per entry (empty where none is packed).
   std::vector<PackedEntryView> views;
+  if (!any_packed) lc.views.release(m.compute);
   if (any_packed) {
     for (const auto& p : packed) views.push_back({p.k.view, p.v.view});
     lc.views.ensure(views.size() * sizeof(PackedEntryView), m.compute);
@@ -663,7 +666,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     }
     auto& lc = m.cache[static_cast<std::size_t>(l)];
     const bool pqh = per_query_head(s, static_cast<int>(lc.rows.size()));
-    const int head_div = pqh ? 1 : G;
+    // Inverse divisors: query head h reads entry h / head_div; entry e takes KV head e / entry_div.
+    const int head_div = pqh ? 1 : G, entry_div = pqh ? G : 1;
     m.ensure_cache(lc, n);
     const EntryRows past = m.entry_rows(lc, 0), seen = m.entry_rows(lc, n);
     float* last_w = record_last ? m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride : nullptr;
@@ -674,7 +678,7 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     std::int64_t cap = lc.capacity;
     // The new rows join the fp16 rows (after the packed prefixes, if any).
     KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
-                               lc.packed.empty() ? past : m.stored_rows(lc), head_div, lc.capacity, ck, cv, st));
+                               lc.packed.empty() ? past : m.stored_rows(lc), entry_div, lc.capacity, ck, cv, st));
     if (!lc.packed.empty() && n == 1 && m.packed_decode == PackedDecode::Fused) {
       // Decode reads the packed prefixes where they are, with the last-row weights on the way.
       const RopeShape rope{s.rope.type == RopeType::Neox, s.rope.rope_dim};

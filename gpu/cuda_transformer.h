@@ -8,7 +8,8 @@
 // it is (gpu/packed_attention.cuh: rows dequantized or rebuilt inside the attention kernel); a pass
 // of several rows unpacks the layer into a one-layer fp16 scratch (gpu/packed_unpack.cuh) right
 // before its attention. So the cache's device memory is what the codec stores (plus its row
-// table), and the scratch exists only once a chunk has run over a packed layer.
+// table), and the scratch exists only once a chunk (or a decode with PackedDecode::Unpack) has
+// run over a packed layer.
 // With a layer callback each layer's new Q/K/V rows are copied to pinned host buffers on a
 // second stream (two buffers in turn), and the callback for layer l runs on the host while the
 // GPU computes layer l + 1: a trace writer behind it does not stall the GPU.

@@ -25,16 +25,16 @@ namespace {
 
 // A PackedTensor's arrays on the device, and the view the kernels read them through.
 struct DevicePacked {
-  CompactRows table;
-  DeviceBuffer<CompactRow> rows;
+  RowTable table;
+  DeviceBuffer<RowRun> runs;
   DeviceBuffer<std::int32_t> positions;
   DeviceBuffer<std::uint16_t> halves, params, basis;
   DeviceBuffer<std::uint8_t> codes;
   PackedTensorView view;
-  explicit DevicePacked(const PackedTensor& t)
-      : table(compact_rows(t)), rows(table.rows), positions(table.positions), halves(t.halves), params(t.params),
+  DevicePacked(const PackedTensor& t, int head_dim)
+      : table(row_table(t, head_dim)), runs(table.runs), positions(table.positions), halves(t.halves), params(t.params),
         basis(t.basis), codes(t.codes) {
-    view = PackedTensorView{rows.ptr, table.positions.empty() ? nullptr : positions.ptr, static_cast<std::int64_t>(t.rows.size()),
+    view = PackedTensorView{runs.ptr, static_cast<int>(table.runs.size()), table.positions.empty() ? nullptr : positions.ptr, static_cast<std::int64_t>(t.rows.size()),
                             halves.ptr, codes.ptr, params.ptr, basis.ptr, t.bits, t.param_span, t.symmetric, t.rotate};
   }
 };
@@ -58,7 +58,7 @@ PackedTensor quant_tensor(const QuantSpec& q, int d, const float* x, std::int64_
   return t;
 }
 
-double payload_bytes(const PackedTensor& t, const CompactRows& table) {
+double payload_bytes(const PackedTensor& t, const RowTable& table) {
   return 2.0 * static_cast<double>(t.halves.size() + t.params.size()) + static_cast<double>(t.codes.size()) +
          static_cast<double>(table.bytes());
 }
@@ -72,114 +72,86 @@ std::vector<float> floats_of(const std::vector<std::uint16_t>& h) {
 // Split-K decode partials for n_head heads (attend_decode's 256 ranges at most).
 std::size_t decode_scratch_floats(int n_head, int d) { return static_cast<std::size_t>(n_head) * 256 * (d + 2); }
 
-}  // namespace
 
-void packed_unpack_parity(const std::string& name, int d, std::int64_t n, bool bench, ParityReport& r, double copy_gbs) {
-  std::mt19937 rng(7);
-  const RopeSpec spec{RopeType::Neox, d, d, 10000.0};
-  const RopeShape rope{true, d};
-  std::vector<float> cos_t, sin_t;
-  rope_tables(spec, n, cos_t, sin_t);
-  DeviceBuffer<float> dcos(cos_t), dsin(sin_t);
-  struct Case {
-    const char* label;
-    int bits, span;
-    bool symmetric, rotate;
-  };
-  for (const Case c : {Case{"keys: int4 g32 min-max, rotated low rank", 4, 32, false, true},
-                       Case{"values: int2 g16 absmax, low rank", 2, 16, true, false}}) {
-    const PackedTensor t = random_packed(d, n, c.bits, c.span, c.symmetric, c.rotate, rng);
-    std::vector<float> ref;
-    unpack_tensor(t, d, spec, ref);
-    const DevicePacked dt(t);
-    DeviceBuffer<std::uint16_t> dout(t.rows.size() * static_cast<std::size_t>(d));
-    KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr));
-    r.value(name + " packed unpack, " + c.label, nmse(floats_of(dout.host()), ref), kKernelNmse);
-    if (bench) {
-      const double sec =
-          seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, 20);
-      // Bytes moved: the packed payload and row table read, the fp16 rows written (bases cached).
-      const double bytes = payload_bytes(t, dt.table) + 2.0 * static_cast<double>(dout.n);
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "  bench packed unpack (%s): %.1f us, %.1f GB/s = %.2f of copy bandwidth", c.label,
-                    sec * 1e6, bytes / sec / 1e9, bytes / sec / 1e9 / copy_gbs);
-      r.line(buf);
-    }
-  }
-}
+constexpr float kRopeTheta = 10000.0f;
 
-void packed_decode_parity(const std::string& name, const AttnShape& s, bool bench, ParityReport& r, double copy_gbs) {
+// attend_decode_packed over s.capacity rows per entry against attend_kept_ref over the rows
+// unpack_tensor reads back: entry 0 fully packed, the last entry (of several) in fp16 only, the
+// rest a packed prefix of different lengths with fp16 rows after it (int4 keys with rotated low
+// rank rows, int2 absmax values). Query head h reads entry h / s.group().
+void mixed_rows_decode(const AttnShape& s, const std::string& label, ParityReport& r) {
   const int d = s.head_dim, Hq = s.n_q_heads, Hkv = s.n_kv_heads;
   const std::int64_t n = s.capacity;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n);
   std::mt19937 rng(31);
-  r.line(name + ": " + std::to_string(Hq) + " query heads, " + std::to_string(Hkv) + " KV heads, head_dim " +
-         std::to_string(d) + ", " + std::to_string(n) + " rows per entry");
-  const RopeSpec spec{RopeType::Neox, d, d, 10000.0};
-  const RopeShape rope{true, d};
+  const RopeSpec spec{RopeType::Neox, d, d, kRopeTheta};
   std::vector<float> cos_t, sin_t;
   rope_tables(spec, n, cos_t, sin_t);
   DeviceBuffer<float> dcos(cos_t), dsin(sin_t);
   const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
-  DeviceBuffer<float> dq(q), dout(static_cast<std::size_t>(Hq * d)), dscratch(decode_scratch_floats(Hq, d));
-  DeviceBuffer<float> dprobs(static_cast<std::size_t>(Hq * n)), dstats(static_cast<std::size_t>(2 * Hq));
-  EntryRows seen;
-  seen.count = Hkv;
-  for (int e = 0; e < Hkv; ++e) seen.rows[e] = static_cast<int>(n);
-  // Every row of every entry for the reference, dense: [Hkv, n, d] fp16.
-  const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n);
+  std::vector<std::int64_t> prefix(static_cast<std::size_t>(Hkv));
+  std::int64_t tail = 1;
+  for (int e = 0; e < Hkv; ++e) {
+    auto& p = prefix[static_cast<std::size_t>(e)];
+    p = e == 0 ? n : (e == Hkv - 1 ? 0 : std::max<std::int64_t>(n - 37 - 5 * e, 0));
+    tail = std::max(tail, n - p);
+  }
   std::vector<std::uint16_t> dense_k(static_cast<std::size_t>(Hkv) * un * ud), dense_v(dense_k.size());
+  std::vector<std::uint16_t> tail_k(static_cast<std::size_t>(Hkv * tail) * ud), tail_v(tail_k.size());
+  std::vector<std::unique_ptr<DevicePacked>> held;
+  std::vector<PackedEntryView> views(static_cast<std::size_t>(Hkv));
+  for (int e = 0; e < Hkv; ++e) {
+    const auto ue = static_cast<std::size_t>(e);
+    const std::int64_t p = prefix[ue];
+    for (const bool keys : {true, false}) {
+      std::vector<std::uint16_t>& dense = keys ? dense_k : dense_v;
+      std::vector<std::uint16_t>& tails = keys ? tail_k : tail_v;
+      if (p > 0) {
+        const PackedTensor t = keys ? random_packed(d, p, 4, std::min(32, d), false, true, rng)
+                                    : random_packed(d, p, 2, std::min(16, d), true, false, rng);
+        std::vector<float> rows;
+        unpack_tensor(t, d, spec, rows);
+        floats_to_halves(rows.data(), dense.data() + ue * un * ud, rows.size());
+        held.push_back(std::make_unique<DevicePacked>(t, d));
+        (keys ? views[ue].k : views[ue].v) = held.back()->view;
+      }
+      const auto fp16 = to_half(gaussian(static_cast<std::size_t>(n - p) * ud, rng));
+      std::copy(fp16.begin(), fp16.end(), dense.begin() + static_cast<std::ptrdiff_t>((ue * un + static_cast<std::size_t>(p)) * ud));
+      std::copy(fp16.begin(), fp16.end(), tails.begin() + static_cast<std::ptrdiff_t>(ue * static_cast<std::size_t>(tail) * ud));
+    }
+  }
   std::vector<std::int32_t> kept(static_cast<std::size_t>(Hkv) * un), counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
   for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>(i % un);
   std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq) * un);
+  attend_kept_ref(s, q.data(), dense_k.data(), dense_v.data(), kept.data(), counts.data(), static_cast<int>(n), out_ref.data(),
+                  w_ref.data());
+  EntryRows seen;
+  seen.count = Hkv;
+  for (int e = 0; e < Hkv; ++e) seen.rows[e] = static_cast<int>(n);
+  DeviceBuffer<float> dq(q), dout(out_ref.size()), dscratch(decode_scratch_floats(Hq, d)), dprobs(w_ref.size()),
+      dstats(static_cast<std::size_t>(2 * Hq));
+  DeviceBuffer<PackedEntryView> dviews(views);
+  DeviceBuffer<std::uint16_t> dtk(tail_k), dtv(tail_v);
+  KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, RopeShape{true, d}, dcos.ptr, dsin.ptr, dtk.ptr,
+                                        dtv.ptr, tail, seen, 1.0f / std::sqrt(static_cast<float>(d)), dscratch.ptr, dscratch.n,
+                                        dout.ptr, false, dprobs.ptr, static_cast<int>(n), dstats.ptr, nullptr));
+  r.value(label + ": output", nmse(dout.host(), out_ref), kKernelNmse);
+  r.value(label + ": weights", nmse(dprobs.host(), w_ref), kKernelNmse);
+}
 
-  {  // Mixed rows: entry 0 fully packed, the last entry (of several) in fp16 only, the rest a
-     // packed prefix of different lengths with fp16 rows after it.
-    std::vector<std::int64_t> prefix(static_cast<std::size_t>(Hkv));
-    std::int64_t tail = 1;
-    for (int e = 0; e < Hkv; ++e) {
-      auto& p = prefix[static_cast<std::size_t>(e)];
-      p = e == 0 ? n : (e == Hkv - 1 ? 0 : std::max<std::int64_t>(n - 37 - 5 * e, 0));
-      tail = std::max(tail, n - p);
-    }
-    std::vector<std::unique_ptr<DevicePacked>> held;
-    std::vector<PackedEntryView> views(static_cast<std::size_t>(Hkv));
-    std::vector<std::uint16_t> tail_k(static_cast<std::size_t>(Hkv * tail) * ud), tail_v(tail_k.size());
-    for (int e = 0; e < Hkv; ++e) {
-      const auto ue = static_cast<std::size_t>(e);
-      const std::int64_t p = prefix[ue];
-      for (const bool keys : {true, false}) {
-        std::vector<std::uint16_t>& dense = keys ? dense_k : dense_v;
-        std::vector<std::uint16_t>& tails = keys ? tail_k : tail_v;
-        if (p > 0) {
-          const PackedTensor t = keys ? random_packed(d, p, 4, std::min(32, d), false, true, rng)
-                                      : random_packed(d, p, 2, std::min(16, d), true, false, rng);
-          std::vector<float> rows;
-          unpack_tensor(t, d, spec, rows);
-          floats_to_halves(rows.data(), dense.data() + ue * un * ud, rows.size());
-          held.push_back(std::make_unique<DevicePacked>(t));
-          (keys ? views[ue].k : views[ue].v) = held.back()->view;
-        }
-        const auto fp16 = to_half(gaussian(static_cast<std::size_t>(n - p) * ud, rng));
-        std::copy(fp16.begin(), fp16.end(), dense.begin() + static_cast<std::ptrdiff_t>((ue * un + static_cast<std::size_t>(p)) * ud));
-        std::copy(fp16.begin(), fp16.end(), tails.begin() + static_cast<std::ptrdiff_t>(ue * static_cast<std::size_t>(tail) * ud));
-      }
-    }
-    attend_kept_ref(AttnShape{Hq, Hkv, d, n}, q.data(), dense_k.data(), dense_v.data(), kept.data(), counts.data(),
-                    static_cast<int>(n), out_ref.data(), w_ref.data());
-    DeviceBuffer<PackedEntryView> dviews(views);
-    DeviceBuffer<std::uint16_t> dtk(tail_k), dtv(tail_v);
-    KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, rope, dcos.ptr, dsin.ptr, dtk.ptr, dtv.ptr,
-                                          tail, seen, scale, dscratch.ptr, dscratch.n, dout.ptr, false, dprobs.ptr,
-                                          static_cast<int>(n), dstats.ptr, nullptr));
-    r.value("fused packed decode, mixed rows: output", nmse(dout.host(), out_ref), kKernelNmse);
-    r.value("fused packed decode, mixed rows: weights", nmse(dprobs.host(), w_ref), kKernelNmse);
-  }
-  if (!bench) return;
-
-  // An int4 cache (per-token groups of 32, min-max: intn:bits=4) decoded three ways.
+// An int4 cache (per-token groups of 32, min-max: intn:bits=4) decoded three ways, each against
+// the copy bandwidth: the fused kernel (also against attend_quant_ref), unpack then attend, and
+// the same rows as an fp16 cache through attend_decode.
+void int4_decode_bench(const AttnShape& s, ParityReport& r, double copy_gbs) {
+  const int d = s.head_dim, Hq = s.n_q_heads, Hkv = s.n_kv_heads;
+  const std::int64_t n = s.capacity;
+  const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::mt19937 rng(37);
   const QuantSpec spec4{4, 32, false};
-  const std::vector<float> kf = gaussian(dense_k.size(), rng), vf = gaussian(dense_k.size(), rng);
+  const RopeShape rope{true, d};  // no row is rotated: the tables are never read
+  const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
+  const std::vector<float> kf = gaussian(static_cast<std::size_t>(Hkv) * un * ud, rng), vf = gaussian(kf.size(), rng);
   std::vector<std::unique_ptr<DevicePacked>> held;
   std::vector<PackedEntryView> views(static_cast<std::size_t>(Hkv));
   std::vector<std::uint8_t> all_kc, all_vc;
@@ -193,28 +165,31 @@ void packed_decode_parity(const std::string& name, const AttnShape& s, bool benc
       auto& params = keys ? all_kp : all_vp;
       codes.insert(codes.end(), t.codes.begin(), t.codes.end());
       params.insert(params.end(), t.params.begin(), t.params.end());
-      held.push_back(std::make_unique<DevicePacked>(t));
+      held.push_back(std::make_unique<DevicePacked>(t, d));
       bytes += payload_bytes(t, held.back()->table);
       (keys ? views[ue].k : views[ue].v) = held.back()->view;
     }
   }
-  attend_quant_ref(AttnShape{Hq, Hkv, d, n}, spec4, q.data(), all_kc.data(), all_kp.data(), all_vc.data(), all_vp.data(),
-                   counts.data(), out_ref.data());
+  const std::vector<std::int32_t> counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
+  std::vector<float> out_ref(static_cast<std::size_t>(Hq * d));
+  attend_quant_ref(s, spec4, q.data(), all_kc.data(), all_kp.data(), all_vc.data(), all_vp.data(), counts.data(), out_ref.data());
+  EntryRows seen;
+  seen.count = Hkv;
+  for (int e = 0; e < Hkv; ++e) seen.rows[e] = static_cast<int>(n);
+  DeviceBuffer<float> dq(q), dout(out_ref.size()), dscratch(decode_scratch_floats(Hq, d));
   DeviceBuffer<PackedEntryView> dviews(views);
   DeviceBuffer<std::uint16_t> none(std::size_t{1});
   auto fused = [&] {
-    KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, rope, dcos.ptr, dsin.ptr, none.ptr, none.ptr, 0,
+    KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, rope, nullptr, nullptr, none.ptr, none.ptr, 0,
                                           seen, scale, dscratch.ptr, dscratch.n, dout.ptr, false, nullptr, 0, nullptr, nullptr));
   };
   fused();
-  const std::vector<float> out_fused = dout.host();
-  r.value("fused packed decode, int4 cache: output", nmse(out_fused, out_ref), kKernelNmse);
-  DeviceBuffer<std::uint16_t> unpacked_k(dense_k.size()), unpacked_v(dense_k.size());
+  r.value("fused packed decode, int4 cache: output", nmse(dout.host(), out_ref), kKernelNmse);
+  DeviceBuffer<std::uint16_t> unpacked_k(kf.size()), unpacked_v(kf.size());
   auto unpack_then_attend = [&] {
-    for (int e = 0; e < Hkv; ++e) {
-      const auto off = static_cast<std::size_t>(e) * un * ud;
-      KVSIM_CUDA_CHECK(unpack_packed(views[static_cast<std::size_t>(e)].k, d, rope, dcos.ptr, dsin.ptr, unpacked_k.ptr + off, nullptr));
-      KVSIM_CUDA_CHECK(unpack_packed(views[static_cast<std::size_t>(e)].v, d, rope, dcos.ptr, dsin.ptr, unpacked_v.ptr + off, nullptr));
+    for (std::size_t e = 0; e < views.size(); ++e) {
+      KVSIM_CUDA_CHECK(unpack_packed(views[e].k, d, rope, nullptr, nullptr, unpacked_k.ptr + e * un * ud, nullptr));
+      KVSIM_CUDA_CHECK(unpack_packed(views[e].v, d, rope, nullptr, nullptr, unpacked_v.ptr + e * un * ud, nullptr));
     }
     KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), unpacked_k.ptr, unpacked_v.ptr, n, seen, scale, dscratch.ptr,
                                    dscratch.n, dout.ptr, false, nullptr));
@@ -234,8 +209,8 @@ void packed_decode_parity(const std::string& name, const AttnShape& s, bool benc
                 "bandwidth",
                 static_cast<long long>(n), t_fused * 1e6, bytes / t_fused / 1e9, bytes / t_fused / 1e9 / copy_gbs);
   r.line(buf);
-  std::snprintf(buf, sizeof buf, "  bench unpack then attend (the same cache): %.1f us: the fused decode is %.2fx faster", t_unpack * 1e6,
-                t_unpack / t_fused);
+  std::snprintf(buf, sizeof buf, "  bench unpack then attend (the same cache): %.1f us: the fused decode is %.2fx faster",
+                t_unpack * 1e6, t_unpack / t_fused);
   r.line(buf);
   std::snprintf(buf, sizeof buf,
                 "  bench fp16 cache decode (the same rows, %.1f MB vs %.1f MB packed): %.1f us, %.1f GB/s = %.2f of copy bandwidth; "
@@ -243,6 +218,52 @@ void packed_decode_parity(const std::string& name, const AttnShape& s, bool benc
                 fp16_bytes / 1e6, bytes / 1e6, t_fp16 * 1e6, fp16_bytes / t_fp16 / 1e9, fp16_bytes / t_fp16 / 1e9 / copy_gbs,
                 t_fused / t_fp16);
   r.line(buf);
+}
+
+}  // namespace
+
+void packed_unpack_parity(const std::string& name, int d, std::int64_t n, bool bench, ParityReport& r, double copy_gbs) {
+  std::mt19937 rng(7);
+  const RopeSpec spec{RopeType::Neox, d, d, kRopeTheta};
+  const RopeShape rope{true, d};
+  std::vector<float> cos_t, sin_t;
+  rope_tables(spec, n, cos_t, sin_t);
+  DeviceBuffer<float> dcos(cos_t), dsin(sin_t);
+  struct Case {
+    const char* label;
+    int bits, span;
+    bool symmetric, rotate;
+  };
+  for (const Case c : {Case{"keys: int4 g32 min-max, rotated low rank", 4, 32, false, true},
+                       Case{"values: int2 g16 absmax, low rank", 2, 16, true, false}}) {
+    const PackedTensor t = random_packed(d, n, c.bits, c.span, c.symmetric, c.rotate, rng);
+    std::vector<float> ref;
+    unpack_tensor(t, d, spec, ref);
+    const DevicePacked dt(t, d);
+    DeviceBuffer<std::uint16_t> dout(t.rows.size() * static_cast<std::size_t>(d));
+    KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr));
+    r.value(name + " packed unpack, " + c.label, nmse(floats_of(dout.host()), ref), kKernelNmse);
+    if (bench) {
+      const double sec =
+          seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, 20);
+      // Bytes moved: the packed payload and row table read, the fp16 rows written (bases cached).
+      const double bytes = payload_bytes(t, dt.table) + 2.0 * static_cast<double>(dout.n);
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "  bench packed unpack (%s): %.1f us, %.1f GB/s = %.2f of copy bandwidth", c.label,
+                    sec * 1e6, bytes / sec / 1e9, bytes / sec / 1e9 / copy_gbs);
+      r.line(buf);
+    }
+  }
+}
+
+void packed_decode_parity(const std::string& name, const AttnShape& s, bool bench, ParityReport& r, double copy_gbs) {
+  r.line(name + ": " + std::to_string(s.n_q_heads) + " query heads, " + std::to_string(s.n_kv_heads) + " KV heads, head_dim " +
+         std::to_string(s.head_dim) + ", " + std::to_string(s.capacity) + " rows per entry");
+  mixed_rows_decode(s, "fused packed decode, mixed rows", r);
+  // Per-query-head entries (one per query head, as a per-query-head plan leaves them): head_div 1.
+  mixed_rows_decode(AttnShape{s.n_q_heads, s.n_q_heads, s.head_dim, std::max<std::int64_t>(s.capacity / 4, 1)},
+                    "fused packed decode, per-query-head entries", r);
+  if (bench) int4_decode_bench(s, r, copy_gbs);
 }
 
 }  // namespace kvsim::gpu

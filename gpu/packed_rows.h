@@ -1,10 +1,13 @@
 #pragma once
-// How the device holds a packed tensor's row table: 12 bytes a row instead of core/packed_kv.h's
-// 24-byte PackedRow, and a position only where a row needs one (low-rank keys rotated to their
-// position), since the table is overhead on top of what a codec stores. The kernels read rows
-// through packed_row_at and decode a row's values through packed_value and rotate_pair, which the
-// CPU tests run against every host row and core/packed_kv.h's unpack_tensor. CUDA-free: compiles
-// under nvcc and the host compiler alike.
+// How the device holds a packed tensor's row table. core/packed_kv.h keeps a 24-byte PackedRow a
+// row; the device keeps runs instead: a codec's rows come in long stretches of one kind whose
+// offsets step by one row each (intN: one run for the whole tensor; KIVI keys: one per token
+// group, whose rows share their pairs; qevict: one per stretch of a tier), so the table is a few
+// bytes a tensor, not overhead on every token beside what the codec stores. Positions are kept
+// per row only where a row needs one (low-rank keys rotated to their position). The kernels read
+// rows through packed_row_at and decode a row's values through packed_value and rotate_pair, which
+// the CPU tests run against every host row and core/packed_kv.h's unpack_tensor. CUDA-free:
+// compiles under nvcc and the host compiler alike.
 #include <cstdint>
 #include <vector>
 
@@ -18,42 +21,36 @@
 
 namespace kvsim::gpu {
 
-struct CompactRow {
-  std::uint32_t data = 0;   // PackedRow::data
-  std::uint32_t param = 0;  // PackedRow::param
+// Rows [first, next run's first) of one kind and rank: row first + i reads data + i * (the row's
+// size in its array: head_dim halves, head_dim * bits / 8 code bytes, or rank coefficients) and
+// param + i * (head_dim / param_span) when own_params, else param (rows sharing their pairs).
+struct RowRun {
+  std::uint32_t first = 0;
+  std::uint32_t data = 0;
+  std::uint32_t param = 0;
   std::uint16_t rank = 0;
-  std::uint8_t kind = 0;    // PackedKind
-  std::uint8_t pad = 0;
+  std::uint8_t kind = 0;  // PackedKind
+  std::uint8_t own_params = 0;
 };
-static_assert(sizeof(CompactRow) == 12, "the device row table is 12 bytes a row");
+static_assert(sizeof(RowRun) == 16, "a run of the device row table is 16 bytes");
 
 // A tensor's rows as the device holds them. positions is empty unless the tensor rotates its
 // low-rank rows; then it has one entry per row.
-struct CompactRows {
-  std::vector<CompactRow> rows;
+struct RowTable {
+  std::vector<RowRun> runs;
   std::vector<std::int32_t> positions;
-  std::size_t bytes() const { return rows.size() * sizeof(CompactRow) + positions.size() * sizeof(std::int32_t); }
+  std::size_t bytes() const { return runs.size() * sizeof(RowRun) + positions.size() * sizeof(std::int32_t); }
 };
 
-// Throws std::invalid_argument when an offset does not fit 32 bits (a tensor of over 4G halves).
-CompactRows compact_rows(const PackedTensor& t);
+// Throws std::invalid_argument when a row or offset does not fit 32 bits (a tensor of over 4G
+// rows, halves or code bytes), naming the row.
+RowTable row_table(const PackedTensor& t, int head_dim);
 
-// Row m as a PackedRow (position 0 when the tensor keeps no positions).
-KVSIM_HD PackedRow packed_row_at(const CompactRow* rows, const std::int32_t* positions, std::int64_t m) {
-  const CompactRow c = rows[m];
-  PackedRow r;
-  r.kind = static_cast<PackedKind>(c.kind);
-  r.rank = c.rank;
-  r.position = positions ? positions[m] : 0;
-  r.data = c.data;
-  r.param = c.param;
-  return r;
-}
-
-// One PackedTensor's arrays (same layout as the host vectors) with its row table in the compact
-// form: device copies for the kernels, host ones in the CPU tests of the same decoding.
+// One PackedTensor's arrays (same layout as the host vectors) with its row table as runs: device
+// copies for the kernels, host ones in the CPU tests of the same decoding.
 struct PackedTensorView {
-  const CompactRow* rows = nullptr;
+  const RowRun* runs = nullptr;
+  int n_runs = 0;
   const std::int32_t* positions = nullptr;  // null unless low-rank rows are rotated
   std::int64_t n_rows = 0;
   const std::uint16_t* halves = nullptr;
@@ -63,6 +60,42 @@ struct PackedTensorView {
   int bits = 4, param_span = 32;
   bool symmetric = false, rotate = false;
 };
+
+// The view of a tensor's host arrays through `table` (which must outlive it): how the CPU tests
+// run the kernels' row decoding.
+inline PackedTensorView host_view(const PackedTensor& t, const RowTable& table) {
+  return PackedTensorView{table.runs.data(), static_cast<int>(table.runs.size()),
+                          table.positions.empty() ? nullptr : table.positions.data(), static_cast<std::int64_t>(t.rows.size()),
+                          t.halves.data(), t.codes.data(), t.params.data(), t.basis.data(), t.bits, t.param_span,
+                          t.symmetric, t.rotate};
+}
+
+// A row's size in its array: halves (fp16 rows, low-rank coefficients) or code bytes.
+KVSIM_HD std::int64_t packed_row_size(PackedKind kind, int rank, int head_dim, int bits) {
+  if (kind == PackedKind::Fp16) return head_dim;
+  if (kind == PackedKind::Quant) return head_dim * bits / 8;
+  return rank;
+}
+
+// Row m (< t.n_rows) as a PackedRow (position 0 when the tensor keeps no positions): the run
+// holding it by binary search, then its offsets.
+KVSIM_HD PackedRow packed_row_at(const PackedTensorView& t, int head_dim, std::int64_t m) {
+  int lo = 0, hi = t.n_runs - 1;  // the last run whose first row is <= m
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (static_cast<std::int64_t>(t.runs[mid].first) <= m) lo = mid;
+    else hi = mid - 1;
+  }
+  const RowRun run = t.runs[lo];
+  const std::int64_t i = m - run.first;
+  PackedRow r;
+  r.kind = static_cast<PackedKind>(run.kind);
+  r.rank = run.rank;
+  r.position = t.positions ? t.positions[m] : 0;
+  r.data = run.data + i * packed_row_size(r.kind, run.rank, head_dim, t.bits);
+  r.param = run.param + (run.own_params ? i * (head_dim / t.param_span) : 0);
+  return r;
+}
 
 KVSIM_HD float half_value(std::uint16_t h) {
 #if defined(__CUDA_ARCH__)
@@ -82,7 +115,10 @@ KVSIM_HD float half_round(float x) {
 }
 
 // Channel i of row r as rebuilt, before a low-rank key is rotated: the fp16 value, the dequantized
-// code, or U[i, :rank] c (unpack_tensor's order of summation).
+// code, or U[i, :rank] c (unpack_tensor's order of summation). On the host this is unpack_tensor
+// to the bit (tested); on the device nvcc contracts the multiply-adds into FMAs, so a value may
+// round to the neighbouring fp16 there: the unpack and fused kernels share it and agree with each
+// other, and the parity harness holds both to unpack_tensor by NMSE.
 KVSIM_HD float packed_value(const PackedTensorView& t, const PackedRow& r, int d, int i) {
   if (r.kind == PackedKind::Fp16) return half_value(t.halves[r.data + i]);
   if (r.kind == PackedKind::Quant) {

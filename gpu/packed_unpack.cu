@@ -11,7 +11,7 @@ namespace {
 __global__ void unpack_kernel(PackedTensorView t, int d, RopeShape rope, const float* __restrict__ rope_cos,
                               const float* __restrict__ rope_sin, std::uint16_t* __restrict__ out) {
   extern __shared__ float x[];
-  const PackedRow r = packed_row_at(t.rows, t.positions, blockIdx.x);
+  const PackedRow r = packed_row_at(t, d, blockIdx.x);
   const int i = threadIdx.x;
   x[i] = packed_value(t, r, d, i);
   __syncthreads();

@@ -207,40 +207,46 @@ TEST_CASE("low-rank attention reference equals attention over the low-rank codec
   CHECK(nmse(got, want) < 1e-10);
 }
 
-TEST_CASE("the device's compact row table reads back every packed row", "[gpu-ref]") {
+TEST_CASE("the device's run table reads back every packed row", "[gpu-ref]") {
   std::mt19937 rng(5);
   for (const bool rotate : {true, false}) {
     INFO("rotate " << rotate);
+    // Kinds alternating row by row: a run a row, the table's worst case (16 B a row).
     const PackedTensor t = random_packed(32, 40, 4, 8, false, rotate, rng, 3, 6);
-    const CompactRows c = compact_rows(t);
-    REQUIRE(c.rows.size() == t.rows.size());
+    const RowTable table = row_table(t, 32);
+    CHECK(table.runs.size() == t.rows.size());
     // Positions only where a low-rank row is rotated to one.
-    CHECK(c.positions.size() == (rotate ? t.rows.size() : 0u));
-    CHECK(c.bytes() == t.rows.size() * (rotate ? 16u : 12u));
+    CHECK(table.positions.size() == (rotate ? t.rows.size() : 0u));
+    CHECK(table.bytes() == t.rows.size() * (rotate ? 20u : 16u));
+    const PackedTensorView view = host_view(t, table);
     for (std::size_t m = 0; m < t.rows.size(); ++m) {
       INFO("row " << m);
-      const PackedRow want = t.rows[m];
-      const PackedRow got = packed_row_at(c.rows.data(), c.positions.empty() ? nullptr : c.positions.data(),
-                                          static_cast<std::int64_t>(m));
+      const PackedRow want = t.rows[m], got = packed_row_at(view, 32, static_cast<std::int64_t>(m));
       CHECK(got.kind == want.kind);
       CHECK(got.rank == want.rank);
       CHECK(got.data == want.data);
-      CHECK(got.param == want.param);
+      if (want.kind == PackedKind::Quant) CHECK(got.param == want.param);
       if (rotate) CHECK(got.position == want.position);
     }
   }
+  // Runs break where the offsets stop stepping by one row: rows appended out of order, a row
+  // reading another run's pairs.
+  PackedTensor t;
+  std::vector<float> x(32, 0.5f);
+  for (int m = 0; m < 4; ++m) pack_fp16_row(t, x.data(), 32, m);
+  std::swap(t.rows[2], t.rows[3]);
+  CHECK(row_table(t, 32).runs.size() == 3);  // rows 0-1, row 2 (data 96), row 3 (data 64)
   // Rotated keys with no low-rank row need no positions.
   PackedTensor quant_only = random_packed(32, 2, 4, 8, false, true, rng);
   quant_only.rows.erase(quant_only.rows.begin());  // drop the fp16 row 0; row 1 is quantized
   quant_only.rows.front().position = 9;
-  CHECK(compact_rows(quant_only).positions.empty());
+  CHECK(row_table(quant_only, 32).positions.empty());
   // An offset past 32 bits cannot be held.
   PackedTensor huge = quant_only;
   huge.rows.front().data = std::int64_t{1} << 33;
-  CHECK_THROWS_WITH(compact_rows(huge), Catch::Contains("packed row 0: offsets 8589934592") &&
-                                            Catch::Contains("32-bit row table"));
+  CHECK_THROWS_WITH(row_table(huge, 32), Catch::Contains("packed row 0: offsets 8589934592") &&
+                                             Catch::Contains("32-bit row table"));
 }
-
 
 TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is unpack_tensor's", "[gpu-ref]") {
   // The unpack kernel and the fused packed decode both rebuild rows through these functions; run
@@ -263,15 +269,13 @@ TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is 
     unpack_tensor(t, c.d, spec, want);
     std::vector<float> cos_t, sin_t;
     rope_tables(spec, 7 + 45, cos_t, sin_t);
-    const CompactRows table = compact_rows(t);
-    const PackedTensorView view{table.rows.data(), table.positions.empty() ? nullptr : table.positions.data(),
-                                static_cast<std::int64_t>(t.rows.size()), t.halves.data(), t.codes.data(),
-                                t.params.data(), t.basis.data(), t.bits, t.param_span, t.symmetric, t.rotate};
+    const RowTable table = row_table(t, c.d);
+    const PackedTensorView view = host_view(t, table);
     const RopeShape rope{c.pairing == RopeType::Neox, spec.rope_dim};
     int rotated = 0;
     for (std::int64_t m = 0; m < view.n_rows; ++m) {
       INFO("row " << m);
-      const PackedRow r = packed_row_at(view.rows, view.positions, m);
+      const PackedRow r = packed_row_at(view, c.d, m);
       std::vector<float> x(static_cast<std::size_t>(c.d));
       for (int i = 0; i < c.d; ++i) x[static_cast<std::size_t>(i)] = packed_value(view, r, c.d, i);
       if (packed_rotated(view, r)) {

@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/half.h"
 #include "core/packed_kv.h"
+#include "gpu/packed_rows.h"
 #include "policies/codec.h"
 #include "policies/lowrank.h"
 #include "policies/quantize.h"
@@ -65,9 +67,30 @@ Rows kept_rows(const Rows& all, const HeadPlan& plan, int d) {
   return r;
 }
 
+// The device's run table of t (gpu/packed_rows.h) gives back every row; returns its run count.
+std::size_t check_runs(const PackedTensor& t, int d) {
+  const gpu::RowTable table = gpu::row_table(t, d);
+  const gpu::PackedTensorView view = gpu::host_view(t, table);
+  for (std::size_t m = 0; m < t.rows.size(); ++m) {
+    INFO("row " << m << " of " << t.rows.size() << ", " << table.runs.size() << " runs");
+    const PackedRow want = t.rows[m], got = gpu::packed_row_at(view, d, static_cast<std::int64_t>(m));
+    REQUIRE(got.kind == want.kind);
+    REQUIRE(got.rank == want.rank);
+    REQUIRE(got.data == want.data);
+    if (want.kind == PackedKind::Quant) REQUIRE(got.param == want.param);
+    if (want.kind == PackedKind::LowRank && t.rotate) REQUIRE(got.position == want.position);
+  }
+  return table.runs.size();
+}
+
+struct Runs {
+  std::size_t k = 0, v = 0;
+};
+
 // Packs the plan's kept rows and checks the read-back against reconstruct (rounded to fp16):
-// exactly (max_err 0) or to max_err; and the payload against the codec's byte count.
-void check_pack(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g, const Rows& kept, float max_err = 0) {
+// exactly (max_err 0) or to max_err; the payload against the codec's byte count; and the
+// device's run table against every row. Returns the run counts.
+Runs check_pack(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g, const Rows& kept, float max_err = 0) {
   PackedEntry e;
   pack_plan(codec, plan, g, kept.pos, kept.k, kept.v, e);
   REQUIRE(e.rows() == plan.kept());
@@ -86,6 +109,7 @@ void check_pack(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g,
   const double bytes = codec ? codec->bytes(plan, g.head_dim)
                              : static_cast<double>(plan.kept()) * codec_token_bytes(TokenCodec::Fp16, g.head_dim);
   CHECK(e.payload_bytes() == bytes);
+  return {check_runs(e.k, g.head_dim), check_runs(e.v, g.head_dim)};
 }
 
 HeadPlan mixed_plan(std::int64_t n, TokenCodec encoded) {
@@ -122,6 +146,12 @@ TEST_CASE("packed intN reads back as its reconstruction, bytes as counted", "[pa
         const IntCodec codec(IntSpec{bits, group, symmetric});
         const HeadPlan plan = mixed_plan(23, int_codec(bits));
         check_pack(&codec, plan, g, kept_rows(all, plan, g.head_dim));
+        // Every token int-coded: one run a tensor on the device, whatever the length.
+        HeadPlan uniform;
+        uniform.codec.assign(23, int_codec(bits));
+        const Runs runs = check_pack(&codec, uniform, g, all);
+        CHECK(runs.k == 1);
+        CHECK(runs.v == 1);
       }
 }
 
@@ -134,7 +164,12 @@ TEST_CASE("packed KIVI: shared key pairs per token group, fp16 residual rows", "
       const Rows all = make_rows(g, n, 11);
       HeadPlan plan;
       plan.codec.assign(static_cast<std::size_t>(n), TokenCodec::Int2);
-      check_pack(p.policy->codec(), plan, g, all);
+      const Runs runs = check_pack(p.policy->codec(), plan, g, all);
+      // Keys: a run per token group (its rows share their pairs) and one for the fp16 residual;
+      // values: the per-token codes, then the residual.
+      const int group = std::string(spec).find("group=32") != std::string::npos ? 32 : 16;
+      CHECK(runs.k <= static_cast<std::size_t>(n / group + 1));
+      CHECK(runs.v <= 2u);
     }
 }
 
