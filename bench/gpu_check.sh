@@ -19,6 +19,7 @@
 # the same reference here with random weights of the same shapes.
 # Usage (device tool): OUT=$OUT bash bench/gpu_check.sh      (~3-4 min on 16 cores)
 set -uo pipefail
+start=$SECONDS
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_check}
 BUILD=${KVSIM_GPU_BUILD:-build-gpu}
@@ -41,7 +42,8 @@ if grep -q "Skipped" "$OUT/ctest.txt"; then
 fi
 # gpu.parity's run, with the benchmarks (ctest would run it a second time without them). Each
 # section runs on its own and the report is written line by line, so a failure or the time limit
-# (PARITY_TIMEOUT seconds) still leaves every result so far in parity.txt. For a rerun of what
+# (PARITY_TIMEOUT seconds; by default what is left of 8 minutes after the build, less 30 s for the
+# kill and the report) still leaves every result so far in parity.txt. For a rerun of what
 # failed: PARITY_ONLY="packed unpack,qwen2-like fp32" (substrings of `kvsim-parity --list`), and
 # SANITIZE=1 runs those sections under compute-sanitizer's memcheck (slow: only with PARITY_ONLY).
 parity=("$BUILD/gpu/kvsim-parity" --report "$OUT/parity.txt")
@@ -55,13 +57,15 @@ if [ "${SANITIZE:-0}" = 1 ]; then
 else
   parity+=(--bench)
 fi
-timeout -k 20 "${PARITY_TIMEOUT:-360}" "${parity[@]}"
+limit=${PARITY_TIMEOUT:-$((450 - (SECONDS - start)))}
+[ "$limit" -lt 60 ] && limit=60
+timeout -k 20 "$limit" "${parity[@]}"
 rc=$?
 [ "${SANITIZE:-0}" = 1 ] && grep -h "ERROR SUMMARY" "$OUT/sanitizer.txt" 2>/dev/null
 [ $rc -eq 77 ] && echo "gpu_check: kvsim-parity saw no GPU"
-[ $rc -eq 124 ] && echo "gpu_check: kvsim-parity ran past ${PARITY_TIMEOUT:-360} s; parity.txt has what it checked" |
+[ $rc -eq 124 ] && echo "gpu_check: kvsim-parity ran past $limit s; parity.txt has what it checked" |
   tee -a "$OUT/parity.txt"
 [ $rc -ne 0 ] && status=1
 cat "$OUT/device.txt" "$OUT/ctest.txt" | tail -20
-echo "gpu_check: $([ $status -eq 0 ] && echo passed || echo FAILED); report in $OUT"
+echo "gpu_check: $([ $status -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s; report in $OUT"
 exit $status

@@ -65,7 +65,11 @@ void BackendEngine::evict(int layer, int entry, std::span<const std::int32_t> to
   std::size_t j = 0;
   for (std::size_t r = 0; r < had.size() && j < now.size(); ++r)
     if (had[r] == now[j]) rows.push_back(static_cast<std::int64_t>(r)), ++j;
+  // Until the device has compacted the entry, the mirror and the device disagree: a keep_rows that
+  // throws (a CUDA error part-way) leaves the whole cache to be reloaded before the next pass.
+  edited_ = true;
   backend_->keep_rows(layer, entry, rows);
+  edited_ = false;
 }
 
 std::span<const float> BackendEngine::last_attention(int layer, int q_head) const { return backend_->last_attention(layer, q_head); }

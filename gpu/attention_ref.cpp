@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/half.h"
@@ -21,10 +22,33 @@ float half_at(const std::uint16_t* p, std::int64_t i) { return half_to_float(p[i
 
 // Logits to softmax weights, in place.
 void softmax(std::vector<double>& logits) {
+  if (logits.empty()) return;
   const double mx = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
   for (double& x : logits) sum += (x = std::exp(x - mx));
   for (double& x : logits) x /= sum;
+}
+
+// Attention of each query head of KV head kv over that head's n rebuilt keys and values, both
+// [n, d] doubles: the part every reference below shares once it has rebuilt a KV head's rows
+// (once, not once per query head: the Mistral-7B shapes have 32768 rows).
+void attend_rows_ref(const AttnShape& s, int kv, const float* q, const std::vector<double>& keys,
+                     const std::vector<double>& values, std::int64_t n, float* out) {
+  const int d = s.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> w(static_cast<std::size_t>(n));
+  for (int h = kv * s.group(); h < (kv + 1) * s.group(); ++h) {
+    for (std::int64_t m = 0; m < n; ++m) {
+      double dot = 0;
+      for (int x = 0; x < d; ++x) dot += static_cast<double>(q[h * d + x]) * keys[static_cast<std::size_t>(m * d + x)];
+      w[static_cast<std::size_t>(m)] = dot * scale;
+    }
+    softmax(w);
+    std::vector<double> o(static_cast<std::size_t>(d), 0.0);
+    for (std::int64_t m = 0; m < n; ++m)
+      for (int x = 0; x < d; ++x) o[static_cast<std::size_t>(x)] += w[static_cast<std::size_t>(m)] * values[static_cast<std::size_t>(m * d + x)];
+    for (int x = 0; x < d; ++x) out[h * d + x] = static_cast<float>(o[static_cast<std::size_t>(x)]);
+  }
 }
 
 }  // namespace
@@ -106,26 +130,19 @@ void attend_quant_ref(const AttnShape& s, const QuantSpec& spec, const float* q,
                       const std::uint16_t* k_params, const std::uint8_t* v_codes, const std::uint16_t* v_params,
                       const std::int32_t* counts, float* out) {
   const int d = s.head_dim, rb = spec.row_bytes(d), ng = spec.groups(d);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<float> kr(static_cast<std::size_t>(d)), vr(kr.size());
-  for (int h = 0; h < s.n_q_heads; ++h) {
-    const int kv = h / s.group();
-    const int n = counts[kv];
-    const std::int64_t row0 = static_cast<std::int64_t>(kv) * s.capacity;
-    std::vector<double> w(static_cast<std::size_t>(n));
-    for (int m = 0; m < n; ++m) {
-      unpack_int_rows(spec, d, k_codes + (row0 + m) * rb, k_params + (row0 + m) * ng * 2, 1, kr.data());
-      double dot = 0;
-      for (int x = 0; x < d; ++x) dot += static_cast<double>(q[h * d + x]) * kr[static_cast<std::size_t>(x)];
-      w[static_cast<std::size_t>(m)] = dot * scale;
-    }
-    softmax(w);
-    std::vector<double> o(static_cast<std::size_t>(d), 0.0);
-    for (int m = 0; m < n; ++m) {
-      unpack_int_rows(spec, d, v_codes + (row0 + m) * rb, v_params + (row0 + m) * ng * 2, 1, vr.data());
-      for (int x = 0; x < d; ++x) o[static_cast<std::size_t>(x)] += w[static_cast<std::size_t>(m)] * vr[static_cast<std::size_t>(x)];
-    }
-    for (int x = 0; x < d; ++x) out[h * d + x] = static_cast<float>(o[static_cast<std::size_t>(x)]);
+#pragma omp parallel for schedule(dynamic)
+  for (int kv = 0; kv < s.n_kv_heads; ++kv) {
+    const std::int64_t n = counts[kv], row0 = static_cast<std::int64_t>(kv) * s.capacity;
+    std::vector<float> row(static_cast<std::size_t>(d));
+    std::vector<double> keys(static_cast<std::size_t>(n * d)), values(keys.size());
+    for (std::int64_t m = 0; m < n; ++m)
+      for (const bool is_key : {true, false}) {
+        const std::uint8_t* codes = (is_key ? k_codes : v_codes) + (row0 + m) * rb;
+        const std::uint16_t* params = (is_key ? k_params : v_params) + (row0 + m) * ng * 2;
+        unpack_int_rows(spec, d, codes, params, 1, row.data());
+        std::copy(row.begin(), row.end(), (is_key ? keys : values).begin() + static_cast<std::ptrdiff_t>(m * d));
+      }
+    attend_rows_ref(s, kv, q, keys, values, n, out);
   }
 }
 
@@ -134,47 +151,39 @@ void attend_lowrank_ref(const AttnShape& s, const RopeShape& rope, const float* 
                         const std::int32_t* positions, const float* rope_cos, const float* rope_sin,
                         const std::int32_t* counts, float* out) {
   const int d = s.head_dim, pairs = rope.rope_dim / 2;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<double> key(static_cast<std::size_t>(d));
-  for (int h = 0; h < s.n_q_heads; ++h) {
-    const int kv = h / s.group();
-    const int n = counts[kv];
-    const std::int64_t row0 = static_cast<std::int64_t>(kv) * s.capacity;
+#pragma omp parallel for schedule(dynamic)
+  for (int kv = 0; kv < s.n_kv_heads; ++kv) {
+    const std::int64_t n = counts[kv], row0 = static_cast<std::int64_t>(kv) * s.capacity;
     const std::uint16_t* U = uk + static_cast<std::int64_t>(kv) * d * d;
-    std::vector<double> w(static_cast<std::size_t>(n));
-    for (int m = 0; m < n; ++m) {
-      const std::uint16_t* c = ck + (row0 + m) * d;
+    const std::uint16_t* V = uv + static_cast<std::int64_t>(kv) * d * d;
+    // Keys rebuilt from their rank coefficients and rotated to their position; values rebuilt
+    // the same way (no rotation), the rank mask applied per token.
+    std::vector<double> keys(static_cast<std::size_t>(n * d)), values(keys.size());
+    for (std::int64_t m = 0; m < n; ++m) {
       const int r = ranks[row0 + m];
+      const std::uint16_t* c = ck + (row0 + m) * d;
+      const std::uint16_t* cvm = cv + (row0 + m) * d;
+      double* key = keys.data() + m * d;
+      double* value = values.data() + m * d;
       for (int x = 0; x < d; ++x) {
-        double acc = 0;
-        for (int j = 0; j < r; ++j) acc += half_to_float(c[j]) * static_cast<double>(half_to_float(U[x * d + j]));
-        key[static_cast<std::size_t>(x)] = acc;
+        double acc = 0, vacc = 0;
+        for (int j = 0; j < r; ++j) {
+          acc += half_to_float(c[j]) * static_cast<double>(half_to_float(U[x * d + j]));
+          vacc += half_to_float(cvm[j]) * static_cast<double>(half_to_float(V[x * d + j]));
+        }
+        key[x] = acc;
+        value[x] = vacc;
       }
       const float* cs = rope_cos + static_cast<std::int64_t>(positions[m]) * pairs;
       const float* sn = rope_sin + static_cast<std::int64_t>(positions[m]) * pairs;
       for (int i = 0; i < pairs; ++i) {
-        const auto a = static_cast<std::size_t>(rope.first(i)), b = static_cast<std::size_t>(rope.second(i));
+        const int a = rope.first(i), b = rope.second(i);
         const double x0 = key[a], x1 = key[b];
         key[a] = x0 * cs[i] - x1 * sn[i];
         key[b] = x0 * sn[i] + x1 * cs[i];
       }
-      double dot = 0;
-      for (int x = 0; x < d; ++x) dot += static_cast<double>(q[h * d + x]) * key[static_cast<std::size_t>(x)];
-      w[static_cast<std::size_t>(m)] = dot * scale;
     }
-    softmax(w);
-    // Values: Uv times the weighted coefficients (the rank mask applied per token).
-    std::vector<double> coef(static_cast<std::size_t>(d), 0.0);
-    for (int m = 0; m < n; ++m) {
-      const std::uint16_t* c = cv + (row0 + m) * d;
-      for (int j = 0; j < ranks[row0 + m]; ++j) coef[static_cast<std::size_t>(j)] += w[static_cast<std::size_t>(m)] * half_to_float(c[j]);
-    }
-    const std::uint16_t* V = uv + static_cast<std::int64_t>(kv) * d * d;
-    for (int x = 0; x < d; ++x) {
-      double o = 0;
-      for (int j = 0; j < d; ++j) o += half_to_float(V[x * d + j]) * coef[static_cast<std::size_t>(j)];
-      out[h * d + x] = static_cast<float>(o);
-    }
+    attend_rows_ref(s, kv, q, keys, values, n, out);
   }
 }
 
@@ -203,8 +212,9 @@ void top_k_ref(const float* scores, const std::uint8_t* protect, int heads, int 
 }
 
 double nmse(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || b.empty()) return std::numeric_limits<double>::infinity();
   double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
     num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
     den += static_cast<double>(b[i]) * b[i];
   }

@@ -46,7 +46,8 @@ void column_sums_ref(const float* weights, int heads, int rows, int n, float* su
 // policies/selection.h's top_k_mask rule.
 void top_k_ref(const float* scores, const std::uint8_t* protect, int heads, int n, int k, std::uint8_t* keep);
 
-// Normalised mean squared error ||a - b||^2 / ||b||^2 (b the reference).
+// Normalised mean squared error ||a - b||^2 / ||b||^2 (b the reference); infinite (a failure at
+// any limit) when the sizes differ or there is nothing to compare.
 double nmse(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace kvsim::gpu

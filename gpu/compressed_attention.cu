@@ -3,6 +3,7 @@
 #include <cub/device/device_segmented_sort.cuh>
 #include <cuda_fp16.h>
 
+#include "gpu/device_alloc.h"
 #include "gpu/device_math.cuh"
 
 namespace kvsim::gpu {
@@ -228,16 +229,15 @@ cudaError_t top_k(const float* scores, const std::uint8_t* protect, int heads, i
     if (err == cudaSuccess) err = e;
     return err == cudaSuccess;
   };
-  if (step(cudaMallocAsync(&keys, total * sizeof *keys, stream)) && step(cudaMallocAsync(&keys_out, total * sizeof *keys, stream)) &&
-      step(cudaMallocAsync(&index, total * sizeof *index, stream)) &&
-      step(cudaMallocAsync(&index_out, total * sizeof *index, stream)) &&
-      step(cudaMallocAsync(&offsets, (heads + 1) * sizeof *offsets, stream))) {
+  auto alloc = [&](auto*& p, std::size_t bytes) { return step(device_alloc(reinterpret_cast<void**>(&p), bytes, stream)); };
+  if (alloc(keys, total * sizeof *keys) && alloc(keys_out, total * sizeof *keys) && alloc(index, total * sizeof *index) &&
+      alloc(index_out, total * sizeof *index) && alloc(offsets, (heads + 1) * sizeof *offsets)) {
     keys_kernel<<<blocks_for(total), 256, 0, stream>>>(scores, protect, heads, n, keys, index);
     offsets_kernel<<<blocks_for(heads + 1), 256, 0, stream>>>(heads, n, offsets);
     if (step(cudaGetLastError()) &&
         step(cub::DeviceSegmentedSort::SortPairsDescending(nullptr, temp_bytes, keys, keys_out, index, index_out,
                                                            static_cast<int>(total), heads, offsets, offsets + 1, stream)) &&
-        step(cudaMallocAsync(&temp, temp_bytes, stream)) &&
+        alloc(temp, temp_bytes) &&
         step(cub::DeviceSegmentedSort::SortPairsDescending(temp, temp_bytes, keys, keys_out, index, index_out,
                                                            static_cast<int>(total), heads, offsets, offsets + 1, stream)) &&
         step(cudaMemsetAsync(keep, 0, total, stream))) {
@@ -247,7 +247,7 @@ cudaError_t top_k(const float* scores, const std::uint8_t* protect, int heads, i
   }
   for (void* p : {static_cast<void*>(keys), static_cast<void*>(keys_out), static_cast<void*>(index),
                   static_cast<void*>(index_out), static_cast<void*>(offsets), temp})
-    if (p) cudaFreeAsync(p, stream);
+    if (p) device_free(p, stream);
   return err;
 }
 

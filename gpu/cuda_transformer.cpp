@@ -9,6 +9,7 @@
 
 #include "core/half.h"
 #include "gpu/cuda_check.h"
+#include "gpu/device_alloc.h"
 #include "gpu/packed_attention.cuh"
 #include "gpu/packed_rows.h"
 #include "gpu/packed_unpack.cuh"
@@ -45,16 +46,16 @@ struct DeviceMem {
     if (ptr) cudaFree(ptr);
   }
   void release(cudaStream_t stream) {
-    if (ptr) KVSIM_CUDA_CHECK(cudaFreeAsync(ptr, stream));
+    if (ptr) KVSIM_CUDA_CHECK(device_free(ptr, stream));
     ptr = nullptr;
     bytes = 0;
   }
   void ensure(std::size_t want, cudaStream_t stream) {
     if (want <= bytes) return;
-    if (ptr) KVSIM_CUDA_CHECK(cudaFreeAsync(ptr, stream));
+    if (ptr) KVSIM_CUDA_CHECK(device_free(ptr, stream));
     ptr = nullptr;
     bytes = 0;  // a failed allocation leaves an empty buffer, never a stale size
-    KVSIM_CUDA_CHECK(cudaMallocAsync(&ptr, want, stream));
+    KVSIM_CUDA_CHECK(device_alloc(&ptr, want, stream));
     bytes = want;
   }
   template <typename T>
@@ -146,7 +147,7 @@ struct CudaTransformer::Impl {
   DeviceMem unpacked_k, unpacked_v;
 
   // Work buffers for up to `work_rows` new rows.
-  std::int64_t work_rows = 0;
+  std::int64_t work_rows = 0, pinned_rows = 0;
   DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
   DeviceMem decode_scratch;  // split-K decode partials
   DeviceMem head_stats;      // [n_head, 2]: a packed decode's softmax (max, sum) for the last-row weights
@@ -181,10 +182,12 @@ struct CudaTransformer::Impl {
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  void ensure_work(std::int64_t n, std::size_t n_logits) {
+  // Work buffers for n new rows; the pinned host buffers only when a callback takes the rows
+  // (pinned memory is slow to allocate and scarce: 48 KB a row at Mistral-7B's shape).
+  void ensure_work(std::int64_t n, std::size_t n_logits, bool capture) {
     const std::int64_t E = s.n_embd, Q = s.q_dim(), K = s.kv_dim(), F = s.n_ff;
     if (n > work_rows) {
-      KVSIM_CUDA_CHECK(cudaStreamSynchronize(copy));  // pinned buffers may be re-made
+      KVSIM_CUDA_CHECK(cudaStreamSynchronize(copy));  // the copy stream may still read q/k/v
       const auto un = static_cast<std::size_t>(n);
       x.ensure(un * E * sizeof(float), compute);
       in.ensure(un * std::max({E, Q, F}) * gemm_elem(), compute);
@@ -192,9 +195,6 @@ struct CudaTransformer::Impl {
         q[b].ensure(un * Q * sizeof(float), compute);
         k[b].ensure(un * K * sizeof(float), compute);
         v[b].ensure(un * K * sizeof(float), compute);
-        pq[b].ensure(un * Q);
-        pk[b].ensure(un * K);
-        pv[b].ensure(un * K);
       }
       kh.ensure(un * K * sizeof(std::uint16_t), compute);
       vh.ensure(un * K * sizeof(std::uint16_t), compute);
@@ -203,6 +203,16 @@ struct CudaTransformer::Impl {
       dev_tokens.ensure(un * sizeof(std::int32_t), compute);
       dev_positions.ensure(un * sizeof(std::int32_t), compute);
       work_rows = n;
+    }
+    if (capture && n > pinned_rows) {
+      KVSIM_CUDA_CHECK(cudaStreamSynchronize(copy));  // pinned buffers are re-made
+      const auto un = static_cast<std::size_t>(n);
+      for (int b = 0; b < 2; ++b) {
+        pq[b].ensure(un * Q);
+        pk[b].ensure(un * K);
+        pv[b].ensure(un * K);
+      }
+      pinned_rows = n;
     }
     decode_scratch.ensure(decode_floats() * sizeof(float), compute);
     head_stats.ensure(static_cast<std::size_t>(s.n_head) * 2 * sizeof(float), compute);
@@ -610,7 +620,7 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     if (r < 0 || r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " out of range");
   const std::int64_t E = s.n_embd, Q = s.q_dim(), K = s.kv_dim(), F = s.n_ff, V = s.vocab;
   const int d = s.head_dim, G = s.group();
-  m.ensure_work(n, logit_rows.size());
+  m.ensure_work(n, logit_rows.size(), static_cast<bool>(on_layer));
   m.ensure_rope(*std::max_element(positions.begin(), positions.end()));
   cudaStream_t st = m.compute;
   KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_tokens.ptr, tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice, st));

@@ -63,19 +63,11 @@ __global__ void packed_decode_kernel(const float* __restrict__ q, int head_div, 
                                      std::int64_t capacity, EntryRows seen, float scale, int chunk, float* __restrict__ scratch,
                                      float* __restrict__ logits, int stride) {
   constexpr int d = kLanes * 32;
-  __shared__ float qs[d];
-  __shared__ float bufs[kDecodeWarps * d];
-  __shared__ float wm[kDecodeWarps], wl[kDecodeWarps];
-  __shared__ float wo[kDecodeWarps * d];
-  const int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, e = h / head_div;
-  const int n = seen.rows[e], begin = split * chunk, stop = min(n, begin + chunk);
-  for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[static_cast<std::int64_t>(h) * d + c] * scale;
-  __syncthreads();
-  const std::int64_t base = static_cast<std::int64_t>(e) * capacity * d;
-  const PackedRows<kLanes> rows{entries[e], cache_k + base, cache_v + base, rope, rope_cos, rope_sin,
-                                bufs + (threadIdx.x / 32) * d};
-  split_decode<kLanes>(rows, qs, begin, stop, logits ? logits + static_cast<std::int64_t>(h) * stride : nullptr, wm, wl, wo,
-                       scratch + (static_cast<std::int64_t>(h) * splits + split) * (d + 2));
+  __shared__ float bufs[kDecodeWarps * d];  // a row per warp, for the rotation of low-rank keys
+  split_decode<kLanes>(q, scale, head_div, seen, chunk, scratch, logits, stride, [&](int e) {
+    const std::int64_t base = static_cast<std::int64_t>(e) * capacity * d;
+    return PackedRows<kLanes>{entries[e], cache_k + base, cache_v + base, rope, rope_cos, rope_sin, bufs + (threadIdx.x / 32) * d};
+  });
 }
 
 // Logits -> softmax weights with each head's (max, sum) from combine_decode; zero past its rows.

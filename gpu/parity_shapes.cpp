@@ -21,8 +21,10 @@ std::vector<std::pair<std::string, TransformerShape>> kernel_corner_shapes() {
   std::vector<std::pair<std::string, TransformerShape>> out;
   TransformerShape s;
   s.n_layers = 2, s.n_embd = 192, s.n_head = 6, s.n_head_kv = 2, s.head_dim = 32, s.n_ff = 256, s.vocab = 500;
-  s.rope = RopeSpec{RopeType::Norm, 32, 32, 10000.0};
-  out.emplace_back("head_dim 32, group 3", s);
+  s.rope = RopeSpec{RopeType::Norm, 32, 16, 10000.0};  // adjacent pairs, partial rotary, Q/K/V biases
+  s.has_bias = true;
+  out.emplace_back("head_dim 32, group 3, rope_dim 16 (norm), biases", s);
+  s.has_bias = false;
   s.n_embd = 288, s.n_head = 3, s.n_head_kv = 3, s.head_dim = 96;  // plain multi-head, partial rotary
   s.rope = RopeSpec{RopeType::Neox, 96, 64, 10000.0};
   out.emplace_back("head_dim 96, MHA, rope_dim 64 (neox)", s);

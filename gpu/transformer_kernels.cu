@@ -181,22 +181,15 @@ struct HalfRows {
   }
 };
 
-// Block (split, head): split_decode over the head's keys [split * chunk, ...) of its fp16 entry.
+// Block (split, head): split_decode over the head's fp16 entry.
 template <int kLanes>
 __global__ void decode_split_kernel(const float* __restrict__ q, int head_div, const std::uint16_t* __restrict__ cache_k,
                                     const std::uint16_t* __restrict__ cache_v, std::int64_t capacity, EntryRows seen,
                                     float scale, int chunk, float* __restrict__ scratch) {
-  constexpr int d = kLanes * 32;
-  __shared__ float qs[d];
-  __shared__ float wm[kDecodeWarps], wl[kDecodeWarps];
-  __shared__ float wo[kDecodeWarps * d];
-  const int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, e = h / head_div;
-  const int n = seen.rows[e], begin = split * chunk, stop = min(n, begin + chunk);
-  for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[static_cast<std::int64_t>(h) * d + c] * scale;
-  __syncthreads();
-  const HalfRows<kLanes> rows{cache_k + static_cast<std::int64_t>(e) * capacity * d, cache_v + static_cast<std::int64_t>(e) * capacity * d};
-  split_decode<kLanes>(rows, qs, begin, stop, nullptr, wm, wl, wo,
-                       scratch + (static_cast<std::int64_t>(h) * splits + split) * (d + 2));
+  split_decode<kLanes>(q, scale, head_div, seen, chunk, scratch, nullptr, 0, [&](int e) {
+    const std::int64_t base = static_cast<std::int64_t>(e) * capacity * HalfRows<kLanes>::d;
+    return HalfRows<kLanes>{cache_k + base, cache_v + base};
+  });
 }
 
 __global__ void decode_combine_kernel(const float* __restrict__ scratch, int splits, int d, void* out, bool half_out,

@@ -24,12 +24,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// NMSE that fails on a size mismatch (nmse() compares the common prefix only).
-double checked_nmse(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size() || want.empty()) return 1e30;
-  return nmse(got, want);
-}
-
 std::vector<std::int32_t> prompt(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(n));
   std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -110,10 +104,10 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
   cr.kw = cg.kw = s.kv_dim();
   const auto lr = ref.forward(tokens, pos, rows, true, false, cr.callback());
   const auto lg = gpu.forward(tokens, pos, rows, true, false, cg.callback());
-  r.value("prefill logits (2 rows)", checked_nmse(lg, lr), limit);
-  r.value("prefill capture: Q rows of every layer", checked_nmse(cg.q, cr.q), limit);
-  r.value("prefill capture: K rows of every layer", checked_nmse(cg.k, cr.k), limit);
-  r.value("prefill capture: V rows of every layer", checked_nmse(cg.v, cr.v), limit);
+  r.value("prefill logits (2 rows)", nmse(lg, lr), limit);
+  r.value("prefill capture: Q rows of every layer", nmse(cg.q, cr.q), limit);
+  r.value("prefill capture: K rows of every layer", nmse(cg.k, cr.k), limit);
+  r.value("prefill capture: V rows of every layer", nmse(cg.v, cr.v), limit);
 
   // Greedy decode on the reference's tokens: logits and the last row's weights each step.
   std::int32_t next = argmax(lr, 0, V);
@@ -128,16 +122,16 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
     const std::vector<std::int64_t> row0 = {0};
     const auto dr = ref.forward(one, at, row0, false, true);
     const auto dg = gpu.forward(one, at, row0, false, true);
-    worst(worst_logits, checked_nmse(dg, dr));
-    worst(worst_last, checked_nmse(all_last(gpu, s), all_last(ref, s)));
+    worst(worst_logits, nmse(dg, dr));
+    worst(worst_last, nmse(all_last(gpu, s), all_last(ref, s)));
     same_top1 += argmax(dg, 0, V) == argmax(dr, 0, V);
     next = argmax(dr, 0, V);
   }
   r.value("decode logits (worst of 3 steps)", worst_logits, limit);
   r.value("decode last-row attention weights (worst step)", worst_last, limit);
   r.line("  decode top-1 agreement: " + std::to_string(same_top1) + "/" + std::to_string(steps) + " (informative)");
-  r.value("KV cache keys after decode", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
-  r.value("KV cache values after decode", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+  r.value("KV cache keys after decode", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+  r.value("KV cache values after decode", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
 
   // Eviction on the device: every entry keeps a different subset, then one more step.
   for (int l = 0; l < s.n_layers; ++l)
@@ -148,14 +142,14 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
       ref.keep_rows(l, e, keep);
       gpu.keep_rows(l, e, keep);
     }
-  r.value("evicted cache (keep_rows): keys", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+  r.value("evicted cache (keep_rows): keys", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
   {
     const std::vector<std::int32_t> one = {next}, at = {static_cast<std::int32_t>(P + steps)};
     const std::vector<std::int64_t> row0 = {0};
     const auto dr = ref.forward(one, at, row0, false, true);
     const auto dg = gpu.forward(one, at, row0, false, true);
-    r.value("evicted cache: decode logits", checked_nmse(dg, dr), limit);
-    r.value("evicted cache: last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+    r.value("evicted cache: decode logits", nmse(dg, dr), limit);
+    r.value("evicted cache: last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
   }
 
   // A chunked prefill reaches the one-pass logits.
@@ -164,7 +158,7 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
   gpu.forward(std::span(tokens).first(cut), std::span(pos).first(cut), {}, false, false);
   const std::vector<std::int64_t> last = {P - cut - 1};
   const auto chunked = gpu.forward(std::span(tokens).subspan(cut), std::span(pos).subspan(cut), last, false, false);
-  r.value("chunked prefill (37 + 43) vs one-pass reference", checked_nmse(chunked, {lr.begin(), lr.begin() + V}), limit);
+  r.value("chunked prefill (37 + 43) vs one-pass reference", nmse(chunked, {lr.begin(), lr.begin() + V}), limit);
 
   // Small models: a long prompt, so decode splits its keys over many blocks and prefill walks
   // many key tiles (the big shapes would take the reference minutes).
@@ -175,14 +169,14 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
     ref.reset();
     gpu.reset();
     const std::vector<std::int64_t> lrow = {L - 1};
-    r.value("long prompt (1500): prefill logits", checked_nmse(gpu.forward(lt, lp, lrow, false, false),
+    r.value("long prompt (1500): prefill logits", nmse(gpu.forward(lt, lp, lrow, false, false),
                                                             ref.forward(lt, lp, lrow, false, false)), limit);
     const std::vector<std::int32_t> one = {lt[7]}, at = {static_cast<std::int32_t>(L)};
     const std::vector<std::int64_t> row0 = {0};
     const auto dr = ref.forward(one, at, row0, false, true);
     const auto dg = gpu.forward(one, at, row0, false, true);
-    r.value("long prompt: split-key decode logits", checked_nmse(dg, dr), limit);
-    r.value("long prompt: decode last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+    r.value("long prompt: split-key decode logits", nmse(dg, dr), limit);
+    r.value("long prompt: decode last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
   }
 
   // A per-query-head cache (each head drops different rows), loaded into both, then one step.
@@ -212,12 +206,12 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
     const auto at = iota_from(static_cast<std::int32_t>(P), 5);
     const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
     r.value("per-query-head cache: 5-token chunk logits",
-            checked_nmse(gpu.forward(more, at, all_rows, false, false), ref.forward(more, at, all_rows, false, false)), limit);
+            nmse(gpu.forward(more, at, all_rows, false, false), ref.forward(more, at, all_rows, false, false)), limit);
     const std::vector<std::int32_t> one = {more[0]}, at1 = {static_cast<std::int32_t>(P + 5)};
     const auto dr = ref.forward(one, at1, row0, false, true);
     const auto dg = gpu.forward(one, at1, row0, false, true);
-    r.value("per-query-head cache: decode logits", checked_nmse(dg, dr), limit);
-    r.value("per-query-head cache: last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+    r.value("per-query-head cache: decode logits", nmse(dg, dr), limit);
+    r.value("per-query-head cache: last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
   }
 
   // A packed cache (what verify loads after a codec), every entry shape a codec's plans produce
@@ -239,8 +233,8 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
       ref.load_layer(l, entries);
       gpu.load_layer(l, entries);
     }
-    r.value("packed cache: rows read back (keys)", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
-    r.value("packed cache: rows read back (values)", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    r.value("packed cache: rows read back (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+    r.value("packed cache: rows read back (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
     double payload = 0, fp16_rows = 0;
     for (const auto& layer : layers)
       for (std::size_t e = 0; e < layer.packs.size(); ++e) {
@@ -257,15 +251,15 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
       const std::vector<std::int32_t> one = {more[i]}, at1 = {at};
       const auto dr = ref.forward(one, at1, row0, false, true);
       const auto dg = gpu.forward(one, at1, row0, false, true);
-      r.value("packed cache: " + label + ": logits", checked_nmse(dg, dr), limit);
-      r.value("packed cache: " + label + ": last-row weights", checked_nmse(all_last(gpu, s), all_last(ref, s)), limit);
+      r.value("packed cache: " + label + ": logits", nmse(dg, dr), limit);
+      r.value("packed cache: " + label + ": last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
     };
     decode(0, static_cast<std::int32_t>(P), "fused decode");
     r.same("packed cache: the fused decode made no unpack scratch", gpu.unpack_scratch_bytes() == 0);
     const std::vector<std::int32_t> chunk(more.begin() + 1, more.begin() + 6);
     const auto at = iota_from(static_cast<std::int32_t>(P + 1), 5);
     r.value("packed cache: 5-token chunk logits",
-            checked_nmse(gpu.forward(chunk, at, all_rows, false, false), ref.forward(chunk, at, all_rows, false, false)), limit);
+            nmse(gpu.forward(chunk, at, all_rows, false, false), ref.forward(chunk, at, all_rows, false, false)), limit);
     char buf[360];
     std::snprintf(buf, sizeof buf,
                   "  packed cache on the device: %.1f KB (payload %.1f KB + %.0f fp16 rows, scratch %.1f KB) vs %.1f KB as fp16",
@@ -277,8 +271,8 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
     decode(6, static_cast<std::int32_t>(P + 6), "unpack-then-attend decode");
     gpu.set_packed_decode(PackedDecode::Fused);
     decode(7, static_cast<std::int32_t>(P + 7), "fused decode after the chunk");
-    r.value("packed cache: rows after decoding (keys)", checked_nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
-    r.value("packed cache: rows after decoding (values)", checked_nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    r.value("packed cache: rows after decoding (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+    r.value("packed cache: rows after decoding (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
   }
 }
 
