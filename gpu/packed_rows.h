@@ -42,8 +42,8 @@ struct RowTable {
   std::size_t bytes() const { return runs.size() * sizeof(RowRun) + positions.size() * sizeof(std::int32_t); }
 };
 
-// Throws std::invalid_argument when a row or offset does not fit 32 bits (a tensor of over 4G
-// rows, halves or code bytes), naming the row.
+// Throws std::invalid_argument when a tensor has 2^31 rows or more, or an offset does not fit 32
+// bits (a tensor of over 4G halves or code bytes), naming the row.
 RowTable row_table(const PackedTensor& t, int head_dim);
 
 // One PackedTensor's arrays (same layout as the host vectors) with its row table as runs: device
