@@ -30,8 +30,8 @@ void softmax(std::vector<double>& logits) {
 }
 
 // Attention of each query head of KV head kv over that head's n rebuilt keys and values, both
-// [n, d] doubles: the part every reference below shares once it has rebuilt a KV head's rows
-// (once, not once per query head: the Mistral-7B shapes have 32768 rows).
+// [n, d] doubles: what attend_quant_ref and attend_lowrank_ref do once they have rebuilt a KV
+// head's rows (once, not once per query head: the Mistral-7B shapes have 32768 rows).
 void attend_rows_ref(const AttnShape& s, int kv, const float* q, const std::vector<double>& keys,
                      const std::vector<double>& values, std::int64_t n, float* out) {
   const int d = s.head_dim;

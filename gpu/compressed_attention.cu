@@ -229,7 +229,11 @@ cudaError_t top_k(const float* scores, const std::uint8_t* protect, int heads, i
     if (err == cudaSuccess) err = e;
     return err == cudaSuccess;
   };
-  auto alloc = [&](auto*& p, std::size_t bytes) { return step(device_alloc(reinterpret_cast<void**>(&p), bytes, stream)); };
+  bool pooled[6] = {};
+  int allocated = 0;
+  auto alloc = [&](auto*& p, std::size_t bytes) {
+    return step(device_alloc(reinterpret_cast<void**>(&p), bytes, stream, pooled[allocated++]));
+  };
   if (alloc(keys, total * sizeof *keys) && alloc(keys_out, total * sizeof *keys) && alloc(index, total * sizeof *index) &&
       alloc(index_out, total * sizeof *index) && alloc(offsets, (heads + 1) * sizeof *offsets)) {
     keys_kernel<<<blocks_for(total), 256, 0, stream>>>(scores, protect, heads, n, keys, index);
@@ -245,9 +249,10 @@ cudaError_t top_k(const float* scores, const std::uint8_t* protect, int heads, i
       step(cudaGetLastError());
     }
   }
-  for (void* p : {static_cast<void*>(keys), static_cast<void*>(keys_out), static_cast<void*>(index),
-                  static_cast<void*>(index_out), static_cast<void*>(offsets), temp})
-    if (p) device_free(p, stream);
+  // In allocation order, each freed as it was allocated.
+  void* const order[6] = {keys, keys_out, index, index_out, offsets, temp};
+  for (int i = 0; i < allocated; ++i)
+    if (order[i]) device_free(order[i], stream, pooled[i]);
   return err;
 }
 

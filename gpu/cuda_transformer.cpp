@@ -33,29 +33,29 @@ constexpr int kIds = static_cast<int>(WeightId::Bv) + 1;
 struct DeviceMem {
   void* ptr = nullptr;
   std::size_t bytes = 0;
+  bool pooled = false;  // stream-ordered allocation (gpu/device_alloc.h)
   DeviceMem() = default;
   DeviceMem(const DeviceMem&) = delete;
   DeviceMem& operator=(const DeviceMem&) = delete;
-  DeviceMem(DeviceMem&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr, o.bytes = 0; }
+  DeviceMem(DeviceMem&& o) noexcept : ptr(o.ptr), bytes(o.bytes), pooled(o.pooled) { o.ptr = nullptr, o.bytes = 0; }
   DeviceMem& operator=(DeviceMem&& o) noexcept {
     std::swap(ptr, o.ptr);
     std::swap(bytes, o.bytes);
+    std::swap(pooled, o.pooled);
     return *this;
   }
   ~DeviceMem() {
-    if (ptr) cudaFree(ptr);
+    if (ptr) cudaFree(ptr);  // frees either kind, after the device's pending work
   }
   void release(cudaStream_t stream) {
-    if (ptr) KVSIM_CUDA_CHECK(device_free(ptr, stream));
+    if (ptr) KVSIM_CUDA_CHECK(device_free(ptr, stream, pooled));
     ptr = nullptr;
     bytes = 0;
   }
   void ensure(std::size_t want, cudaStream_t stream) {
     if (want <= bytes) return;
-    if (ptr) KVSIM_CUDA_CHECK(device_free(ptr, stream));
-    ptr = nullptr;
-    bytes = 0;  // a failed allocation leaves an empty buffer, never a stale size
-    KVSIM_CUDA_CHECK(device_alloc(&ptr, want, stream));
+    release(stream);  // a failed allocation below leaves an empty buffer, never a stale size
+    KVSIM_CUDA_CHECK(device_alloc(&ptr, want, stream, pooled));
     bytes = want;
   }
   template <typename T>
@@ -290,12 +290,13 @@ struct CudaTransformer::Impl {
     put(dst.codes, t.codes.data(), t.codes.size());
     put(dst.params, t.params.data(), t.params.size() * sizeof(std::uint16_t));
     put(dst.basis, t.basis.data(), t.basis.size() * sizeof(std::uint16_t));
-    dst.view = PackedTensorView{dst.runs.as<const RowRun>(), static_cast<int>(table.runs.size()),
-                                table.positions.empty() ? nullptr : dst.positions.as<const std::int32_t>(),
-                                static_cast<std::int64_t>(t.rows.size()),
-                                dst.halves.as<const std::uint16_t>(), dst.codes.as<const std::uint8_t>(),
-                                dst.params.as<const std::uint16_t>(), dst.basis.as<const std::uint16_t>(),
-                                t.bits, t.param_span, t.symmetric, t.rotate};
+    dst.view = layout_view(t, table);
+    dst.view.runs = dst.runs.as<const RowRun>();
+    dst.view.positions = table.positions.empty() ? nullptr : dst.positions.as<const std::int32_t>();
+    dst.view.halves = dst.halves.as<const std::uint16_t>();
+    dst.view.codes = dst.codes.as<const std::uint8_t>();
+    dst.view.params = dst.params.as<const std::uint16_t>();
+    dst.view.basis = dst.basis.as<const std::uint16_t>();
   }
   static std::size_t bytes_of(const PackedDev& p) {
     return p.runs.bytes + p.positions.bytes + p.halves.bytes + p.codes.bytes + p.params.bytes + p.basis.bytes;

@@ -20,12 +20,13 @@ bool memory_pools_supported() {
   return k != 0;
 }
 
-cudaError_t device_alloc(void** ptr, std::size_t bytes, cudaStream_t stream) {
-  return memory_pools_supported() ? cudaMallocAsync(ptr, bytes, stream) : cudaMalloc(ptr, bytes);
+cudaError_t device_alloc(void** ptr, std::size_t bytes, cudaStream_t stream, bool& pooled) {
+  pooled = memory_pools_supported();
+  return pooled ? cudaMallocAsync(ptr, bytes, stream) : cudaMalloc(ptr, bytes);
 }
 
-cudaError_t device_free(void* ptr, cudaStream_t stream) {
-  return memory_pools_supported() ? cudaFreeAsync(ptr, stream) : cudaFree(ptr);
+cudaError_t device_free(void* ptr, cudaStream_t stream, bool pooled) {
+  return pooled ? cudaFreeAsync(ptr, stream) : cudaFree(ptr);
 }
 
 }  // namespace kvsim::gpu

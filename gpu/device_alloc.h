@@ -12,7 +12,9 @@ namespace kvsim::gpu {
 // Whether the current device has memory pools (asked once per device).
 bool memory_pools_supported();
 
-cudaError_t device_alloc(void** ptr, std::size_t bytes, cudaStream_t stream);
-cudaError_t device_free(void* ptr, cudaStream_t stream);
+// `pooled` records which kind the allocation is; device_free must be given it back (the current
+// device, or what it supports, may differ by then).
+cudaError_t device_alloc(void** ptr, std::size_t bytes, cudaStream_t stream, bool& pooled);
+cudaError_t device_free(void* ptr, cudaStream_t stream, bool pooled);
 
 }  // namespace kvsim::gpu

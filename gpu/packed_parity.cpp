@@ -34,8 +34,13 @@ struct DevicePacked {
   DevicePacked(const PackedTensor& t, int head_dim)
       : table(row_table(t, head_dim)), runs(table.runs), positions(table.positions), halves(t.halves), params(t.params),
         basis(t.basis), codes(t.codes) {
-    view = PackedTensorView{runs.ptr, static_cast<int>(table.runs.size()), table.positions.empty() ? nullptr : positions.ptr, static_cast<std::int64_t>(t.rows.size()),
-                            halves.ptr, codes.ptr, params.ptr, basis.ptr, t.bits, t.param_span, t.symmetric, t.rotate};
+    view = layout_view(t, table);
+    view.runs = runs.ptr;
+    view.positions = table.positions.empty() ? nullptr : positions.ptr;
+    view.halves = halves.ptr;
+    view.codes = codes.ptr;
+    view.params = params.ptr;
+    view.basis = basis.ptr;
   }
 };
 
@@ -82,7 +87,6 @@ std::vector<float> floats_of(const std::vector<std::uint16_t>& h) {
 
 // Split-K decode partials for n_head heads (attend_decode's 256 ranges at most).
 std::size_t decode_scratch_floats(int n_head, int d) { return static_cast<std::size_t>(n_head) * 256 * (d + 2); }
-
 
 constexpr float kRopeTheta = 10000.0f;
 

@@ -61,13 +61,30 @@ struct PackedTensorView {
   bool symmetric = false, rotate = false;
 };
 
-// The view of a tensor's host arrays through `table` (which must outlive it): how the CPU tests
+// t's view with its layout (rows, runs, bits, pairs, rotation) and no arrays yet: the caller
+// points them at the host's or the device's copies.
+inline PackedTensorView layout_view(const PackedTensor& t, const RowTable& table) {
+  PackedTensorView v;
+  v.n_runs = static_cast<int>(table.runs.size());
+  v.n_rows = static_cast<std::int64_t>(t.rows.size());
+  v.bits = t.bits;
+  v.param_span = t.param_span;
+  v.symmetric = t.symmetric;
+  v.rotate = t.rotate;
+  return v;
+}
+
+// The view of a tensor's host arrays through `table` (both must outlive it): how the CPU tests
 // run the kernels' row decoding.
 inline PackedTensorView host_view(const PackedTensor& t, const RowTable& table) {
-  return PackedTensorView{table.runs.data(), static_cast<int>(table.runs.size()),
-                          table.positions.empty() ? nullptr : table.positions.data(), static_cast<std::int64_t>(t.rows.size()),
-                          t.halves.data(), t.codes.data(), t.params.data(), t.basis.data(), t.bits, t.param_span,
-                          t.symmetric, t.rotate};
+  PackedTensorView v = layout_view(t, table);
+  v.runs = table.runs.data();
+  v.positions = table.positions.empty() ? nullptr : table.positions.data();
+  v.halves = t.halves.data();
+  v.codes = t.codes.data();
+  v.params = t.params.data();
+  v.basis = t.basis.data();
+  return v;
 }
 
 // A row's size in its array: halves (fp16 rows, low-rank coefficients) or code bytes.
@@ -77,12 +94,13 @@ KVSIM_HD std::int64_t packed_row_size(PackedKind kind, int rank, int head_dim, i
   return rank;
 }
 
-// Row m (< t.n_rows) as a PackedRow (position 0 when the tensor keeps no positions): the run
-// holding it by binary search, then its offsets.
+// Row m (< t.n_rows) as a PackedRow, from the run holding it (binary search): kind, rank and
+// data always; param only for quantized rows (other rows have none); position only when the
+// tensor keeps positions (rotated low-rank rows), else 0.
 KVSIM_HD PackedRow packed_row_at(const PackedTensorView& t, int head_dim, std::int64_t m) {
   int lo = 0, hi = t.n_runs - 1;  // the last run whose first row is <= m
   while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
+    const int mid = lo + (hi - lo + 1) / 2;
     if (static_cast<std::int64_t>(t.runs[mid].first) <= m) lo = mid;
     else hi = mid - 1;
   }

@@ -25,6 +25,7 @@
 #include "gpu/parity_buffers.h"
 #include "gpu/parity_report.h"
 #include "gpu/transformer_parity.h"
+#include "gpu/transformer_shape.h"
 
 using namespace kvsim;
 using namespace kvsim::gpu;
@@ -105,15 +106,9 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
     }
   }
   {  // Low-rank: random bases and coefficients, ranks 1..d, NEOX RoPE at the tokens' positions.
-    const int pairs = d / 2;
     const RopeShape rope{true, d};
-    std::vector<float> cos_t(static_cast<std::size_t>(s.capacity * pairs)), sin_t(cos_t.size());
-    for (std::int64_t pos = 0; pos < s.capacity; ++pos)
-      for (int i = 0; i < pairs; ++i) {
-        const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * i / d);
-        cos_t[static_cast<std::size_t>(pos * pairs + i)] = static_cast<float>(std::cos(angle));
-        sin_t[static_cast<std::size_t>(pos * pairs + i)] = static_cast<float>(std::sin(angle));
-      }
+    std::vector<float> cos_t, sin_t;
+    rope_tables(RopeSpec{RopeType::Neox, d, d, 10000.0}, s.capacity, cos_t, sin_t);
     const auto ck = to_half(gaussian(rows, rng)), cv = to_half(gaussian(rows, rng));
     const auto uk = to_half(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));
     const auto uv = to_half(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));

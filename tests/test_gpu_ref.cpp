@@ -3,8 +3,10 @@
 // rule) and with attention's defining properties, so that a GPU matching them is right.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/half.h"
@@ -12,12 +14,17 @@
 #include "gpu/packed_rows.h"
 #include "gpu/random_packed.h"
 #include "gpu/transformer_shape.h"
+#include "packed_fixtures.h"
+#include "policies/codec.h"
 #include "policies/lowrank.h"
 #include "policies/quantize.h"
+#include "policies/quantized_tier.h"
+#include "policies/registry.h"
 #include "policies/selection.h"
 
 using namespace kvsim;
 using namespace kvsim::gpu;
+using namespace kvsim::test;
 
 namespace {
 
@@ -33,6 +40,23 @@ std::vector<std::uint16_t> halves(const std::vector<float>& x) {
   std::vector<std::uint16_t> h(x.size());
   floats_to_halves(x.data(), h.data(), x.size());
   return h;
+}
+
+// The device's run table of t gives back every row as t holds it (kind, rank and data; param for
+// quantized rows; position where positions are kept); returns the number of runs.
+std::size_t check_runs(const PackedTensor& t, int d) {
+  const RowTable table = row_table(t, d);
+  const PackedTensorView view = host_view(t, table);
+  for (std::size_t m = 0; m < t.rows.size(); ++m) {
+    INFO("row " << m << " of " << t.rows.size() << ", " << table.runs.size() << " runs");
+    const PackedRow want = t.rows[m], got = packed_row_at(view, d, static_cast<std::int64_t>(m));
+    REQUIRE(got.kind == want.kind);
+    REQUIRE(got.rank == want.rank);
+    REQUIRE(got.data == want.data);
+    if (want.kind == PackedKind::Quant) REQUIRE(got.param == want.param);
+    if (!table.positions.empty()) REQUIRE(got.position == want.position);
+  }
+  return table.runs.size();
 }
 
 }  // namespace
@@ -214,38 +238,138 @@ TEST_CASE("the device's run table reads back every packed row", "[gpu-ref]") {
     // Kinds alternating row by row: a run a row, the table's worst case (16 B a row).
     const PackedTensor t = random_packed(32, 40, 4, 8, false, rotate, rng, 3, 6);
     const RowTable table = row_table(t, 32);
-    CHECK(table.runs.size() == t.rows.size());
+    CHECK(check_runs(t, 32) == t.rows.size());
     // Positions only where a low-rank row is rotated to one.
     CHECK(table.positions.size() == (rotate ? t.rows.size() : 0u));
     CHECK(table.bytes() == t.rows.size() * (rotate ? 20u : 16u));
-    const PackedTensorView view = host_view(t, table);
-    for (std::size_t m = 0; m < t.rows.size(); ++m) {
-      INFO("row " << m);
-      const PackedRow want = t.rows[m], got = packed_row_at(view, 32, static_cast<std::int64_t>(m));
-      CHECK(got.kind == want.kind);
-      CHECK(got.rank == want.rank);
-      CHECK(got.data == want.data);
-      if (want.kind == PackedKind::Quant) CHECK(got.param == want.param);
-      if (rotate) CHECK(got.position == want.position);
-    }
   }
-  // Runs break where the offsets stop stepping by one row: rows appended out of order, a row
-  // reading another run's pairs.
-  PackedTensor t;
-  std::vector<float> x(32, 0.5f);
-  for (int m = 0; m < 4; ++m) pack_fp16_row(t, x.data(), 32, m);
-  std::swap(t.rows[2], t.rows[3]);
-  CHECK(row_table(t, 32).runs.size() == 3);  // rows 0-1, row 2 (data 96), row 3 (data 64)
+  const int d = 32;
+  std::vector<float> x(d, 0.5f);
+  {  // Rows appended out of order: the runs break where the offsets stop stepping by one row.
+    PackedTensor t;
+    for (int m = 0; m < 4; ++m) pack_fp16_row(t, x.data(), d, m);
+    std::swap(t.rows[2], t.rows[3]);
+    CHECK(check_runs(t, d) == 3);  // rows 0-1, row 2 (data 96), row 3 (data 64)
+  }
+  {  // KIVI-style keys (a pair per channel): a token group of one row, then a group of three
+     // sharing their pairs. Row 1's pairs follow row 0's by one row's worth, so rows 0-1 read
+     // as one run with their own pairs; rows 2-3 share row 1's and start a shared run.
+    PackedTensor t;
+    t.bits = 4, t.param_span = 1;
+    t.codes.assign(4 * d / 2, 0x21);
+    t.params.assign(2 * 2 * d, 0);
+    for (int m = 0; m < 4; ++m) {
+      PackedRow r;
+      r.kind = PackedKind::Quant;
+      r.data = m * d / 2;
+      r.param = m == 0 ? 0 : d;
+      t.rows.push_back(r);
+    }
+    CHECK(check_runs(t, d) == 2);
+  }
+  {  // Low rank: rank 0 rows (no coefficients: every row at one offset), then a stretch of rank 5.
+    PackedTensor t;
+    t.basis.assign(static_cast<std::size_t>(d * d), 0);
+    for (int m = 0; m < 6; ++m) {
+      PackedRow r;
+      r.kind = PackedKind::LowRank;
+      r.rank = m < 2 ? 0 : 5;
+      r.data = static_cast<std::int64_t>(t.halves.size());
+      t.halves.resize(t.halves.size() + r.rank);
+      t.rows.push_back(r);
+    }
+    CHECK(check_runs(t, d) == 2);
+  }
+  {  // Symmetric per-token pairs (scales only): each row its own, one run.
+    PackedTensor t;
+    t.bits = 2, t.param_span = 16, t.symmetric = true;
+    for (int m = 0; m < 5; ++m) {
+      PackedRow r;
+      r.kind = PackedKind::Quant;
+      r.data = m * d * 2 / 8;
+      r.param = m * (d / 16);
+      t.rows.push_back(r);
+    }
+    t.codes.assign(5 * d * 2 / 8, 0);
+    t.params.assign(2 * 5 * (d / 16), 0);
+    CHECK(check_runs(t, d) == 1);
+  }
   // Rotated keys with no low-rank row need no positions.
-  PackedTensor quant_only = random_packed(32, 2, 4, 8, false, true, rng);
+  PackedTensor quant_only = random_packed(d, 2, 4, 8, false, true, rng);
   quant_only.rows.erase(quant_only.rows.begin());  // drop the fp16 row 0; row 1 is quantized
   quant_only.rows.front().position = 9;
-  CHECK(row_table(quant_only, 32).positions.empty());
+  CHECK(row_table(quant_only, d).positions.empty());
   // An offset past 32 bits cannot be held.
   PackedTensor huge = quant_only;
   huge.rows.front().data = std::int64_t{1} << 33;
-  CHECK_THROWS_WITH(row_table(huge, 32), Catch::Contains("packed row 0: offsets 8589934592") &&
-                                             Catch::Contains("32-bit row table"));
+  CHECK_THROWS_WITH(row_table(huge, d), Catch::Contains("packed row 0: offsets 8589934592") &&
+                                            Catch::Contains("32-bit row table"));
+}
+
+TEST_CASE("the device's run table reads back every codec's packed output", "[gpu-ref]") {
+  // What verify hands the device: each codec's packed entries, as plans from the codec tests
+  // make them (tests/packed_fixtures.h). A codec's rows come in runs: the table is small.
+  const KvGeometry g = geometry(64);
+  const Rows all = make_rows(g, 23);
+  auto pack = [&](const KvCodec* codec, const HeadPlan& plan, const Rows& rows) {
+    PackedEntry e;
+    pack_plan(codec, plan, g, rows.pos, rows.k, rows.v, e);
+    return e;
+  };
+  for (const int bits : {2, 4, 8})
+    for (const bool symmetric : {false, true})
+      for (const int group : {16, 32, 64}) {
+        INFO("int" << bits << (symmetric ? " symmetric" : " asymmetric") << " group " << group);
+        const IntCodec codec(IntSpec{bits, group, symmetric});
+        const HeadPlan mixed = mixed_plan(23, int_codec(bits));
+        const PackedEntry e = pack(&codec, mixed, kept_rows(all, mixed, g.head_dim));
+        check_runs(e.k, g.head_dim);
+        check_runs(e.v, g.head_dim);
+        HeadPlan uniform;  // every token int-coded: one run a tensor, whatever the length
+        uniform.codec.assign(23, int_codec(bits));
+        const PackedEntry u = pack(&codec, uniform, all);
+        CHECK(check_runs(u.k, g.head_dim) == 1);
+        CHECK(check_runs(u.v, g.head_dim) == 1);
+      }
+  for (const char* spec : {"kivi:bits=2,group=16,residual=32", "kivi:bits=4,group=32,residual=0"}) {
+    INFO(spec);
+    const PolicyInstance p = PolicyRegistry::instance().create(spec);
+    const Rows rows = make_rows(g, 101, 11);
+    HeadPlan plan;
+    plan.codec.assign(101, TokenCodec::Int2);
+    const PackedEntry e = pack(p.policy->codec(), plan, rows);
+    // Keys: one run per token group of quantized rows (they share their pairs), one for the fp16
+    // rows after them; values: their per-token codes, then the fp16 rows (the residual window;
+    // without one, values quantize whole and only the keys' partial group stays fp16).
+    auto quantized = [](const PackedTensor& t) {
+      return static_cast<std::size_t>(
+          std::count_if(t.rows.begin(), t.rows.end(), [](const PackedRow& r) { return r.kind == PackedKind::Quant; }));
+    };
+    const std::size_t group = std::string(spec).find("group=16") != std::string::npos ? 16 : 32;
+    REQUIRE(quantized(e.k) % group == 0);
+    CHECK(check_runs(e.k, g.head_dim) == quantized(e.k) / group + (quantized(e.k) < 101 ? 1 : 0));
+    CHECK(check_runs(e.v, g.head_dim) == 1 + (quantized(e.v) < 101 ? 1 : 0));
+  }
+  {  // Low rank: a run per stretch of one rank; a fixed rank is one run.
+    const LowRankCodec codec;
+    HeadPlan plan = mixed_plan(23, TokenCodec::LowRank);
+    for (std::size_t j = 0; j < plan.codec.size(); ++j) plan.rank.push_back(static_cast<std::uint16_t>(j % 33));
+    const PackedEntry e = pack(&codec, plan, kept_rows(all, plan, g.head_dim));
+    check_runs(e.k, g.head_dim);
+    check_runs(e.v, g.head_dim);
+    HeadPlan fixed;
+    fixed.codec.assign(23, TokenCodec::LowRank);
+    fixed.rank.assign(23, 12);
+    const PackedEntry f = pack(&codec, fixed, all);
+    CHECK(check_runs(f.k, g.head_dim) == 1);
+    CHECK(check_runs(f.v, g.head_dim) == 1);
+  }
+  {  // No codec: fp16 rows, one run.
+    HeadPlan plan;
+    plan.codec.assign(23, TokenCodec::Fp16);
+    const PackedEntry e = pack(nullptr, plan, all);
+    CHECK(check_runs(e.k, g.head_dim) == 1);
+  }
 }
 
 TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is unpack_tensor's", "[gpu-ref]") {
@@ -285,7 +409,7 @@ TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is 
       for (int i = 0; i < c.d; ++i) {
         const float got = half_round(x[static_cast<std::size_t>(i)]);
         const float ref = want[static_cast<std::size_t>(m * c.d + i)];
-        if (r.kind == PackedKind::LowRank)  // the rotation's tables vs core/rope's: one fp16 step at most
+        if (packed_rotated(view, r))  // the rotation's tables vs core/rope's: one fp16 step at most
           CHECK(std::abs(got - ref) <= std::ldexp(std::abs(ref), -10) + 1e-7f);
         else
           CHECK(got == ref);
