@@ -183,6 +183,7 @@ unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>((n + 255) / 2
 cudaError_t attend_kept(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
                         const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights,
                         cudaStream_t stream) {
+  if (!weights) return cudaErrorInvalidValue;  // the kernel's working buffer, not an optional output
   const std::size_t shared = (static_cast<std::size_t>(s.head_dim) + kThreads / 32) * sizeof(float);
   attend_kept_kernel<<<s.n_q_heads, kThreads, shared, stream>>>(s, q, k, v, kept, counts, max_kept, out, weights);
   return cudaGetLastError();

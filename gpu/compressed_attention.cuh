@@ -13,7 +13,8 @@
 namespace kvsim::gpu {
 
 // One decode query per query head over its KV head's kept tokens (indices into the fp16 cache).
-// weights [n_q_heads, max_kept] receives the softmax over the kept tokens (zero past counts).
+// weights [n_q_heads, max_kept] receives the softmax over the kept tokens (zero past counts); it is
+// also the kernel's working buffer, so it is required.
 cudaError_t attend_kept(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
                         const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights,
                         cudaStream_t stream);

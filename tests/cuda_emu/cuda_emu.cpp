@@ -1,0 +1,170 @@
+#include "cuda_emu.h"
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace emu {
+
+namespace {
+
+enum class Wait { None, Block, Warp, Done };
+
+struct Thread {
+  ThreadInfo info;
+  ucontext_t context;
+  Wait wait = Wait::None;
+};
+
+// One block at a time: its threads, their stacks, the scheduler's context.
+struct BlockRun {
+  std::vector<Thread> threads;
+  std::vector<char*> stacks;  // from stack_pool_
+  std::vector<std::uint64_t> slots;  // [threads]: what each lane deposited in a shuffle
+  std::vector<unsigned char> shared;
+  ucontext_t scheduler;
+  int running = -1;
+  Body body = nullptr;
+  void* state = nullptr;
+};
+
+constexpr std::size_t kStack = 256 * 1024;
+BlockRun* run_ = nullptr;
+std::vector<std::unique_ptr<char[]>> stack_pool_;  // grows to the largest block, then reused
+int last_error_ = 0;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "cuda_emu: %s\n", what.c_str());
+  std::abort();  // a kernel that would hang or misbehave on a GPU: stop the test here
+}
+
+void yield(Wait w) {
+  Thread& t = run_->threads[static_cast<std::size_t>(run_->running)];
+  t.wait = w;
+  swapcontext(&t.context, &run_->scheduler);
+}
+
+void entry() {
+  run_->body(run_->state);
+  yield(Wait::Done);
+}
+
+// Releases a barrier when every live thread of its group waits on it; false when nothing can run.
+bool release(BlockRun& b) {
+  bool all_block = true, any = false;
+  for (const Thread& t : b.threads)
+    if (t.wait != Wait::Done) {
+      any = true;
+      all_block = all_block && t.wait == Wait::Block;
+    }
+  if (!any) return false;
+  if (all_block) {
+    for (Thread& t : b.threads)
+      if (t.wait == Wait::Block) t.wait = Wait::None;
+    return true;
+  }
+  bool released = false;
+  for (std::size_t w0 = 0; w0 < b.threads.size(); w0 += 32) {
+    const std::size_t w1 = std::min(b.threads.size(), w0 + 32);
+    bool all_warp = true, live = false;
+    for (std::size_t i = w0; i < w1; ++i)
+      if (b.threads[i].wait != Wait::Done) {
+        live = true;
+        all_warp = all_warp && b.threads[i].wait == Wait::Warp;
+      }
+    if (live && all_warp) {
+      for (std::size_t i = w0; i < w1; ++i)
+        if (b.threads[i].wait == Wait::Warp) b.threads[i].wait = Wait::None;
+      released = true;
+    }
+  }
+  return released;
+}
+
+// Runs one block to completion; on its own (not inlined into launch's loops) since the contexts
+// it switches between return into it.
+__attribute__((noinline)) void run_block(BlockRun& b, uint3 block_id, dim3 block, dim3 grid, std::size_t shared_bytes) {
+  const std::size_t threads = b.threads.size();
+  b.shared.assign(shared_bytes, 0xFF);  // NaN floats: reading before writing shows
+  for (std::size_t i = 0; i < threads; ++i) {
+    Thread& t = b.threads[i];
+    const auto ui = static_cast<unsigned>(i);
+    t.info = ThreadInfo{uint3{ui % block.x, ui / block.x % block.y, ui / (block.x * block.y)}, block_id, block, grid};
+    t.wait = Wait::None;
+    getcontext(&t.context);
+    t.context.uc_stack.ss_sp = b.stacks[i];
+    t.context.uc_stack.ss_size = kStack;
+    t.context.uc_link = nullptr;
+    makecontext(&t.context, entry, 0);
+  }
+  for (;;) {
+    bool ran = false;
+    for (std::size_t i = 0; i < threads; ++i)
+      if (b.threads[i].wait == Wait::None) {
+        b.running = static_cast<int>(i);
+        swapcontext(&b.scheduler, &b.threads[i].context);
+        ran = true;
+      }
+    if (ran) continue;
+    if (release(b)) continue;
+    if (std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.wait == Wait::Done; })) return;
+    fail("block (" + std::to_string(block_id.x) + ", " + std::to_string(block_id.y) +
+         "): a barrier that not every live thread of its block or warp reaches (a GPU would hang)");
+  }
+}
+
+}  // namespace
+
+const ThreadInfo& current() { return run_->threads[static_cast<std::size_t>(run_->running)].info; }
+void* dynamic_shared_bytes() { return run_->shared.data(); }
+void sync_block() { yield(Wait::Block); }
+void sync_warp() { yield(Wait::Warp); }
+
+std::uint64_t exchange(std::uint64_t bits, int src) {
+  const int me = run_->running, warp0 = me - me % 32;
+  run_->slots[static_cast<std::size_t>(me)] = bits;
+  sync_warp();  // every lane has deposited
+  const int from = warp0 + (src & 31);
+  if (from >= static_cast<int>(run_->threads.size())) fail("shuffle from a lane past the block");
+  const std::uint64_t got = run_->slots[static_cast<std::size_t>(from)];
+  sync_warp();  // every lane has read before the slots are reused
+  return got;
+}
+
+bool launch(dim3 grid, dim3 block, std::size_t shared_bytes, Body body, void* state) {
+  const std::size_t threads = static_cast<std::size_t>(block.x) * block.y * block.z;
+  const std::size_t blocks = static_cast<std::size_t>(grid.x) * grid.y * grid.z;
+  if (blocks == 0 || threads == 0 || threads > 1024 || shared_bytes > 48 * 1024) {
+    last_error_ = 9;  // cudaErrorInvalidConfiguration
+    return false;
+  }
+  BlockRun b;
+  b.threads.resize(threads);
+  b.slots.resize(threads);
+  while (stack_pool_.size() < threads) stack_pool_.emplace_back(new char[kStack]);
+  for (std::size_t i = 0; i < threads; ++i) b.stacks.push_back(stack_pool_[i].get());
+  b.body = body;
+  b.state = state;
+  BlockRun* outer = run_;
+  run_ = &b;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) run_block(b, uint3{bx, by, bz}, block, grid, shared_bytes);
+  run_ = outer;
+  return true;
+}
+
+void set_last_error(int code) { last_error_ = code; }
+int take_last_error() {
+  const int e = last_error_;
+  last_error_ = 0;
+  return e;
+}
+
+}  // namespace emu

@@ -1,0 +1,287 @@
+// The project's CUDA kernels (gpu/*.cu), run on the CPU by tests/cuda_emu, against their CPU
+// references: on a machine without a GPU this is where the kernels' indexing, launch
+// configurations and barriers are exercised at all (the device check, bench/gpu_check.sh, holds
+// them to the same references on a GPU). Problems are small: the emulator switches threads in
+// software.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "core/packed_kv.h"
+#include "core/rope.h"
+#include "gpu/attention_ref.h"
+#include "gpu/compressed_attention.cuh"
+#include "gpu/packed_attention.cuh"
+#include "gpu/packed_rows.h"
+#include "gpu/packed_unpack.cuh"
+#include "gpu/random_packed.h"
+#include "gpu/transformer_kernels.cuh"
+#include "gpu/transformer_shape.h"
+
+using namespace kvsim;
+using namespace kvsim::gpu;
+
+namespace {
+
+std::vector<float> gaussian(std::size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<std::uint16_t> halves(const std::vector<float>& x) {
+  std::vector<std::uint16_t> h(x.size());
+  floats_to_halves(x.data(), h.data(), x.size());
+  return h;
+}
+
+EntryRows rows_of(int entries, int n) {
+  EntryRows r;
+  r.count = entries;
+  for (int e = 0; e < entries; ++e) r.rows[e] = n;
+  return r;
+}
+
+// Every row of every entry kept: attend_kept_ref's index lists for a dense cache of n rows.
+std::vector<std::int32_t> all_kept(int entries, int n) {
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(entries * n));
+  for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(n));
+  return kept;
+}
+
+std::size_t decode_scratch(int n_head, int d) { return static_cast<std::size_t>(n_head) * 256 * (d + 2); }
+
+// A layer's cache as the fused decode reads it: entry 0 fully packed, the last (of several) fp16
+// only, the rest a packed prefix with fp16 rows after it; dense is every row as fp16.
+struct MixedCache {
+  std::vector<PackedTensor> tensors;
+  std::vector<RowTable> tables;
+  std::vector<PackedEntryView> views;
+  std::vector<std::uint16_t> tail_k, tail_v, dense_k, dense_v;
+  std::int64_t tail = 1;
+};
+
+MixedCache mixed_cache(int entries, int d, int n, RopeType pairing, std::mt19937& rng) {
+  MixedCache c;
+  const RopeSpec spec{pairing, d, d, 10000.0};
+  std::vector<std::int64_t> prefix(static_cast<std::size_t>(entries));
+  for (int e = 0; e < entries; ++e) {
+    prefix[static_cast<std::size_t>(e)] = e == 0 ? n : (e == entries - 1 ? 0 : n - 37 - 5 * e);
+    c.tail = std::max<std::int64_t>(c.tail, n - prefix[static_cast<std::size_t>(e)]);
+  }
+  const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n), ut = static_cast<std::size_t>(c.tail);
+  c.dense_k.resize(static_cast<std::size_t>(entries) * un * ud);
+  c.dense_v.resize(c.dense_k.size());
+  c.tail_k.resize(static_cast<std::size_t>(entries) * ut * ud);
+  c.tail_v.resize(c.tail_k.size());
+  c.tensors.reserve(static_cast<std::size_t>(2 * entries));  // views point into them
+  c.tables.reserve(c.tensors.capacity());
+  c.views.resize(static_cast<std::size_t>(entries));
+  for (int e = 0; e < entries; ++e) {
+    const auto ue = static_cast<std::size_t>(e);
+    const std::int64_t p = prefix[ue];
+    for (const bool keys : {true, false}) {
+      auto& dense = keys ? c.dense_k : c.dense_v;
+      auto& tails = keys ? c.tail_k : c.tail_v;
+      if (p > 0) {
+        c.tensors.push_back(keys ? random_packed(d, p, 4, std::min(32, d), false, true, rng)
+                                 : random_packed(d, p, 2, std::min(16, d), true, false, rng));
+        std::vector<float> rows;
+        unpack_tensor(c.tensors.back(), d, spec, rows);
+        floats_to_halves(rows.data(), dense.data() + ue * un * ud, rows.size());
+        c.tables.push_back(row_table(c.tensors.back(), d));
+        (keys ? c.views[ue].k : c.views[ue].v) = host_view(c.tensors.back(), c.tables.back());
+      }
+      const auto fp16 = halves(gaussian(static_cast<std::size_t>(n - p) * ud, rng));
+      std::copy(fp16.begin(), fp16.end(), dense.begin() + static_cast<std::ptrdiff_t>((ue * un + static_cast<std::size_t>(p)) * ud));
+      std::copy(fp16.begin(), fp16.end(), tails.begin() + static_cast<std::ptrdiff_t>(ue * ut * ud));
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor reads back", "[gpu-emu]") {
+  struct Case {
+    int n_q_heads, entries, d;
+    RopeType pairing;
+  };
+  // GQA (query head h reads entry h / 3), per-query-head entries (head_div 1), two head sizes,
+  // both RoPE pairings; 300 rows split three ways by the decode.
+  for (const Case c : {Case{6, 2, 32, RopeType::Neox}, Case{6, 6, 32, RopeType::Norm}, Case{4, 2, 64, RopeType::Norm}}) {
+    INFO("query heads " << c.n_q_heads << ", entries " << c.entries << ", head_dim " << c.d);
+    std::mt19937 rng(3);
+    const int n = 300, d = c.d, Hq = c.n_q_heads;
+    const RopeSpec spec{c.pairing, d, d, 10000.0};
+    std::vector<float> cos_t, sin_t;
+    rope_tables(spec, n, cos_t, sin_t);
+    const MixedCache cache = mixed_cache(c.entries, d, n, c.pairing, rng);
+    const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
+    const AttnShape shape{Hq, c.entries, d, n};
+    std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq * n));
+    const auto kept = all_kept(c.entries, n);
+    const std::vector<std::int32_t> counts(static_cast<std::size_t>(c.entries), n);
+    attend_kept_ref(shape, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(), n, out_ref.data(),
+                    w_ref.data());
+    std::vector<float> scratch(decode_scratch(Hq, d)), out(out_ref.size()), probs(w_ref.size(), -1.0f), stats(2 * Hq);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const RopeShape rope{c.pairing == RopeType::Neox, d};
+    REQUIRE(attend_decode_packed(q.data(), Hq, d, shape.group(), cache.views.data(), rope, cos_t.data(), sin_t.data(),
+                                 cache.tail_k.data(), cache.tail_v.data(), cache.tail, rows_of(c.entries, n), scale, scratch.data(),
+                                 scratch.size(), out.data(), false, probs.data(), n, stats.data(), nullptr) == cudaSuccess);
+    CHECK(nmse(out, out_ref) < 1e-10);
+    CHECK(nmse(probs, w_ref) < 1e-10);
+    // The unpack path over the same cache: unpack_packed per entry, then the fp16 split decode.
+    std::vector<std::uint16_t> unpacked_k(cache.dense_k.size()), unpacked_v(cache.dense_v.size());
+    for (int e = 0; e < c.entries; ++e) {
+      const auto off = static_cast<std::size_t>(e) * n * d;
+      const PackedEntryView& v = cache.views[static_cast<std::size_t>(e)];
+      REQUIRE(unpack_packed(v.k, d, rope, cos_t.data(), sin_t.data(), unpacked_k.data() + off, nullptr) == cudaSuccess);
+      REQUIRE(unpack_packed(v.v, d, rope, cos_t.data(), sin_t.data(), unpacked_v.data() + off, nullptr) == cudaSuccess);
+      const auto p = static_cast<std::size_t>(v.k.n_rows);
+      const auto tail_at = static_cast<std::size_t>(e) * static_cast<std::size_t>(cache.tail) * d;
+      std::copy_n(cache.tail_k.begin() + static_cast<std::ptrdiff_t>(tail_at), (n - p) * d, unpacked_k.begin() + static_cast<std::ptrdiff_t>(off + p * d));
+      std::copy_n(cache.tail_v.begin() + static_cast<std::ptrdiff_t>(tail_at), (n - p) * d, unpacked_v.begin() + static_cast<std::ptrdiff_t>(off + p * d));
+    }
+    // The emulator's arithmetic is the host's: unpacking gives unpack_tensor's rows to the bit.
+    CHECK(unpacked_k == cache.dense_k);
+    CHECK(unpacked_v == cache.dense_v);
+    std::vector<float> out_unpack(out.size());
+    REQUIRE(attend_decode(q.data(), Hq, d, shape.group(), unpacked_k.data(), unpacked_v.data(), n, rows_of(c.entries, n), scale,
+                          scratch.data(), scratch.size(), out_unpack.data(), false, nullptr) == cudaSuccess);
+    CHECK(nmse(out_unpack, out_ref) < 1e-10);
+    std::vector<float> last(w_ref.size(), -1.0f);
+    REQUIRE(last_row_weights(q.data(), Hq, d, shape.group(), unpacked_k.data(), n, rows_of(c.entries, n), scale, last.data(), n,
+                             nullptr) == cudaSuccess);
+    CHECK(nmse(last, w_ref) < 1e-10);
+  }
+}
+
+TEST_CASE("emulated: prefill attention over past rows and the new rows, causally", "[gpu-emu]") {
+  std::mt19937 rng(8);
+  const int Hq = 4, entries = 2, d = 64, past = 40, n = 20, cap = past + n;
+  std::vector<float> kf = gaussian(static_cast<std::size_t>(entries * cap * d), rng), vf = gaussian(kf.size(), rng);
+  const auto k = halves(kf), v = halves(vf);
+  const std::vector<float> q = gaussian(static_cast<std::size_t>(n * Hq * d), rng);
+  std::vector<float> out(q.size());
+  REQUIRE(attend_rows(q.data(), n, Hq, d, Hq / entries, k.data(), v.data(), cap, rows_of(entries, past),
+                      1.0f / std::sqrt(static_cast<float>(d)), out.data(), false, nullptr) == cudaSuccess);
+  // Row i sees the entry's rows [0, past + i]: the reference keeps exactly those.
+  std::vector<float> want(q.size());
+  for (int i = 0; i < n; ++i) {
+    const int seen = past + i + 1;
+    std::vector<std::int32_t> kept(static_cast<std::size_t>(entries * seen));
+    for (std::size_t j = 0; j < kept.size(); ++j) kept[j] = static_cast<std::int32_t>(j % static_cast<std::size_t>(seen));
+    const std::vector<std::int32_t> counts(static_cast<std::size_t>(entries), seen);
+    const std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * Hq * d), q.begin() + static_cast<std::ptrdiff_t>((i + 1) * Hq * d));
+    attend_kept_ref(AttnShape{Hq, entries, d, cap}, qi.data(), k.data(), v.data(), kept.data(), counts.data(), seen,
+                    want.data() + static_cast<std::ptrdiff_t>(i * Hq * d), nullptr);
+  }
+  CHECK(nmse(out, want) < 1e-10);
+}
+
+TEST_CASE("emulated: KV append places each KV head's rows in its entries", "[gpu-emu]") {
+  const int n = 3, n_head_kv = 2, group = 3, d = 32;
+  std::vector<std::uint16_t> kh(static_cast<std::size_t>(n * n_head_kv * d)), vh(kh.size());
+  for (std::size_t i = 0; i < kh.size(); ++i) kh[i] = static_cast<std::uint16_t>(i), vh[i] = static_cast<std::uint16_t>(i + 7);
+  for (const bool per_query_head : {false, true}) {
+    INFO("per-query-head entries " << per_query_head);
+    const int entries = per_query_head ? n_head_kv * group : n_head_kv, cap = 8, past = 2;
+    std::vector<std::uint16_t> ck(static_cast<std::size_t>(entries * cap * d), 0), cv(ck.size(), 0);
+    REQUIRE(kv_append(kh.data(), vh.data(), n, n_head_kv, d, rows_of(entries, past), per_query_head ? group : 1, cap, ck.data(),
+                      cv.data(), nullptr) == cudaSuccess);
+    for (int e = 0; e < entries; ++e) {
+      const int kv = per_query_head ? e / group : e;  // entry e holds KV head e / entry_div
+      for (int i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c) {
+          const auto at = (static_cast<std::size_t>(e) * cap + past + i) * d + c, from = (static_cast<std::size_t>(i) * n_head_kv + kv) * d + c;
+          REQUIRE(ck[at] == kh[from]);
+          REQUIRE(cv[at] == vh[from]);
+        }
+    }
+  }
+}
+
+TEST_CASE("emulated: compressed-attention and statistics kernels against their references", "[gpu-emu]") {
+  std::mt19937 rng(12);
+  const AttnShape s{6, 2, 32, 160};
+  const int d = s.head_dim, Hq = s.n_q_heads, Hkv = s.n_kv_heads, kept_n = 40;
+  const auto rows = static_cast<std::size_t>(Hkv * s.capacity * d);
+  const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng), kf = gaussian(rows, rng), vf = gaussian(rows, rng);
+  const auto k = halves(kf), v = halves(vf);
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(Hkv * kept_n)), counts(static_cast<std::size_t>(Hkv), kept_n);
+  for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>((i % kept_n) * 4 + 1);
+  std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq * kept_n)), out(out_ref.size()),
+      w(w_ref.size());
+  attend_kept_ref(s, q.data(), k.data(), v.data(), kept.data(), counts.data(), kept_n, out_ref.data(), w_ref.data());
+  REQUIRE(attend_kept(s, q.data(), k.data(), v.data(), kept.data(), counts.data(), kept_n, out.data(), w.data(), nullptr) == cudaSuccess);
+  CHECK(nmse(out, out_ref) < 1e-10);
+  CHECK(nmse(w, w_ref) < 1e-10);
+
+  const QuantSpec spec{4, 16, false};
+  std::vector<std::uint8_t> kc(static_cast<std::size_t>(Hkv * s.capacity * spec.row_bytes(d))), vc(kc.size());
+  std::vector<std::uint16_t> kp(static_cast<std::size_t>(Hkv * s.capacity * spec.groups(d) * 2)), vp(kp.size());
+  pack_int_rows(spec, d, kf.data(), Hkv * s.capacity, kc.data(), kp.data());
+  pack_int_rows(spec, d, vf.data(), Hkv * s.capacity, vc.data(), vp.data());
+  const std::vector<std::int32_t> all(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(s.capacity));
+  std::vector<float> scratch(static_cast<std::size_t>(Hq * s.capacity));
+  attend_quant_ref(s, spec, q.data(), kc.data(), kp.data(), vc.data(), vp.data(), all.data(), out_ref.data());
+  REQUIRE(attend_quant(s, spec, q.data(), kc.data(), kp.data(), vc.data(), vp.data(), all.data(), out.data(), scratch.data(), nullptr) ==
+          cudaSuccess);
+  CHECK(nmse(out, out_ref) < 1e-10);
+
+  const RopeShape rope{true, d};
+  std::vector<float> cos_t, sin_t;
+  rope_tables(RopeSpec{RopeType::Neox, d, d, 10000.0}, s.capacity, cos_t, sin_t);
+  const auto ck = halves(gaussian(rows, rng)), cv = halves(gaussian(rows, rng));
+  const auto uk = halves(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f)), uv = halves(gaussian(uk.size(), rng, 0.125f));
+  std::vector<std::int32_t> ranks(static_cast<std::size_t>(Hkv * s.capacity)), positions(static_cast<std::size_t>(s.capacity));
+  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<std::int32_t>(1 + i % d);
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<std::int32_t>(i);
+  attend_lowrank_ref(s, rope, q.data(), ck.data(), cv.data(), ranks.data(), uk.data(), uv.data(), positions.data(), cos_t.data(),
+                     sin_t.data(), all.data(), out_ref.data());
+  REQUIRE(attend_lowrank(s, rope, q.data(), ck.data(), cv.data(), ranks.data(), uk.data(), uv.data(), positions.data(), cos_t.data(),
+                         sin_t.data(), all.data(), out.data(), scratch.data(), nullptr) == cudaSuccess);
+  CHECK(nmse(out, out_ref) < 1e-10);
+
+  const int window = 8, n = static_cast<int>(s.capacity);
+  std::vector<float> att(static_cast<std::size_t>(Hq * window * n));
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (auto& x : att) x = ud(rng);
+  std::vector<float> sums_ref(static_cast<std::size_t>(Hq * n)), sums(sums_ref.size());
+  column_sums_ref(att.data(), Hq, window, n, sums_ref.data());
+  REQUIRE(column_sums(att.data(), Hq, window, n, sums.data(), nullptr) == cudaSuccess);
+  CHECK(nmse(sums, sums_ref) < 1e-12);
+  std::vector<float> scores = sums_ref;
+  for (auto& x : scores) x = std::round(x * 4.0f) / 64.0f;  // ties
+  std::vector<std::uint8_t> protect(scores.size(), 0), keep_ref(scores.size()), keep(scores.size(), 7);
+  for (int h = 0; h < Hq; ++h)
+    for (int j = n - 5; j < n; ++j) protect[static_cast<std::size_t>(h * n + j)] = 1;
+  top_k_ref(scores.data(), protect.data(), Hq, n, kept_n, keep_ref.data());
+  REQUIRE(top_k(scores.data(), protect.data(), Hq, n, kept_n, keep.data(), nullptr) == cudaSuccess);
+  CHECK(keep == keep_ref);
+}
+
+TEST_CASE("emulated: a launch a GPU would refuse fails as it would", "[gpu-emu]") {
+  const std::vector<float> q(32, 1.0f);
+  const std::vector<std::uint16_t> k(32, 0);
+  const std::vector<std::int32_t> kept = {0}, counts = {1};
+  std::vector<float> out(32), w(1);
+  // No query heads: a grid of no blocks, which the runtime refuses (invalid configuration).
+  CHECK(attend_kept(AttnShape{0, 1, 32, 1}, q.data(), k.data(), k.data(), kept.data(), counts.data(), 1, out.data(), w.data(),
+                    nullptr) == cudaErrorInvalidConfiguration);
+  CHECK(cudaGetLastError() == cudaSuccess);  // the wrapper took it
+  // The weights are the kernel's working buffer: without them the wrapper refuses (a GPU would
+  // fault on a null write).
+  CHECK(attend_kept(AttnShape{1, 1, 32, 1}, q.data(), k.data(), k.data(), kept.data(), counts.data(), 1, out.data(), nullptr,
+                    nullptr) == cudaErrorInvalidValue);
+  CHECK(attend_kept(AttnShape{1, 1, 32, 1}, q.data(), k.data(), k.data(), kept.data(), counts.data(), 1, out.data(), w.data(),
+                    nullptr) == cudaSuccess);
+  CHECK(w[0] == 1.0f);  // one key: all the weight
+}
