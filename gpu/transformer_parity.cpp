@@ -82,7 +82,8 @@ std::vector<float> all_last(const Backend& b, const TransformerShape& s) {
 
 }  // namespace
 
-void transformer_parity(const std::string& name, const TransformerShape& s, DeviceWeights w, ParityReport& r) {
+void transformer_parity(const std::string& name, const TransformerShape& s, DeviceWeights w, ParityReport& r,
+                        bool long_prompt) {
   r.line(name + " (" + device_weights_name(w) + " weights): " + std::to_string(s.n_layers) + " layers, n_embd " +
          std::to_string(s.n_embd) + ", " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
          " heads, head_dim " + std::to_string(s.head_dim) + ", rope " + (s.rope.type == RopeType::Neox ? "neox" : "norm") +
@@ -162,7 +163,7 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
 
   // Small models: a long prompt, so decode splits its keys over many blocks and prefill walks
   // many key tiles (the big shapes would take the reference minutes).
-  if (s.n_layers <= 3) {
+  if (long_prompt && s.n_layers <= 3) {
     const std::int64_t L = 1500;
     const auto lt = prompt(L, V, 21);
     const auto lp = iota_from(0, L);
