@@ -1,5 +1,7 @@
 #include "gpu/packed_attention.cuh"
 
+#include <type_traits>
+
 #include "gpu/device_math.cuh"
 #include "gpu/split_decode.cuh"
 
@@ -10,7 +12,7 @@ namespace {
 // A decode block's rows of one entry: its packed prefix decoded one row at a time by the whole
 // warp (lane i holds channels i + 32 t), then its fp16 rows. `buf` is the warp's shared row,
 // through which a rotated low-rank key's RoPE pairs (which straddle lanes) are rotated.
-template <int kLanes>
+template <int kLanes, int kG>
 struct PackedRows {
   static constexpr int d = kLanes * 32;
   PackedEntryView entry;
@@ -40,23 +42,27 @@ struct PackedRows {
     for (int k = 0; k < kLanes; ++k) x[k] = half_round(x[k]);
   }
 
-  __device__ float tile_scores(int t0, int keys, int lane, const float* qs) const {
-    float mine = -INFINITY;
+  // Each key row is rebuilt once and scored for every head of the tile.
+  __device__ void tile_scores(int t0, int keys, int lane, int heads, const float* qs, float (&sc)[kG]) const {
+    for (int g = 0; g < kG; ++g) sc[g] = -INFINITY;
     for (int jj = 0; jj < keys; ++jj) {
       float x[kLanes];
       row(entry.k, K, t0 + jj, lane, x);
-      float part = 0.0f;
-      for (int k = 0; k < kLanes; ++k) part = fmaf(qs[lane + 32 * k], x[k], part);
-      const float dot = warp_sum(part);
-      if (lane == jj) mine = dot;
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        if (g >= heads) continue;
+        float part = 0.0f;
+        for (int k = 0; k < kLanes; ++k) part = fmaf(qs[g * d + lane + 32 * k], x[k], part);
+        const float dot = warp_sum(part);
+        if (lane == jj) sc[g] = dot;
+      }
     }
-    return mine;
   }
 
   __device__ void value(int j, int lane, float (&x)[kLanes]) const { row(entry.v, V, j, lane, x); }
 };
 
-template <int kLanes>
+template <int kLanes, int kG>
 __global__ void packed_decode_kernel(const float* __restrict__ q, int head_div, const PackedEntryView* __restrict__ entries,
                                      RopeShape rope, const float* __restrict__ rope_cos, const float* __restrict__ rope_sin,
                                      const std::uint16_t* __restrict__ cache_k, const std::uint16_t* __restrict__ cache_v,
@@ -64,9 +70,9 @@ __global__ void packed_decode_kernel(const float* __restrict__ q, int head_div, 
                                      float* __restrict__ logits, int stride) {
   constexpr int d = kLanes * 32;
   __shared__ float bufs[kDecodeWarps * d];  // a row per warp, for the rotation of low-rank keys
-  split_decode<kLanes>(q, scale, head_div, seen, chunk, scratch, logits, stride, [&](int e) {
+  split_decode<kLanes, kG>(q, scale, head_div, seen, chunk, scratch, logits, stride, [&](int e) {
     const std::int64_t base = static_cast<std::int64_t>(e) * capacity * d;
-    return PackedRows<kLanes>{entries[e], cache_k + base, cache_v + base, rope, rope_cos, rope_sin, bufs + (threadIdx.x / 32) * d};
+    return PackedRows<kLanes, kG>{entries[e], cache_k + base, cache_v + base, rope, rope_cos, rope_sin, bufs + (threadIdx.x / 32) * d};
   });
 }
 
@@ -78,20 +84,21 @@ __global__ void normalize_kernel(float* probs, int stride, int head_div, EntryRo
   for (int j = threadIdx.x; j < stride; j += blockDim.x) w[j] = j < n ? expf(w[j] - M) * inv : 0.0f;
 }
 
-template <int kLanes>
+template <int kLanes, int kG>
 cudaError_t launch(const float* q, int n_head, int head_div, const PackedEntryView* entries, const RopeShape& rope,
                    const float* rope_cos, const float* rope_sin, const std::uint16_t* ck, const std::uint16_t* cv,
                    std::int64_t capacity, const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
                    void* out, bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
-  const DecodeSplit sp = decode_split(n_head, seen);
+  const int block_rows = n_head / head_div * ((head_div + kG - 1) / kG);
+  const DecodeSplit sp = decode_split(block_rows, seen);
   if (static_cast<std::size_t>(n_head) * sp.splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
   if (probs) {
     for (int e = 0; e < seen.count; ++e)
       if (seen.rows[e] > stride) return cudaErrorInvalidValue;
     if (!stats) return cudaErrorInvalidValue;
   }
-  packed_decode_kernel<kLanes><<<dim3(sp.splits, n_head), kDecodeWarps * 32, 0, stream>>>(
+  packed_decode_kernel<kLanes, kG><<<dim3(sp.splits, block_rows), kDecodeWarps * 32, 0, stream>>>(
       q, head_div, entries, rope, rope_cos, rope_sin, ck, cv, capacity, seen, scale, sp.chunk, scratch, probs, stride);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -99,6 +106,18 @@ cudaError_t launch(const float* q, int n_head, int head_div, const PackedEntryVi
   if (err != cudaSuccess || !probs) return err;
   normalize_kernel<<<n_head, 256, 0, stream>>>(probs, stride, head_div, seen, stats);
   return cudaGetLastError();
+}
+
+template <int kLanes>
+cudaError_t launch_tiled(const float* q, int n_head, int head_div, const PackedEntryView* entries, const RopeShape& rope,
+                         const float* rope_cos, const float* rope_sin, const std::uint16_t* ck, const std::uint16_t* cv,
+                         std::int64_t capacity, const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
+                         void* out, bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
+  auto go = [&](auto tile) {
+    return launch<kLanes, decltype(tile)::value>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, ck, cv, capacity, seen,
+                                                 scale, scratch, scratch_floats, out, half_out, probs, stride, stats, stream);
+  };
+  return decode_head_tile(head_div) == 1 ? go(std::integral_constant<int, 1>{}) : go(std::integral_constant<int, 4>{});
 }
 
 }  // namespace
@@ -110,8 +129,8 @@ cudaError_t attend_decode_packed(const float* q, int n_head, int head_dim, int h
                                  bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
   switch (head_dim) {
 #define KVSIM_PACKED_DECODE(L)                                                                                          \
-  launch<L>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, cache_k, cache_v, capacity, seen, scale, scratch, \
-            scratch_floats, out, half_out, probs, stride, stats, stream)
+  launch_tiled<L>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, cache_k, cache_v, capacity, seen, scale, \
+                  scratch, scratch_floats, out, half_out, probs, stride, stats, stream)
     case 32: return KVSIM_PACKED_DECODE(1);
     case 64: return KVSIM_PACKED_DECODE(2);
     case 96: return KVSIM_PACKED_DECODE(3);

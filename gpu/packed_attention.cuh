@@ -3,6 +3,8 @@
 // key and value row is dequantized or rebuilt from its codes or coefficients inside the attention
 // kernel, so a decode step reads only what the codec stores and needs no fp16 scratch of the
 // layer (the unpack path, gpu/packed_unpack.cuh, writes and re-reads the whole layer in fp16).
+// A block serves a tile of up to four query heads of a group (gpu/split_decode.cuh), which share
+// each rebuilt row.
 // Its references: the unpack path and gpu/transformer_ref.h; kvsim-parity compares all three.
 #include <cuda_runtime.h>
 

@@ -9,70 +9,116 @@
 
 namespace kvsim::gpu {
 
-// Block (split, head) of a split decode: the head's keys [split * chunk, ...) of entry
-// e = head / head_div. Its kDecodeWarps warps take tiles of 32 keys in turn, each warp with its own
-// running softmax state; the warps then merge in shared memory and the block writes (max, sum,
-// output[d]) to its slot of scratch ([n_head, splits, d + 2]) for combine_decode. make_rows(e)
-// gives the entry's rows, an object with
-//   float tile_scores(int t0, int keys, int lane, const float* qs): the (scaled) logit of key
-//     t0 + lane in lane `lane` (called by every lane of the warp; keys = keys in the tile, lanes
-//     past it must not read past the tile and may return anything);
+// Query heads a decode block serves: a tile of up to kG heads of one entry's group, so the
+// group's heads read (or rebuild) each key and value row once, not once per head.
+template <int kG>
+struct HeadTile {
+  int entry, first, heads;  // query heads [first, first + heads) read entry `entry`
+  __device__ static int tiles(int group) { return (group + kG - 1) / kG; }
+  __device__ static HeadTile of_block(int group) {
+    const int per = tiles(group), t = static_cast<int>(blockIdx.y) % per;
+    HeadTile h;
+    h.entry = static_cast<int>(blockIdx.y) / per;
+    h.first = h.entry * group + t * kG;
+    h.heads = min(kG, group - t * kG);
+    return h;
+  }
+};
+
+// Block (split, head tile) of a split decode: keys [split * chunk, ...) of one entry, for the up
+// to kG query heads of its group the tile holds (group = query heads per entry: 1 for
+// per-query-head entries). Its kDecodeWarps warps take tiles of 32 keys in turn, each warp with
+// its own running softmax state per head; the warps then merge in shared memory and the block
+// writes each head's (max, sum, output[d]) to its slot of scratch ([n_head, splits, d + 2]) for
+// combine_decode. make_rows(entry) gives the entry's rows, an object with
+//   void tile_scores(int t0, int keys, int lane, int heads, const float* qs, float (&sc)[kG]):
+//     the (scaled) logits of key t0 + lane for heads [0, heads) (queries qs [kG, d]) in lane
+//     `lane` (called by every lane of the warp; keys = keys in the tile; lanes past it must not
+//     read past the tile and may return anything);
 //   void value(int j, int lane, float (&x)[kLanes]): channels lane + 32 t of value row j.
 // With `logits` (or null) each key's logit is also stored at logits[head * stride + j].
-template <int kLanes, class MakeRows>
-__device__ void split_decode(const float* __restrict__ q, float scale, int head_div, const EntryRows& seen, int chunk,
+template <int kLanes, int kG, class MakeRows>
+__device__ void split_decode(const float* __restrict__ q, float scale, int group, const EntryRows& seen, int chunk,
                              float* __restrict__ scratch, float* __restrict__ logits, int stride, const MakeRows& make_rows) {
   constexpr int d = kLanes * 32;
-  __shared__ float qs[d];
-  __shared__ float wm[kDecodeWarps], wl[kDecodeWarps];
-  __shared__ float wo[kDecodeWarps * d];
-  const int split = blockIdx.x, splits = gridDim.x, h = blockIdx.y, e = h / head_div;
-  const int begin = split * chunk, stop = min(seen.rows[e], begin + chunk);
-  for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[static_cast<std::int64_t>(h) * d + c] * scale;
+  __shared__ float qs[kG * d];
+  __shared__ float wm[kDecodeWarps * kG], wl[kDecodeWarps * kG];
+  __shared__ float wo[kDecodeWarps * kG * d];
+  const HeadTile<kG> tile = HeadTile<kG>::of_block(group);
+  const int split = blockIdx.x, splits = gridDim.x;
+  const int begin = split * chunk, stop = min(seen.rows[tile.entry], begin + chunk);
+  for (int c = threadIdx.x; c < kG * d; c += blockDim.x)
+    qs[c] = c / d < tile.heads ? q[static_cast<std::int64_t>(tile.first) * d + c] * scale : 0.0f;
   __syncthreads();
-  const auto rows = make_rows(e);
-  float* head_logits = logits ? logits + static_cast<std::int64_t>(h) * stride : nullptr;
-  float* dst = scratch + (static_cast<std::int64_t>(h) * splits + split) * (d + 2);
+  const auto rows = make_rows(tile.entry);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float m = -INFINITY, l = 0.0f, o[kLanes];
-  for (int t = 0; t < kLanes; ++t) o[t] = 0.0f;
+  // Per-head state indexed by compile-time g only (guarded by g < tile.heads), so it stays in
+  // registers.
+  float m[kG], l[kG], o[kG][kLanes];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY, l[g] = 0.0f;
+    for (int t = 0; t < kLanes; ++t) o[g][t] = 0.0f;
+  }
   for (int t0 = begin + warp * 32; t0 < stop; t0 += kDecodeWarps * 32) {
     const int keys = min(32, stop - t0);
-    const float raw = rows.tile_scores(t0, keys, lane, qs);  // every lane: a packed tile is scored warp-wide
-    const float sc = lane < keys ? raw : -INFINITY;
-    if (head_logits && lane < keys) head_logits[t0 + lane] = sc;
-    const float m_new = fmaxf(m, warp_max(sc));  // finite: key t0 < stop is lane 0's
-    const float corr = expf(m - m_new);
-    const float p = lane < keys ? expf(sc - m_new) : 0.0f;
-    l = l * corr + warp_sum(p);
-    for (int t = 0; t < kLanes; ++t) o[t] *= corr;
+    float raw[kG];
+    rows.tile_scores(t0, keys, lane, tile.heads, qs, raw);  // every lane: a packed tile is scored warp-wide
+    float p[kG];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      p[g] = 0.0f;
+      if (g >= tile.heads) continue;
+      const float sc = lane < keys ? raw[g] : -INFINITY;
+      if (logits && lane < keys) logits[static_cast<std::int64_t>(tile.first + g) * stride + t0 + lane] = sc;
+      const float m_new = fmaxf(m[g], warp_max(sc));  // finite: key t0 < stop is lane 0's
+      const float corr = expf(m[g] - m_new);
+      p[g] = lane < keys ? expf(sc - m_new) : 0.0f;
+      l[g] = l[g] * corr + warp_sum(p[g]);
+      for (int t = 0; t < kLanes; ++t) o[g][t] *= corr;
+      m[g] = m_new;
+    }
     for (int jj = 0; jj < keys; ++jj) {
-      const float pw = __shfl_sync(0xffffffffu, p, jj);
       float x[kLanes];
       rows.value(t0 + jj, lane, x);
-      for (int t = 0; t < kLanes; ++t) o[t] = fmaf(pw, x[t], o[t]);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        if (g >= tile.heads) continue;
+        const float pw = __shfl_sync(0xffffffffu, p[g], jj);
+        for (int t = 0; t < kLanes; ++t) o[g][t] = fmaf(pw, x[t], o[g][t]);
+      }
     }
-    m = m_new;
   }
-  if (lane == 0) wm[warp] = m, wl[warp] = l;
-  for (int t = 0; t < kLanes; ++t) wo[warp * d + lane + 32 * t] = o[t];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    if (g >= tile.heads) continue;
+    if (lane == 0) wm[warp * kG + g] = m[g], wl[warp * kG + g] = l[g];
+    for (int t = 0; t < kLanes; ++t) wo[(warp * kG + g) * d + lane + 32 * t] = o[g][t];
+  }
   __syncthreads();
   // A warp (or the whole split) without keys has max -inf: it adds nothing.
-  float M = -INFINITY;
-  for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, wm[w]);
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w)
-      if (wm[w] > -INFINITY) acc += wo[w * d + c] * expf(wm[w] - M);
-    dst[2 + c] = acc;
-  }
-  if (threadIdx.x == 0) {
-    float L = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w)
-      if (wm[w] > -INFINITY) L += wl[w] * expf(wm[w] - M);
-    dst[0] = M;
-    dst[1] = L;
+  for (int g = 0; g < tile.heads; ++g) {
+    float M = -INFINITY;
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, wm[w * kG + g]);
+    float* dst = scratch + (static_cast<std::int64_t>(tile.first + g) * splits + split) * (d + 2);
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      float acc = 0.0f;
+      for (int w = 0; w < kDecodeWarps; ++w)
+        if (wm[w * kG + g] > -INFINITY) acc += wo[(w * kG + g) * d + c] * expf(wm[w * kG + g] - M);
+      dst[2 + c] = acc;
+    }
+    if (threadIdx.x == 0) {
+      float L = 0.0f;
+      for (int w = 0; w < kDecodeWarps; ++w)
+        if (wm[w * kG + g] > -INFINITY) L += wl[w * kG + g] * expf(wm[w * kG + g] - M);
+      dst[0] = M;
+      dst[1] = L;
+    }
   }
 }
+
+// Heads a decode block serves for entries of `group` query heads: all of a small group, else
+// tiles of four (the kernels are built for these two).
+inline int decode_head_tile(int group) { return group == 1 ? 1 : 4; }
 
 }  // namespace kvsim::gpu

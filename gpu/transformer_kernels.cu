@@ -157,23 +157,29 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
 }
 
 // A decode block's keys and values straight from an fp16 cache entry: lane j scores key j of
-// its tile from global memory.
-template <int kLanes>
+// its tile from global memory, for each of the block's heads.
+template <int kLanes, int kG>
 struct HalfRows {
   static constexpr int d = kLanes * 32;
   const std::uint16_t* K;
   const std::uint16_t* V;
-  __device__ float tile_scores(int t0, int keys, int lane, const float* qs) const {
-    if (lane >= keys) return -INFINITY;
+  __device__ void tile_scores(int t0, int keys, int lane, int heads, const float* qs, float (&sc)[kG]) const {
+    for (int g = 0; g < kG; ++g) sc[g] = -INFINITY;
+    if (lane >= keys) return;
     const std::uint16_t* kr = K + static_cast<std::int64_t>(t0 + lane) * d;
-    float dot = 0.0f;
+    float dot[kG] = {};
 #pragma unroll 8
     for (int c = 0; c < d; c += 2) {
       const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(kr + c));
-      dot = fmaf(qs[c], kf.x, dot);
-      dot = fmaf(qs[c + 1], kf.y, dot);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        dot[g] = fmaf(qs[g * d + c], kf.x, dot[g]);
+        dot[g] = fmaf(qs[g * d + c + 1], kf.y, dot[g]);
+      }
     }
-    return dot;
+#pragma unroll
+    for (int g = 0; g < kG; ++g)
+      if (g < heads) sc[g] = dot[g];
   }
   __device__ void value(int j, int lane, float (&x)[kLanes]) const {
     const std::uint16_t* vr = V + static_cast<std::int64_t>(j) * d;
@@ -181,14 +187,14 @@ struct HalfRows {
   }
 };
 
-// Block (split, head): split_decode over the head's fp16 entry.
-template <int kLanes>
-__global__ void decode_split_kernel(const float* __restrict__ q, int head_div, const std::uint16_t* __restrict__ cache_k,
+// Block (split, head tile): split_decode over its entry's fp16 rows.
+template <int kLanes, int kG>
+__global__ void decode_split_kernel(const float* __restrict__ q, int group, const std::uint16_t* __restrict__ cache_k,
                                     const std::uint16_t* __restrict__ cache_v, std::int64_t capacity, EntryRows seen,
                                     float scale, int chunk, float* __restrict__ scratch) {
-  split_decode<kLanes>(q, scale, head_div, seen, chunk, scratch, nullptr, 0, [&](int e) {
-    const std::int64_t base = static_cast<std::int64_t>(e) * capacity * HalfRows<kLanes>::d;
-    return HalfRows<kLanes>{cache_k + base, cache_v + base};
+  split_decode<kLanes, kG>(q, scale, group, seen, chunk, scratch, nullptr, 0, [&](int e) {
+    const std::int64_t base = static_cast<std::int64_t>(e) * capacity * HalfRows<kLanes, kG>::d;
+    return HalfRows<kLanes, kG>{cache_k + base, cache_v + base};
   });
 }
 
@@ -268,21 +274,33 @@ cudaError_t launch_attend(const float* q, int n, int n_head, int head_div, const
   return cudaGetLastError();
 }
 
-template <int kLanes>
+template <int kLanes, int kG>
 cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::uint16_t* ck, const std::uint16_t* cv,
                           std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
                           std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
-  const DecodeSplit sp = decode_split(n_head, seen);
+  const int block_rows = n_head / head_div * ((head_div + kG - 1) / kG);
+  const DecodeSplit sp = decode_split(block_rows, seen);
   if (static_cast<std::size_t>(n_head) * sp.splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
-  decode_split_kernel<kLanes><<<dim3(sp.splits, n_head), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity, seen,
-                                                                                         scale, sp.chunk, scratch);
+  decode_split_kernel<kLanes, kG><<<dim3(sp.splits, block_rows), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity,
+                                                                                                 seen, scale, sp.chunk, scratch);
   return combine_decode(scratch, n_head, sp.splits, d, out, half_out, nullptr, stream);
+}
+
+template <int kLanes>
+cudaError_t launch_decode_tiled(const float* q, int n_head, int head_div, const std::uint16_t* ck, const std::uint16_t* cv,
+                                std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
+                                std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
+  if (decode_head_tile(head_div) == 1)
+    return launch_decode<kLanes, 1>(q, n_head, head_div, ck, cv, capacity, seen, scale, scratch, scratch_floats, out, half_out,
+                                    stream);
+  return launch_decode<kLanes, 4>(q, n_head, head_div, ck, cv, capacity, seen, scale, scratch, scratch_floats, out, half_out,
+                                  stream);
 }
 
 }  // namespace
 
-DecodeSplit decode_split(int n_head, const EntryRows& seen) {
+DecodeSplit decode_split(int block_rows, const EntryRows& seen) {
   static const int sms = [] {
     int dev = 0, n = 0;
     cudaGetDevice(&dev);
@@ -291,8 +309,9 @@ DecodeSplit decode_split(int n_head, const EntryRows& seen) {
   }();
   int most = 1;
   for (int e = 0; e < seen.count; ++e) most = std::max(most, seen.rows[e]);
-  // About two blocks per SM over all heads, each at least one pass of its four warps.
-  const int want = std::clamp(2 * sms / n_head, 1, 256), step = kDecodeWarps * 32;
+  // About two blocks per SM over all block rows (heads or head tiles), each at least one pass of
+  // its four warps.
+  const int want = std::clamp(2 * sms / block_rows, 1, 256), step = kDecodeWarps * 32;
   DecodeSplit sp;
   sp.chunk = std::max(step, ((most + want - 1) / want + step - 1) / step * step);
   sp.splits = (most + sp.chunk - 1) / sp.chunk;
@@ -352,7 +371,7 @@ cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div
                           float* scratch, std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
   switch (head_dim) {
 #define KVSIM_DECODE(L) \
-  launch_decode<L>(q, n_head, head_div, cache_k, cache_v, capacity, seen, scale, scratch, scratch_floats, out, half_out, stream)
+  launch_decode_tiled<L>(q, n_head, head_div, cache_k, cache_v, capacity, seen, scale, scratch, scratch_floats, out, half_out, stream)
     case 32: return KVSIM_DECODE(1);
     case 64: return KVSIM_DECODE(2);
     case 96: return KVSIM_DECODE(3);

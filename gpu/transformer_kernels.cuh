@@ -58,13 +58,14 @@ cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div
                           const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& seen, float scale,
                           float* scratch, std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream);
 
-// How a split decode divides each head's keys: ranges of `chunk` keys (whole passes of its
-// kDecodeWarps warps), about two blocks per SM over all heads; `splits` ranges cover the longest entry.
+// How a split decode divides each entry's keys: ranges of `chunk` keys (whole passes of its
+// kDecodeWarps warps), about two blocks per SM over all `block_rows` (one per query head, or per
+// tile of a group's heads); `splits` ranges cover the longest entry.
 constexpr int kDecodeWarps = 4;
 struct DecodeSplit {
   int chunk = 0, splits = 0;
 };
-DecodeSplit decode_split(int n_head, const EntryRows& seen);
+DecodeSplit decode_split(int block_rows, const EntryRows& seen);
 // A split decode's second kernel: merges the [n_head, splits, head_dim + 2] partial states
 // (max, sum, output) into out [n_head, head_dim]; with `stats` (or null) it also writes each
 // head's (max, sum) [n_head, 2], by which the split kernel's logits become softmax weights.
