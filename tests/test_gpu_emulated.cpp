@@ -24,24 +24,13 @@
 #include "gpu/transformer_kernels.cuh"
 #include "gpu/transformer_parity.h"
 #include "gpu/transformer_shape.h"
+#include "random_vectors.h"
 
 using namespace kvsim;
 using namespace kvsim::gpu;
+using namespace kvsim::test;
 
 namespace {
-
-std::vector<float> gaussian(std::size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-std::vector<std::uint16_t> halves(const std::vector<float>& x) {
-  std::vector<std::uint16_t> h(x.size());
-  floats_to_halves(x.data(), h.data(), x.size());
-  return h;
-}
 
 EntryRows rows_of(int entries, int n) {
   EntryRows r;

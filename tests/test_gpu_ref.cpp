@@ -15,6 +15,7 @@
 #include "gpu/random_packed.h"
 #include "gpu/transformer_shape.h"
 #include "packed_fixtures.h"
+#include "random_vectors.h"
 #include "policies/codec.h"
 #include "policies/lowrank.h"
 #include "policies/quantize.h"
@@ -27,20 +28,6 @@ using namespace kvsim::gpu;
 using namespace kvsim::test;
 
 namespace {
-
-std::vector<float> gaussian(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-std::vector<std::uint16_t> halves(const std::vector<float>& x) {
-  std::vector<std::uint16_t> h(x.size());
-  floats_to_halves(x.data(), h.data(), x.size());
-  return h;
-}
 
 // The device's run table of t gives back every row as t holds it (kind, rank and data; param for
 // quantized rows; position where positions are kept); returns the number of runs.
