@@ -160,8 +160,7 @@ struct CudaTransformer::Impl {
   std::vector<std::vector<std::int64_t>> last_seen;
   std::int64_t last_stride = 0;
 
-  // Split-K decode: up to 256 key ranges per head.
-  std::size_t decode_floats() const { return static_cast<std::size_t>(s.n_head) * 256 * (s.head_dim + 2); }
+  std::size_t decode_floats() const { return decode_scratch_floats(s.n_head, s.head_dim); }
   std::size_t gemm_elem() const { return f16 ? sizeof(std::uint16_t) : sizeof(float); }
   cudaDataType gemm_type() const { return f16 ? CUDA_R_16F : CUDA_R_32F; }
 

@@ -1,7 +1,5 @@
 #include "gpu/packed_attention.cuh"
 
-#include <type_traits>
-
 #include "gpu/device_math.cuh"
 #include "gpu/split_decode.cuh"
 
@@ -90,7 +88,8 @@ cudaError_t launch(const float* q, int n_head, int head_div, const PackedEntryVi
                    std::int64_t capacity, const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
                    void* out, bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
-  const int block_rows = n_head / head_div * ((head_div + kG - 1) / kG);
+  if (!decode_heads_fit(n_head, head_div, seen.count)) return cudaErrorInvalidValue;
+  const int block_rows = decode_block_rows(n_head, head_div);
   const DecodeSplit sp = decode_split(block_rows, seen);
   if (static_cast<std::size_t>(n_head) * sp.splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
   if (probs) {
@@ -113,11 +112,11 @@ cudaError_t launch_tiled(const float* q, int n_head, int head_div, const PackedE
                          const float* rope_cos, const float* rope_sin, const std::uint16_t* ck, const std::uint16_t* cv,
                          std::int64_t capacity, const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
                          void* out, bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
-  auto go = [&](auto tile) {
-    return launch<kLanes, decltype(tile)::value>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, ck, cv, capacity, seen,
-                                                 scale, scratch, scratch_floats, out, half_out, probs, stride, stats, stream);
-  };
-  return decode_head_tile(head_div) == 1 ? go(std::integral_constant<int, 1>{}) : go(std::integral_constant<int, 4>{});
+  if (decode_head_tile(head_div) == 1)
+    return launch<kLanes, 1>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, ck, cv, capacity, seen, scale, scratch,
+                             scratch_floats, out, half_out, probs, stride, stats, stream);
+  return launch<kLanes, 4>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, ck, cv, capacity, seen, scale, scratch,
+                           scratch_floats, out, half_out, probs, stride, stats, stream);
 }
 
 }  // namespace

@@ -85,9 +85,6 @@ std::vector<float> floats_of(const std::vector<std::uint16_t>& h) {
   return f;
 }
 
-// Split-K decode partials for n_head heads (attend_decode's 256 ranges at most).
-std::size_t decode_scratch_floats(int n_head, int d) { return static_cast<std::size_t>(n_head) * 256 * (d + 2); }
-
 constexpr float kRopeTheta = 10000.0f;
 
 // attend_decode_packed over s.capacity rows per entry against attend_kept_ref over the rows

@@ -117,8 +117,4 @@ __device__ void split_decode(const float* __restrict__ q, float scale, int group
   }
 }
 
-// Heads a decode block serves for entries of `group` query heads: all of a small group, else
-// tiles of four (the kernels are built for these two).
-inline int decode_head_tile(int group) { return group == 1 ? 1 : 4; }
-
 }  // namespace kvsim::gpu

@@ -279,7 +279,8 @@ cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::u
                           std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
                           std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
-  const int block_rows = n_head / head_div * ((head_div + kG - 1) / kG);
+  if (!decode_heads_fit(n_head, head_div, seen.count)) return cudaErrorInvalidValue;
+  const int block_rows = decode_block_rows(n_head, head_div);
   const DecodeSplit sp = decode_split(block_rows, seen);
   if (static_cast<std::size_t>(n_head) * sp.splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
   decode_split_kernel<kLanes, kG><<<dim3(sp.splits, block_rows), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity,
@@ -311,7 +312,7 @@ DecodeSplit decode_split(int block_rows, const EntryRows& seen) {
   for (int e = 0; e < seen.count; ++e) most = std::max(most, seen.rows[e]);
   // About two blocks per SM over all block rows (heads or head tiles), each at least one pass of
   // its four warps.
-  const int want = std::clamp(2 * sms / block_rows, 1, 256), step = kDecodeWarps * 32;
+  const int want = std::clamp(2 * sms / std::max(block_rows, 1), 1, kMaxDecodeSplits), step = kDecodeWarps * 32;
   DecodeSplit sp;
   sp.chunk = std::max(step, ((most + want - 1) / want + step - 1) / step * step);
   sp.splits = (most + sp.chunk - 1) / sp.chunk;

@@ -6,6 +6,7 @@
 // harness compares the two. Activations are fp32; `half_out` writes the next GEMM's fp16 input.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kvsim::gpu {
@@ -61,11 +62,28 @@ cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div
 // How a split decode divides each entry's keys: ranges of `chunk` keys (whole passes of its
 // kDecodeWarps warps), about two blocks per SM over all `block_rows` (one per query head, or per
 // tile of a group's heads); `splits` ranges cover the longest entry.
-constexpr int kDecodeWarps = 4;
+constexpr int kDecodeWarps = 4, kMaxDecodeSplits = 256;
 struct DecodeSplit {
   int chunk = 0, splits = 0;
 };
 DecodeSplit decode_split(int block_rows, const EntryRows& seen);
+// Query heads a decode block serves for entries of `group` query heads each: all of a lone head,
+// else tiles of four (the kernels are built for these two).
+inline int decode_head_tile(int group) { return group == 1 ? 1 : 4; }
+// Decode blocks per key range: a tile of heads of each entry's group, for n_head heads reading
+// entries of head_div heads each.
+inline int decode_block_rows(int n_head, int head_div) {
+  const int tile = decode_head_tile(head_div);
+  return n_head / head_div * ((head_div + tile - 1) / tile);
+}
+// Whether n_head query heads can read `entries` entries of head_div heads each.
+inline bool decode_heads_fit(int n_head, int head_div, int entries) {
+  return head_div > 0 && n_head > 0 && n_head % head_div == 0 && n_head / head_div <= entries;
+}
+// The scratch floats a split decode of n_head heads may need ([n_head, splits, head_dim + 2]).
+inline std::size_t decode_scratch_floats(int n_head, int head_dim) {
+  return static_cast<std::size_t>(n_head) * kMaxDecodeSplits * static_cast<std::size_t>(head_dim + 2);
+}
 // A split decode's second kernel: merges the [n_head, splits, head_dim + 2] partial states
 // (max, sum, output) into out [n_head, head_dim]; with `stats` (or null) it also writes each
 // head's (max, sum) [n_head, 2], by which the split kernel's logits become softmax weights.

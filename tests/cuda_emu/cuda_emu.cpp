@@ -103,14 +103,19 @@ __attribute__((noinline)) void run_block(BlockRun& b, uint3 block_id, dim3 block
     t.context.uc_link = nullptr;
     makecontext(&t.context, entry, 0);
   }
+  // Odd blocks run their threads last to first between barriers: a missing barrier between a
+  // write by one thread and a read by another shows in one order or the other.
+  const bool reverse = (block_id.x + block_id.y + block_id.z) % 2 == 1;
   for (;;) {
     bool ran = false;
-    for (std::size_t i = 0; i < threads; ++i)
+    for (std::size_t k = 0; k < threads; ++k) {
+      const std::size_t i = reverse ? threads - 1 - k : k;
       if (b.threads[i].wait == Wait::None) {
         b.running = static_cast<int>(i);
         swapcontext(&b.scheduler, &b.threads[i].context);
         ran = true;
       }
+    }
     if (ran) continue;
     if (release(b)) continue;
     if (std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.wait == Wait::Done; })) return;
@@ -122,6 +127,7 @@ __attribute__((noinline)) void run_block(BlockRun& b, uint3 block_id, dim3 block
 }  // namespace
 
 const ThreadInfo& current() { return run_->threads[static_cast<std::size_t>(run_->running)].info; }
+int lane() { return run_->running % 32; }
 void* dynamic_shared_bytes() { return run_->shared.data(); }
 void sync_block() { yield(Wait::Block); }
 void sync_warp() { yield(Wait::Warp); }
@@ -132,6 +138,8 @@ std::uint64_t exchange(std::uint64_t bits, int src) {
   sync_warp();  // every lane has deposited
   const int from = warp0 + (src & 31);
   if (from >= static_cast<int>(run_->threads.size())) fail("shuffle from a lane past the block");
+  if (run_->threads[static_cast<std::size_t>(from)].wait == Wait::Done)
+    fail("shuffle from a lane that has returned (undefined on a GPU)");
   const std::uint64_t got = run_->slots[static_cast<std::size_t>(from)];
   sync_warp();  // every lane has read before the slots are reused
   return got;

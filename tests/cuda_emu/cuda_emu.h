@@ -6,8 +6,12 @@
 // shuffles, so a run is deterministic. A barrier some threads of a block (or warp) never reach
 // is reported as an error instead of hanging, dynamic shared memory starts as NaN bytes, and a
 // launch a GPU would refuse (no blocks, more than 1024 threads, over 48 KB of dynamic shared
-// memory) fails as it would. It checks indexing and synchronisation, not speed, and its float
-// arithmetic is the host's (no FMA contraction).
+// memory) fails as it would; device memory starts as NaN bytes too; odd blocks run their threads
+// in reverse order between barriers, so a missing barrier shows in one order or the other; a
+// shuffle from a lane that has returned is reported. It checks indexing and synchronisation, not
+// speed; its float arithmetic is the host compiler's with the project's flags (where it contracts
+// multiply-adds into FMAs is not where nvcc does), and __shared__ arrays are function statics
+// that keep their values from block to block, so a read of one before writing it is not caught.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +35,7 @@ struct ThreadInfo {
   dim3 block_dim, grid_dim;
 };
 const ThreadInfo& current();
+int lane();  // the running thread's lane: its linear index in the block, modulo 32
 void* dynamic_shared_bytes();
 void sync_block();
 void sync_warp();
@@ -119,5 +124,5 @@ T __shfl_sync(unsigned /*mask*/, T v, int src) {
 }
 template <class T>
 T __shfl_xor_sync(unsigned /*mask*/, T v, int lane_mask) {
-  return ::emu::shuffle(v, static_cast<int>(::emu::current().thread.x % 32) ^ lane_mask);
+  return ::emu::shuffle(v, ::emu::lane() ^ lane_mask);
 }

@@ -48,9 +48,13 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
   *v = a == cudaDevAttrMultiProcessorCount ? 132 : 1;
   return cudaSuccess;
 }
+// Device memory starts as NaN bytes, as dynamic shared memory does: a kernel that reads what it
+// never wrote shows (large mallocs would otherwise come back zeroed and hide it).
 inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   *p = std::malloc(bytes == 0 ? 1 : bytes);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0xFF, bytes);
+  return cudaSuccess;
 }
 inline cudaError_t cudaFree(void* p) {
   std::free(p);
