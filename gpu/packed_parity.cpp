@@ -94,58 +94,36 @@ constexpr float kRopeTheta = 10000.0f;
 void mixed_rows_decode(const AttnShape& s, const std::string& label, ParityReport& r) {
   const int d = s.head_dim, Hq = s.n_q_heads, Hkv = s.n_kv_heads;
   const std::int64_t n = s.capacity;
-  const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n);
+  const auto un = static_cast<std::size_t>(n);
   std::mt19937 rng(31);
-  const RopeSpec spec{RopeType::Neox, d, d, kRopeTheta};
   std::vector<float> cos_t, sin_t;
-  rope_tables(spec, n, cos_t, sin_t);
+  rope_tables(RopeSpec{RopeType::Neox, d, d, kRopeTheta}, n, cos_t, sin_t);
   DeviceBuffer<float> dcos(cos_t), dsin(sin_t);
   const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
-  std::vector<std::int64_t> prefix(static_cast<std::size_t>(Hkv));
-  std::int64_t tail = 1;
-  for (int e = 0; e < Hkv; ++e) {
-    auto& p = prefix[static_cast<std::size_t>(e)];
-    p = e == 0 ? n : (e == Hkv - 1 ? 0 : std::max<std::int64_t>(n - 37 - 5 * e, 0));
-    tail = std::max(tail, n - p);
-  }
-  std::vector<std::uint16_t> dense_k(static_cast<std::size_t>(Hkv) * un * ud), dense_v(dense_k.size());
-  std::vector<std::uint16_t> tail_k(static_cast<std::size_t>(Hkv * tail) * ud), tail_v(tail_k.size());
+  const MixedPackedCache cache = random_mixed_cache(Hkv, d, n, RopeType::Neox, rng);
   std::vector<std::unique_ptr<DevicePacked>> held;
   std::vector<PackedEntryView> views(static_cast<std::size_t>(Hkv));
-  for (int e = 0; e < Hkv; ++e) {
-    const auto ue = static_cast<std::size_t>(e);
-    const std::int64_t p = prefix[ue];
+  for (std::size_t e = 0; e < views.size(); ++e)
     for (const bool keys : {true, false}) {
-      std::vector<std::uint16_t>& dense = keys ? dense_k : dense_v;
-      std::vector<std::uint16_t>& tails = keys ? tail_k : tail_v;
-      if (p > 0) {
-        const PackedTensor t = keys ? random_packed(d, p, 4, std::min(32, d), false, true, rng)
-                                    : random_packed(d, p, 2, std::min(16, d), true, false, rng);
-        std::vector<float> rows;
-        unpack_tensor(t, d, spec, rows);
-        floats_to_halves(rows.data(), dense.data() + ue * un * ud, rows.size());
-        held.push_back(std::make_unique<DevicePacked>(t, d));
-        (keys ? views[ue].k : views[ue].v) = held.back()->view;
-      }
-      const auto fp16 = to_half(gaussian(static_cast<std::size_t>(n - p) * ud, rng));
-      std::copy(fp16.begin(), fp16.end(), dense.begin() + static_cast<std::ptrdiff_t>((ue * un + static_cast<std::size_t>(p)) * ud));
-      std::copy(fp16.begin(), fp16.end(), tails.begin() + static_cast<std::ptrdiff_t>(ue * static_cast<std::size_t>(tail) * ud));
+      const PackedTensor& t = keys ? cache.keys[e] : cache.values[e];
+      if (t.rows.empty()) continue;
+      held.push_back(std::make_unique<DevicePacked>(t, d));
+      (keys ? views[e].k : views[e].v) = held.back()->view;
     }
-  }
   std::vector<std::int32_t> kept(static_cast<std::size_t>(Hkv) * un), counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
   for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>(i % un);
   std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq) * un);
-  attend_kept_ref(s, q.data(), dense_k.data(), dense_v.data(), kept.data(), counts.data(), static_cast<int>(n), out_ref.data(),
-                  w_ref.data());
+  attend_kept_ref(s, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(), static_cast<int>(n),
+                  out_ref.data(), w_ref.data());
   EntryRows seen;
   seen.count = Hkv;
   for (int e = 0; e < Hkv; ++e) seen.rows[e] = static_cast<int>(n);
   DeviceBuffer<float> dq(q), dout(out_ref.size()), dscratch(decode_scratch_floats(Hq, d)), dprobs(w_ref.size()),
       dstats(static_cast<std::size_t>(2 * Hq));
   DeviceBuffer<PackedEntryView> dviews(views);
-  DeviceBuffer<std::uint16_t> dtk(tail_k), dtv(tail_v);
+  DeviceBuffer<std::uint16_t> dtk(cache.tail_k), dtv(cache.tail_v);
   KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, RopeShape{true, d}, dcos.ptr, dsin.ptr, dtk.ptr,
-                                        dtv.ptr, tail, seen, 1.0f / std::sqrt(static_cast<float>(d)), dscratch.ptr, dscratch.n,
+                                        dtv.ptr, cache.tail, seen, 1.0f / std::sqrt(static_cast<float>(d)), dscratch.ptr, dscratch.n,
                                         dout.ptr, false, dprobs.ptr, static_cast<int>(n), dstats.ptr, nullptr));
   r.value(label + ": output", nmse(dout.host(), out_ref), kKernelNmse);
   r.value(label + ": weights", nmse(dprobs.host(), w_ref), kKernelNmse);

@@ -111,4 +111,43 @@ PackedLayer random_packed_layer(const TransformerShape& s, int layer, std::int64
   return out;
 }
 
+MixedPackedCache random_mixed_cache(int entries, int d, std::int64_t n, RopeType pairing, std::mt19937& rng) {
+  MixedPackedCache c;
+  const RopeSpec spec{pairing, d, d, 10000.0};
+  std::vector<std::int64_t> prefix(static_cast<std::size_t>(entries));
+  for (int e = 0; e < entries; ++e) {
+    auto& p = prefix[static_cast<std::size_t>(e)];
+    p = e == 0 ? n : (e == entries - 1 ? 0 : std::max<std::int64_t>(n - 37 - 5 * e, 0));
+    c.tail = std::max(c.tail, n - p);
+  }
+  const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n), ut = static_cast<std::size_t>(c.tail);
+  c.dense_k.resize(static_cast<std::size_t>(entries) * un * ud);
+  c.dense_v.resize(c.dense_k.size());
+  c.tail_k.resize(static_cast<std::size_t>(entries) * ut * ud);
+  c.tail_v.resize(c.tail_k.size());
+  c.keys.resize(static_cast<std::size_t>(entries));
+  c.values.resize(static_cast<std::size_t>(entries));
+  std::normal_distribution<float> nd;
+  for (int e = 0; e < entries; ++e) {
+    const auto ue = static_cast<std::size_t>(e);
+    const std::int64_t p = prefix[ue];
+    for (const bool is_key : {true, false}) {
+      auto& dense = is_key ? c.dense_k : c.dense_v;
+      auto& tails = is_key ? c.tail_k : c.tail_v;
+      if (p > 0) {
+        PackedTensor& t = is_key ? c.keys[ue] : c.values[ue];
+        t = is_key ? random_packed(d, p, 4, std::min(32, d), false, true, rng) : random_packed(d, p, 2, std::min(16, d), true, false, rng);
+        std::vector<float> read_back;
+        unpack_tensor(t, d, spec, read_back);
+        floats_to_halves(read_back.data(), dense.data() + ue * un * ud, read_back.size());
+      }
+      std::vector<float> x(static_cast<std::size_t>(n - p) * ud);
+      for (auto& v : x) v = nd(rng);
+      floats_to_halves(x.data(), dense.data() + (ue * un + static_cast<std::size_t>(p)) * ud, x.size());
+      floats_to_halves(x.data(), tails.data() + ue * ut * ud, x.size());
+    }
+  }
+  return c;
+}
+
 }  // namespace kvsim::gpu

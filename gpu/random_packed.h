@@ -38,4 +38,17 @@ struct PackedLayer {
 PackedLayer random_packed_layer(const TransformerShape& s, int layer, std::int64_t rows,
                                 const std::function<std::vector<float>(int, bool)>& rows_of, std::mt19937& rng);
 
+// One layer's cache as the fused decode reads it (gpu/packed_attention.cuh), every entry shape:
+// entry 0 packed to its last row, the last entry (of several) fp16 only, the others a packed
+// prefix of different lengths (int4 keys with rotated low-rank rows, int2 absmax values) with
+// fp16 rows after it. dense_* is every row as fp16, [entries, rows, d] (unpack_tensor's read-back
+// of the prefix, then the fp16 rows): what a reference attends over; tail_* the fp16 rows after
+// each prefix, [entries, tail, d]: what the decode reads beside the packed tensors.
+struct MixedPackedCache {
+  std::vector<PackedTensor> keys, values;  // [entry], empty (no rows) where nothing is packed
+  std::int64_t tail = 1;                    // fp16 rows per entry the tail buffers hold
+  std::vector<std::uint16_t> dense_k, dense_v, tail_k, tail_v;
+};
+MixedPackedCache random_mixed_cache(int entries, int head_dim, std::int64_t rows, RopeType pairing, std::mt19937& rng);
+
 }  // namespace kvsim::gpu

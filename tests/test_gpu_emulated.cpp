@@ -47,54 +47,23 @@ std::vector<std::int32_t> all_kept(int entries, int n) {
   return kept;
 }
 
-// A layer's cache as the fused decode reads it: entry 0 fully packed, the last (of several) fp16
-// only, the rest a packed prefix with fp16 rows after it; dense is every row as fp16.
-struct MixedCache {
-  std::vector<PackedTensor> tensors;
+// The fused decode's view of a mixed cache's host arrays (the emulator's device memory is host memory).
+struct HostViews {
   std::vector<RowTable> tables;
   std::vector<PackedEntryView> views;
-  std::vector<std::uint16_t> tail_k, tail_v, dense_k, dense_v;
-  std::int64_t tail = 1;
-};
-
-MixedCache mixed_cache(int entries, int d, int n, RopeType pairing, std::mt19937& rng) {
-  MixedCache c;
-  const RopeSpec spec{pairing, d, d, 10000.0};
-  std::vector<std::int64_t> prefix(static_cast<std::size_t>(entries));
-  for (int e = 0; e < entries; ++e) {
-    prefix[static_cast<std::size_t>(e)] = e == 0 ? n : (e == entries - 1 ? 0 : n - 37 - 5 * e);
-    c.tail = std::max<std::int64_t>(c.tail, n - prefix[static_cast<std::size_t>(e)]);
-  }
-  const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n), ut = static_cast<std::size_t>(c.tail);
-  c.dense_k.resize(static_cast<std::size_t>(entries) * un * ud);
-  c.dense_v.resize(c.dense_k.size());
-  c.tail_k.resize(static_cast<std::size_t>(entries) * ut * ud);
-  c.tail_v.resize(c.tail_k.size());
-  c.tensors.reserve(static_cast<std::size_t>(2 * entries));  // views point into them
-  c.tables.reserve(c.tensors.capacity());
-  c.views.resize(static_cast<std::size_t>(entries));
-  for (int e = 0; e < entries; ++e) {
-    const auto ue = static_cast<std::size_t>(e);
-    const std::int64_t p = prefix[ue];
-    for (const bool keys : {true, false}) {
-      auto& dense = keys ? c.dense_k : c.dense_v;
-      auto& tails = keys ? c.tail_k : c.tail_v;
-      if (p > 0) {
-        c.tensors.push_back(keys ? random_packed(d, p, 4, std::min(32, d), false, true, rng)
-                                 : random_packed(d, p, 2, std::min(16, d), true, false, rng));
-        std::vector<float> rows;
-        unpack_tensor(c.tensors.back(), d, spec, rows);
-        floats_to_halves(rows.data(), dense.data() + ue * un * ud, rows.size());
-        c.tables.push_back(row_table(c.tensors.back(), d));
-        (keys ? c.views[ue].k : c.views[ue].v) = host_view(c.tensors.back(), c.tables.back());
+  HostViews(const MixedPackedCache& c, int head_dim) : views(c.keys.size()) {
+    tables.reserve(2 * c.keys.size());  // the views point into them
+    for (std::size_t e = 0; e < c.keys.size(); ++e)
+      for (const bool keys : {true, false}) {
+        const PackedTensor& t = keys ? c.keys[e] : c.values[e];
+        if (t.rows.empty()) continue;
+        tables.push_back(row_table(t, head_dim));
+        (keys ? views[e].k : views[e].v) = host_view(t, tables.back());
       }
-      const auto fp16 = halves(gaussian(static_cast<std::size_t>(n - p) * ud, rng));
-      std::copy(fp16.begin(), fp16.end(), dense.begin() + static_cast<std::ptrdiff_t>((ue * un + static_cast<std::size_t>(p)) * ud));
-      std::copy(fp16.begin(), fp16.end(), tails.begin() + static_cast<std::ptrdiff_t>(ue * ut * ud));
-    }
   }
-  return c;
-}
+  HostViews(const HostViews&) = delete;  // the views point into this object's tables
+  HostViews& operator=(const HostViews&) = delete;
+};
 
 }  // namespace
 
@@ -114,7 +83,8 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     const RopeSpec spec{c.pairing, d, d, 10000.0};
     std::vector<float> cos_t, sin_t;
     rope_tables(spec, n, cos_t, sin_t);
-    const MixedCache cache = mixed_cache(c.entries, d, n, c.pairing, rng);
+    const MixedPackedCache cache = random_mixed_cache(c.entries, d, n, c.pairing, rng);
+    const HostViews host(cache, d);
     const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
     const AttnShape shape{Hq, c.entries, d, n};
     std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq * n));
@@ -125,7 +95,7 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     std::vector<float> scratch(decode_scratch_floats(Hq, d)), out(out_ref.size()), probs(w_ref.size(), -1.0f), stats(2 * Hq);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const RopeShape rope{c.pairing == RopeType::Neox, d};
-    REQUIRE(attend_decode_packed(q.data(), Hq, d, shape.group(), cache.views.data(), rope, cos_t.data(), sin_t.data(),
+    REQUIRE(attend_decode_packed(q.data(), Hq, d, shape.group(), host.views.data(), rope, cos_t.data(), sin_t.data(),
                                  cache.tail_k.data(), cache.tail_v.data(), cache.tail, rows_of(c.entries, n), scale, scratch.data(),
                                  scratch.size(), out.data(), false, probs.data(), n, stats.data(), nullptr) == cudaSuccess);
     CHECK(nmse(out, out_ref) < 1e-10);
@@ -134,7 +104,7 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     std::vector<std::uint16_t> unpacked_k(cache.dense_k.size()), unpacked_v(cache.dense_v.size());
     for (int e = 0; e < c.entries; ++e) {
       const auto off = static_cast<std::size_t>(e) * n * d;
-      const PackedEntryView& v = cache.views[static_cast<std::size_t>(e)];
+      const PackedEntryView& v = host.views[static_cast<std::size_t>(e)];
       REQUIRE(unpack_packed(v.k, d, rope, cos_t.data(), sin_t.data(), unpacked_k.data() + off, nullptr) == cudaSuccess);
       REQUIRE(unpack_packed(v.v, d, rope, cos_t.data(), sin_t.data(), unpacked_v.data() + off, nullptr) == cudaSuccess);
       const auto p = static_cast<std::size_t>(v.k.n_rows);
