@@ -1,6 +1,7 @@
 #pragma once
 // cuBLAS as tests/cuda_emu needs it: GemmEx on the CPU, column-major as cuBLAS is, fp16 or fp32
 // inputs, fp32 output and accumulation.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -31,7 +32,11 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
                                    const void* alpha, const void* A, cudaDataType a_type, int lda, const void* B,
                                    cudaDataType b_type, int ldb, const void* beta, void* C, cudaDataType c_type, int ldc,
                                    cublasComputeType_t, cublasGemmAlgo_t) {
-  if (c_type != CUDA_R_32F || m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (c_type != CUDA_R_32F || a_type != b_type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // What cuBLAS refuses: negative sizes, leading dimensions shorter than a stored column.
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) ||
+      ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
   auto load = [](const void* p, cudaDataType t, std::int64_t i) {
     return t == CUDA_R_16F ? kvsim::half_to_float(static_cast<const std::uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
   };

@@ -1,5 +1,6 @@
 #include "cuda_emu.h"
 
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -34,9 +35,25 @@ struct BlockRun {
   void* state = nullptr;
 };
 
-constexpr std::size_t kStack = 256 * 1024;
+constexpr std::size_t kStack = 256 * 1024, kGuard = 4096;
 BlockRun* run_ = nullptr;
-std::vector<std::unique_ptr<char[]>> stack_pool_;  // grows to the largest block, then reused
+
+// A thread's stack with an inaccessible page below it: a kernel that overflows its stack faults
+// there instead of corrupting its neighbour's.
+struct Stack {
+  char* base = nullptr;  // the guard page, then kStack usable bytes
+  Stack() {
+    void* p = mmap(nullptr, kGuard + kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("cuda_emu: cannot map a thread stack");
+    base = static_cast<char*>(p);
+    mprotect(base, kGuard, PROT_NONE);
+  }
+  ~Stack() { munmap(base, kGuard + kStack); }
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+  char* usable() const { return base + kGuard; }
+};
+std::vector<std::unique_ptr<Stack>> stack_pool_;  // grows to the largest block, then reused
 int last_error_ = 0;
 
 [[noreturn]] void fail(const std::string& what) {
@@ -155,8 +172,8 @@ bool launch(dim3 grid, dim3 block, std::size_t shared_bytes, Body body, void* st
   BlockRun b;
   b.threads.resize(threads);
   b.slots.resize(threads);
-  while (stack_pool_.size() < threads) stack_pool_.emplace_back(new char[kStack]);
-  for (std::size_t i = 0; i < threads; ++i) b.stacks.push_back(stack_pool_[i].get());
+  while (stack_pool_.size() < threads) stack_pool_.push_back(std::make_unique<Stack>());
+  for (std::size_t i = 0; i < threads; ++i) b.stacks.push_back(stack_pool_[i]->usable());
   b.body = body;
   b.state = state;
   BlockRun* outer = run_;
