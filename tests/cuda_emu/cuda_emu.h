@@ -3,15 +3,18 @@
 // compiled as C++ after tests/cuda_emu/launch.sed rewrites their <<<...>>> launches) run in CI on
 // machines without a GPU. A launch runs its blocks one after another; a block's threads are
 // cooperative contexts on one OS thread, switched only at __syncthreads, __syncwarp and the warp
-// shuffles, so a run is deterministic. A barrier some threads of a block (or warp) never reach
-// is reported as an error instead of hanging, dynamic shared memory starts as NaN bytes, and a
-// launch a GPU would refuse (no blocks, more than 1024 threads, over 48 KB of dynamic shared
-// memory) fails as it would; device memory starts as NaN bytes too; odd blocks run their threads
-// in reverse order between barriers, so a missing barrier shows in one order or the other; a
-// shuffle from a lane that has returned is reported. It checks indexing and synchronisation, not
-// speed; its float arithmetic is the host compiler's with the project's flags (where it contracts
-// multiply-adds into FMAs is not where nvcc does), and __shared__ arrays are function statics
-// that keep their values from block to block, so a read of one before writing it is not caught.
+// shuffles, so a run is deterministic. What a GPU would do wrong, it reports:
+//   - a barrier that some live thread of the block (or warp) never reaches (a GPU would hang);
+//   - a shuffle from a lane that has returned;
+//   - a launch a GPU refuses (no blocks, over 1024 threads, over 48 KB of dynamic shared memory);
+//   - reads before writes of device memory and dynamic shared memory, which start as NaN bytes;
+//   - a missing barrier between one thread's write and another's read: odd blocks run their
+//     threads in reverse order between barriers, so the read sees stale data in one order or
+//     the other.
+// It does not check speed; its float arithmetic is the host compiler's with the project's flags
+// (it contracts multiply-adds into FMAs where nvcc may not); static __shared__ arrays are
+// function statics that keep their values from block to block, so reading one before writing it
+// is not caught.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
