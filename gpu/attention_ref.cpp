@@ -29,11 +29,13 @@ void softmax(std::vector<double>& logits) {
   for (double& x : logits) x /= sum;
 }
 
-// Attention of each query head of KV head kv over that head's n rebuilt keys and values, both
-// [n, d] doubles: what attend_quant_ref and attend_lowrank_ref do once they have rebuilt a KV
-// head's rows (once, not once per query head: the Mistral-7B shapes have 32768 rows).
+// Attention of each query head of KV head kv over that head's n keys and values, both [n, d]
+// doubles: what every reference here does once it has gathered or rebuilt a KV head's rows (once,
+// not once per query head: the Mistral-7B shapes have 32768 rows). With `weights` (or null), each
+// head's softmax is written at weights[h * stride], zero from n to stride.
 void attend_rows_ref(const AttnShape& s, int kv, const float* q, const std::vector<double>& keys,
-                     const std::vector<double>& values, std::int64_t n, float* out) {
+                     const std::vector<double>& values, std::int64_t n, float* out, float* weights = nullptr,
+                     std::int64_t stride = 0) {
   const int d = s.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<double> w(static_cast<std::size_t>(n));
@@ -48,6 +50,9 @@ void attend_rows_ref(const AttnShape& s, int kv, const float* q, const std::vect
     for (std::int64_t m = 0; m < n; ++m)
       for (int x = 0; x < d; ++x) o[static_cast<std::size_t>(x)] += w[static_cast<std::size_t>(m)] * values[static_cast<std::size_t>(m * d + x)];
     for (int x = 0; x < d; ++x) out[h * d + x] = static_cast<float>(o[static_cast<std::size_t>(x)]);
+    if (weights)
+      for (std::int64_t m = 0; m < stride; ++m)
+        weights[h * stride + m] = m < n ? static_cast<float>(w[static_cast<std::size_t>(m)]) : 0.0f;
   }
 }
 
@@ -102,28 +107,24 @@ void unpack_int_rows(const QuantSpec& s, int d, const std::uint8_t* codes, const
 void attend_kept_ref(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
                      const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights) {
   const int d = s.head_dim;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  for (int h = 0; h < s.n_q_heads; ++h) {
-    const int kv = h / s.group();
-    const int n = counts[kv];
+  for (int kv = 0; kv < s.n_kv_heads; ++kv) {
+    const std::int64_t n = counts[kv], base = static_cast<std::int64_t>(kv) * s.capacity * d;
     const std::int32_t* idx = kept + static_cast<std::int64_t>(kv) * max_kept;
-    const std::int64_t base = static_cast<std::int64_t>(kv) * s.capacity * d;
-    std::vector<double> w(static_cast<std::size_t>(n));
-    for (int m = 0; m < n; ++m) {
-      double dot = 0;
-      for (int x = 0; x < d; ++x) dot += static_cast<double>(q[h * d + x]) * half_at(k, base + static_cast<std::int64_t>(idx[m]) * d + x);
-      w[static_cast<std::size_t>(m)] = dot * scale;
-    }
-    softmax(w);
-    for (int x = 0; x < d; ++x) {
-      double o = 0;
-      for (int m = 0; m < n; ++m) o += w[static_cast<std::size_t>(m)] * half_at(v, base + static_cast<std::int64_t>(idx[m]) * d + x);
-      out[h * d + x] = static_cast<float>(o);
-    }
-    if (weights)
-      for (int m = 0; m < max_kept; ++m)
-        weights[static_cast<std::int64_t>(h) * max_kept + m] = m < n ? static_cast<float>(w[static_cast<std::size_t>(m)]) : 0.0f;
+    std::vector<double> keys(static_cast<std::size_t>(n * d)), values(keys.size());
+    for (std::int64_t m = 0; m < n; ++m)
+      for (int x = 0; x < d; ++x) {
+        const std::int64_t at = base + static_cast<std::int64_t>(idx[m]) * d + x;
+        keys[static_cast<std::size_t>(m * d + x)] = half_at(k, at);
+        values[static_cast<std::size_t>(m * d + x)] = half_at(v, at);
+      }
+    attend_rows_ref(s, kv, q, keys, values, n, out, weights, max_kept);
   }
+}
+
+std::vector<std::int32_t> every_row_kept(int kv_heads, int n) {
+  std::vector<std::int32_t> kept(static_cast<std::size_t>(kv_heads) * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(n));
+  return kept;
 }
 
 void attend_quant_ref(const AttnShape& s, const QuantSpec& spec, const float* q, const std::uint8_t* k_codes,

@@ -23,6 +23,9 @@ void unpack_int_rows(const QuantSpec& s, int head_dim, const std::uint8_t* codes
 void attend_kept_ref(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
                      const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights);
 
+// attend_kept_ref's index lists keeping every row [0, n) of each of kv_heads heads.
+std::vector<std::int32_t> every_row_kept(int kv_heads, int n);
+
 // The same over an intN cache (every row [0, counts[kv]) of each KV head, dequantized).
 void attend_quant_ref(const AttnShape& s, const QuantSpec& spec, const float* q, const std::uint8_t* k_codes,
                       const std::uint16_t* k_params, const std::uint8_t* v_codes, const std::uint16_t* v_params,

@@ -107,18 +107,6 @@ cudaError_t launch(const float* q, int n_head, int head_div, const PackedEntryVi
   return cudaGetLastError();
 }
 
-template <int kLanes>
-cudaError_t launch_tiled(const float* q, int n_head, int head_div, const PackedEntryView* entries, const RopeShape& rope,
-                         const float* rope_cos, const float* rope_sin, const std::uint16_t* ck, const std::uint16_t* cv,
-                         std::int64_t capacity, const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
-                         void* out, bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
-  if (decode_head_tile(head_div) == 1)
-    return launch<kLanes, 1>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, ck, cv, capacity, seen, scale, scratch,
-                             scratch_floats, out, half_out, probs, stride, stats, stream);
-  return launch<kLanes, 4>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, ck, cv, capacity, seen, scale, scratch,
-                           scratch_floats, out, half_out, probs, stride, stats, stream);
-}
-
 }  // namespace
 
 cudaError_t attend_decode_packed(const float* q, int n_head, int head_dim, int head_div, const PackedEntryView* entries,
@@ -128,8 +116,11 @@ cudaError_t attend_decode_packed(const float* q, int n_head, int head_dim, int h
                                  bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
   switch (head_dim) {
 #define KVSIM_PACKED_DECODE(L)                                                                                          \
-  launch_tiled<L>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, cache_k, cache_v, capacity, seen, scale, \
-                  scratch, scratch_floats, out, half_out, probs, stride, stats, stream)
+  with_head_tile(head_div, [&](auto tile) {                                                                           \
+    return launch<L, decltype(tile)::value>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, cache_k, cache_v,   \
+                                            capacity, seen, scale, scratch, scratch_floats, out, half_out, probs, stride, \
+                                            stats, stream);                                                             \
+  })
     case 32: return KVSIM_PACKED_DECODE(1);
     case 64: return KVSIM_PACKED_DECODE(2);
     case 96: return KVSIM_PACKED_DECODE(3);

@@ -110,14 +110,12 @@ void mixed_rows_decode(const AttnShape& s, const std::string& label, ParityRepor
       held.push_back(std::make_unique<DevicePacked>(t, d));
       (keys ? views[e].k : views[e].v) = held.back()->view;
     }
-  std::vector<std::int32_t> kept(static_cast<std::size_t>(Hkv) * un), counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
-  for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>(i % un);
+  const std::vector<std::int32_t> kept = every_row_kept(Hkv, static_cast<int>(n)),
+                                  counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
   std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq) * un);
   attend_kept_ref(s, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(), static_cast<int>(n),
                   out_ref.data(), w_ref.data());
-  EntryRows seen;
-  seen.count = Hkv;
-  for (int e = 0; e < Hkv; ++e) seen.rows[e] = static_cast<int>(n);
+  const EntryRows seen = same_rows(Hkv, static_cast<int>(n));
   DeviceBuffer<float> dq(q), dout(out_ref.size()), dscratch(decode_scratch_floats(Hq, d)), dprobs(w_ref.size()),
       dstats(static_cast<std::size_t>(2 * Hq));
   DeviceBuffer<PackedEntryView> dviews(views);
@@ -171,9 +169,7 @@ void int4_decode_bench(const AttnShape& shape, ParityReport& r, double copy_gbs)
   const std::vector<std::int32_t> counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
   std::vector<float> out_ref(static_cast<std::size_t>(Hq * d));
   attend_quant_ref(s, spec4, q.data(), all_kc.data(), all_kp.data(), all_vc.data(), all_vp.data(), counts.data(), out_ref.data());
-  EntryRows seen;
-  seen.count = Hkv;
-  for (int e = 0; e < Hkv; ++e) seen.rows[e] = static_cast<int>(n);
+  const EntryRows seen = same_rows(Hkv, static_cast<int>(n));
   DeviceBuffer<float> dq(q), dout(out_ref.size()), dscratch(decode_scratch_floats(Hq, d));
   DeviceBuffer<PackedEntryView> dviews(views);
   DeviceBuffer<std::uint16_t> none(std::size_t{1});

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
-#include <random>
 #include <vector>
 
 #include "core/half.h"
 #include "gpu/cuda_check.h"
+#include "gpu/random_inputs.h"
 
 namespace kvsim::gpu {
 
@@ -40,19 +40,6 @@ struct DeviceBuffer {
     return out;
   }
 };
-
-inline std::vector<float> gaussian(std::size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-inline std::vector<std::uint16_t> to_half(const std::vector<float>& x) {
-  std::vector<std::uint16_t> h(x.size());
-  floats_to_halves(x.data(), h.data(), x.size());
-  return h;
-}
 
 // Mean seconds per call of `fn` over `reps` calls after one warm-up call.
 inline double seconds_of(const std::function<void()>& fn, int reps) {

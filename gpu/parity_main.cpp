@@ -52,7 +52,7 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
   const auto rows = static_cast<std::size_t>(Hkv * s.capacity * d);
   const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
   const std::vector<float> kf = gaussian(rows, rng), vf = gaussian(rows, rng);
-  const std::vector<std::uint16_t> k = to_half(kf), v = to_half(vf);
+  const std::vector<std::uint16_t> k = halves(kf), v = halves(vf);
   // Kept sets: `kept` tokens per head, evenly spaced (capacity / kept apart) up to the most recent.
   std::vector<std::int32_t> kept(static_cast<std::size_t>(Hkv * p.kept)), counts(static_cast<std::size_t>(Hkv), p.kept);
   for (int h = 0; h < Hkv; ++h)
@@ -109,9 +109,9 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
     const RopeShape rope{true, d};
     std::vector<float> cos_t, sin_t;
     rope_tables(RopeSpec{RopeType::Neox, d, d, 10000.0}, s.capacity, cos_t, sin_t);
-    const auto ck = to_half(gaussian(rows, rng)), cv = to_half(gaussian(rows, rng));
-    const auto uk = to_half(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));
-    const auto uv = to_half(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));
+    const auto ck = halves(gaussian(rows, rng)), cv = halves(gaussian(rows, rng));
+    const auto uk = halves(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));
+    const auto uv = halves(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f));
     std::vector<std::int32_t> ranks(static_cast<std::size_t>(Hkv * s.capacity)), positions(static_cast<std::size_t>(s.capacity));
     std::uniform_int_distribution<int> rank(1, d);
     for (auto& x : ranks) x = rank(rng);

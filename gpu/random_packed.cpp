@@ -7,19 +7,9 @@
 #include <vector>
 
 #include "core/half.h"
+#include "gpu/random_inputs.h"
 
 namespace kvsim::gpu {
-
-namespace {
-
-std::vector<std::uint16_t> gaussian_halves(std::size_t n, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<std::uint16_t> h(n);
-  for (auto& x : h) x = float_to_half(nd(rng));
-  return h;
-}
-
-}  // namespace
 
 PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symmetric, bool rotate, std::mt19937& rng,
                            std::int32_t first_position, int param_group) {
@@ -27,7 +17,7 @@ PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symme
   t.bits = bits, t.param_span = span, t.symmetric = symmetric, t.rotate = rotate;
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(0.01f, 0.2f), mn(-1.0f, 0.0f);
-  t.basis = gaussian_halves(static_cast<std::size_t>(d * d), rng, 0.125f);
+  t.basis = halves(gaussian(static_cast<std::size_t>(d * d), rng, 0.125f));
   std::int64_t run_group = -1, run_start = 0;
   for (std::int64_t m = 0; m < n; ++m) {
     PackedRow r;
@@ -57,7 +47,7 @@ PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symme
       r.kind = PackedKind::LowRank;
       r.rank = static_cast<std::uint16_t>(1 + m % d);
       r.data = static_cast<std::int64_t>(t.halves.size());
-      const auto c = gaussian_halves(r.rank, rng, 1.0f);
+      const auto c = halves(gaussian(r.rank, rng));
       t.halves.insert(t.halves.end(), c.begin(), c.end());
     }
     t.rows.push_back(r);
@@ -127,7 +117,6 @@ MixedPackedCache random_mixed_cache(int entries, int d, std::int64_t n, RopeType
   c.tail_v.resize(c.tail_k.size());
   c.keys.resize(static_cast<std::size_t>(entries));
   c.values.resize(static_cast<std::size_t>(entries));
-  std::normal_distribution<float> nd;
   for (int e = 0; e < entries; ++e) {
     const auto ue = static_cast<std::size_t>(e);
     const std::int64_t p = prefix[ue];
@@ -141,8 +130,7 @@ MixedPackedCache random_mixed_cache(int entries, int d, std::int64_t n, RopeType
         unpack_tensor(t, d, spec, read_back);
         floats_to_halves(read_back.data(), dense.data() + ue * un * ud, read_back.size());
       }
-      std::vector<float> x(static_cast<std::size_t>(n - p) * ud);
-      for (auto& v : x) v = nd(rng);
+      const std::vector<float> x = gaussian(static_cast<std::size_t>(n - p) * ud, rng);
       floats_to_halves(x.data(), dense.data() + (ue * un + static_cast<std::size_t>(p)) * ud, x.size());
       floats_to_halves(x.data(), tails.data() + ue * ut * ud, x.size());
     }

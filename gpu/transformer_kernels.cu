@@ -288,17 +288,6 @@ cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::u
   return combine_decode(scratch, n_head, sp.splits, d, out, half_out, nullptr, stream);
 }
 
-template <int kLanes>
-cudaError_t launch_decode_tiled(const float* q, int n_head, int head_div, const std::uint16_t* ck, const std::uint16_t* cv,
-                                std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
-                                std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
-  if (decode_head_tile(head_div) == 1)
-    return launch_decode<kLanes, 1>(q, n_head, head_div, ck, cv, capacity, seen, scale, scratch, scratch_floats, out, half_out,
-                                    stream);
-  return launch_decode<kLanes, 4>(q, n_head, head_div, ck, cv, capacity, seen, scale, scratch, scratch_floats, out, half_out,
-                                  stream);
-}
-
 }  // namespace
 
 DecodeSplit decode_split(int block_rows, const EntryRows& seen) {
@@ -371,8 +360,11 @@ cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div
                           const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& seen, float scale,
                           float* scratch, std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
   switch (head_dim) {
-#define KVSIM_DECODE(L) \
-  launch_decode_tiled<L>(q, n_head, head_div, cache_k, cache_v, capacity, seen, scale, scratch, scratch_floats, out, half_out, stream)
+#define KVSIM_DECODE(L)                                                                                                 \
+  with_head_tile(head_div, [&](auto tile) {                                                                             \
+    return launch_decode<L, decltype(tile)::value>(q, n_head, head_div, cache_k, cache_v, capacity, seen, scale, scratch, \
+                                                   scratch_floats, out, half_out, stream);                               \
+  })
     case 32: return KVSIM_DECODE(1);
     case 64: return KVSIM_DECODE(2);
     case 96: return KVSIM_DECODE(3);

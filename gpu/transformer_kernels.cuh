@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace kvsim::gpu {
 
@@ -18,6 +19,14 @@ struct EntryRows {
   int count = 0;
   int rows[kMaxEntries] = {};
 };
+
+// `entries` entries of `rows` rows each.
+inline EntryRows same_rows(int entries, int rows) {
+  EntryRows r;
+  r.count = entries;
+  for (int e = 0; e < entries; ++e) r.rows[e] = rows;
+  return r;
+}
 
 // x[i, :] = table[tokens[i], :] (fp16 or fp32 table).
 cudaError_t embed_rows(const void* table, bool half_table, const std::int32_t* tokens, int n, int n_embd, float* x,
@@ -70,6 +79,12 @@ DecodeSplit decode_split(int block_rows, const EntryRows& seen);
 // Query heads a decode block serves for entries of `group` query heads each: all of a lone head,
 // else tiles of four (the kernels are built for these two).
 inline int decode_head_tile(int group) { return group == 1 ? 1 : 4; }
+// f(std::integral_constant<int, tile>{}) with decode_head_tile(group): how a launcher picks the
+// kernel instantiation for a group.
+template <class F>
+auto with_head_tile(int group, F&& f) {
+  return decode_head_tile(group) == 1 ? f(std::integral_constant<int, 1>{}) : f(std::integral_constant<int, 4>{});
+}
 // Decode blocks per key range: a tile of heads of each entry's group, for n_head heads reading
 // entries of head_div heads each.
 inline int decode_block_rows(int n_head, int head_div) {

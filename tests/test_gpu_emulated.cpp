@@ -21,31 +21,16 @@
 #include "gpu/packed_unpack.cuh"
 #include "gpu/parity_report.h"
 #include "gpu/parity_shapes.h"
+#include "gpu/random_inputs.h"
 #include "gpu/random_packed.h"
 #include "gpu/transformer_kernels.cuh"
 #include "gpu/transformer_parity.h"
 #include "gpu/transformer_shape.h"
-#include "random_vectors.h"
 
 using namespace kvsim;
 using namespace kvsim::gpu;
-using namespace kvsim::test;
 
 namespace {
-
-EntryRows rows_of(int entries, int n) {
-  EntryRows r;
-  r.count = entries;
-  for (int e = 0; e < entries; ++e) r.rows[e] = n;
-  return r;
-}
-
-// Every row of every entry kept: attend_kept_ref's index lists for a dense cache of n rows.
-std::vector<std::int32_t> all_kept(int entries, int n) {
-  std::vector<std::int32_t> kept(static_cast<std::size_t>(entries * n));
-  for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(n));
-  return kept;
-}
 
 // The fused decode's view of a mixed cache's host arrays (the emulator's device memory is host memory).
 struct HostViews {
@@ -88,7 +73,7 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
     const AttnShape shape{Hq, c.entries, d, n};
     std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq * n));
-    const auto kept = all_kept(c.entries, n);
+    const auto kept = every_row_kept(c.entries, n);
     const std::vector<std::int32_t> counts(static_cast<std::size_t>(c.entries), n);
     attend_kept_ref(shape, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(), n, out_ref.data(),
                     w_ref.data());
@@ -96,7 +81,7 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const RopeShape rope{c.pairing == RopeType::Neox, d};
     REQUIRE(attend_decode_packed(q.data(), Hq, d, shape.group(), host.views.data(), rope, cos_t.data(), sin_t.data(),
-                                 cache.tail_k.data(), cache.tail_v.data(), cache.tail, rows_of(c.entries, n), scale, scratch.data(),
+                                 cache.tail_k.data(), cache.tail_v.data(), cache.tail, same_rows(c.entries, n), scale, scratch.data(),
                                  scratch.size(), out.data(), false, probs.data(), n, stats.data(), nullptr) == cudaSuccess);
     CHECK(nmse(out, out_ref) < 1e-10);
     CHECK(nmse(probs, w_ref) < 1e-10);
@@ -116,11 +101,11 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     CHECK(unpacked_k == cache.dense_k);
     CHECK(unpacked_v == cache.dense_v);
     std::vector<float> out_unpack(out.size());
-    REQUIRE(attend_decode(q.data(), Hq, d, shape.group(), unpacked_k.data(), unpacked_v.data(), n, rows_of(c.entries, n), scale,
+    REQUIRE(attend_decode(q.data(), Hq, d, shape.group(), unpacked_k.data(), unpacked_v.data(), n, same_rows(c.entries, n), scale,
                           scratch.data(), scratch.size(), out_unpack.data(), false, nullptr) == cudaSuccess);
     CHECK(nmse(out_unpack, out_ref) < 1e-10);
     std::vector<float> last(w_ref.size(), -1.0f);
-    REQUIRE(last_row_weights(q.data(), Hq, d, shape.group(), unpacked_k.data(), n, rows_of(c.entries, n), scale, last.data(), n,
+    REQUIRE(last_row_weights(q.data(), Hq, d, shape.group(), unpacked_k.data(), n, same_rows(c.entries, n), scale, last.data(), n,
                              nullptr) == cudaSuccess);
     CHECK(nmse(last, w_ref) < 1e-10);
   }
@@ -133,14 +118,13 @@ TEST_CASE("emulated: prefill attention over past rows and the new rows, causally
   const auto k = halves(kf), v = halves(vf);
   const std::vector<float> q = gaussian(static_cast<std::size_t>(n * Hq * d), rng);
   std::vector<float> out(q.size());
-  REQUIRE(attend_rows(q.data(), n, Hq, d, Hq / entries, k.data(), v.data(), cap, rows_of(entries, past),
+  REQUIRE(attend_rows(q.data(), n, Hq, d, Hq / entries, k.data(), v.data(), cap, same_rows(entries, past),
                       1.0f / std::sqrt(static_cast<float>(d)), out.data(), false, nullptr) == cudaSuccess);
   // Row i sees the entry's rows [0, past + i]: the reference keeps exactly those.
   std::vector<float> want(q.size());
   for (int i = 0; i < n; ++i) {
     const int seen = past + i + 1;
-    std::vector<std::int32_t> kept(static_cast<std::size_t>(entries * seen));
-    for (std::size_t j = 0; j < kept.size(); ++j) kept[j] = static_cast<std::int32_t>(j % static_cast<std::size_t>(seen));
+    const std::vector<std::int32_t> kept = every_row_kept(entries, seen);
     const std::vector<std::int32_t> counts(static_cast<std::size_t>(entries), seen);
     const std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * Hq * d), q.begin() + static_cast<std::ptrdiff_t>((i + 1) * Hq * d));
     attend_kept_ref(AttnShape{Hq, entries, d, cap}, qi.data(), k.data(), v.data(), kept.data(), counts.data(), seen,
@@ -157,7 +141,7 @@ TEST_CASE("emulated: KV append places each KV head's rows in its entries", "[gpu
     INFO("per-query-head entries " << per_query_head);
     const int entries = per_query_head ? n_head_kv * group : n_head_kv, cap = 8, past = 2;
     std::vector<std::uint16_t> ck(static_cast<std::size_t>(entries * cap * d), 0), cv(ck.size(), 0);
-    REQUIRE(kv_append(kh.data(), vh.data(), n, n_head_kv, d, rows_of(entries, past), per_query_head ? group : 1, cap, ck.data(),
+    REQUIRE(kv_append(kh.data(), vh.data(), n, n_head_kv, d, same_rows(entries, past), per_query_head ? group : 1, cap, ck.data(),
                       cv.data(), nullptr) == cudaSuccess);
     for (int e = 0; e < entries; ++e) {
       const int kv = per_query_head ? e / group : e;  // entry e holds KV head e / entry_div

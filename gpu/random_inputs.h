@@ -1,12 +1,13 @@
 #pragma once
-// Random inputs the kernel tests share (tests/test_gpu_ref.cpp, tests/test_gpu_emulated.cpp).
+// Random inputs for the kernels' checks (the parity harness, its CPU tests, the emulated kernel
+// tests, gpu/random_packed.h). CUDA-free.
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "core/half.h"
 
-namespace kvsim::test {
+namespace kvsim::gpu {
 
 inline std::vector<float> gaussian(std::size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> nd(0.0f, scale);
@@ -27,4 +28,4 @@ inline std::vector<std::uint16_t> halves(const std::vector<float>& x) {
   return h;
 }
 
-}  // namespace kvsim::test
+}  // namespace kvsim::gpu
