@@ -30,12 +30,49 @@ void BackendEngine::reset() {
   cache_.clear(cfg_.n_layers, cfg_.n_head_kv);
   backend_->reset();
   edited_ = false;
+  end_rules();
+}
+
+void BackendEngine::end_rules() {
+  pending_rules_.assign(static_cast<std::size_t>(cfg_.n_layers), std::nullopt);
+  rule_on_.assign(static_cast<std::size_t>(cfg_.n_layers), false);
+}
+
+void BackendEngine::start_decode_rule(int layer, const DecodeRuleStart& start) {
+  if (layer < 0 || layer >= cfg_.n_layers)
+    throw Error("start_decode_rule: layer " + std::to_string(layer) + " of a model of " + std::to_string(cfg_.n_layers));
+  pending_rules_[static_cast<std::size_t>(layer)] = start;
+}
+
+std::vector<std::vector<std::vector<std::int32_t>>> BackendEngine::decode_rule_step(std::int64_t budget) {
+  if (std::find(rule_on_.begin(), rule_on_.end(), true) == rule_on_.end())
+    throw Error("decode_rule_step: no decode rule is running (a forward() starts them; a cache edit, set_cache or "
+                "reset ends them)");
+  std::vector<std::vector<std::vector<std::int64_t>>> rows;
+  try {
+    rows = backend_->rule_step(budget);
+  } catch (const std::exception& e) {
+    edited_ = true;  // the device may have compacted part of the layers: reload from the mirror
+    end_rules();
+    throw Error(backend_->name() + ": " + e.what());
+  }
+  std::vector<std::vector<std::vector<std::int32_t>>> out(cache_.layers.size());
+  for (std::size_t l = 0; l < rows.size() && l < cache_.layers.size(); ++l) {
+    out[l].resize(rows[l].size());
+    for (std::size_t e = 0; e < rows[l].size(); ++e) {
+      const auto& tokens = cache_.layers[l].at(e).tokens;
+      for (const auto r : rows[l][e]) out[l][e].push_back(tokens.at(static_cast<std::size_t>(r)));
+      cache_.evict(static_cast<int>(l), static_cast<int>(e), out[l][e]);  // the mirror follows the device
+    }
+  }
+  return out;
 }
 
 void BackendEngine::reserve(std::int64_t tokens) { cache_.reserve(tokens); }
 
 KvCache& BackendEngine::cache() {
   edited_ = true;  // conservatively: the caller may change any entry
+  rule_on_.assign(rule_on_.size(), false);  // the reload ends the backend's rules
   return cache_;
 }
 
@@ -50,10 +87,13 @@ void BackendEngine::set_cache(KvCache cache) {
   }
   cache_ = std::move(cache);
   edited_ = true;
+  end_rules();
 }
 
 void BackendEngine::evict(int layer, int entry, std::span<const std::int32_t> tokens) {
   if (tokens.empty()) return;
+  if (rule_on_.at(static_cast<std::size_t>(layer)))
+    throw Error("evict: layer " + std::to_string(layer) + " evicts by its decode rule (decode_rule_step)");
   const KvEntry& before = cache_.layers.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry));
   const std::vector<std::int32_t> had = before.tokens;
   const bool was_packed = before.packed != nullptr;
@@ -105,10 +145,20 @@ void BackendEngine::load_backend() {
 std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                                        std::span<const std::int64_t> logit_rows, const LayerHook& hook) {
   try {
-    if (edited_) load_backend();
+    if (edited_) {
+      rule_on_.assign(rule_on_.size(), false);  // a reload ends the backend's rules
+      load_backend();
+    }
+    for (std::size_t l = 0; l < pending_rules_.size(); ++l) {
+      if (!pending_rules_[l]) continue;
+      backend_->start_rule(static_cast<int>(l), *pending_rules_[l]);
+      pending_rules_[l].reset();
+      rule_on_[l] = true;
+    }
   } catch (const std::invalid_argument& e) {
     throw Error(backend_->name() + ": " + e.what());
   }
+  const bool rules = std::find(rule_on_.begin(), rule_on_.end(), true) != rule_on_.end();
   const auto n = static_cast<std::int64_t>(tokens.size());
   const int d = cfg_.head_dim, G = cfg_.n_head / cfg_.n_head_kv;
   const std::int64_t kw = static_cast<std::int64_t>(cfg_.n_head_kv) * d, qw = static_cast<std::int64_t>(cfg_.n_head) * d;
@@ -145,10 +195,13 @@ std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, 
         en.v.resize(before[l][e] * row);
       }
     edited_ = true;
+    rule_on_.assign(rule_on_.size(), false);
   };
   std::vector<float> logits;
   try {
-    logits = backend_->forward(tokens, positions, logit_rows, static_cast<bool>(hook), record_, on_layer);
+    // Rules read the last-row weights where they were computed; the host gets them only on request.
+    backend_->set_last_on_host(record_);
+    logits = backend_->forward(tokens, positions, logit_rows, static_cast<bool>(hook), record_ || rules, on_layer);
   } catch (const std::invalid_argument& e) {
     restore();
     throw Error(backend_->name() + ": " + e.what());

@@ -4,8 +4,11 @@
 // cache attention reads; a host KvCache mirrors it (each layer's rows arrive through the
 // backend's per-layer callback, asynchronously copied on the GPU), so capture reads K/V and
 // compression edits entries exactly as on the CPU engine. Handing out the mutable cache marks
-// the mirror edited: the next forward() loads it back into the backend.
+// the mirror edited: the next forward() loads it back into the backend. Decode rules run in the
+// backend; their evictions come back as rows and leave the mirror too.
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "capture/engine.h"
 
@@ -32,11 +35,19 @@ class BackendEngine : public Engine {
   void evict(int layer, int entry, std::span<const std::int32_t> tokens) override;
   void record_last_attention(bool on) override { record_ = on; }
   std::span<const float> last_attention(int layer, int q_head) const override;
+  bool runs_decode_rules() const override { return true; }
+  void start_decode_rule(int layer, const DecodeRuleStart& start) override;
+  std::vector<std::vector<std::vector<std::int32_t>>> decode_rule_step(std::int64_t budget) override;
   std::string device() const override;
   bool holds_packed() const override { return true; }
 
  private:
   void load_backend();
+  void end_rules();
+  // Rules handed over but not yet in the backend (they start after the next load), and the
+  // layers whose rule the backend runs.
+  std::vector<std::optional<DecodeRuleStart>> pending_rules_;
+  std::vector<bool> rule_on_;
   LlamaConfig cfg_;
   std::unique_ptr<gpu::TransformerBackend> backend_;
   KvCache cache_;

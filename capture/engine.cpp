@@ -38,6 +38,14 @@ std::vector<float> Engine::step(std::int32_t token, const LayerHook& hook) {
                  std::span<const std::int64_t>(&row, 1), hook);
 }
 
+void Engine::start_decode_rule(int, const DecodeRuleStart&) {
+  throw Error("the " + device() + " engine runs no decode rules; step the policy on the host");
+}
+
+std::vector<std::vector<std::vector<std::int32_t>>> Engine::decode_rule_step(std::int64_t) {
+  throw Error("the " + device() + " engine runs no decode rules; step the policy on the host");
+}
+
 Device parse_device(const std::string& s) {
   if (s == "cpu") return Device::Cpu;
   if (s == "cuda") return Device::Cuda;

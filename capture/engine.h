@@ -12,6 +12,7 @@
 
 #include "capture/kv_cache.h"
 #include "capture/weight_matrix.h"
+#include "core/decode_rule.h"
 #include "core/rope.h"
 
 namespace kvsim {
@@ -64,6 +65,16 @@ class Engine {
   // query head reads (aligned with that entry's tokens): what decode-time policies read.
   virtual void record_last_attention(bool on) = 0;
   virtual std::span<const float> last_attention(int layer, int q_head) const = 0;
+  // Decode-time policy steps where the cache is (core/decode_rule.h), for engines that run them
+  // (the backend engine: on the GPU with --device cuda, so neither the cache nor the attention
+  // weights go to the host for a step). start_decode_rule hands a layer's rule over; it applies
+  // to the layer as it is when the next forward() starts, and a later edit (a mutable cache(),
+  // set_cache, reset) ends it. decode_rule_step, after each one-token forward(), runs every
+  // layer's rule with `budget` tokens per entry and returns the evicted tokens [layer][entry]
+  // (none for layers without a rule), already gone from the cache. Others throw.
+  virtual bool runs_decode_rules() const { return false; }
+  virtual void start_decode_rule(int layer, const DecodeRuleStart& start);
+  virtual std::vector<std::vector<std::vector<std::int32_t>>> decode_rule_step(std::int64_t budget);
   virtual std::string device() const = 0;  // "cpu", or "cuda:N (name)"
   // Whether the engine holds a KvEntry's packed form (KvEntry::packed) as stored, so that a caller
   // encoding tokens with a codec should pack them; the CPU engine attends over the codec's float

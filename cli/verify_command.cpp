@@ -14,7 +14,8 @@ namespace kvsim::cli {
 
 int verify_command(const Args& args) {
   VerifySpec spec;
-  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant", device = "cpu";
+  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant", device = "cpu",
+              steps = "engine";
   po::options_description desc(
       "kvsim verify: run (policy, budget) configs live on the model with a really compressed KV cache, against\n"
       "the full-cache run (next-token KL teacher-forced on its continuation, top-1, perplexity, task score of\n"
@@ -36,6 +37,9 @@ int verify_command(const Args& args) {
       "tokens per prefill pass (capture's default, so keep-sets match a captured trace exactly)")(
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
       "device", po::value(&device)->default_value(device), "cpu | cuda (see kvsim capture --help)")(
+      "policy-steps", po::value(&steps)->default_value(steps),
+      "engine | host: where decode-time rules (h2o, tova) step; engine: on the GPU with --device cuda (no cache rows or "
+      "attention weights to the host), on the host otherwise. Both evict the same tokens")(
       "out,o", po::value(&spec.out_csv)->default_value(spec.out_csv), "per request x config results (CSV)")(
       "agreement", po::value(&spec.agreement_csv), "write the agreement table as CSV too")(
       "force", "replace an existing --out file")("quiet,q", "no progress lines");
@@ -48,6 +52,8 @@ int verify_command(const Args& args) {
   if (!spec.from_sweep.empty() && !policies.empty()) throw Error("--policies and --from-sweep exclude each other");
   if (!spec.from_sweep.empty() && !spec.offline_csv.empty()) throw Error("--offline is implied by --from-sweep; give one");
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
+  if (steps != "engine" && steps != "host") throw Error("--policy-steps is '" + steps + "', expected engine or host");
+  spec.live.rules_in_engine = steps == "engine";
   spec.policies = split_policies(policies);
   spec.budgets = parse_budgets(budgets);
   spec.live.mode = parse_mode(mode);

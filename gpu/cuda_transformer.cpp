@@ -13,6 +13,7 @@
 #include "gpu/packed_attention.cuh"
 #include "gpu/packed_rows.h"
 #include "gpu/packed_unpack.cuh"
+#include "gpu/policy_step.cuh"
 #include "gpu/transformer_kernels.cuh"
 
 namespace kvsim::gpu {
@@ -159,6 +160,20 @@ struct CudaTransformer::Impl {
   std::vector<std::vector<float>> last;  // [layer] -> [n_head, last_stride]
   std::vector<std::vector<std::int64_t>> last_seen;
   std::int64_t last_stride = 0;
+  bool last_on_host = true;
+  // Decode rules (core/decode_rule.h): each layer's rule and its scores on the device, double
+  // [scored entries, score_cap]; the step's working buffers are shared by the layers (their
+  // kernels run one after another on the compute stream).
+  struct LayerRule {
+    bool on = false;
+    DecodeRule rule;
+    DeviceMem scores;
+    std::int64_t score_cap = 0;
+    std::vector<std::int64_t> scored_rows;  // [scored entry] rows the scores cover (accumulating)
+  };
+  std::vector<LayerRule> rules;
+  DeviceMem rule_gone, rule_kept, rule_report;
+  bool rule_ready = false;  // a one-row forward() with record_last since the last rule step
 
   std::size_t decode_floats() const { return decode_scratch_floats(s.n_head, s.head_dim); }
   std::size_t gemm_elem() const { return f16 ? sizeof(std::uint16_t) : sizeof(float); }
@@ -452,6 +467,9 @@ void CudaTransformer::reset() {
     lc.packed.clear();
     lc.views.release(impl_->compute);
   }
+  impl_->rules.resize(impl_->cache.size());
+  for (auto& r : impl_->rules) r.on = false;
+  impl_->rule_ready = false;
 }
 
 void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) {
@@ -460,6 +478,7 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
   if (entries.size() != static_cast<std::size_t>(m.s.n_head_kv) && !per_query_head(m.s, static_cast<int>(entries.size())))
     throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
   auto& lc = m.cache.at(static_cast<std::size_t>(layer));
+  m.rules.at(static_cast<std::size_t>(layer)).on = false;
   const auto d = static_cast<std::size_t>(m.s.head_dim);
   // Packed prefixes are held as stored (a decode step reads them in place, a chunk unpacks the
   // layer first); the buffers hold the fp16 rows after them.
@@ -550,6 +569,8 @@ void CudaTransformer::keep_rows(int layer, int entry, std::span<const std::int64
   if (lc.packed_rows(static_cast<std::size_t>(entry)) > 0)
     throw std::invalid_argument("keep_rows: entry " + std::to_string(entry) + " of layer " + std::to_string(layer) +
                                 " is held packed; load the layer again instead");
+  if (m.rules.at(static_cast<std::size_t>(layer)).on)
+    throw std::invalid_argument("keep_rows: layer " + std::to_string(layer) + " evicts by its decode rule");
   std::vector<std::int32_t> idx(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (rows[i] < 0 || rows[i] >= have || (i > 0 && rows[i] <= rows[i - 1]))
@@ -584,8 +605,131 @@ std::vector<float> CudaTransformer::entry_k(int layer, int entry) const { return
 std::vector<float> CudaTransformer::entry_v(int layer, int entry) const { return impl_->download(layer, entry, false); }
 
 
+void CudaTransformer::set_last_on_host(bool on) { impl_->last_on_host = on; }
+
+void CudaTransformer::start_rule(int layer, const DecodeRuleStart& start) {
+  Impl& m = *impl_;
+  KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
+  auto& lc = m.cache.at(static_cast<std::size_t>(layer));
+  if (!lc.packed.empty())
+    throw std::invalid_argument("start_rule: layer " + std::to_string(layer) +
+                                " holds packed entries; a decode rule compacts fp16 rows");
+  check_rule_start(start, lc.rows, m.s.n_head);
+  auto& r = m.rules[static_cast<std::size_t>(layer)];
+  r.on = false;
+  const std::size_t scored = start.rule.layer_wide ? 1 : lc.rows.size();
+  const std::int64_t most = *std::max_element(lc.rows.begin(), lc.rows.end());
+  const std::int64_t cap = std::max<std::int64_t>(most + most / 4, Impl::kMinCacheRows);
+  r.scores.ensure(scored * static_cast<std::size_t>(cap) * sizeof(double), m.compute);
+  r.score_cap = cap;
+  if (start.rule.accumulate) {
+    for (std::size_t e = 0; e < scored; ++e)
+      if (!start.scores[e].empty())
+        KVSIM_CUDA_CHECK(cudaMemcpyAsync(r.scores.as<double>() + e * static_cast<std::size_t>(cap), start.scores[e].data(),
+                                         start.scores[e].size() * sizeof(double), cudaMemcpyHostToDevice, m.compute));
+    KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));  // the host scores belong to the caller
+  }
+  r.rule = start.rule;
+  r.scored_rows.assign(lc.rows.begin(), lc.rows.begin() + static_cast<std::ptrdiff_t>(scored));
+  r.on = true;
+}
+
+std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(std::int64_t budget) {
+  Impl& m = *impl_;
+  KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
+  if (!m.rule_ready) throw std::logic_error("rule_step: no one-row forward() with record_last since the last step");
+  m.rule_ready = false;
+  const auto L = static_cast<std::size_t>(m.s.n_layers);
+  std::vector<std::vector<std::vector<std::int64_t>>> out(L);
+  // One report for every layer, sized by the most any entry can lose: rows - budget.
+  std::int64_t most = 0;
+  std::size_t widest = 0, n_rules = 0;
+  for (std::size_t l = 0; l < L; ++l) {
+    if (!m.rules[l].on) continue;
+    ++n_rules;
+    widest = std::max(widest, m.cache[l].rows.size());
+    for (auto r : m.cache[l].rows) most = std::max(most, r);
+  }
+  if (n_rules == 0) return out;
+  for (std::size_t l = 0; l < L; ++l) {
+    const auto& r = m.rules[l];
+    if (!r.on || !r.rule.accumulate) continue;
+    for (std::size_t e = 0; e < r.scored_rows.size(); ++e)
+      if (m.cache[l].rows[e] != r.scored_rows[e] + 1)
+        throw std::invalid_argument("rule_step: entry " + std::to_string(e) + " of layer " + std::to_string(l) + " holds " +
+                                    std::to_string(m.cache[l].rows[e]) + " rows, its scores cover " +
+                                    std::to_string(r.scored_rows[e]) + " (one new row expected)");
+  }
+  const int report_stride = static_cast<int>(1 + std::max<std::int64_t>(most - budget, 0));
+  const std::size_t work = widest * static_cast<std::size_t>(most);
+  m.rule_gone.ensure(std::max<std::size_t>(work, 1), m.compute);
+  m.rule_kept.ensure(std::max<std::size_t>(work, 1) * sizeof(std::int32_t), m.compute);
+  const std::size_t per_layer = widest * static_cast<std::size_t>(report_stride);
+  m.rule_report.ensure(n_rules * per_layer * sizeof(std::int32_t), m.compute);
+  std::size_t slot = 0;
+  for (std::size_t l = 0; l < L; ++l) {
+    auto& r = m.rules[l];
+    if (!r.on) continue;
+    auto& lc = m.cache[l];
+    const std::size_t scored = r.rule.layer_wide ? 1 : lc.rows.size();
+    const std::int64_t need = *std::max_element(lc.rows.begin(), lc.rows.end());
+    if (need > r.score_cap) {  // the scores grow with the cache, a quarter at a time
+      const std::int64_t cap = need + need / 4;
+      DeviceMem grown;
+      grown.ensure(scored * static_cast<std::size_t>(cap) * sizeof(double), m.compute);
+      for (std::size_t e = 0; e < scored; ++e)
+        KVSIM_CUDA_CHECK(cudaMemcpyAsync(grown.as<double>() + e * static_cast<std::size_t>(cap),
+                                         r.scores.as<double>() + e * static_cast<std::size_t>(r.score_cap),
+                                         static_cast<std::size_t>(r.score_cap) * sizeof(double), cudaMemcpyDeviceToDevice,
+                                         m.compute));
+      std::swap(r.scores, grown);
+      grown.release(m.compute);
+      r.score_cap = cap;
+    }
+    RuleStepArgs a;
+    a.rule = r.rule;
+    a.weights = m.probs.as<float>() + l * static_cast<std::size_t>(m.s.n_head) * static_cast<std::size_t>(m.last_stride);
+    a.stride = m.last_stride;
+    a.n_heads = m.s.n_head;
+    a.heads_per_entry = m.s.n_head / static_cast<int>(lc.rows.size());
+    a.rows = m.entry_rows(lc, 0);
+    a.scores = r.scores.as<double>();
+    a.score_stride = r.score_cap;
+    a.gone = m.rule_gone.as<std::uint8_t>();
+    a.kept = m.rule_kept.as<std::int32_t>();
+    a.work_stride = most;
+    a.report = m.rule_report.as<std::int32_t>() + slot * per_layer;
+    a.report_stride = report_stride;
+    a.budget = budget;
+    KVSIM_CUDA_CHECK(decode_rule_step(a, m.compute));
+    KVSIM_CUDA_CHECK(compact_kept_rows(a, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), lc.capacity, m.s.head_dim,
+                                       m.compute));
+    ++slot;
+  }
+  std::vector<std::int32_t> report(n_rules * per_layer);
+  KVSIM_CUDA_CHECK(cudaMemcpyAsync(report.data(), m.rule_report.ptr, report.size() * sizeof(std::int32_t),
+                                   cudaMemcpyDeviceToHost, m.compute));
+  KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
+  slot = 0;
+  for (std::size_t l = 0; l < L; ++l) {
+    if (!m.rules[l].on) continue;
+    auto& lc = m.cache[l];
+    out[l].resize(lc.rows.size());
+    for (std::size_t e = 0; e < lc.rows.size(); ++e) {
+      const std::int32_t* rep = report.data() + slot * per_layer + e * static_cast<std::size_t>(report_stride);
+      out[l][e].assign(rep + 1, rep + 1 + rep[0]);
+      lc.rows[e] -= rep[0];
+    }
+    auto& r = m.rules[l];
+    for (std::size_t e = 0; e < r.scored_rows.size(); ++e) r.scored_rows[e] = lc.rows[e];
+    ++slot;
+  }
+  return out;
+}
+
 std::span<const float> CudaTransformer::last_attention(int layer, int q_head) const {
   const Impl& m = *impl_;
+  if (!m.last_on_host) throw std::logic_error("last_attention: the last-row weights were not handed to the host");
   const auto& row = m.last.at(static_cast<std::size_t>(layer));
   const std::int64_t seen = m.last_seen.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
   return {row.data() + static_cast<std::size_t>(q_head * m.last_stride), static_cast<std::size_t>(seen)};
@@ -595,8 +739,11 @@ std::vector<float> CudaTransformer::forward(std::span<const std::int32_t> tokens
                                             std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                                             const LayerCallback& on_layer) {
   KVSIM_CUDA_CHECK(cudaSetDevice(impl_->device));
+  impl_->rule_ready = false;
   try {
-    return impl_->forward(tokens, positions, logit_rows, want_q, record_last, on_layer);
+    auto logits = impl_->forward(tokens, positions, logit_rows, want_q, record_last, on_layer);
+    impl_->rule_ready = tokens.size() == 1 && record_last;
+    return logits;
   } catch (...) {
     // Nothing queued may outlive the call: it reads the caller's memory and the pinned buffers.
     cudaStreamSynchronize(impl_->compute);
@@ -743,7 +890,7 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
            m.logits.as<float>(), false);
     KVSIM_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.ptr, out.size() * sizeof(float), cudaMemcpyDeviceToHost, st));
   }
-  if (record_last) {
+  if (record_last && m.last_on_host) {
     m.last.assign(static_cast<std::size_t>(s.n_layers), std::vector<float>(static_cast<std::size_t>(s.n_head * m.last_stride)));
     for (int l = 0; l < s.n_layers; ++l)
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.last[static_cast<std::size_t>(l)].data(),

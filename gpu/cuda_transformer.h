@@ -54,6 +54,11 @@ class CudaTransformer : public TransformerBackend {
                              std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                              const LayerCallback& on_layer = {}) override;
   std::span<const float> last_attention(int layer, int q_head) const override;
+  void set_last_on_host(bool on) override;
+  // Decode rules run on the device (gpu/policy_step.cuh): scores, evictions and the compaction of
+  // the fp16 rows; one copy of the evicted rows to the host per step. Layers held packed refuse.
+  void start_rule(int layer, const DecodeRuleStart& start) override;
+  std::vector<std::vector<std::vector<std::int64_t>>> rule_step(std::int64_t budget) override;
   void set_packed_decode(PackedDecode how);
   std::string name() const override;  // "cuda:N (device name)"
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "core/decode_rule.h"
 #include "core/packed_kv.h"
 #include "gpu/attention_ref.h"
 #include "gpu/cuda_check.h"
@@ -78,6 +79,105 @@ std::vector<float> all_last(const Backend& b, const TransformerShape& s) {
       out.insert(out.end(), x.begin(), x.end());
     }
   return out;
+}
+
+// Decode rules on the device (gpu/policy_step.cuh), each kind a policy states (H2O's three GQA
+// combinations, TOVA's layer-wide one) over every layer: after each decode step the GPU scores
+// from its own last-row weights, evicts and compacts; the reference rule applied to a copy of
+// those weights must evict the same rows, and the compacted rows must be the GPU's own rows less
+// those, bit for bit. The first step evicts several rows per entry, the others one.
+void decode_rule_parity(CudaTransformer& gpu, const TransformerShape& s, ParityReport& r) {
+  const std::int64_t P = 24, V = s.vocab;
+  const auto tokens = prompt(P, V, 5);
+  const auto pos = iota_from(0, P);
+  struct Kind {
+    const char* name;
+    DecodeRule rule;
+  };
+  for (const Kind& k : {Kind{"h2o (sum)", {true, false, HeadCombine::Sum, 6}}, Kind{"h2o (mean)", {true, false, HeadCombine::Mean, 6}},
+                        Kind{"h2o (max)", {true, false, HeadCombine::Max, 0}}, Kind{"tova (layer-wide)", {false, true, HeadCombine::Sum, 1}}}) {
+    gpu.reset();
+    gpu.forward(tokens, pos, {}, false, false);
+    std::vector<DecodeRuleStart> starts;
+    std::mt19937 rng(11);
+    for (int l = 0; l < s.n_layers; ++l) {
+      DecodeRuleStart st{k.rule, {}};
+      if (k.rule.accumulate)  // prompt scores in eighths: ties for the tie rule
+        for (int e = 0; e < gpu.entries(l); ++e) {
+          st.scores.emplace_back();
+          for (std::int64_t j = 0; j < P; ++j) st.scores.back().push_back(static_cast<double>(rng() % 8) / 8.0);
+        }
+      gpu.start_rule(l, st);
+      starts.push_back(std::move(st));
+    }
+    bool same_evicted = true, same_rows = true;
+    int evicted = 0;
+    std::int32_t next = tokens[3];
+    for (int t = 0; t < 3; ++t) {
+      const std::int64_t budget = P - 4;
+      const std::vector<std::int32_t> one = {next}, at = {static_cast<std::int32_t>(P + t)};
+      const std::vector<std::int64_t> row0 = {0};
+      gpu.set_last_on_host(true);  // for the reference's copy; verify leaves them on the device
+      const auto logits = gpu.forward(one, at, row0, false, true);
+      next = argmax(logits, 0, V);
+      std::vector<std::vector<float>> keys_before, values_before;
+      std::vector<std::vector<std::vector<std::int64_t>>> want(static_cast<std::size_t>(s.n_layers));
+      for (int l = 0; l < s.n_layers; ++l) {
+        const int ne = gpu.entries(l);
+        std::vector<std::int64_t> rows;
+        std::int64_t stride = 0;
+        for (int e = 0; e < ne; ++e) {
+          rows.push_back(gpu.rows(l, e)), stride = std::max(stride, rows.back());
+          keys_before.push_back(gpu.entry_k(l, e));
+          values_before.push_back(gpu.entry_v(l, e));
+        }
+        std::vector<float> w(static_cast<std::size_t>(s.n_head * stride), 0.0f);
+        for (int h = 0; h < s.n_head; ++h) {
+          const auto x = gpu.last_attention(l, h);
+          std::copy(x.begin(), x.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
+        }
+        auto& st = starts[static_cast<std::size_t>(l)];
+        want[static_cast<std::size_t>(l)] =
+            decode_rule_step_ref(st.rule, st.scores, rows, LastRowWeights{w.data(), stride, s.n_head, s.n_head / ne}, budget);
+      }
+      const auto got = gpu.rule_step(budget);
+      same_evicted = same_evicted && got == want;
+      std::size_t at_entry = 0;
+      const auto d = static_cast<std::size_t>(s.head_dim);
+      for (int l = 0; l < s.n_layers; ++l)
+        for (int e = 0; e < gpu.entries(l); ++e, ++at_entry) {
+          const auto& gone = want[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
+          evicted += static_cast<int>(gone.size());
+          std::vector<float> ek, ev;
+          const auto& kb = keys_before[at_entry];
+          const auto& vb = values_before[at_entry];
+          for (std::size_t j = 0; j < kb.size() / d; ++j) {
+            if (std::binary_search(gone.begin(), gone.end(), static_cast<std::int64_t>(j))) continue;
+            ek.insert(ek.end(), kb.begin() + static_cast<std::ptrdiff_t>(j * d), kb.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+            ev.insert(ev.end(), vb.begin() + static_cast<std::ptrdiff_t>(j * d), vb.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+          }
+          same_rows = same_rows && gpu.entry_k(l, e) == ek && gpu.entry_v(l, e) == ev;
+        }
+    }
+    r.same(std::string("decode rule ") + k.name + ": evicted rows, 3 steps x every layer (" + std::to_string(evicted) + ")",
+           same_evicted && evicted > 0);
+    r.same(std::string("decode rule ") + k.name + ": rows left after the device compaction", same_rows);
+  }
+  // A step with the weights left on the device: nothing for the host to read, the rule still runs.
+  gpu.set_last_on_host(false);
+  const std::vector<std::int32_t> one = {tokens[1]}, at = {static_cast<std::int32_t>(P + 3)};
+  const std::vector<std::int64_t> row0 = {0};
+  gpu.forward(one, at, row0, false, true);
+  bool refused = false;
+  try {
+    gpu.last_attention(0, 0);
+  } catch (const std::logic_error&) {
+    refused = true;
+  }
+  const auto gone = gpu.rule_step(P - 4);
+  r.same("decode rule with the weights left on the device: host copy refused, one row evicted per entry",
+         refused && gone[0].size() == static_cast<std::size_t>(gpu.entries(0)) && gone[0][0].size() == 1);
+  gpu.set_last_on_host(true);
 }
 
 }  // namespace
@@ -274,7 +374,15 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
     decode(7, static_cast<std::int32_t>(P + 7), "fused decode after the chunk");
     r.value("packed cache: rows after decoding (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
     r.value("packed cache: rows after decoding (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    bool refused = false;
+    try {
+      gpu.start_rule(0, DecodeRuleStart{DecodeRule{false, false, HeadCombine::Sum, 1}, {}});
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    r.same("packed cache: a decode rule is refused (it compacts fp16 rows)", refused);
   }
+  decode_rule_parity(gpu, s, r);
 }
 
 void transformer_bench(const std::string& name, const TransformerShape& s, ParityReport& r, double copy_gbs) {
@@ -363,6 +471,59 @@ void transformer_bench(const std::string& name, const TransformerShape& s, Parit
   r.line(buf);
   std::snprintf(buf, sizeof buf, "  capture (Q/K/V of every layer to host, copied while the next layer runs): prefill %.3f s vs %.3f s = %.2fx",
                 t_capture, t_plain, t_capture / t_plain);
+  r.line(buf);
+
+  // A decode-time policy step (H2O's rule; the budget is the prompt, so every step evicts one row
+  // per entry): on the device (the weights stay there, the rows are compacted in place) against
+  // the host path (the weights copied to the host, the reference rule there, keep_rows per entry).
+  auto h2o_steps = [&](bool on_device) {
+    gpu.reset();
+    gpu.forward(tokens, pos, last, false, false);
+    std::vector<DecodeRuleStart> rules;
+    for (int l = 0; l < s.n_layers; ++l) {
+      rules.push_back({DecodeRule{true, false, HeadCombine::Sum, 64}, {}});
+      for (int e = 0; e < gpu.entries(l); ++e) rules.back().scores.emplace_back(static_cast<std::size_t>(n), 0.0);
+      if (on_device) gpu.start_rule(l, rules.back());
+    }
+    gpu.set_last_on_host(!on_device);
+    const auto t_start = Clock::now();
+    for (int t = 0; t < steps; ++t) {
+      const std::vector<std::int32_t> one = {tokens[static_cast<std::size_t>(t)]}, at = {static_cast<std::int32_t>(n + t)};
+      gpu.forward(one, at, row0, false, true);
+      if (on_device) {
+        gpu.rule_step(n);
+        continue;
+      }
+      for (int l = 0; l < s.n_layers; ++l) {
+        const int ne = gpu.entries(l);
+        std::vector<std::int64_t> rows;
+        for (int e = 0; e < ne; ++e) rows.push_back(gpu.rows(l, e));
+        const std::int64_t stride = *std::max_element(rows.begin(), rows.end());
+        std::vector<float> w(static_cast<std::size_t>(s.n_head * stride));
+        for (int h = 0; h < s.n_head; ++h) {
+          const auto x = gpu.last_attention(l, h);
+          std::copy(x.begin(), x.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
+        }
+        auto& rule = rules[static_cast<std::size_t>(l)];
+        const auto gone = decode_rule_step_ref(rule.rule, rule.scores, rows, LastRowWeights{w.data(), stride, s.n_head, s.n_head / ne}, n);
+        for (int e = 0; e < ne; ++e) {
+          std::vector<std::int64_t> keep;
+          const auto& g = gone[static_cast<std::size_t>(e)];
+          for (std::int64_t j = 0; j < rows[static_cast<std::size_t>(e)]; ++j)
+            if (!std::binary_search(g.begin(), g.end(), j)) keep.push_back(j);
+          gpu.keep_rows(l, e, keep);
+        }
+      }
+    }
+    const double t_rule = since(t_start) / steps;
+    gpu.set_last_on_host(true);
+    return t_rule;
+  };
+  const double t_host_rule = h2o_steps(false), t_device_rule = h2o_steps(true);
+  std::snprintf(buf, sizeof buf,
+                "  h2o decode step at %lld: %.2f ms with the rule on the device vs %.2f ms through the host = %.2fx faster "
+                "(plain decode %.2f ms)",
+                static_cast<long long>(n), t_device_rule * 1e3, t_host_rule * 1e3, t_host_rule / t_device_rule, t_step * 1e3);
   r.line(buf);
 }
 

@@ -77,6 +77,8 @@ const std::vector<float>& TransformerRef::w(WeightId id, int layer) const {
 
 void TransformerRef::reset() {
   cache_.assign(static_cast<std::size_t>(s_.n_layers), std::vector<Entry>(static_cast<std::size_t>(s_.n_head_kv)));
+  rules_.assign(static_cast<std::size_t>(s_.n_layers), std::nullopt);
+  rule_ready_ = false;
 }
 
 void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
@@ -86,6 +88,7 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
   for (std::size_t e = 0; e < entries.size(); ++e)
     if (const PackedEntry* p = entries[e].packed) check_host_packed(*p, entries[e].rows, s_.head_dim, static_cast<int>(e));
   auto& dst = cache_.at(static_cast<std::size_t>(layer));
+  rules_.at(static_cast<std::size_t>(layer)).reset();
   dst.assign(entries.size(), Entry{});
   const auto d = static_cast<std::size_t>(s_.head_dim);
   for (std::size_t e = 0; e < entries.size(); ++e) {
@@ -108,6 +111,8 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
 
 void TransformerRef::keep_rows(int layer, int entry, std::span<const std::int64_t> rows) {
   Entry& en = cache_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry));
+  if (rules_.at(static_cast<std::size_t>(layer)))
+    throw std::invalid_argument("keep_rows: layer " + std::to_string(layer) + " evicts by its decode rule");
   const auto d = static_cast<std::size_t>(s_.head_dim);
   const auto have = static_cast<std::int64_t>(en.k.size() / d);
   Entry kept;
@@ -135,7 +140,54 @@ std::span<const float> TransformerRef::entry_v(int layer, int entry) const {
   return cache_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry)).v;
 }
 
+void TransformerRef::start_rule(int layer, const DecodeRuleStart& start) {
+  std::vector<std::int64_t> held;
+  for (int e = 0; e < entries(layer); ++e) held.push_back(rows(layer, e));
+  check_rule_start(start, held, s_.n_head);
+  rules_.at(static_cast<std::size_t>(layer)) = start;
+}
+
+std::vector<std::vector<std::vector<std::int64_t>>> TransformerRef::rule_step(std::int64_t budget) {
+  if (!rule_ready_) throw std::logic_error("rule_step: no one-row forward() with record_last since the last step");
+  rule_ready_ = false;
+  std::vector<std::vector<std::vector<std::int64_t>>> out(static_cast<std::size_t>(s_.n_layers));
+  for (int l = 0; l < s_.n_layers; ++l) {
+    auto& rule = rules_[static_cast<std::size_t>(l)];
+    if (!rule) continue;
+    const int ne = entries(l);
+    std::vector<std::int64_t> held;
+    std::int64_t stride = 0;
+    for (int e = 0; e < ne; ++e) held.push_back(rows(l, e)), stride = std::max(stride, held.back());
+    std::vector<float> w(static_cast<std::size_t>(s_.n_head * stride), 0.0f);
+    for (int h = 0; h < s_.n_head; ++h) {
+      const auto& row = last_[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+      std::copy(row.begin(), row.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
+    }
+    out[static_cast<std::size_t>(l)] =
+        decode_rule_step_ref(rule->rule, rule->scores, held, LastRowWeights{w.data(), stride, s_.n_head, s_.n_head / ne}, budget);
+    const auto d = static_cast<std::size_t>(s_.head_dim);
+    for (int e = 0; e < ne; ++e) {  // the kept rows to the front, in order
+      Entry& en = cache_[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
+      const auto& gone = out[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
+      std::size_t at = 0, g = 0;
+      for (std::int64_t r = 0; r < held[static_cast<std::size_t>(e)]; ++r) {
+        if (g < gone.size() && gone[g] == r) {
+          ++g;
+          continue;
+        }
+        std::copy_n(en.k.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * d), d, en.k.begin() + static_cast<std::ptrdiff_t>(at * d));
+        std::copy_n(en.v.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * d), d, en.v.begin() + static_cast<std::ptrdiff_t>(at * d));
+        ++at;
+      }
+      en.k.resize(at * d);
+      en.v.resize(at * d);
+    }
+  }
+  return out;
+}
+
 std::span<const float> TransformerRef::last_attention(int layer, int q_head) const {
+  if (!last_on_host_) throw std::logic_error("last_attention: the last-row weights were not handed to the host");
   return last_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
 }
 
@@ -163,6 +215,7 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
     if (t < 0 || t >= V) throw std::invalid_argument("forward: token id " + std::to_string(t) + " out of range");
     std::copy_n(embd.begin() + t * E, E, x.begin() + i * E);
   }
+  rule_ready_ = false;
   if (record_last) last_.assign(static_cast<std::size_t>(s_.n_layers), std::vector<std::vector<float>>(static_cast<std::size_t>(Hq)));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> q(static_cast<std::size_t>(n * Q)), k(static_cast<std::size_t>(n * K)), v(k.size());
@@ -264,6 +317,7 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
     const auto& out_w = s_.tied_embeddings ? w(WeightId::TokenEmbd, -1) : w(WeightId::Output, -1);
     matmul(hr, static_cast<std::int64_t>(logit_rows.size()), out_w, V, E, logits.data(), false);
   }
+  rule_ready_ = n == 1 && record_last;
   return logits;
 }
 

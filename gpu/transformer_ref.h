@@ -5,6 +5,7 @@
 // path does (weights, every GEMM input, the KV cache), so the two differ only in summation order.
 // tests/test_transformer_ref.cpp holds it against the Eigen engine (capture/llama_model.h).
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -31,6 +32,9 @@ class TransformerRef : public TransformerBackend {
                              std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                              const LayerCallback& on_layer = {}) override;
   std::span<const float> last_attention(int layer, int q_head) const override;
+  void set_last_on_host(bool on) override { last_on_host_ = on; }
+  void start_rule(int layer, const DecodeRuleStart& start) override;
+  std::vector<std::vector<std::vector<std::int64_t>>> rule_step(std::int64_t budget) override;
   std::string name() const override { return "cpu reference"; }
 
  private:
@@ -43,6 +47,9 @@ class TransformerRef : public TransformerBackend {
   std::vector<std::vector<float>> weights_;  // [(layer + 1) * n_ids + id]
   std::vector<std::vector<Entry>> cache_;
   std::vector<std::vector<std::vector<float>>> last_;  // [layer][q head]
+  bool last_on_host_ = true;
+  std::vector<std::optional<DecodeRuleStart>> rules_;  // [layer]
+  bool rule_ready_ = false;  // a one-row forward() with record_last since the last rule step
   std::vector<float> cos_, sin_;
   std::int64_t rope_rows_ = 0;
 };

@@ -56,6 +56,12 @@ class H2oDecode : public DecodeState {
     }
   }
 
+  std::optional<DecodeRuleStart> rule() const override {
+    if (gqa_ == GqaAgg::PerQueryHead) return std::nullopt;
+    const HeadCombine c = gqa_ == GqaAgg::Max ? HeadCombine::Max : gqa_ == GqaAgg::Mean ? HeadCombine::Mean : HeadCombine::Sum;
+    return DecodeRuleStart{DecodeRule{true, false, c, recent_}, scores_};
+  }
+
  private:
   std::vector<std::vector<double>> scores_;  // per KV head, aligned with its cache
   std::int64_t recent_;

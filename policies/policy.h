@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/decode_rule.h"
 #include "core/rope.h"
 
 namespace kvsim {
@@ -157,6 +159,10 @@ class DecodeState {
     (void)step, (void)plan;
     return false;
   }
+  // The rule step() applies, stated as data with the state it has now (core/decode_rule.h), for
+  // policies whose step is one: an engine may then run the steps where its cache is (the GPU)
+  // instead of calling step(). The engine's steps must evict exactly what step() would.
+  virtual std::optional<DecodeRuleStart> rule() const { return std::nullopt; }
 };
 
 class Policy {

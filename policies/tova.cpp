@@ -34,6 +34,8 @@ class TovaDecode : public DecodeState {
       for (auto& e : evict) e.push_back(cache[worst]);
     }
   }
+  // The mean over heads orders tokens as their sum does: the rule sums, as step() does.
+  std::optional<DecodeRuleStart> rule() const override { return DecodeRuleStart{DecodeRule{false, true, HeadCombine::Sum, 1}, {}}; }
 };
 
 class Tova : public ScoringPolicy {

@@ -1,6 +1,6 @@
 #pragma once
 // The CPU reference backend (the GPU's stand-in in tests), counting what the engine asks of it:
-// layer reloads, in-place compactions, and entries that arrive in their packed form.
+// layer reloads, in-place compactions, entries that arrive in their packed form, and decode rule steps.
 #include <span>
 
 #include "gpu/transformer_ref.h"
@@ -19,7 +19,11 @@ class CountingBackend : public gpu::TransformerRef {
     ++compactions;
     TransformerRef::keep_rows(layer, entry, rows);
   }
-  int loads = 0, compactions = 0, packed = 0;
+  std::vector<std::vector<std::vector<std::int64_t>>> rule_step(std::int64_t budget) override {
+    ++rule_steps;
+    return TransformerRef::rule_step(budget);
+  }
+  int loads = 0, compactions = 0, packed = 0, rule_steps = 0;
 };
 
 }  // namespace kvsim::test

@@ -21,6 +21,7 @@
 #include "gpu/packed_unpack.cuh"
 #include "gpu/parity_report.h"
 #include "gpu/parity_shapes.h"
+#include "gpu/policy_step.cuh"
 #include "gpu/random_inputs.h"
 #include "gpu/random_packed.h"
 #include "gpu/transformer_kernels.cuh"
@@ -213,6 +214,96 @@ TEST_CASE("emulated: compressed-attention and statistics kernels against their r
   top_k_ref(scores.data(), protect.data(), Hq, n, kept_n, keep_ref.data());
   REQUIRE(top_k(scores.data(), protect.data(), Hq, n, kept_n, keep.data(), nullptr) == cudaSuccess);
   CHECK(keep == keep_ref);
+}
+
+TEST_CASE("emulated: decode rule steps evict what the reference evicts and compact the rows in place", "[gpu-emu]") {
+  struct Case {
+    const char* name;
+    DecodeRule rule;
+    int n_heads, entries;
+    std::vector<int> rows;  // per entry at the first step, the new row included
+    std::int64_t budget;
+  };
+  // Entries of unequal rows; rows past a 256-thread tile (the compaction's scan walks tiles);
+  // several evictions at the first step, then one; a budget above the rows (nothing goes); a
+  // protected window wider than what must go (only the unprotected rows can).
+  for (const Case& c : {Case{"h2o sum", {true, false, HeadCombine::Sum, 10}, 6, 2, {300, 290}, 285},
+                        Case{"h2o mean", {true, false, HeadCombine::Mean, 3}, 6, 3, {40, 41, 39}, 36},
+                        Case{"h2o max", {true, false, HeadCombine::Max, 0}, 4, 4, {20, 20, 20, 20}, 25},
+                        Case{"tova", {false, true, HeadCombine::Sum, 1}, 6, 2, {270, 270}, 264},
+                        Case{"narrow", {true, false, HeadCombine::Sum, 18}, 2, 1, {20}, 1}}) {
+    INFO(c.name);
+    std::mt19937 rng(21);
+    const int d = 32;
+    const std::int64_t cap = 320;
+    const auto eighths = [&] { return static_cast<float>(rng() % 8) / 8.0f; };
+    DecodeRuleStart ref{c.rule, {}};
+    const std::size_t scored = c.rule.layer_wide ? 1 : static_cast<std::size_t>(c.entries);
+    std::vector<double> scores(scored * cap, std::nan(""));
+    if (c.rule.accumulate)
+      for (std::size_t e = 0; e < scored; ++e) {
+        ref.scores.emplace_back();
+        for (int j = 0; j + 1 < c.rows[e]; ++j) {
+          ref.scores[e].push_back(eighths());
+          scores[e * cap + static_cast<std::size_t>(j)] = ref.scores[e].back();
+        }
+      }
+    std::vector<std::uint16_t> k = halves(gaussian(static_cast<std::size_t>(c.entries * cap * d), rng));
+    std::vector<std::uint16_t> v = halves(gaussian(k.size(), rng));
+    std::vector<std::int64_t> rows(c.rows.begin(), c.rows.end());
+    for (int step = 0; step < 3; ++step) {
+      const std::int64_t stride = *std::max_element(rows.begin(), rows.end());
+      std::vector<float> w(static_cast<std::size_t>(c.n_heads * stride));
+      for (auto& x : w) x = eighths();
+      const auto want = decode_rule_step_ref(c.rule, ref.scores, rows, LastRowWeights{w.data(), stride, c.n_heads, c.n_heads / c.entries},
+                                             c.budget);
+      const int report_stride = static_cast<int>(1 + std::max<std::int64_t>(stride - c.budget, 0));
+      std::vector<std::uint8_t> gone(scored * static_cast<std::size_t>(stride), 0xab);
+      std::vector<std::int32_t> kept(gone.size(), -7), report(static_cast<std::size_t>(c.entries * report_stride), -7);
+      RuleStepArgs a;
+      a.rule = c.rule;
+      a.weights = w.data();
+      a.stride = stride;
+      a.n_heads = c.n_heads;
+      a.heads_per_entry = c.n_heads / c.entries;
+      a.rows.count = c.entries;
+      for (int e = 0; e < c.entries; ++e) a.rows.rows[e] = static_cast<int>(rows[static_cast<std::size_t>(e)]);
+      a.scores = scores.data();
+      a.score_stride = cap;
+      a.gone = gone.data();
+      a.kept = kept.data();
+      a.work_stride = stride;
+      a.report = report.data();
+      a.report_stride = report_stride;
+      a.budget = c.budget;
+      const auto k_before = k, v_before = v;
+      REQUIRE(decode_rule_step(a, nullptr) == cudaSuccess);
+      REQUIRE(compact_kept_rows(a, k.data(), v.data(), cap, d, nullptr) == cudaSuccess);
+      INFO("step " << step);
+      for (int e = 0; e < c.entries; ++e) {
+        const auto& gone_rows = want[static_cast<std::size_t>(e)];
+        const std::int32_t* rep = report.data() + e * report_stride;
+        REQUIRE(rep[0] == static_cast<std::int32_t>(gone_rows.size()));
+        CHECK(std::vector<std::int64_t>(rep + 1, rep + 1 + rep[0]) == gone_rows);
+        // The kept rows, in order, at the front of the entry's rows; its scores compacted with them.
+        std::vector<std::uint16_t> wk, wv, gk(k.begin() + e * cap * d, k.begin() + e * cap * d + (rows[static_cast<std::size_t>(e)] - rep[0]) * d);
+        std::vector<std::uint16_t> gv(v.begin() + e * cap * d, v.begin() + e * cap * d + (rows[static_cast<std::size_t>(e)] - rep[0]) * d);
+        for (std::int64_t j = 0; j < rows[static_cast<std::size_t>(e)]; ++j) {
+          if (std::binary_search(gone_rows.begin(), gone_rows.end(), j)) continue;
+          wk.insert(wk.end(), k_before.begin() + (e * cap + j) * d, k_before.begin() + (e * cap + j + 1) * d);
+          wv.insert(wv.end(), v_before.begin() + (e * cap + j) * d, v_before.begin() + (e * cap + j + 1) * d);
+        }
+        CHECK(gk == wk);
+        CHECK(gv == wv);
+        rows[static_cast<std::size_t>(e)] -= rep[0];
+      }
+      if (c.rule.accumulate)
+        for (std::size_t e = 0; e < scored; ++e)
+          CHECK(std::vector<double>(scores.begin() + static_cast<std::ptrdiff_t>(e * cap),
+                                    scores.begin() + static_cast<std::ptrdiff_t>(e * cap + ref.scores[e].size())) == ref.scores[e]);
+      for (auto& n : rows) ++n;  // the next step's new row
+    }
+  }
 }
 
 TEST_CASE("emulated: a launch a GPU would refuse fails as it would", "[gpu-emu]") {

@@ -231,3 +231,43 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
   }
 }
 
+
+TEST_CASE("decode-time rules stepped inside the backend engine evict what the host steps evict", "[verify]") {
+  require_model();
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  VerifyOptions o;
+  o.max_new = 8;
+  o.weights = WeightFormat::F32;
+  std::vector<ReplayConfig> configs;
+  for (const std::string spec : {"h2o", "h2o:gqa=max,recent_ratio=0.25", "tova"}) {
+    PolicyInstance inst = PolicyRegistry::instance().create(spec);
+    std::shared_ptr<const Policy> impl(std::move(inst.policy));
+    configs.push_back({inst.name, inst.params, impl, 0.2});
+  }
+  const auto shape = transformer_shape(LlamaConfig::from_gguf(gguf));
+  auto run = [&](bool in_engine, int& rule_steps) {
+    VerifyOptions oo = o;
+    oo.rules_in_engine = in_engine;
+    auto backend = std::make_unique<test::CountingBackend>(shape, gpu::DeviceWeights::F32);
+    const test::CountingBackend& counter = *backend;
+    LiveVerifier v(gguf, oo, std::make_unique<BackendEngine>(gguf, std::move(backend)));
+    LiveRequestResult r = v.run(needle_request(), configs);
+    rule_steps = counter.rule_steps;
+    return r;
+  };
+  int engine_steps = 0, host_steps = 0;
+  const LiveRequestResult in_engine = run(true, engine_steps), on_host = run(false, host_steps);
+  CHECK(host_steps == 0);
+  CHECK(engine_steps > 0);
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    INFO(configs[i].label());
+    const LiveConfigResult &e = in_engine.configs[i], &h = on_host.configs[i];
+    CHECK(e.steps_in_engine);
+    CHECK_FALSE(h.steps_in_engine);
+    CHECK(e.steps > 0);
+    CHECK(e.final_kept == h.final_kept);  // the same tokens evicted at every step, in every layer
+    CHECK(e.final_kept != e.kept);        // and some were
+    CHECK(e.mean_kl == h.mean_kl);        // the same cache, so the same logits, bit for bit
+    CHECK(e.generated == h.generated);
+  }
+}

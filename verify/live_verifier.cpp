@@ -127,6 +127,10 @@ struct LiveVerifier::Impl {
     ConfigBudget budget;
     std::vector<std::unique_ptr<DecodeState>> states;  // [layer], null for one-shot policies
     bool any_state = false;
+    // [layer] the state's rule runs inside the engine (DecodeState::rule, Engine::decode_rule_step);
+    // the others step on the host, reading the last-row weights when they need them.
+    std::vector<bool> in_engine;
+    bool any_in_engine = false, host_weights = false;
     // [layer][KV head] the cached tokens' original fp16 rows (the host copy a re-tiering policy
     // promotes from); kept only when a policy with a codec also decodes.
     std::vector<std::vector<KvEntry>> originals;
@@ -349,7 +353,24 @@ struct LiveVerifier::Impl {
       for (const KvEntry& e : model.cache().layers[static_cast<std::size_t>(l)]) kept.push_back(e.tokens);
       res.kept.push_back(std::move(kept));
     }
-    const auto rows = static_cast<double>(model.cache().entries_rows());
+    // Rules start once every layer is compressed: they apply to the cache the next pass loads.
+    out.in_engine.assign(static_cast<std::size_t>(g.n_layers), false);
+    for (int l = 0; l < g.n_layers; ++l) {
+      const DecodeState* state = out.states[static_cast<std::size_t>(l)].get();
+      if (!state) continue;
+      const bool tiered = !out.originals.empty() && !out.originals[static_cast<std::size_t>(l)].empty();
+      std::optional<DecodeRuleStart> rule;
+      if (opts.rules_in_engine && model.runs_decode_rules() && !tiered) rule = state->rule();
+      if (rule) {
+        model.start_decode_rule(l, *rule);
+        out.in_engine[static_cast<std::size_t>(l)] = true;
+        out.any_in_engine = true;
+      } else if (state->needs_attention()) {
+        out.host_weights = true;
+      }
+    }
+    res.steps_in_engine = out.any_in_engine;
+    const auto rows = static_cast<double>(std::as_const(model).cache().entries_rows());
     res.compressed_bytes = cache_bytes(out.budget, rows, entries, g.n_layers) - codec_saving;
     res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
     res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
@@ -359,13 +380,24 @@ struct LiveVerifier::Impl {
   // One token on the compressed cache, then decode-time eviction in every layer that has a
   // state (the token has joined and its query attended, as in replay).
   std::vector<float> step(std::int32_t token, Compressed& cs, const std::string& label) {
-    model.record_last_attention(cs.any_state);
+    model.record_last_attention(cs.host_weights);
     std::vector<float> logits = model.step(token);
     if (!cs.any_state) return logits;
     const auto t = model.cached_tokens() - 1;
+    if (cs.any_in_engine) {
+      model.decode_rule_step(cs.budget.tokens);  // the evicted tokens have left the cache already
+      for (int l = 0; l < g.n_layers; ++l) {
+        if (!cs.in_engine[static_cast<std::size_t>(l)]) continue;
+        const auto& layer = std::as_const(model).cache().layers[static_cast<std::size_t>(l)];
+        for (std::size_t kv = 0; kv < layer.size(); ++kv)
+          if (layer[kv].rows() > std::max<std::int64_t>(cs.budget.tokens, 0))
+            throw Error("policy " + label + ": cache holds " + std::to_string(layer[kv].rows()) + " tokens after step " +
+                        std::to_string(t) + ", over its budget of " + std::to_string(cs.budget.tokens));
+      }
+    }
     for (int l = 0; l < g.n_layers; ++l) {
       DecodeState* state = cs.states[static_cast<std::size_t>(l)].get();
-      if (!state) continue;
+      if (!state || cs.in_engine[static_cast<std::size_t>(l)]) continue;
       // Reads go through the const cache: a mutable access marks the CUDA engine's mirror edited.
       const auto& layer = std::as_const(model).cache().layers[static_cast<std::size_t>(l)];
       std::vector<std::vector<std::int32_t>> cache;
@@ -487,7 +519,11 @@ struct LiveVerifier::Impl {
       }
       if (j + 1 < len) logits = step(s.reference[j], cs, cfg.label());
     }
-    res.final_rows = model.cache().entries_rows();
+    res.final_rows = std::as_const(model).cache().entries_rows();
+    for (const auto& layer : std::as_const(model).cache().layers) {
+      res.final_kept.emplace_back();
+      for (const KvEntry& e : layer) res.final_kept.back().push_back(e.tokens);
+    }
     const auto n = static_cast<double>(res.steps);
     res.mean_kl = res.steps ? kl_sum / n : 0;
     res.top1 = res.steps ? top1 / n : 1;
@@ -539,6 +575,8 @@ LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts, std::unique
 LiveVerifier::~LiveVerifier() = default;
 
 KvGeometry LiveVerifier::geometry() const { return impl_->g; }
+
+std::string LiveVerifier::device() const { return impl_->model.device(); }
 
 LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs) {
   const auto t0 = Clock::now();

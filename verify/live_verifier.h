@@ -28,6 +28,10 @@ struct VerifyOptions {
   int prefill_chunk = 256;      // engine chunking; capture's default, so keep-sets match a trace
   WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
   Device device = Device::Cpu;
+  // Decode-time policies whose step is a rule (core/decode_rule.h: H2O, TOVA) step inside the
+  // engine when it runs rules (the CUDA backend: on the GPU, no weights or rows to the host);
+  // false steps every policy on the host. Both evict the same tokens.
+  bool rules_in_engine = true;
 };
 
 struct LiveConfigResult {
@@ -42,9 +46,11 @@ struct LiveConfigResult {
   double kept_fraction = 1;        // K/V rows after compression / rows of the full cache
   double compressed_bytes = 0, budget_bytes = 0;
   std::int64_t final_rows = 0;     // K/V rows in the cache after the teacher-forced continuation
+  bool steps_in_engine = false;    // the decode-time policy stepped inside the engine (a rule)
   double seconds = 0;
-  // The kept tokens right after compression, [layer][entry] (for the agreement tests).
-  std::vector<std::vector<std::vector<std::int32_t>>> kept;
+  // The kept tokens right after compression, [layer][entry] (for the agreement tests), and after
+  // the teacher-forced continuation (what decode-time eviction left).
+  std::vector<std::vector<std::vector<std::int32_t>>> kept, final_kept;
 };
 
 struct LiveRequestResult {
@@ -66,6 +72,7 @@ class LiveVerifier {
   LiveVerifier(const GgufFile& gguf, VerifyOptions opts, std::unique_ptr<Engine> engine);
   ~LiveVerifier();
   KvGeometry geometry() const;
+  std::string device() const;  // the engine's: "cpu", or "cuda:N (name)"
   LiveRequestResult run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs);
 
  private:
