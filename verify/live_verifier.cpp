@@ -578,6 +578,8 @@ KvGeometry LiveVerifier::geometry() const { return impl_->g; }
 
 std::string LiveVerifier::device() const { return impl_->model.device(); }
 
+bool LiveVerifier::rules_in_engine() const { return impl_->opts.rules_in_engine && impl_->model.runs_decode_rules(); }
+
 LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs) {
   const auto t0 = Clock::now();
   Impl::Shared s = impl_->prefill(request, std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) {

@@ -73,6 +73,9 @@ class LiveVerifier {
   ~LiveVerifier();
   KvGeometry geometry() const;
   std::string device() const;  // the engine's: "cpu", or "cuda:N (name)"
+  // Whether decode-time rules step inside the engine (VerifyOptions::rules_in_engine, and an
+  // engine that runs them); else every policy steps on the host.
+  bool rules_in_engine() const;
   LiveRequestResult run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs);
 
  private:

@@ -125,7 +125,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   nlohmann::json cfg{{"tool", "kvsim verify"}, {"model", spec.model_path}, {"tasks", spec.tasks_path},
                      {"mode", mode_name(live.mode)}, {"max_new", live.max_new}, {"weights", weight_format_name(live.weights)},
                      {"queries", live.all_queries ? "all" : "eval"}, {"prefill_chunk", live.prefill_chunk},
-                     {"device", verifier.device()}, {"policy_steps", live.rules_in_engine ? "engine" : "host"}};
+                     {"device", verifier.device()}, {"policy_steps", verifier.rules_in_engine() ? "engine" : "host"}};
   csv << "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)\n# config: "
       << cfg.dump() << "\n";
   csv << csv_line({"request", "task", "mode", "policy", "params", "budget", "budget_tokens", "kept_fraction", "compressed_bytes",

@@ -1,9 +1,12 @@
 #include "cuda_emu.h"
 
 #include <sys/mman.h>
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -11,15 +14,97 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+// Switching threads is most of what the emulator does (twice per barrier per thread), and glibc's
+// swapcontext makes a system call each time (it saves the signal mask): on x86-64 a switch is
+// the callee-saved registers, the SSE and x87 control words and the stack pointer, in user space.
+// kvsim_emu_switch(&save, load) stores the current stack pointer in save and resumes the one in
+// load; a new thread's first resume "returns" into kvsim_emu_start, which calls rbx.
+asm(R"(
+  .text
+  .globl kvsim_emu_switch
+  .type kvsim_emu_switch, @function
+kvsim_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size kvsim_emu_switch, .-kvsim_emu_switch
+
+  .globl kvsim_emu_start
+  .type kvsim_emu_start, @function
+kvsim_emu_start:
+  callq *%rbx
+  ud2
+  .size kvsim_emu_start, .-kvsim_emu_start
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+extern "C" void kvsim_emu_switch(void** save, void* load);
+extern "C" void kvsim_emu_start();
+#endif
+
 namespace emu {
 
 namespace {
 
 enum class Wait { None, Block, Warp, Done };
 
+// Where a suspended thread (or the scheduler) resumes.
+struct Context {
+#if defined(__x86_64__)
+  void* sp = nullptr;
+  // A new thread on [base, base + size) that will call fn(), with this thread's floating-point
+  // control words.
+  void start(char* base, std::size_t size, void (*fn)()) {
+    auto top = reinterpret_cast<std::uintptr_t>(base + size) & ~std::uintptr_t{15};
+    auto* slot = reinterpret_cast<std::uint64_t*>(top - 16);  // kvsim_emu_start runs with rsp = top - 16 (16-aligned)
+    std::uint32_t mxcsr = 0;
+    std::uint16_t fpcw = 0;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpcw));
+    *--slot = reinterpret_cast<std::uint64_t>(&kvsim_emu_start);  // ret's target
+    *--slot = 0;                                                  // rbp
+    *--slot = reinterpret_cast<std::uint64_t>(fn);                // rbx
+    *--slot = 0;                                                  // r12
+    for (int i = 0; i < 3; ++i) *--slot = 0;                      // r13, r14, r15
+    *--slot = static_cast<std::uint64_t>(mxcsr) | static_cast<std::uint64_t>(fpcw) << 32;
+    sp = slot;
+  }
+  static void swap(Context& from, const Context& to) { kvsim_emu_switch(&from.sp, to.sp); }
+#else
+  ucontext_t uc;
+  void start(char* base, std::size_t size, void (*fn)()) {
+    getcontext(&uc);
+    uc.uc_stack.ss_sp = base;
+    uc.uc_stack.ss_size = size;
+    uc.uc_link = nullptr;
+    makecontext(&uc, fn, 0);
+  }
+  static void swap(Context& from, const Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+};
+
 struct Thread {
   ThreadInfo info;
-  ucontext_t context;
+  Context context;
   Wait wait = Wait::None;
 };
 
@@ -29,7 +114,7 @@ struct BlockRun {
   std::vector<char*> stacks;  // from stack_pool_
   std::vector<std::uint64_t> slots;  // [threads]: what each lane deposited in a shuffle
   std::vector<unsigned char> shared;
-  ucontext_t scheduler;
+  Context scheduler;
   int running = -1;
   Body body = nullptr;
   void* state = nullptr;
@@ -64,12 +149,12 @@ int last_error_ = 0;
 void yield(Wait w) {
   Thread& t = run_->threads[static_cast<std::size_t>(run_->running)];
   t.wait = w;
-  swapcontext(&t.context, &run_->scheduler);
+  Context::swap(t.context, run_->scheduler);
 }
 
 void entry() {
   run_->body(run_->state);
-  yield(Wait::Done);
+  yield(Wait::Done);  // never resumed
 }
 
 // Releases a barrier when every live thread of its group waits on it; false when nothing can run.
@@ -114,11 +199,7 @@ __attribute__((noinline)) void run_block(BlockRun& b, uint3 block_id, dim3 block
     const auto ui = static_cast<unsigned>(i);
     t.info = ThreadInfo{uint3{ui % block.x, ui / block.x % block.y, ui / (block.x * block.y)}, block_id, block, grid};
     t.wait = Wait::None;
-    getcontext(&t.context);
-    t.context.uc_stack.ss_sp = b.stacks[i];
-    t.context.uc_stack.ss_size = kStack;
-    t.context.uc_link = nullptr;
-    makecontext(&t.context, entry, 0);
+    t.context.start(b.stacks[i], kStack, entry);
   }
   // Odd blocks run their threads last to first between barriers: a missing barrier between a
   // write by one thread and a read by another shows in one order or the other.
@@ -129,7 +210,7 @@ __attribute__((noinline)) void run_block(BlockRun& b, uint3 block_id, dim3 block
       const std::size_t i = reverse ? threads - 1 - k : k;
       if (b.threads[i].wait == Wait::None) {
         b.running = static_cast<int>(i);
-        swapcontext(&b.scheduler, &b.threads[i].context);
+        Context::swap(b.scheduler, b.threads[i].context);
         ran = true;
       }
     }

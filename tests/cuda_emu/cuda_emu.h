@@ -3,7 +3,7 @@
 // compiled as C++ after tests/cuda_emu/launch.sed rewrites their <<<...>>> launches) run in CI on
 // machines without a GPU. A launch runs its blocks one after another; a block's threads are
 // cooperative contexts on one OS thread, switched only at __syncthreads, __syncwarp and the warp
-// shuffles, so a run is deterministic. What a GPU would do wrong, it reports:
+// shuffles (in user space on x86-64, by glibc's swapcontext elsewhere), so a run is deterministic. What a GPU would do wrong, it reports:
 //   - a barrier that some live thread of the block (or warp) never reaches (a GPU would hang);
 //   - a shuffle from a lane that has returned;
 //   - a launch a GPU refuses (no blocks, over 1024 threads, over 48 KB of dynamic shared memory);
