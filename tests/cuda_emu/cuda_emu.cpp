@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -60,6 +61,11 @@ kvsim_emu_start:
 extern "C" void kvsim_emu_switch(void** save, void* load);
 extern "C" void kvsim_emu_start();
 #endif
+
+// The linker's bounds of the section every static __shared__ array is in (cuda_emu.h); weak, so
+// a program without any has none.
+extern "C" char __start_kvsim_emu_shared[] __attribute__((weak));
+extern "C" char __stop_kvsim_emu_shared[] __attribute__((weak));
 
 namespace emu {
 
@@ -194,6 +200,8 @@ bool release(BlockRun& b) {
 __attribute__((noinline)) void run_block(BlockRun& b, uint3 block_id, dim3 block, dim3 grid, std::size_t shared_bytes) {
   const std::size_t threads = b.threads.size();
   b.shared.assign(shared_bytes, 0xFF);  // NaN floats: reading before writing shows
+  char *first = __start_kvsim_emu_shared, *end = __stop_kvsim_emu_shared;  // static shared arrays alike
+  if (first && end > first) std::memset(first, 0xFF, static_cast<std::size_t>(end - first));
   for (std::size_t i = 0; i < threads; ++i) {
     Thread& t = b.threads[i];
     const auto ui = static_cast<unsigned>(i);

@@ -11,10 +11,10 @@
 //   - a missing barrier between one thread's write and another's read: odd blocks run their
 //     threads in reverse order between barriers, so the read sees stale data in one order or
 //     the other.
+//   - reads before writes of static __shared__ arrays too: they are refilled with NaN bytes
+//     before every block.
 // It does not check speed; its float arithmetic is the host compiler's with the project's flags
-// (it contracts multiply-adds into FMAs where nvcc may not); static __shared__ arrays are
-// function statics that keep their values from block to block, so reading one before writing it
-// is not caught.
+// (it contracts multiply-adds into FMAs where nvcc may not).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -116,8 +116,10 @@ void operator|(void (*kernel)(P...), const Bound<A...>& b) {
 #define __host__
 #define __forceinline__ inline
 #define __align__(n) alignas(n)
-// A block runs alone, so its shared memory can be a function-local static.
-#define __shared__ static
+// A block runs alone, so its shared memory can be a function-local static. They all live in one
+// section, which the emulator fills with NaN bytes before each block: reading static shared
+// memory before writing it shows, as it does for dynamic shared memory.
+#define __shared__ static __attribute__((section("kvsim_emu_shared")))
 
 inline void __syncthreads() { ::emu::sync_block(); }
 inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) { ::emu::sync_warp(); }
