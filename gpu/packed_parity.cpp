@@ -131,11 +131,11 @@ void mixed_rows_decode(const AttnShape& s, const std::string& label, ParityRepor
 // the copy bandwidth: the fused kernel (also against attend_quant_ref), unpack then attend, and
 // the same rows as an fp16 cache through attend_decode. The cache holds at least 128 MB packed:
 // an H200's L2 is 50 MB, and a smaller cache would be read from L2 on the repeated calls.
-void int4_decode_bench(const AttnShape& shape, ParityReport& r, double copy_gbs) {
+void int4_decode_bench(const AttnShape& shape, const Bench& bench, ParityReport& r, double copy_gbs) {
   const int d = shape.head_dim, Hq = shape.n_q_heads, Hkv = shape.n_kv_heads;
   const QuantSpec spec4{4, 32, false};
   const std::int64_t token_bytes = 2LL * Hkv * (spec4.row_bytes(d) + 4LL * spec4.groups(d));
-  const std::int64_t n = std::max<std::int64_t>(shape.capacity, (128'000'000 + token_bytes - 1) / token_bytes);
+  const std::int64_t n = bench.size(std::max<std::int64_t>(shape.capacity, (128'000'000 + token_bytes - 1) / token_bytes), shape.capacity);
   const AttnShape s{Hq, Hkv, d, n};
   const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -197,7 +197,8 @@ void int4_decode_bench(const AttnShape& shape, ParityReport& r, double copy_gbs)
   };
   fp16_decode();
   r.value("fp16 cache decode of the same rows: output", nmse(dout.host(), out_ref), kKernelNmse);
-  const double t_fused = seconds_of(fused, 10), t_unpack = seconds_of(unpack_then_attend, 10), t_fp16 = seconds_of(fp16_decode, 10);
+  const double t_fused = seconds_of(fused, bench.reps(10)), t_unpack = seconds_of(unpack_then_attend, bench.reps(10)),
+               t_fp16 = seconds_of(fp16_decode, bench.reps(10));
   const double fp16_bytes = 2.0 * 2.0 * Hkv * static_cast<double>(n) * d;
   char buf[320];
   std::snprintf(buf, sizeof buf,
@@ -217,7 +218,7 @@ void int4_decode_bench(const AttnShape& shape, ParityReport& r, double copy_gbs)
 
 }  // namespace
 
-void packed_unpack_parity(const std::string& name, int d, std::int64_t n, bool bench, ParityReport& r, double copy_gbs) {
+void packed_unpack_parity(const std::string& name, int d, std::int64_t n, const Bench& bench, ParityReport& r, double copy_gbs) {
   std::mt19937 rng(7);
   const RopeSpec spec{RopeType::Neox, d, d, kRopeTheta};
   const RopeShape rope{true, d};
@@ -240,7 +241,7 @@ void packed_unpack_parity(const std::string& name, int d, std::int64_t n, bool b
     r.value(name + " packed unpack, " + c.label, nmse(floats_of(dout.host()), ref), kKernelNmse);
     if (bench) {
       const double sec =
-          seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, 20);
+          seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, bench.reps(20));
       // Bytes moved: the packed payload and row table read, the fp16 rows written (bases cached).
       const double bytes = payload_bytes(t, dt.table) + 2.0 * static_cast<double>(dout.n);
       char buf[200];
@@ -251,14 +252,14 @@ void packed_unpack_parity(const std::string& name, int d, std::int64_t n, bool b
   }
 }
 
-void packed_decode_parity(const std::string& name, const AttnShape& s, bool bench, ParityReport& r, double copy_gbs) {
+void packed_decode_parity(const std::string& name, const AttnShape& s, const Bench& bench, ParityReport& r, double copy_gbs) {
   r.line(name + ": " + std::to_string(s.n_q_heads) + " query heads, " + std::to_string(s.n_kv_heads) + " KV heads, head_dim " +
          std::to_string(s.head_dim) + ", " + std::to_string(s.capacity) + " rows per entry");
   mixed_rows_decode(s, "fused packed decode, mixed rows", r);
   // Per-query-head entries (one per query head, as a per-query-head plan leaves them): head_div 1.
   mixed_rows_decode(AttnShape{s.n_q_heads, s.n_q_heads, s.head_dim, std::max<std::int64_t>(s.capacity / 4, 1)},
                     "fused packed decode, per-query-head entries", r);
-  if (bench) int4_decode_bench(s, r, copy_gbs);
+  if (bench) int4_decode_bench(s, bench, r, copy_gbs);
 }
 
 }  // namespace kvsim::gpu

@@ -4,13 +4,14 @@
 #include <string>
 
 #include "gpu/kv_format.h"
+#include "gpu/parity_buffers.h"
 #include "gpu/parity_report.h"
 
 namespace kvsim::gpu {
 
 // n rows of every row kind (fp16, int4 / int2 codes, rotated low rank) unpacked on the device
 // against unpack_tensor; with `bench`, the unpack's bandwidth against `copy_gbs`.
-void packed_unpack_parity(const std::string& name, int head_dim, std::int64_t n, bool bench, ParityReport& r,
+void packed_unpack_parity(const std::string& name, int head_dim, std::int64_t n, const Bench& bench, ParityReport& r,
                           double copy_gbs);
 
 // attend_decode_packed over s.capacity rows per entry (a fully packed entry, packed prefixes with
@@ -18,6 +19,6 @@ void packed_unpack_parity(const std::string& name, int head_dim, std::int64_t n,
 // reads back: output and softmax weights. With `bench`, an int4 cache decoded by the fused kernel,
 // by unpack-then-attend and, as fp16, by attend_decode, each against `copy_gbs`, and the fused
 // output against attend_quant_ref.
-void packed_decode_parity(const std::string& name, const AttnShape& s, bool bench, ParityReport& r, double copy_gbs);
+void packed_decode_parity(const std::string& name, const AttnShape& s, const Bench& bench, ParityReport& r, double copy_gbs);
 
 }  // namespace kvsim::gpu

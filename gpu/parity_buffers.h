@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -39,6 +40,16 @@ struct DeviceBuffer {
     if (n) KVSIM_CUDA_CHECK(cudaMemcpy(out.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     return out;
   }
+};
+
+// Whether and how large the benchmarks run: off, at their real sizes, or at --smoke's tiny sizes,
+// which only show that the benchmark code runs (on the CPU emulator, or in seconds on a device);
+// smoke figures mean nothing.
+struct Bench {
+  bool on = false, smoke = false;
+  explicit operator bool() const { return on; }
+  int reps(int n) const { return smoke ? 1 : n; }
+  std::int64_t size(std::int64_t full, std::int64_t small) const { return smoke ? small : full; }
 };
 
 // Mean seconds per call of `fn` over `reps` calls after one warm-up call.

@@ -5,8 +5,9 @@
 // at 1e-5 (fp32 weights) or 1e-4 (fp16: an input near a rounding boundary may round the other
 // way); keep-sets must be identical sets. With --bench it also times each attention kernel
 // against the device's own copy bandwidth, and the transformer's prefill and decode against the
-// cuBLAS GEMM rate, all measured in the same run. Exit 77: no GPU (ctest: skipped).
-//   kvsim-parity [--bench] [--report FILE] [--only NAME,...] [--list]
+// cuBLAS GEMM rate, all measured in the same run; --smoke runs the benchmarks at tiny sizes (their
+// code, not their figures: tests/ runs it on the CPU emulator). Exit 77: no GPU (ctest: skipped).
+//   kvsim-parity [--bench [--smoke]] [--report FILE] [--only NAME,...] [--list]
 #include <cstdio>
 #include <cmath>
 #include <functional>
@@ -43,7 +44,7 @@ struct Report : ParityReport {
   void value(const std::string& what, double nmse) { ParityReport::value(what, nmse, kKernelNmse); }
 };
 
-void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
+void run(const Problem& p, const Bench& bench, Report& r, double copy_gbs) {
   const AttnShape& s = p.shape;
   const int d = s.head_dim, Hq = s.n_q_heads, Hkv = s.n_kv_heads;
   std::mt19937 rng(42);
@@ -70,7 +71,7 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
   if (bench) {
     const double t = seconds_of([&] {
       KVSIM_CUDA_CHECK(attend_kept(s, dq.ptr, dk.ptr, dv.ptr, dkept.ptr, dcounts.ptr, p.kept, dout.ptr, dw.ptr, nullptr));
-    }, 20);
+    }, bench.reps(20));
     // Bytes the kernel must read: the kept K and V rows (fp16), once per query head group.
     const double bytes = 2.0 * Hkv * p.kept * d * 2.0;
     char buf[200];
@@ -97,7 +98,7 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
     if (bench) {
       const double t = seconds_of([&] {
         KVSIM_CUDA_CHECK(attend_quant(s, spec, dq.ptr, dkc.ptr, dkp.ptr, dvc.ptr, dvp.ptr, dall.ptr, dout.ptr, scratch.ptr, nullptr));
-      }, 20);
+      }, bench.reps(20));
       const double bytes = 2.0 * Hkv * static_cast<double>(s.capacity) * (rb + ng * 4.0);
       char buf[200];
       std::snprintf(buf, sizeof buf, "  bench %s: %.1f us, %.1f GB/s = %.2f of copy bandwidth", label.c_str(), t * 1e6,
@@ -131,7 +132,7 @@ void run(const Problem& p, bool bench, Report& r, double copy_gbs) {
     launch();
     r.value("low-rank attention (" + std::to_string(n) + " tokens)", nmse(dout.host(), out_ref));
     if (bench) {
-      const double t = seconds_of(launch, 5);
+      const double t = seconds_of(launch, bench.reps(5));
       const double bytes = 2.0 * Hkv * n * d * 2.0;  // coefficient rows read (upper bound: full rank)
       char buf[200];
       std::snprintf(buf, sizeof buf, "  bench low-rank attention: %.1f us, %.1f GB/s = %.2f of copy bandwidth", t * 1e6,
@@ -183,17 +184,19 @@ bool selected(const std::string& name, const std::vector<std::string>& only) {
   return false;
 }
 
-constexpr const char* kUsage = "usage: kvsim-parity [--bench] [--report FILE] [--only NAME,...] [--list]\n";
+constexpr const char* kUsage = "usage: kvsim-parity [--bench [--smoke]] [--report FILE] [--only NAME,...] [--list]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool bench = false, list = false;
+  Bench bench;
+  bool list = false;
   std::string report_path;
   std::vector<std::string> only;  // substrings of section names
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--bench") bench = true;
+    if (a == "--bench") bench.on = true;
+    else if (a == "--smoke") bench.smoke = true;
     else if (a == "--list") list = true;
     else if (a == "--report" && i + 1 < argc) report_path = argv[++i];
     else if (a == "--only" && i + 1 < argc) only = split(argv[++i], ',');
@@ -227,9 +230,9 @@ int main(int argc, char** argv) {
                       [&] { transformer_parity("Mistral-7B shapes", mistral7b_shape(2), DeviceWeights::F16, r); }});
   if (bench) {
     sections.push_back({"bench: SmolLM2-135M shapes",
-                        [&] { transformer_bench("SmolLM2-135M shapes", smollm2_shape(), r, copy_gbs); }});
+                        [&] { transformer_bench("SmolLM2-135M shapes", smollm2_shape(), bench, r, copy_gbs); }});
     sections.push_back({"bench: Mistral-7B shapes (2 layers)",
-                        [&] { transformer_bench("Mistral-7B shapes (2 layers)", mistral7b_shape(2), r, copy_gbs); }});
+                        [&] { transformer_bench("Mistral-7B shapes (2 layers)", mistral7b_shape(2), bench, r, copy_gbs); }});
   }
   if (list) {
     for (const auto& sec : sections) std::printf("%s\n", sec.name.c_str());
@@ -256,9 +259,9 @@ int main(int argc, char** argv) {
            std::to_string(prop.minor) + (memory_pools_supported() ? ", memory pools (stream-ordered allocation)"
                                                                    : ", no memory pools (cudaMalloc fallback)"));
     if (bench) {  // device-to-device copy of 1 GiB: read + write bytes per second
-      const std::size_t bytes = std::size_t{1} << 30;
+      const auto bytes = static_cast<std::size_t>(bench.size(std::int64_t{1} << 30, std::int64_t{1} << 20));
       DeviceBuffer<std::uint8_t> a(bytes), b(bytes);
-      const double t = seconds_of([&] { KVSIM_CUDA_CHECK(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+      const double t = seconds_of([&] { KVSIM_CUDA_CHECK(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice)); }, bench.reps(10));
       copy_gbs = 2.0 * static_cast<double>(bytes) / t / 1e9;
       char buf[120];
       std::snprintf(buf, sizeof buf, "device copy bandwidth: %.1f GB/s (read + write)", copy_gbs);

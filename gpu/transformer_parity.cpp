@@ -385,7 +385,8 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
   decode_rule_parity(gpu, s, r);
 }
 
-void transformer_bench(const std::string& name, const TransformerShape& s, ParityReport& r, double copy_gbs) {
+void transformer_bench(const std::string& name, const TransformerShape& s, const Bench& bench, ParityReport& r,
+                       double copy_gbs) {
   CudaTransformer gpu(s, DeviceWeights::F16);
   random_weights(s, 11, gpu.sink());
   char buf[400];
@@ -393,7 +394,7 @@ void transformer_bench(const std::string& name, const TransformerShape& s, Parit
   // cuBLAS's own rate on a large fp16-in, fp32-out GEMM: the ceiling the forward pass is held to.
   double gemm_flops = 0;
   {
-    const int n = 8192;
+    const int n = static_cast<int>(bench.size(8192, 256));
     void *a = nullptr, *b = nullptr, *c = nullptr;
     KVSIM_CUDA_CHECK(cudaMalloc(&a, std::size_t{2} * n * n));
     KVSIM_CUDA_CHECK(cudaMalloc(&b, std::size_t{2} * n * n));
@@ -411,15 +412,16 @@ void transformer_bench(const std::string& name, const TransformerShape& s, Parit
     run();
     KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
     const auto t0 = Clock::now();
-    for (int i = 0; i < 5; ++i) run();
+    const int reps = bench.reps(5);
+    for (int i = 0; i < reps; ++i) run();
     KVSIM_CUDA_CHECK(cudaDeviceSynchronize());
-    gemm_flops = 5 * 2.0 * n * static_cast<double>(n) * n / since(t0);
+    gemm_flops = reps * 2.0 * n * static_cast<double>(n) * n / since(t0);
     cublasDestroy(h);
     cudaFree(a), cudaFree(b), cudaFree(c);
   }
   const double E = s.n_embd, Q = static_cast<double>(s.q_dim()), K = static_cast<double>(s.kv_dim()), F = s.n_ff;
   const double layer_params = E * Q + 2 * E * K + Q * E + 3 * E * F;
-  const std::int64_t n = 2048;
+  const std::int64_t n = bench.size(2048, 48);
   const auto tokens = prompt(n, s.vocab, 5);
   const auto pos = iota_from(0, n);
   const std::vector<std::int64_t> last = {n - 1};
@@ -439,14 +441,15 @@ void transformer_bench(const std::string& name, const TransformerShape& s, Parit
     std::memcpy(sink_k.data(), x.k, static_cast<std::size_t>(x.n * s.kv_dim()) * sizeof(float));
     std::memcpy(sink_v.data(), x.v, static_cast<std::size_t>(x.n * s.kv_dim()) * sizeof(float));
   };
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < bench.reps(3); ++rep) {
     t_plain = std::min(t_plain, prefill({}));
     t_capture = std::min(t_capture, prefill(writer));
   }
-  const double attn_flops = s.n_layers * static_cast<double>(s.n_head) * 4.0 * s.head_dim * (n * (n + 1.0) / 2.0);
-  const double prefill_flops = 2.0 * n * s.n_layers * layer_params + 2.0 * E * static_cast<double>(s.vocab) + attn_flops;
+  const auto nd = static_cast<double>(n);
+  const double attn_flops = s.n_layers * static_cast<double>(s.n_head) * 4.0 * s.head_dim * (nd * (nd + 1.0) / 2.0);
+  const double prefill_flops = 2.0 * nd * s.n_layers * layer_params + 2.0 * E * static_cast<double>(s.vocab) + attn_flops;
   // Decode: 64 single-token steps after the prompt.
-  const int steps = 64;
+  const int steps = static_cast<int>(bench.size(64, 4));
   const std::vector<std::int64_t> row0 = {0};
   const auto t0 = Clock::now();
   for (int t = 0; t < steps; ++t) {
@@ -455,12 +458,13 @@ void transformer_bench(const std::string& name, const TransformerShape& s, Parit
   }
   const double t_step = since(t0) / steps;
   const double decode_flops = 2.0 * (s.n_layers * layer_params + E * static_cast<double>(s.vocab)) +
-                              s.n_layers * static_cast<double>(s.n_head) * 4.0 * s.head_dim * (n + steps / 2.0);
+                              s.n_layers * static_cast<double>(s.n_head) * 4.0 * s.head_dim * (nd + steps / 2.0);
   r.line(name + " benchmark (fp16 weights, " + std::to_string(gpu.weight_bytes() >> 20) + " MiB on " + gpu.device_name() + ")");
-  std::snprintf(buf, sizeof buf, "  cuBLAS GEMM 8192^3 fp16->fp32: %.1f TFLOP/s", gemm_flops / 1e12);
+  std::snprintf(buf, sizeof buf, "  cuBLAS GEMM %lld^3 fp16->fp32: %.1f TFLOP/s", static_cast<long long>(bench.size(8192, 256)),
+                gemm_flops / 1e12);
   r.line(buf);
   std::snprintf(buf, sizeof buf, "  prefill %lld tokens: %.0f tok/s, %.1f TFLOP/s = %.2f of the GEMM rate", static_cast<long long>(n),
-                n / t_plain, prefill_flops / t_plain / 1e12, prefill_flops / t_plain / gemm_flops);
+                nd / t_plain, prefill_flops / t_plain / 1e12, prefill_flops / t_plain / gemm_flops);
   r.line(buf);
   std::snprintf(buf, sizeof buf,
                 "  decode at %lld: %.0f tok/s, %.3f TFLOP/s = %.4f of the GEMM rate; weights read at %.0f GB/s = %.2f of the "
@@ -481,7 +485,7 @@ void transformer_bench(const std::string& name, const TransformerShape& s, Parit
     gpu.forward(tokens, pos, last, false, false);
     std::vector<DecodeRuleStart> rules;
     for (int l = 0; l < s.n_layers; ++l) {
-      rules.push_back({DecodeRule{true, false, HeadCombine::Sum, 64}, {}});
+      rules.push_back({DecodeRule{true, false, HeadCombine::Sum, std::min<std::int64_t>(64, n / 4)}, {}});
       for (int e = 0; e < gpu.entries(l); ++e) rules.back().scores.emplace_back(static_cast<std::size_t>(n), 0.0);
       if (on_device) gpu.start_rule(l, rules.back());
     }

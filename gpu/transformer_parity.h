@@ -2,6 +2,7 @@
 // The CUDA transformer against its CPU reference (kvsim-parity's second half), and its benchmark.
 #include <string>
 
+#include "gpu/parity_buffers.h"
 #include "gpu/parity_report.h"
 #include "gpu/parity_shapes.h"
 
@@ -16,6 +17,8 @@ void transformer_parity(const std::string& name, const TransformerShape& s, Devi
 
 // Prefill and decode tokens/s against the cuBLAS GEMM rate measured in the same run, decode's
 // weight bandwidth against `copy_gbs`, and the capture callback's overhead on prefill.
-void transformer_bench(const std::string& name, const TransformerShape& s, ParityReport& r, double copy_gbs);
+// --smoke sizes: a 256^3 GEMM, a 48-token prompt, 4 decode steps.
+void transformer_bench(const std::string& name, const TransformerShape& s, const Bench& bench, ParityReport& r,
+                       double copy_gbs);
 
 }  // namespace kvsim::gpu
