@@ -10,10 +10,13 @@
 #               gpu/transformer_ref with random weights (qwen2-like fp32 and fp16, head_dim
 #               32/96/256 corner shapes, SmolLM2-135M, Mistral-7B layer shapes): prefill with
 #               capture, decode, chunked prefill, per-query-head caches, packed caches held
-#               packed on the device (with their device bytes); then the benchmarks:
-#               kernel bandwidth vs the device's copy bandwidth (fused packed decode vs
-#               unpack-then-attend vs an fp16 cache), prefill/decode tokens/s vs the
-#               cuBLAS GEMM rate, capture overhead, all measured in the same run
+#               packed on the device (with their device bytes), decode rules (H2O, TOVA) run
+#               on the device; then the benchmarks: kernel bandwidth vs the device's copy
+#               bandwidth (fused packed decode vs unpack-then-attend vs an fp16 cache),
+#               prefill/decode tokens/s vs the cuBLAS GEMM rate, capture overhead, an H2O
+#               decode step on the device vs through the host, all measured in the same run
+# The same harness runs in CI on the CPU emulator (gpu.parity_emulated: SmolLM2-sized sections,
+# benchmarks at --smoke sizes), so its code has run before it reaches a device.
 # Real SmolLM2 weights do not travel (98 MB > the 64 MiB per call): the GGUF path is covered on
 # the CPU (tests/test_transformer_ref.cpp, tests/test_backend_engine.cpp) and the GPU is held to
 # the same reference here with random weights of the same shapes.
