@@ -49,21 +49,32 @@ std::vector<std::vector<std::vector<std::int32_t>>> BackendEngine::decode_rule_s
     throw Error("decode_rule_step: no decode rule is running (a forward() starts them; a cache edit, set_cache or "
                 "reset ends them)");
   std::vector<std::vector<std::vector<std::int64_t>>> rows;
-  try {
-    rows = backend_->rule_step(budget);
-  } catch (const std::exception& e) {
+  auto torn = [&](const std::exception& e) {
     edited_ = true;  // the device may have compacted part of the layers: reload from the mirror
     end_rules();
+    return Error(backend_->name() + ": " + e.what());
+  };
+  try {
+    rows = backend_->rule_step(budget);
+  } catch (const std::invalid_argument& e) {  // rows and scores out of step: the rules are broken
+    throw torn(e);
+  } catch (const std::logic_error& e) {  // no decode pass since the last step: nothing changed
     throw Error(backend_->name() + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw torn(e);
   }
   std::vector<std::vector<std::vector<std::int32_t>>> out(cache_.layers.size());
-  for (std::size_t l = 0; l < rows.size() && l < cache_.layers.size(); ++l) {
-    out[l].resize(rows[l].size());
-    for (std::size_t e = 0; e < rows[l].size(); ++e) {
-      const auto& tokens = cache_.layers[l].at(e).tokens;
-      for (const auto r : rows[l][e]) out[l][e].push_back(tokens.at(static_cast<std::size_t>(r)));
-      cache_.evict(static_cast<int>(l), static_cast<int>(e), out[l][e]);  // the mirror follows the device
+  try {
+    for (std::size_t l = 0; l < rows.size() && l < cache_.layers.size(); ++l) {
+      out[l].resize(rows[l].size());
+      for (std::size_t e = 0; e < rows[l].size(); ++e) {
+        const auto& tokens = cache_.layers[l].at(e).tokens;
+        for (const auto r : rows[l][e]) out[l][e].push_back(tokens.at(static_cast<std::size_t>(r)));
+        cache_.evict(static_cast<int>(l), static_cast<int>(e), out[l][e]);  // the mirror follows the device
+      }
     }
+  } catch (const std::exception& e) {  // the mirror is part-way: reload the device from it
+    throw torn(e);
   }
   return out;
 }
@@ -72,7 +83,7 @@ void BackendEngine::reserve(std::int64_t tokens) { cache_.reserve(tokens); }
 
 KvCache& BackendEngine::cache() {
   edited_ = true;  // conservatively: the caller may change any entry
-  rule_on_.assign(rule_on_.size(), false);  // the reload ends the backend's rules
+  end_rules();     // the reload ends the backend's rules; pending ones would bind to edited rows
   return cache_;
 }
 
@@ -149,13 +160,20 @@ std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, 
       rule_on_.assign(rule_on_.size(), false);  // a reload ends the backend's rules
       load_backend();
     }
+  } catch (const std::invalid_argument& e) {
+    throw Error(backend_->name() + ": " + e.what());
+  }
+  try {
     for (std::size_t l = 0; l < pending_rules_.size(); ++l) {
       if (!pending_rules_[l]) continue;
       backend_->start_rule(static_cast<int>(l), *pending_rules_[l]);
       pending_rules_[l].reset();
       rule_on_[l] = true;
     }
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::exception& e) {
+    // All or none: the rules started so far end with a reload, the others are dropped.
+    edited_ = true;
+    end_rules();
     throw Error(backend_->name() + ": " + e.what());
   }
   const bool rules = std::find(rule_on_.begin(), rule_on_.end(), true) != rule_on_.end();

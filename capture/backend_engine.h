@@ -44,8 +44,8 @@ class BackendEngine : public Engine {
  private:
   void load_backend();
   void end_rules();
-  // Rules handed over but not yet in the backend (they start after the next load), and the
-  // layers whose rule the backend runs.
+  // Rules handed over but not yet in the backend (they start at the next forward(), after the
+  // reload an edit asks for), and the layers whose rule the backend runs.
   std::vector<std::optional<DecodeRuleStart>> pending_rules_;
   std::vector<bool> rule_on_;
   LlamaConfig cfg_;

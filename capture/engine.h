@@ -68,8 +68,8 @@ class Engine {
   // Decode-time policy steps where the cache is (core/decode_rule.h), for engines that run them
   // (the backend engine: on the GPU with --device cuda, so neither the cache nor the attention
   // weights go to the host for a step). start_decode_rule hands a layer's rule over; it applies
-  // to the layer as it is when the next forward() starts, and a later edit (a mutable cache(),
-  // set_cache, reset) ends it. decode_rule_step, after each one-token forward(), runs every
+  // to the layer as it is when the next forward() starts, and an edit (a mutable cache(),
+  // set_cache, reset), before that or after, ends it. decode_rule_step, after each one-token forward(), runs every
   // layer's rule with `budget` tokens per entry and returns the evicted tokens [layer][entry]
   // (none for layers without a rule), already gone from the cache. Others throw.
   virtual bool runs_decode_rules() const { return false; }

@@ -28,6 +28,20 @@ void check_rule_start(const DecodeRuleStart& start, const std::vector<std::int64
                                   " rows, its scores cover " + std::to_string(start.scores[e].size()));
 }
 
+std::vector<std::uint8_t> lowest_rows(const std::vector<double>& scores, std::int64_t candidates, std::int64_t count) {
+  std::vector<std::uint8_t> gone(scores.size(), 0);
+  candidates = std::min<std::int64_t>(candidates, static_cast<std::int64_t>(scores.size()));
+  for (; count > 0; --count) {
+    std::int64_t worst = -1;
+    for (std::int64_t m = 0; m < candidates; ++m)
+      if (!gone[static_cast<std::size_t>(m)] && (worst < 0 || scores[static_cast<std::size_t>(m)] < scores[static_cast<std::size_t>(worst)]))
+        worst = m;
+    if (worst < 0) break;
+    gone[static_cast<std::size_t>(worst)] = 1;
+  }
+  return gone;
+}
+
 std::vector<std::vector<std::int64_t>> decode_rule_step_ref(const DecodeRule& rule,
                                                             std::vector<std::vector<double>>& scores,
                                                             const std::vector<std::int64_t>& rows, const LastRowWeights& w,
@@ -64,16 +78,7 @@ std::vector<std::vector<std::int64_t>> decode_rule_step_ref(const DecodeRule& ru
       }
       sc[static_cast<std::size_t>(m)] += rule.combine == HeadCombine::Mean ? add / nh : add;
     }
-    const std::int64_t candidates = n - rule.protect_newest;
-    std::vector<std::uint8_t> gone(static_cast<std::size_t>(n), 0);
-    for (std::int64_t excess = n - budget; excess > 0; --excess) {
-      std::int64_t worst = -1;
-      for (std::int64_t m = 0; m < candidates; ++m)
-        if (!gone[static_cast<std::size_t>(m)] && (worst < 0 || sc[static_cast<std::size_t>(m)] < sc[static_cast<std::size_t>(worst)]))
-          worst = m;
-      if (worst < 0) break;
-      gone[static_cast<std::size_t>(worst)] = 1;
-    }
+    const std::vector<std::uint8_t> gone = lowest_rows(sc, n - rule.protect_newest, n - budget);
     std::size_t out = 0;
     for (std::int64_t m = 0; m < n; ++m) {
       if (gone[static_cast<std::size_t>(m)]) {

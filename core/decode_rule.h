@@ -54,6 +54,11 @@ std::vector<std::vector<std::int64_t>> decode_rule_step_ref(const DecodeRule& ru
                                                             const std::vector<std::int64_t>& rows, const LastRowWeights& w,
                                                             std::int64_t budget);
 
+// The eviction every decode rule makes (and H2O's and TOVA's own steps): flags the `count`
+// lowest-scored of scores[0, candidates), one at a time, ties to the lower index (the older row);
+// fewer when the candidates run out. [scores.size()] flags.
+std::vector<std::uint8_t> lowest_rows(const std::vector<double>& scores, std::int64_t candidates, std::int64_t count);
+
 // Checks a rule's start against the rows its entries hold (throws std::invalid_argument).
 void check_rule_start(const DecodeRuleStart& start, const std::vector<std::int64_t>& rows, int n_heads);
 

@@ -479,6 +479,7 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
     throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
   auto& lc = m.cache.at(static_cast<std::size_t>(layer));
   m.rules.at(static_cast<std::size_t>(layer)).on = false;
+  m.rule_ready = false;  // the last pass's weights are not over these rows
   const auto d = static_cast<std::size_t>(m.s.head_dim);
   // Packed prefixes are held as stored (a decode step reads them in place, a chunk unpacks the
   // layer first); the buffers hold the fp16 rows after them.
@@ -571,6 +572,7 @@ void CudaTransformer::keep_rows(int layer, int entry, std::span<const std::int64
                                 " is held packed; load the layer again instead");
   if (m.rules.at(static_cast<std::size_t>(layer)).on)
     throw std::invalid_argument("keep_rows: layer " + std::to_string(layer) + " evicts by its decode rule");
+  m.rule_ready = false;
   std::vector<std::int32_t> idx(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (rows[i] < 0 || rows[i] >= have || (i > 0 && rows[i] <= rows[i - 1]))
@@ -617,6 +619,7 @@ void CudaTransformer::start_rule(int layer, const DecodeRuleStart& start) {
   check_rule_start(start, lc.rows, m.s.n_head);
   auto& r = m.rules[static_cast<std::size_t>(layer)];
   r.on = false;
+  m.rule_ready = false;  // a step needs a pass over the rows the rule starts from
   const std::size_t scored = start.rule.layer_wide ? 1 : lc.rows.size();
   const std::int64_t most = *std::max_element(lc.rows.begin(), lc.rows.end());
   const std::int64_t cap = std::max<std::int64_t>(most + most / 4, Impl::kMinCacheRows);
@@ -639,41 +642,40 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
   KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
   if (!m.rule_ready) throw std::logic_error("rule_step: no one-row forward() with record_last since the last step");
   m.rule_ready = false;
+  budget = std::max<std::int64_t>(budget, 0);  // below 0 drops as much as 0 does
   const auto L = static_cast<std::size_t>(m.s.n_layers);
   std::vector<std::vector<std::vector<std::int64_t>>> out(L);
   // One report for every layer, sized by the most any entry can lose: rows - budget.
   std::int64_t most = 0;
   std::size_t widest = 0, n_rules = 0;
   for (std::size_t l = 0; l < L; ++l) {
-    if (!m.rules[l].on) continue;
+    const auto& r = m.rules[l];
+    if (!r.on) continue;
     ++n_rules;
     widest = std::max(widest, m.cache[l].rows.size());
-    for (auto r : m.cache[l].rows) most = std::max(most, r);
-  }
-  if (n_rules == 0) return out;
-  for (std::size_t l = 0; l < L; ++l) {
-    const auto& r = m.rules[l];
-    if (!r.on || !r.rule.accumulate) continue;
+    for (auto rows : m.cache[l].rows) most = std::max(most, rows);
+    if (!r.rule.accumulate) continue;
     for (std::size_t e = 0; e < r.scored_rows.size(); ++e)
       if (m.cache[l].rows[e] != r.scored_rows[e] + 1)
         throw std::invalid_argument("rule_step: entry " + std::to_string(e) + " of layer " + std::to_string(l) + " holds " +
                                     std::to_string(m.cache[l].rows[e]) + " rows, its scores cover " +
                                     std::to_string(r.scored_rows[e]) + " (one new row expected)");
   }
+  if (n_rules == 0) return out;
   const int report_stride = static_cast<int>(1 + std::max<std::int64_t>(most - budget, 0));
-  const std::size_t work = widest * static_cast<std::size_t>(most);
-  m.rule_gone.ensure(std::max<std::size_t>(work, 1), m.compute);
-  m.rule_kept.ensure(std::max<std::size_t>(work, 1) * sizeof(std::int32_t), m.compute);
   const std::size_t per_layer = widest * static_cast<std::size_t>(report_stride);
-  m.rule_report.ensure(n_rules * per_layer * sizeof(std::int32_t), m.compute);
-  std::size_t slot = 0;
-  for (std::size_t l = 0; l < L; ++l) {
-    auto& r = m.rules[l];
-    if (!r.on) continue;
-    auto& lc = m.cache[l];
-    const std::size_t scored = r.rule.layer_wide ? 1 : lc.rows.size();
-    const std::int64_t need = *std::max_element(lc.rows.begin(), lc.rows.end());
-    if (need > r.score_cap) {  // the scores grow with the cache, a quarter at a time
+  std::vector<std::int32_t> report(n_rules * per_layer);
+  try {
+    // Every buffer first: once a layer's kernels have run, nothing below may fail but the kernels.
+    const std::size_t work = widest * static_cast<std::size_t>(most);
+    m.rule_gone.ensure(std::max<std::size_t>(work, 1), m.compute);
+    m.rule_kept.ensure(std::max<std::size_t>(work, 1) * sizeof(std::int32_t), m.compute);
+    m.rule_report.ensure(n_rules * per_layer * sizeof(std::int32_t), m.compute);
+    for (std::size_t l = 0; l < L; ++l) {
+      auto& r = m.rules[l];
+      const std::int64_t need = r.on ? *std::max_element(m.cache[l].rows.begin(), m.cache[l].rows.end()) : 0;
+      if (need <= r.score_cap) continue;  // the scores grow with the cache, a quarter at a time
+      const std::size_t scored = r.rule.layer_wide ? 1 : m.cache[l].rows.size();
       const std::int64_t cap = need + need / 4;
       DeviceMem grown;
       grown.ensure(scored * static_cast<std::size_t>(cap) * sizeof(double), m.compute);
@@ -686,31 +688,46 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
       grown.release(m.compute);
       r.score_cap = cap;
     }
-    RuleStepArgs a;
-    a.rule = r.rule;
-    a.weights = m.probs.as<float>() + l * static_cast<std::size_t>(m.s.n_head) * static_cast<std::size_t>(m.last_stride);
-    a.stride = m.last_stride;
-    a.n_heads = m.s.n_head;
-    a.heads_per_entry = m.s.n_head / static_cast<int>(lc.rows.size());
-    a.rows = m.entry_rows(lc, 0);
-    a.scores = r.scores.as<double>();
-    a.score_stride = r.score_cap;
-    a.gone = m.rule_gone.as<std::uint8_t>();
-    a.kept = m.rule_kept.as<std::int32_t>();
-    a.work_stride = most;
-    a.report = m.rule_report.as<std::int32_t>() + slot * per_layer;
-    a.report_stride = report_stride;
-    a.budget = budget;
-    KVSIM_CUDA_CHECK(decode_rule_step(a, m.compute));
-    KVSIM_CUDA_CHECK(compact_kept_rows(a, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), lc.capacity, m.s.head_dim,
-                                       m.compute));
-    ++slot;
+    std::size_t slot = 0;
+    for (std::size_t l = 0; l < L; ++l) {
+      auto& r = m.rules[l];
+      if (!r.on) continue;
+      auto& lc = m.cache[l];
+      RuleStepArgs a;
+      a.rule = r.rule;
+      a.weights = m.probs.as<float>() + l * static_cast<std::size_t>(m.s.n_head) * static_cast<std::size_t>(m.last_stride);
+      a.stride = m.last_stride;
+      a.n_heads = m.s.n_head;
+      a.heads_per_entry = m.s.n_head / static_cast<int>(lc.rows.size());
+      a.rows = m.entry_rows(lc, 0);
+      a.scores = r.scores.as<double>();
+      a.score_stride = r.score_cap;
+      a.gone = m.rule_gone.as<std::uint8_t>();
+      a.kept = m.rule_kept.as<std::int32_t>();
+      a.work_stride = most;
+      a.report = m.rule_report.as<std::int32_t>() + slot * per_layer;
+      a.report_stride = report_stride;
+      a.budget = budget;
+      KVSIM_CUDA_CHECK(decode_rule_step(a, m.compute));
+      KVSIM_CUDA_CHECK(compact_kept_rows(a, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), lc.capacity, m.s.head_dim,
+                                         m.compute));
+      ++slot;
+    }
+    KVSIM_CUDA_CHECK(cudaMemcpyAsync(report.data(), m.rule_report.ptr, report.size() * sizeof(std::int32_t),
+                                     cudaMemcpyDeviceToHost, m.compute));
+    KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
+  } catch (...) {
+    // Some layers may be compacted and some not: every rule layer is left empty and its rule off,
+    // as a load that fails part-way leaves a layer (the caller reloads).
+    cudaStreamSynchronize(m.compute);
+    for (std::size_t l = 0; l < L; ++l)
+      if (m.rules[l].on) {
+        m.rules[l].on = false;
+        m.cache[l].rows.assign(m.cache[l].rows.size(), 0);
+      }
+    throw;
   }
-  std::vector<std::int32_t> report(n_rules * per_layer);
-  KVSIM_CUDA_CHECK(cudaMemcpyAsync(report.data(), m.rule_report.ptr, report.size() * sizeof(std::int32_t),
-                                   cudaMemcpyDeviceToHost, m.compute));
-  KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));
-  slot = 0;
+  std::size_t slot = 0;
   for (std::size_t l = 0; l < L; ++l) {
     if (!m.rules[l].on) continue;
     auto& lc = m.cache[l];
@@ -729,7 +746,8 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
 
 std::span<const float> CudaTransformer::last_attention(int layer, int q_head) const {
   const Impl& m = *impl_;
-  if (!m.last_on_host) throw std::logic_error("last_attention: the last-row weights were not handed to the host");
+  if (m.last.empty())
+    throw std::logic_error("last_attention: the last forward() recorded no last-row weights, or left them on the device");
   const auto& row = m.last.at(static_cast<std::size_t>(layer));
   const std::int64_t seen = m.last_seen.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
   return {row.data() + static_cast<std::size_t>(q_head * m.last_stride), static_cast<std::size_t>(seen)};
@@ -780,11 +798,11 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
   const QkvShape qs{s.n_head, s.n_head_kv, d, s.rope.rope_dim, s.rope.type == RopeType::Neox};
 
   // Last-row weights: one device block [layers, n_head, stride], fetched once after the layers.
+  m.last.clear();  // until this pass succeeds there are no weights to hand out
   if (record_last) {
     std::int64_t most = 0;
     for (const auto& lc : m.cache)
       for (auto r : lc.rows) most = std::max(most, r + n);
-    m.last.clear();  // until this pass succeeds there are no weights to hand out
     m.last_stride = most;
     m.probs.ensure(static_cast<std::size_t>(s.n_layers) * s.n_head * most * sizeof(float), st);
     m.last_seen.assign(static_cast<std::size_t>(s.n_layers), std::vector<std::int64_t>(static_cast<std::size_t>(s.n_head)));

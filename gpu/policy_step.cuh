@@ -3,7 +3,10 @@
 // weights the decode left on the device, the rule's evictions, and the cache compacted in
 // place, so neither the weights nor the cache rows go to the host; only the evicted rows do (a
 // few integers per entry). The CPU reference is decode_rule_step_ref, held to exactly: the
-// scores are double and combined in the reference's order.
+// scores are double and combined in the reference's order. (The weights are softmax outputs,
+// never NaN; with NaN the block's argmin order and the reference's would differ.) Scores are
+// held in double, 8 bytes a row, where the policies' byte budgets count the fp32 the papers keep:
+// double makes the device's evictions the host's exactly.
 #include <cuda_runtime.h>
 
 #include <cstdint>

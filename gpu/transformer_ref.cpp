@@ -78,6 +78,7 @@ const std::vector<float>& TransformerRef::w(WeightId id, int layer) const {
 void TransformerRef::reset() {
   cache_.assign(static_cast<std::size_t>(s_.n_layers), std::vector<Entry>(static_cast<std::size_t>(s_.n_head_kv)));
   rules_.assign(static_cast<std::size_t>(s_.n_layers), std::nullopt);
+  packed_layer_.assign(static_cast<std::size_t>(s_.n_layers), false);
   rule_ready_ = false;
 }
 
@@ -89,6 +90,9 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
     if (const PackedEntry* p = entries[e].packed) check_host_packed(*p, entries[e].rows, s_.head_dim, static_cast<int>(e));
   auto& dst = cache_.at(static_cast<std::size_t>(layer));
   rules_.at(static_cast<std::size_t>(layer)).reset();
+  rule_ready_ = false;  // the last pass's weights are not over these rows
+  packed_layer_[static_cast<std::size_t>(layer)] =
+      std::any_of(entries.begin(), entries.end(), [](const HostEntry& e) { return e.packed != nullptr; });
   dst.assign(entries.size(), Entry{});
   const auto d = static_cast<std::size_t>(s_.head_dim);
   for (std::size_t e = 0; e < entries.size(); ++e) {
@@ -113,6 +117,7 @@ void TransformerRef::keep_rows(int layer, int entry, std::span<const std::int64_
   Entry& en = cache_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry));
   if (rules_.at(static_cast<std::size_t>(layer)))
     throw std::invalid_argument("keep_rows: layer " + std::to_string(layer) + " evicts by its decode rule");
+  rule_ready_ = false;
   const auto d = static_cast<std::size_t>(s_.head_dim);
   const auto have = static_cast<std::int64_t>(en.k.size() / d);
   Entry kept;
@@ -143,13 +148,19 @@ std::span<const float> TransformerRef::entry_v(int layer, int entry) const {
 void TransformerRef::start_rule(int layer, const DecodeRuleStart& start) {
   std::vector<std::int64_t> held;
   for (int e = 0; e < entries(layer); ++e) held.push_back(rows(layer, e));
+  // As the GPU: a rule compacts fp16 rows, and a packed layer has its packed prefix.
+  if (packed_layer_.at(static_cast<std::size_t>(layer)))
+    throw std::invalid_argument("start_rule: layer " + std::to_string(layer) +
+                                " holds packed entries; a decode rule compacts fp16 rows");
   check_rule_start(start, held, s_.n_head);
   rules_.at(static_cast<std::size_t>(layer)) = start;
+  rule_ready_ = false;  // a step needs a pass over the rows the rule starts from
 }
 
 std::vector<std::vector<std::vector<std::int64_t>>> TransformerRef::rule_step(std::int64_t budget) {
   if (!rule_ready_) throw std::logic_error("rule_step: no one-row forward() with record_last since the last step");
   rule_ready_ = false;
+  budget = std::max<std::int64_t>(budget, 0);
   std::vector<std::vector<std::vector<std::int64_t>>> out(static_cast<std::size_t>(s_.n_layers));
   for (int l = 0; l < s_.n_layers; ++l) {
     auto& rule = rules_[static_cast<std::size_t>(l)];
@@ -161,6 +172,8 @@ std::vector<std::vector<std::vector<std::int64_t>>> TransformerRef::rule_step(st
     std::vector<float> w(static_cast<std::size_t>(s_.n_head * stride), 0.0f);
     for (int h = 0; h < s_.n_head; ++h) {
       const auto& row = last_[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
+      if (static_cast<std::int64_t>(row.size()) != held[static_cast<std::size_t>(h / (s_.n_head / ne))])
+        throw std::logic_error("rule_step: the last-row weights of layer " + std::to_string(l) + " are not over its rows");
       std::copy(row.begin(), row.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
     }
     out[static_cast<std::size_t>(l)] =
@@ -187,7 +200,8 @@ std::vector<std::vector<std::vector<std::int64_t>>> TransformerRef::rule_step(st
 }
 
 std::span<const float> TransformerRef::last_attention(int layer, int q_head) const {
-  if (!last_on_host_) throw std::logic_error("last_attention: the last-row weights were not handed to the host");
+  if (!last_handed_)
+    throw std::logic_error("last_attention: the last forward() recorded no last-row weights, or left them on the device");
   return last_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
 }
 
@@ -215,7 +229,7 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
     if (t < 0 || t >= V) throw std::invalid_argument("forward: token id " + std::to_string(t) + " out of range");
     std::copy_n(embd.begin() + t * E, E, x.begin() + i * E);
   }
-  rule_ready_ = false;
+  rule_ready_ = last_handed_ = false;
   if (record_last) last_.assign(static_cast<std::size_t>(s_.n_layers), std::vector<std::vector<float>>(static_cast<std::size_t>(Hq)));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> q(static_cast<std::size_t>(n * Q)), k(static_cast<std::size_t>(n * K)), v(k.size());
@@ -318,6 +332,7 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
     matmul(hr, static_cast<std::int64_t>(logit_rows.size()), out_w, V, E, logits.data(), false);
   }
   rule_ready_ = n == 1 && record_last;
+  last_handed_ = record_last && last_on_host_;
   return logits;
 }
 

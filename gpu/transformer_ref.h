@@ -47,7 +47,8 @@ class TransformerRef : public TransformerBackend {
   std::vector<std::vector<float>> weights_;  // [(layer + 1) * n_ids + id]
   std::vector<std::vector<Entry>> cache_;
   std::vector<std::vector<std::vector<float>>> last_;  // [layer][q head]
-  bool last_on_host_ = true;
+  bool last_on_host_ = true, last_handed_ = false;  // the last forward() handed its weights to the host
+  std::vector<bool> packed_layer_;                   // [layer] loaded with packed entries
   std::vector<std::optional<DecodeRuleStart>> rules_;  // [layer]
   bool rule_ready_ = false;  // a one-row forward() with record_last since the last rule step
   std::vector<float> cos_, sin_;

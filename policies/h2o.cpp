@@ -36,22 +36,14 @@ class H2oDecode : public DecodeState {
         }
         sc[m] += gqa_ == GqaAgg::Mean ? add / group_ : add;
       }
-      auto excess = static_cast<std::int64_t>(cache.size()) - s.budget;
-      const auto candidates = static_cast<std::int64_t>(cache.size()) - recent_;  // the rest is the recent window
-      std::vector<std::uint8_t> gone(cache.size(), 0);
-      for (; excess > 0; --excess) {
-        // Lowest score outside the recent window; ties drop the older token.
-        std::int64_t worst = -1;
-        for (std::int64_t m = 0; m < candidates; ++m)
-          if (!gone[static_cast<std::size_t>(m)] && (worst < 0 || sc[static_cast<std::size_t>(m)] < sc[static_cast<std::size_t>(worst)]))
-            worst = m;
-        if (worst < 0) break;
-        gone[static_cast<std::size_t>(worst)] = 1;
-        evict[kv].push_back(cache[static_cast<std::size_t>(worst)]);
-      }
+      // Lowest scores outside the recent window (the newest recent_ tokens); ties drop the older token.
+      const auto size = static_cast<std::int64_t>(cache.size());
+      const std::vector<std::uint8_t> gone = lowest_rows(sc, size - recent_, size - s.budget);
       std::size_t out = 0;
-      for (std::size_t m = 0; m < sc.size(); ++m)
-        if (!gone[m]) sc[out++] = sc[m];
+      for (std::size_t m = 0; m < sc.size(); ++m) {
+        if (gone[m]) evict[kv].push_back(cache[m]);
+        else sc[out++] = sc[m];
+      }
       sc.resize(out);
     }
   }

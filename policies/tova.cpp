@@ -22,17 +22,12 @@ class TovaDecode : public DecodeState {
     std::vector<double> mean(cache.size(), 0.0);
     for (const auto& w : s.attention)
       for (std::size_t m = 0; m < cache.size(); ++m) mean[m] += w[m];
-    std::vector<std::uint8_t> gone(cache.size(), 0);
-    auto excess = static_cast<std::int64_t>(cache.size()) - s.budget;
-    for (; excess > 0; --excess) {
-      // Lowest mean weight, the newest token (the current query) excluded; ties drop the older.
-      std::size_t worst = cache.size();
-      for (std::size_t m = 0; m + 1 < cache.size(); ++m)
-        if (!gone[m] && (worst == cache.size() || mean[m] < mean[worst])) worst = m;
-      if (worst == cache.size()) break;
-      gone[worst] = 1;
-      for (auto& e : evict) e.push_back(cache[worst]);
-    }
+    // Lowest mean weight, the newest token (the current query) excluded; ties drop the older.
+    const auto size = static_cast<std::int64_t>(cache.size());
+    const std::vector<std::uint8_t> gone = lowest_rows(mean, size - 1, size - s.budget);
+    for (std::size_t m = 0; m < cache.size(); ++m)
+      if (gone[m])
+        for (auto& e : evict) e.push_back(cache[m]);
   }
   // The mean over heads orders tokens as their sum does: the rule sums, as step() does.
   std::optional<DecodeRuleStart> rule() const override { return DecodeRuleStart{DecodeRule{false, true, HeadCombine::Sum, 1}, {}}; }

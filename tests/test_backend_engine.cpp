@@ -314,3 +314,57 @@ TEST_CASE("capture on the backend engine (the --device cuda path, over the CPU r
   }
 }
 
+
+TEST_CASE("backend engine: decode rules start at the next pass, step on the backend and end at an edit", "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  BackendEngine eng(gguf, reference_backend(gguf));
+  const int L = eng.config().n_layers;
+  std::vector<std::int32_t> prompt(12);
+  std::iota(prompt.begin(), prompt.end(), 100);
+  eng.prefill(prompt);
+  const DecodeRuleStart tova{DecodeRule{false, true, HeadCombine::Sum, 1}, {}};
+  auto start_all = [&] {
+    for (int l = 0; l < L; ++l) eng.start_decode_rule(l, tova);
+  };
+  CHECK_THROWS_WITH(eng.decode_rule_step(10), Catch::Contains("no decode rule is running"));
+  start_all();
+  CHECK_THROWS_WITH(eng.decode_rule_step(10), Catch::Contains("no decode rule is running"));  // pending until a pass
+  eng.step(5);
+  auto gone = eng.decode_rule_step(10);  // 13 rows: three go, the same from every entry, mirror included
+  for (int l = 0; l < L; ++l)
+    for (std::size_t e = 0; e < gone[static_cast<std::size_t>(l)].size(); ++e) {
+      INFO("layer " << l << " entry " << e);
+      const auto& g = gone[static_cast<std::size_t>(l)][e];
+      CHECK(g.size() == 3);
+      CHECK(g == gone[static_cast<std::size_t>(l)][0]);
+      const auto& tokens = std::as_const(eng).cache().layers[static_cast<std::size_t>(l)][e].tokens;
+      CHECK(tokens.size() == 10);
+      for (const auto t : g) CHECK(std::find(tokens.begin(), tokens.end(), t) == tokens.end());
+      CHECK(tokens.back() == 12);  // the newest token is protected
+    }
+  // Once per pass; a refused step leaves the rules running.
+  CHECK_THROWS_WITH(eng.decode_rule_step(10), Catch::Contains("no one-row forward"));
+  eng.step(6);
+  gone = eng.decode_rule_step(10);
+  CHECK(gone[0][0].size() == 1);
+  const std::int32_t cached = std::as_const(eng).cache().layers[0][0].tokens[0];
+  CHECK_THROWS_WITH(eng.evict(0, 0, std::vector<std::int32_t>{cached}), Catch::Contains("evicts by its decode rule"));
+  // An edit ends them, running or pending.
+  eng.cache();
+  eng.step(7);
+  CHECK_THROWS_WITH(eng.decode_rule_step(10), Catch::Contains("no decode rule is running"));
+  start_all();
+  eng.cache();
+  eng.step(8);
+  CHECK_THROWS_WITH(eng.decode_rule_step(10), Catch::Contains("no decode rule is running"));
+  // A rule that does not fit the cache is refused at the pass that would start it; none starts,
+  // and the pass after that runs.
+  start_all();
+  eng.start_decode_rule(3, DecodeRuleStart{DecodeRule{}, {{1.0}}});  // H2O-like scores for one entry of three
+  CHECK_THROWS_WITH(eng.step(9), Catch::Contains("scores for 1 entries, expected 3"));
+  const std::int64_t seen = eng.cached_tokens();
+  eng.step(9);
+  CHECK(eng.cached_tokens() == seen + 1);
+  CHECK_THROWS_WITH(eng.decode_rule_step(10), Catch::Contains("no decode rule is running"));
+}

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/packed_kv.h"
 #include "gpu/parity_shapes.h"
+#include "gpu/random_inputs.h"
 #include "gpu/random_packed.h"
 #include "gpu/transformer_ref.h"
 #include "nmse_check.h"
@@ -307,4 +308,53 @@ TEST_CASE("reference transformer runs every small geometry of the parity harness
     for (float x : a) norm += static_cast<double>(x) * x;
     CHECK(norm / static_cast<double>(a.size()) > 1e-3);
   }
+}
+
+TEST_CASE("reference transformer: decode rules step over the last pass's weights only", "[transformer_ref]") {
+  const TransformerShape s = qwen_like_shape();
+  TransformerRef ref(s, DeviceWeights::F32);
+  random_weights(s, 7, ref.sink());
+  const auto tokens = iota_tokens(20, 3, 7, s.vocab);
+  ref.forward(tokens, positions(0, 20), {}, false, false);
+  const DecodeRuleStart tova{DecodeRule{false, true, HeadCombine::Sum, 1}, {}};
+  for (int l = 0; l < s.n_layers; ++l) ref.start_rule(l, tova);
+  CHECK_THROWS_AS(ref.rule_step(16), std::logic_error);  // no decode pass yet
+  const std::vector<std::int32_t> one = {tokens[2]}, at = {20};
+  const std::vector<std::int64_t> row0 = {0};
+  // The weights stay with the backend unless asked for; the rule reads them all the same.
+  ref.set_last_on_host(false);
+  ref.forward(one, at, row0, false, true);
+  CHECK_THROWS_AS(ref.last_attention(0, 0), std::logic_error);
+  const auto gone = ref.rule_step(16);  // 21 rows, budget 16: five go from every entry, the same five
+  for (int l = 0; l < s.n_layers; ++l) {
+    REQUIRE(gone[static_cast<std::size_t>(l)].size() == static_cast<std::size_t>(ref.entries(l)));
+    for (int e = 0; e < ref.entries(l); ++e) {
+      CHECK(gone[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)] == gone[static_cast<std::size_t>(l)][0]);
+      CHECK(gone[static_cast<std::size_t>(l)][0].size() == 5);
+      CHECK(ref.rows(l, e) == 16);
+    }
+  }
+  CHECK_THROWS_AS(ref.rule_step(16), std::logic_error);  // once per pass
+  CHECK_THROWS_WITH(ref.keep_rows(0, 0, std::vector<std::int64_t>{0}), Catch::Contains("evicts by its decode rule"));
+  // A pass, then a reload and a new rule: the pass's weights are not over the reloaded rows.
+  ref.set_last_on_host(true);
+  ref.forward(std::vector<std::int32_t>{tokens[3]}, std::vector<std::int32_t>{21}, row0, false, true);
+  CHECK(ref.last_attention(0, 0).size() == 17);
+  std::vector<std::vector<float>> k, v;
+  std::vector<HostEntry> entries;
+  for (int e = 0; e < ref.entries(0); ++e) {
+    k.emplace_back(ref.entry_k(0, e).begin(), ref.entry_k(0, e).begin() + 8 * s.head_dim);
+    v.emplace_back(ref.entry_v(0, e).begin(), ref.entry_v(0, e).begin() + 8 * s.head_dim);
+  }
+  for (int e = 0; e < ref.entries(0); ++e) entries.push_back({8, k[static_cast<std::size_t>(e)].data(), v[static_cast<std::size_t>(e)].data()});
+  ref.load_layer(0, entries);
+  ref.start_rule(0, tova);
+  CHECK_THROWS_AS(ref.rule_step(16), std::logic_error);
+  // A packed layer refuses rules, as the GPU does (a rule compacts fp16 rows).
+  std::mt19937 rng(5);
+  const PackedLayer packed = random_packed_layer(s, 1, 20, [&](int, bool) {
+    return gaussian(static_cast<std::size_t>(20 * s.head_dim), rng);
+  }, rng);
+  ref.load_layer(1, packed.entries());
+  CHECK_THROWS_WITH(ref.start_rule(1, tova), Catch::Contains("holds packed entries"));
 }

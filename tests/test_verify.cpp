@@ -262,8 +262,8 @@ TEST_CASE("decode-time rules stepped inside the backend engine evict what the ho
   for (std::size_t i = 0; i < configs.size(); ++i) {
     INFO(configs[i].label());
     const LiveConfigResult &e = in_engine.configs[i], &h = on_host.configs[i];
-    CHECK(e.steps_in_engine);
-    CHECK_FALSE(h.steps_in_engine);
+    CHECK(e.policy_steps == "engine");
+    CHECK(h.policy_steps == "host");
     CHECK(e.steps > 0);
     CHECK(e.final_kept == h.final_kept);  // the same tokens evicted at every step, in every layer
     CHECK(e.final_kept != e.kept);        // and some were

@@ -369,7 +369,7 @@ struct LiveVerifier::Impl {
         out.host_weights = true;
       }
     }
-    res.steps_in_engine = out.any_in_engine;
+    res.policy_steps = !out.any_state ? "none" : out.any_in_engine ? "engine" : "host";
     const auto rows = static_cast<double>(std::as_const(model).cache().entries_rows());
     res.compressed_bytes = cache_bytes(out.budget, rows, entries, g.n_layers) - codec_saving;
     res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;

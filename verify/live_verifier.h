@@ -46,7 +46,9 @@ struct LiveConfigResult {
   double kept_fraction = 1;        // K/V rows after compression / rows of the full cache
   double compressed_bytes = 0, budget_bytes = 0;
   std::int64_t final_rows = 0;     // K/V rows in the cache after the teacher-forced continuation
-  bool steps_in_engine = false;    // the decode-time policy stepped inside the engine (a rule)
+  // Where the decode-time policy stepped: "engine" (its rule, inside the engine), "host", or
+  // "none" (a one-shot policy).
+  std::string policy_steps = "none";
   double seconds = 0;
   // The kept tokens right after compression, [layer][entry] (for the agreement tests), and after
   // the teacher-forced continuation (what decode-time eviction left).

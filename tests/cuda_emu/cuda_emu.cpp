@@ -20,9 +20,11 @@
 // swapcontext makes a system call each time (it saves the signal mask): on x86-64 a switch is
 // the callee-saved registers, the SSE and x87 control words and the stack pointer, in user space.
 // kvsim_emu_switch(&save, load) stores the current stack pointer in save and resumes the one in
-// load; a new thread's first resume "returns" into kvsim_emu_start, which calls rbx.
+// load; a new thread's first resume "returns" into kvsim_emu_start, which calls rbx. A return to
+// another stack is what a CET shadow stack forbids: this file is built without -fcf-protection
+// (tests/CMakeLists.txt), so a binary holding it never claims shadow-stack support.
 asm(R"(
-  .text
+  .pushsection .text
   .globl kvsim_emu_switch
   .type kvsim_emu_switch, @function
 kvsim_emu_switch:
@@ -55,8 +57,7 @@ kvsim_emu_start:
   callq *%rbx
   ud2
   .size kvsim_emu_start, .-kvsim_emu_start
-  .section .note.GNU-stack,"",@progbits
-  .text
+  .popsection
 )");
 extern "C" void kvsim_emu_switch(void** save, void* load);
 extern "C" void kvsim_emu_start();
