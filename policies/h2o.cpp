@@ -73,7 +73,15 @@ class H2o : public ScoringPolicy {
     std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
     for (int q = 0; q < g.n_q_heads; ++q) {
       const auto cached = s.cached(q / g.group());
-      auto col = column_sums(s.observed_attention(q).view());
+      // Row blocks in order: the same sums as over the whole matrix, never n x n at once.
+      std::vector<float> col(cached.size(), 0.0f);
+      s.visit_observed_attention(q, [&](std::int64_t, const MatrixView& block) {
+        if (block.cols != static_cast<std::int64_t>(col.size()))
+          throw Error("h2o: observed attention over " + std::to_string(block.cols) + " tokens, the head caches " +
+                      std::to_string(col.size()));
+        for (std::int64_t i = 0; i < block.rows; ++i)
+          for (std::int64_t j = 0; j < block.cols; ++j) col[static_cast<std::size_t>(j)] += block.at(i, j);
+      });
       if (normalize_) {
         // kvpress normalisation: divide by how many observed queries could see each token, so
         // early tokens are not favoured just for being visible longer.

@@ -163,13 +163,15 @@ class KvzipProxy : public KvzipBase {
     if (all_queries_) require_all_prompt_queries(s, begin, "kvzip_proxy");
     const auto rows = s.observed_rows();
     for (int qh = 0; qh < g.n_q_heads; ++qh) {
-      const OwnedMatrix a = s.observed_attention(qh);
       HeadScores& hs = out[static_cast<std::size_t>(qh / g.group())];
-      for (std::int64_t r = 0; r < a.rows; ++r) {
-        if (rows[static_cast<std::size_t>(r)] < begin || rows[static_cast<std::size_t>(r)] >= end) continue;
-        const float* row = a.data.data() + r * a.cols;
-        for (std::int64_t m = 0; m < a.cols; ++m) hs.score[static_cast<std::size_t>(m)] = std::max(hs.score[static_cast<std::size_t>(m)], row[m]);
-      }
+      s.visit_observed_attention(qh, [&](std::int64_t first, const MatrixView& a) {
+        for (std::int64_t r = 0; r < a.rows; ++r) {
+          const auto row_token = rows[static_cast<std::size_t>(first + r)];
+          if (row_token < begin || row_token >= end) continue;
+          const float* row = a.row(r);
+          for (std::int64_t m = 0; m < a.cols; ++m) hs.score[static_cast<std::size_t>(m)] = std::max(hs.score[static_cast<std::size_t>(m)], row[m]);
+        }
+      });
     }
     return out;
   }

@@ -81,6 +81,13 @@ class LayerSignals {
   // [m, cached], and those tokens' indices. Computed on each call and owned by the caller: with
   // every prompt query recorded it is n x n per query head, too large to keep for a layer.
   virtual OwnedMatrix observed_attention(int q_head) const = 0;
+  // The same rows in blocks of consecutive rows, in order: visit(first_row, block), block
+  // [rows, cached]. For policies that reduce over the rows (column sums, maxima): a long prompt's
+  // n x n per head is then never held at once. By default one block, observed_attention().
+  virtual void visit_observed_attention(int q_head, const std::function<void(std::int64_t, const MatrixView&)>& visit) const {
+    const OwnedMatrix a = observed_attention(q_head);
+    visit(0, a.view());
+  }
   virtual std::span<const std::int32_t> observed_rows() const = 0;
   // The recorded post-RoPE queries of those tokens, [m, d] (rows as observed_rows()).
   virtual MatrixView observed_queries(int q_head) const = 0;

@@ -94,6 +94,23 @@ class CacheSignals final : public LayerSignals {
     const Mat s = compute_attention(q_head, 0, m);
     return OwnedMatrix{std::vector<float>(s.data(), s.data() + s.size()), s.rows(), s.cols()};
   }
+  // Blocks of at most kBlockFloats floats (16 MB), computed one at a time; a matrix small enough
+  // to keep is one block, the one observed_attention() keeps.
+  void visit_observed_attention(int q_head, const std::function<void(std::int64_t, const MatrixView&)>& visit) const override {
+    const auto m = static_cast<std::int64_t>(observed_.size());
+    const auto n = static_cast<std::int64_t>(tokens_[static_cast<std::size_t>(q_head / g_.group())].size());
+    if (m == 0 || m * n <= (std::int64_t{1} << 20)) {
+      const OwnedMatrix a = observed_attention(q_head);
+      visit(0, a.view());
+      return;
+    }
+    const std::int64_t step = std::max<std::int64_t>(1, kBlockFloats / std::max<std::int64_t>(n, 1));
+    for (std::int64_t first = 0; first < m; first += step) {
+      const Mat block = compute_attention(q_head, first, std::min(step, m - first));
+      visit(first, view(block));
+    }
+  }
+  static constexpr std::int64_t kBlockFloats = std::int64_t{1} << 22;
   std::span<const std::int32_t> observed_rows() const override { return observed_; }
   MatrixView observed_queries(int q_head) const override {
     std::lock_guard<std::mutex> lock(mu_);

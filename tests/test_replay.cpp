@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "policies/registry.h"
+#include "sim/cache_signals.h"
 #include "sim/replay.h"
 #include "trace_fixtures.h"
 
@@ -437,4 +438,56 @@ TEST_CASE("re-tiering replay: unchanged tiers score as one shot; qevict re-tiers
   CHECK(once.final_bytes > once.budget_bytes);  // never re-tiered: every decode token stays
   CHECK(retier.keep_hash != once.keep_hash);
   CHECK(retier.mean_kl != once.mean_kl);
+}
+
+TEST_CASE("a long prompt's observed attention is visited in row blocks, never n x n at once", "[replay]") {
+  using replay_detail::CacheSignals;
+  using replay_detail::CacheView;
+  using replay_detail::FloatBuffer;
+  using replay_detail::Mat;
+  const std::int64_t n = 2100;  // n x n = 4.4M floats per head: past one 4M-float block
+  const int d = 8;
+  KvGeometry g;
+  g.n_layers = 1, g.n_q_heads = 2, g.n_kv_heads = 1, g.head_dim = d;
+  RequestHeader h;
+  h.id = "long";
+  for (std::int64_t t = 0; t < n; ++t) {
+    h.tokens.push_back(1);
+    h.positions.push_back(static_cast<std::int32_t>(t));
+    h.segments.push_back(1);
+    h.q_index.push_back(static_cast<std::int32_t>(t));
+  }
+  h.n_prompt = n;
+  h.question_start = n;
+  std::srand(3);
+  FloatBuffer q(static_cast<std::size_t>(n * g.n_q_heads * d));
+  for (auto& x : q) x = static_cast<float>(std::rand() % 200 - 100) / 50.0f;
+  CacheView view;
+  view.tokens.emplace_back();
+  for (std::int64_t t = 0; t < n; ++t) view.tokens[0].push_back(static_cast<std::int32_t>(t));
+  view.keys.push_back(Mat::Random(n, d));
+  view.values.push_back(Mat::Random(n, d));
+  const CacheSignals s("test", g, 0, n, h, q, view);
+  for (int qh = 0; qh < g.n_q_heads; ++qh) {
+    const OwnedMatrix whole = s.observed_attention(qh);
+    std::int64_t next = 0, blocks = 0;
+    double worst = 0;
+    s.visit_observed_attention(qh, [&](std::int64_t first, const MatrixView& b) {
+      CHECK(first == next);  // consecutive, in order
+      CHECK(b.rows * b.cols <= CacheSignals::kBlockFloats);
+      REQUIRE(b.cols == n);
+      for (std::int64_t i = 0; i < b.rows; ++i)
+        for (std::int64_t j = 0; j < n; ++j)
+          worst = std::max(worst, std::abs(static_cast<double>(b.at(i, j)) - whole.data[static_cast<std::size_t>((first + i) * n + j)]));
+      next = first + b.rows;
+      ++blocks;
+    });
+    CHECK(next == n);
+    CHECK(blocks == 2);
+    CHECK(worst < 1e-6);  // the same softmax rows (a smaller GEMM may sum in another order)
+  }
+  // H2O scores from the blocks: every token's accumulated attention, the prompt's n rows summed.
+  const auto inst = PolicyRegistry::instance().create("h2o:phase=prefill");
+  const LayerPlan plan = inst.policy->compress(s, Budget{n / 2, 0.5});
+  CHECK(plan.heads[0].kept() == n / 2);
 }
