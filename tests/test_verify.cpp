@@ -51,6 +51,12 @@ std::vector<ReplayConfig> all_configs(const std::vector<double>& budgets) {
   return out;
 }
 
+ReplayConfig config_of(const std::string& spec, double budget) {
+  PolicyInstance inst = PolicyRegistry::instance().create(spec);
+  std::shared_ptr<const Policy> impl(std::move(inst.policy));
+  return {inst.name, inst.params, impl, budget};
+}
+
 void require_model() {
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
 }
@@ -172,10 +178,7 @@ TEST_CASE("live qevict re-tiers while decoding and holds its byte budget", "[ver
   require_model();
   const GgufFile gguf(KVSIM_TEST_MODEL);
   std::vector<ReplayConfig> configs;
-  for (const std::string spec : {"qevict:retier=2", "qevict:retier=0"}) {
-    PolicyInstance inst = PolicyRegistry::instance().create(spec);
-    configs.push_back({inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.3});
-  }
+  for (const std::string spec : {"qevict:retier=2", "qevict:retier=0"}) configs.push_back(config_of(spec, 0.3));
   for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
     INFO(mode_name(mode));
     VerifyOptions o;
@@ -202,11 +205,8 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
   // Eviction (one-shot and at every decode step), a quantized and a low-rank codec (their tokens
   // travel packed to the backend), and three tiers.
   std::vector<ReplayConfig> configs;
-  for (const std::string spec : {"snapkv", "h2o", "intn:bits=4", "lowrank", "qevict"}) {
-    PolicyInstance inst = PolicyRegistry::instance().create(spec);
-    std::shared_ptr<const Policy> impl(std::move(inst.policy));
-    configs.push_back({inst.name, inst.params, impl, spec == "lowrank" ? 0.5 : 0.25});
-  }
+  for (const std::string spec : {"snapkv", "h2o", "intn:bits=4", "lowrank", "qevict"})
+    configs.push_back(config_of(spec, spec == "lowrank" ? 0.5 : 0.25));
   LiveVerifier cpu(gguf, o);
   auto backend = std::make_unique<test::CountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)),
                                                          gpu::DeviceWeights::F32);
@@ -239,11 +239,7 @@ TEST_CASE("decode-time rules stepped inside the backend engine evict what the ho
   o.max_new = 8;
   o.weights = WeightFormat::F32;
   std::vector<ReplayConfig> configs;
-  for (const std::string spec : {"h2o", "h2o:gqa=max,recent_ratio=0.25", "tova"}) {
-    PolicyInstance inst = PolicyRegistry::instance().create(spec);
-    std::shared_ptr<const Policy> impl(std::move(inst.policy));
-    configs.push_back({inst.name, inst.params, impl, 0.2});
-  }
+  for (const std::string spec : {"h2o", "h2o:gqa=max,recent_ratio=0.25", "tova"}) configs.push_back(config_of(spec, 0.2));
   const auto shape = transformer_shape(LlamaConfig::from_gguf(gguf));
   auto run = [&](bool in_engine, int& rule_steps) {
     VerifyOptions oo = o;

@@ -384,16 +384,17 @@ struct LiveVerifier::Impl {
     std::vector<float> logits = model.step(token);
     if (!cs.any_state) return logits;
     const auto t = model.cached_tokens() - 1;
+    // An eviction policy's cache fits its budget after every step (a protected window may not let it).
+    auto check_budget = [&](const KvEntry& entry) {
+      if (entry.rows() > std::max<std::int64_t>(cs.budget.tokens, 0))
+        throw Error("policy " + label + ": cache holds " + std::to_string(entry.rows()) + " tokens after step " +
+                    std::to_string(t) + ", over its budget of " + std::to_string(cs.budget.tokens));
+    };
     if (cs.any_in_engine) {
       model.decode_rule_step(cs.budget.tokens);  // the evicted tokens have left the cache already
-      for (int l = 0; l < g.n_layers; ++l) {
-        if (!cs.in_engine[static_cast<std::size_t>(l)]) continue;
-        const auto& layer = std::as_const(model).cache().layers[static_cast<std::size_t>(l)];
-        for (std::size_t kv = 0; kv < layer.size(); ++kv)
-          if (layer[kv].rows() > std::max<std::int64_t>(cs.budget.tokens, 0))
-            throw Error("policy " + label + ": cache holds " + std::to_string(layer[kv].rows()) + " tokens after step " +
-                        std::to_string(t) + ", over its budget of " + std::to_string(cs.budget.tokens));
-      }
+      for (int l = 0; l < g.n_layers; ++l)
+        if (cs.in_engine[static_cast<std::size_t>(l)])
+          for (const KvEntry& entry : std::as_const(model).cache().layers[static_cast<std::size_t>(l)]) check_budget(entry);
     }
     for (int l = 0; l < g.n_layers; ++l) {
       DecodeState* state = cs.states[static_cast<std::size_t>(l)].get();
@@ -422,10 +423,7 @@ struct LiveVerifier::Impl {
           orig.v.insert(orig.v.end(), live.v.begin() + row, live.v.end());
         }
         model.evict(l, kv, evict[kvi]);  // on the device too, with the CUDA engine
-        const auto size = layer[kvi].rows();
-        if (!tiered && size > std::max<std::int64_t>(cs.budget.tokens, 0))
-          throw Error("policy " + label + ": cache holds " + std::to_string(size) + " tokens after step " + std::to_string(t) +
-                      ", over its budget of " + std::to_string(cs.budget.tokens));
+        if (!tiered) check_budget(layer[kvi]);
       }
       if (!tiered) continue;
       KvCache host;
