@@ -57,9 +57,25 @@ void KvCache::evict(int layer, int entry, std::span<const std::int32_t> tokens) 
     if (!std::binary_search(e.tokens.begin(), e.tokens.end(), t))
       throw Error("KV cache, layer " + std::to_string(layer) + ", entry " + std::to_string(entry) + ": cannot evict token " +
                   std::to_string(t) + ", which is not cached");
-  std::vector<std::int32_t> keep;
-  std::set_difference(e.tokens.begin(), e.tokens.end(), drop.begin(), drop.end(), std::back_inserter(keep));
-  e = select_rows(e, keep, head_dim, layer);
+  // In place: the rows after the first dropped one move up. A decode-time policy drops a token or
+  // two from every entry each step; a new entry per eviction would copy the whole cache.
+  const auto d = static_cast<std::size_t>(head_dim);
+  auto out = static_cast<std::size_t>(std::lower_bound(e.tokens.begin(), e.tokens.end(), drop.front()) - e.tokens.begin());
+  std::size_t j = 0;
+  for (std::size_t r = out; r < e.tokens.size(); ++r) {
+    while (j < drop.size() && drop[j] < e.tokens[r]) ++j;
+    if (j < drop.size() && drop[j] == e.tokens[r]) continue;
+    if (out != r) {
+      e.tokens[out] = e.tokens[r];
+      std::copy_n(e.k.begin() + static_cast<std::ptrdiff_t>(r * d), d, e.k.begin() + static_cast<std::ptrdiff_t>(out * d));
+      std::copy_n(e.v.begin() + static_cast<std::ptrdiff_t>(r * d), d, e.v.begin() + static_cast<std::ptrdiff_t>(out * d));
+    }
+    ++out;
+  }
+  e.tokens.resize(out);
+  e.k.resize(out * d);
+  e.v.resize(out * d);
+  e.packed = nullptr;  // an edit that removes rows drops the packed form
 }
 
 std::int64_t KvCache::entries_rows() const {

@@ -368,3 +368,28 @@ TEST_CASE("backend engine: decode rules start at the next pass, step on the back
   CHECK(eng.cached_tokens() == seen + 1);
   CHECK_THROWS_WITH(eng.decode_rule_step(10), Catch::Contains("no decode rule is running"));
 }
+
+TEST_CASE("KV cache eviction compacts an entry in place, any order and repeats allowed", "[backend_engine]") {
+  KvCache c;
+  c.head_dim = 2;
+  c.clear(1, 1);
+  KvEntry& e = c.layers[0][0];
+  for (std::int32_t t = 0; t < 8; ++t) {
+    e.tokens.push_back(t * 10);
+    e.k.insert(e.k.end(), {static_cast<float>(t), static_cast<float>(t) + 0.5f});
+    e.v.insert(e.v.end(), {-static_cast<float>(t), -static_cast<float>(t) - 0.5f});
+  }
+  e.packed = std::make_shared<PackedEntry>();
+  const float* storage = e.k.data();
+  c.evict(0, 0, std::vector<std::int32_t>{70, 20, 0, 20});  // the last, a middle one (twice), the first
+  CHECK(e.tokens == std::vector<std::int32_t>{10, 30, 40, 50, 60});
+  CHECK(e.k == std::vector<float>{1, 1.5f, 3, 3.5f, 4, 4.5f, 5, 5.5f, 6, 6.5f});
+  CHECK(e.v == std::vector<float>{-1, -1.5f, -3, -3.5f, -4, -4.5f, -5, -5.5f, -6, -6.5f});
+  CHECK(e.k.data() == storage);  // no new entry
+  CHECK_FALSE(e.packed);         // an edit that removes rows drops the packed form
+  CHECK_THROWS_WITH(c.evict(0, 0, std::vector<std::int32_t>{30, 35}), Catch::Contains("cannot evict token 35"));
+  CHECK(e.tokens.size() == 5);  // a refused eviction changes nothing
+  c.evict(0, 0, std::vector<std::int32_t>{60, 50, 40, 30, 10});
+  CHECK(e.tokens.empty());
+  CHECK(e.k.empty());
+}
