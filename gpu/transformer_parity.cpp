@@ -81,6 +81,23 @@ std::vector<float> all_last(const Backend& b, const TransformerShape& s) {
   return out;
 }
 
+// The reference rule's step for one layer over the last-row weights a backend handed to the host
+// (its own rows, weights packed [n_head, most rows]): what the device's rule_step must evict.
+template <typename Backend>
+std::vector<std::vector<std::int64_t>> reference_rule_step(const Backend& b, const TransformerShape& s, int layer,
+                                                           DecodeRuleStart& rule, std::int64_t budget) {
+  const int ne = b.entries(layer);
+  std::vector<std::int64_t> rows;
+  for (int e = 0; e < ne; ++e) rows.push_back(b.rows(layer, e));
+  const std::int64_t stride = *std::max_element(rows.begin(), rows.end());
+  std::vector<float> w(static_cast<std::size_t>(s.n_head * stride), 0.0f);
+  for (int h = 0; h < s.n_head; ++h) {
+    const auto x = b.last_attention(layer, h);
+    std::copy(x.begin(), x.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
+  }
+  return decode_rule_step_ref(rule.rule, rule.scores, rows, LastRowWeights{w.data(), stride, s.n_head, s.n_head / ne}, budget);
+}
+
 // Decode rules on the device (gpu/policy_step.cuh), each kind a policy states (H2O's three GQA
 // combinations, TOVA's layer-wide one) over every layer: after each decode step the GPU scores
 // from its own last-row weights, evicts and compacts; the reference rule applied to a copy of
@@ -123,22 +140,11 @@ void decode_rule_parity(CudaTransformer& gpu, const TransformerShape& s, ParityR
       std::vector<std::vector<float>> keys_before, values_before;
       std::vector<std::vector<std::vector<std::int64_t>>> want(static_cast<std::size_t>(s.n_layers));
       for (int l = 0; l < s.n_layers; ++l) {
-        const int ne = gpu.entries(l);
-        std::vector<std::int64_t> rows;
-        std::int64_t stride = 0;
-        for (int e = 0; e < ne; ++e) {
-          rows.push_back(gpu.rows(l, e)), stride = std::max(stride, rows.back());
+        for (int e = 0; e < gpu.entries(l); ++e) {
           keys_before.push_back(gpu.entry_k(l, e));
           values_before.push_back(gpu.entry_v(l, e));
         }
-        std::vector<float> w(static_cast<std::size_t>(s.n_head * stride), 0.0f);
-        for (int h = 0; h < s.n_head; ++h) {
-          const auto x = gpu.last_attention(l, h);
-          std::copy(x.begin(), x.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
-        }
-        auto& st = starts[static_cast<std::size_t>(l)];
-        want[static_cast<std::size_t>(l)] =
-            decode_rule_step_ref(st.rule, st.scores, rows, LastRowWeights{w.data(), stride, s.n_head, s.n_head / ne}, budget);
+        want[static_cast<std::size_t>(l)] = reference_rule_step(gpu, s, l, starts[static_cast<std::size_t>(l)], budget);
       }
       const auto got = gpu.rule_step(budget);
       same_evicted = same_evicted && got == want;
@@ -499,21 +505,11 @@ void transformer_bench(const std::string& name, const TransformerShape& s, const
         continue;
       }
       for (int l = 0; l < s.n_layers; ++l) {
-        const int ne = gpu.entries(l);
-        std::vector<std::int64_t> rows;
-        for (int e = 0; e < ne; ++e) rows.push_back(gpu.rows(l, e));
-        const std::int64_t stride = *std::max_element(rows.begin(), rows.end());
-        std::vector<float> w(static_cast<std::size_t>(s.n_head * stride));
-        for (int h = 0; h < s.n_head; ++h) {
-          const auto x = gpu.last_attention(l, h);
-          std::copy(x.begin(), x.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
-        }
-        auto& rule = rules[static_cast<std::size_t>(l)];
-        const auto gone = decode_rule_step_ref(rule.rule, rule.scores, rows, LastRowWeights{w.data(), stride, s.n_head, s.n_head / ne}, n);
-        for (int e = 0; e < ne; ++e) {
+        const auto gone = reference_rule_step(gpu, s, l, rules[static_cast<std::size_t>(l)], n);
+        for (int e = 0; e < gpu.entries(l); ++e) {
           std::vector<std::int64_t> keep;
           const auto& g = gone[static_cast<std::size_t>(e)];
-          for (std::int64_t j = 0; j < rows[static_cast<std::size_t>(e)]; ++j)
+          for (std::int64_t j = 0; j < gpu.rows(l, e); ++j)
             if (!std::binary_search(g.begin(), g.end(), j)) keep.push_back(j);
           gpu.keep_rows(l, e, keep);
         }
