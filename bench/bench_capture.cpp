@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "capture/capture_driver.h"
-#include "capture/gguf.h"
-#include "capture/llama_model.h"
+#include "model/gguf.h"
+#include "model/llama_model.h"
 #include "capture/task_gen.h"
-#include "capture/tokenizer.h"
+#include "model/tokenizer.h"
 #include "traces/trace_reader.h"
 #include "bench_util.h"
 #include "core/heap_reuse.h"
@@ -27,8 +27,8 @@ namespace {
 
 
 // Multiply-adds per token of the weight matrices (the GEMM work of a forward pass).
-double weight_macs(const LlamaConfig& c) {
-  const double q = static_cast<double>(c.n_head) * c.head_dim, kv = static_cast<double>(c.n_head_kv) * c.head_dim;
+double weight_macs(const ModelConfig& c) {
+  const double q = static_cast<double>(c.n_q_heads) * c.head_dim, kv = static_cast<double>(c.n_kv_heads) * c.head_dim;
   return c.n_layers * (c.n_embd * (q + 2 * kv) + q * c.n_embd + 3.0 * c.n_embd * c.n_ff);
 }
 
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   const GgufFile gguf(model);
   const Tokenizer tok(gguf);
-  const LlamaConfig c = LlamaConfig::from_gguf(gguf);
+  const ModelConfig c = model_config(gguf);
 
   // Prefill: a ~1K-token prompt in 256-token chunks; decode: 64 greedy steps; once with the
   // weights dequantized to f32 at load, once kept in their GGUF blocks.
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   // buffers in flight (one being written, one queued, one being converted), the prefill's
   // attention scores (chunk x tokens per thread) and 16 MB of allocator slack; buffering the
   // request would add every layer's K/V/Q on top (printed for scale).
-  const double kv_row = static_cast<double>(c.n_head_kv) * c.head_dim, q_row = static_cast<double>(c.n_head) * c.head_dim;
+  const double kv_row = static_cast<double>(c.n_kv_heads) * c.head_dim, q_row = static_cast<double>(c.n_q_heads) * c.head_dim;
   auto measure = [&](WeightFormat fmt, int tokens, double& T) {
     const long rss = bench::child_peak_rss({"--rss-child", model, dir, weight_format_name(fmt), std::to_string(tokens)});
     const std::string trace = dir + "/bench_rss.h5";

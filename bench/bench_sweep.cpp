@@ -1,15 +1,8 @@
-// Sweep benchmark (issue 3): 12 policies x 4 budgets over a synthetic SmolLM2-geometry trace
-// (4 requests x 4096 tokens, 64 evaluation queries each). Prints, measured in this one run:
-//   - the one-pass sweep's wall time against the same 48 configs replayed one at a time
-//     (target: >= 8x from sharing the trace read and the attention);
-//   - the shared attention recomputation's GFLOP/s against an Eigen GEMM's (target >= 0.3);
-//   - the sweep's peak RSS (target < 1 GB, independent of the number of requests);
-//   - the per-config cost of quantized and low-rank configs against eviction configs (issue 6,
-//     target < 4x) in the same sweep: what adding the 16 codec configs to the 48 eviction configs
-//     costs (their work plus the exact logits the shared pass then keeps), per codec config, against
-//     the eviction configs' own per-config cost; and, as an upper bound, the codec configs swept on
-//     their own (then they alone pay for the signals every config shares). Best of three
-//     alternating runs each.
+// Sweep benchmark: 12 policies x 4 budgets over a synthetic SmolLM2-geometry trace, printing
+// ratios measured in this one run: one pass against one config at a time (target >= 8x), the
+// shared attention's GFLOP/s against an Eigen GEMM's (>= 0.3), peak RSS (< 1 GB), and the
+// per-config cost of 16 quantized and low-rank configs against eviction configs' (< 4x), best
+// of three alternating runs each. README.md, "Benchmarks".
 #include <sys/resource.h>
 
 #include <Eigen/Dense>

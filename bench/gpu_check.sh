@@ -4,10 +4,10 @@
 # parity harness with its benchmarks, and writes a compact report under $OUT:
 #   device.txt  GPU, driver and nvcc versions
 #   ctest.txt   gpu.half_parity (skipped = no GPU seen: a failure of the check)
-#   parity.txt  every compressed-attention kernel against its CPU reference (NMSE, keep-set
-#               equality) at SmolLM2-135M and Mistral-7B shapes, the packed-row unpack and the
-#               fused decode over packed rows among them; the CUDA transformer against
-#               gpu/transformer_ref with random weights (qwen2-like fp32 and fp16, head_dim
+#   parity.txt  the packed-cache kernels against their CPU references (NMSE) at SmolLM2-135M
+#               and Mistral-7B shapes: the packed-row unpack and the fused decode over packed
+#               rows; the CUDA transformer against
+#               gpu/cuda_transformer_ref with random weights (qwen2-like fp32 and fp16, head_dim
 #               32/96/256 corner shapes, SmolLM2-135M, Mistral-7B layer shapes): prefill with
 #               capture, decode, chunked prefill, per-query-head caches, packed caches held
 #               packed on the device (with their device bytes), decode rules (H2O, TOVA) run

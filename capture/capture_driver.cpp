@@ -15,12 +15,12 @@
 #include <thread>
 #include <unistd.h>
 
-#include "capture/gguf.h"
-#include "capture/engine.h"
+#include "model/gguf.h"
+#include "model/engine.h"
 #include "capture/prompt.h"
 #include "capture/repeat_pass.h"
 #include "capture/query_spill.h"
-#include "capture/tokenizer.h"
+#include "model/tokenizer.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "traces/trace_schema.h"
@@ -189,21 +189,12 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   const Tokenizer tok(gguf);
   const std::unique_ptr<Engine> engine = make ? make(gguf) : make_engine(gguf, EngineOptions{opts.device, opts.weights});
   Engine& model = *engine;
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);
   const std::string default_system = default_system_prompt(gguf);
 
-  ModelGeometry g;
+  ModelGeometry g = c;  // the model's own geometry, named
   g.name = gguf.has("general.name") ? gguf.get_string("general.name") : "unknown";
-  g.arch = c.arch;
-  g.n_layers = c.n_layers;
-  g.n_q_heads = c.n_head;
-  g.n_kv_heads = c.n_head_kv;
-  g.head_dim = c.head_dim;
-  g.vocab = c.vocab;
-  g.rope_theta = c.rope.theta;
-  g.rope_type = c.rope.type;
-  g.rope_dim = c.rope.rope_dim;
   nlohmann::json cfg = {{"tool", "kvsim capture"},        {"model", opts.model_path},
                         {"max_new", opts.max_new},        {"ref_topk", opts.ref_topk},
                         {"queries", opts.all_queries ? "all" : "eval"},
@@ -215,7 +206,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   CaptureSummary summary;
   {
     TraceWriter writer(tmp, g, info, TraceWriterOptions{true, 0});
-    QuerySpill spill(tmp, c.n_layers, static_cast<std::int64_t>(c.n_head) * c.head_dim);
+    QuerySpill spill(tmp, c.n_layers, static_cast<std::int64_t>(c.n_q_heads) * c.head_dim);
     WriterThread io;
     for (const CaptureRequest& r : requests) {
       const std::string where = "request '" + r.id + "' (line " + std::to_string(r.line) + ")";
@@ -235,7 +226,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       spill.clear();
       const std::int64_t first_q = opts.all_queries ? 0 : std::max<std::int64_t>(0, p.question_start - opts.query_window);
       std::int64_t processed = 0;
-      const std::int64_t q_row = static_cast<std::int64_t>(c.n_head) * c.head_dim;
+      const std::int64_t q_row = static_cast<std::int64_t>(c.n_q_heads) * c.head_dim;
       auto hook = [&](const LayerActivations& a) {
         const std::int64_t skip = std::clamp<std::int64_t>(first_q - processed, 0, a.n);
         spill.append(a.layer, a.q.data() + skip * q_row, a.n - skip);
@@ -247,7 +238,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         throw Error(where + ": --repeat-pass needs a context to repeat, and this request has none");
       // Prefill in chunks; the reference rows of the question come from the prefill logits.
       std::vector<float> last_logits;
-      for (const auto& [s, e] : prefill_chunks(n_prompt, p.question_start, opts.prefill_chunk)) {
+      for (const auto& [s, e] : prefill_chunks(n_prompt, {p.question_start}, opts.prefill_chunk)) {
         std::vector<std::int32_t> pos(static_cast<std::size_t>(e - s));
         std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(s));
         std::vector<std::int64_t> rows;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/engine.h"
+#include "model/engine.h"
 
 namespace kvsim {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "capture/gguf.h"
-#include "capture/tokenizer.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "traces/trace_schema.h"
 
 namespace kvsim {
@@ -57,11 +57,13 @@ Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::st
   return p;
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, std::int64_t split, std::int64_t chunk) {
+std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, const std::vector<std::int64_t>& splits,
+                                                                  std::int64_t chunk) {
   std::vector<std::pair<std::int64_t, std::int64_t>> out;
   for (std::int64_t s = 0; s < end;) {
     std::int64_t e = std::min(end, s + chunk);
-    if (s < split && split < e) e = split;
+    for (const std::int64_t split : splits)
+      if (s < split && split < e) e = split;
     out.emplace_back(s, e);
     s = e;
   }

@@ -25,10 +25,12 @@ std::string default_system_prompt(const GgufFile& gguf);
 
 Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::string& default_system);
 
-// Prefill chunks [begin, end) over [0, end): `chunk` tokens at a time, with a boundary at `split`
-// too (the question's start), so a run that stops there (query-agnostic verify) computes the
-// context exactly as a capture that runs on did.
-std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, std::int64_t split, std::int64_t chunk);
+// Prefill chunks [begin, end) over [0, end): `chunk` tokens at a time, with a boundary at every
+// split too (the question's start; live verify's compression cuts), counting afresh from each, so
+// a run that stops at the question (query-agnostic verify) computes the context exactly as a
+// capture that runs on did.
+std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, const std::vector<std::int64_t>& splits,
+                                                                  std::int64_t chunk);
 
 // The strings a free generation should contain: the request's `expected` list, else its answer.
 std::vector<std::string> expected_strings(const CaptureRequest& r);

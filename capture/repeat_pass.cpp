@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "capture/engine.h"
-#include "capture/tokenizer.h"
+#include "model/engine.h"
+#include "model/tokenizer.h"
 #include "core/error.h"
 #include "core/half.h"
 
@@ -39,7 +39,7 @@ RepeatPass run_repeat_pass(Engine& model, const Tokenizer& tok, const Prompt& p,
   if (model.cached_tokens() != end)
     throw Error("repeat pass: the cache holds " + std::to_string(model.cached_tokens()) + " tokens, expected the prompt up to "
                 "the context's end (" + std::to_string(end) + ")");
-  const LlamaConfig& c = model.config();
+  const ModelConfig& c = model.config();
   RepeatPass out;
   out.q.assign(static_cast<std::size_t>(c.n_layers), {});
   out.k.assign(static_cast<std::size_t>(c.n_layers), {});

@@ -7,9 +7,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "capture/gguf.h"
-#include "capture/llama_model.h"
-#include "capture/tokenizer.h"
+#include "model/gguf.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
 #include "cli/dispatch.h"
 #include "cli/options.h"
 #include "core/error.h"

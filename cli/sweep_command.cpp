@@ -41,9 +41,10 @@ int sweep_command(const Args& args) {
       "budgets: fractions of the full fp16 KV bytes at the compression point, in (0, 1]")(
       "mode", po::value(&mode)->default_value(mode),
       "query-aware (compress after the question) | query-agnostic (compress the context before it)")(
-      "prefill-chunk", po::value(&spec.prefill_chunk)->default_value(0),
-      "prefill the prompt in chunks of N tokens, compressing to the budget at every boundary where the cache "
-      "exceeds it (0: one compression at the end of the prefill)")(
+      "compress-every", po::value(&spec.compress_every)->default_value(0),
+      "let the policy cut the cache back to its budget at every N prompt tokens where it exceeds it, as a "
+      "chunked prefill would (0: one compression at the compression point); verify takes the same flag")(
+      "prefill-chunk", po::value<std::int64_t>(), "renamed --compress-every (a sweep runs no forward passes)")(
       "out,o", po::value(&spec.out_csv)->default_value("sweep.csv"), "result CSV")(
       "detail", po::value(&spec.detail_jsonl), "per-layer metrics as JSON lines (optional)")(
       "sweep-file", po::value(&sweep_file), "JSON sweep file: {traces, policies, budgets, mode} (CLI values win)")(
@@ -54,6 +55,9 @@ int sweep_command(const Args& args) {
   pos.add("trace", -1);
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]")) return 0;
+  if (vm.count("prefill-chunk"))
+    throw Error("--prefill-chunk is a forward-pass size (capture, verify); a sweep's compression schedule is "
+                "--compress-every N");
   if (vm.count("list-policies")) {
     list_policies(std::cout);
     return 0;

@@ -44,8 +44,8 @@ nlohmann::json info_json(const TraceReader& r) {
   j["file_bytes"] = std::filesystem::file_size(r.path());
   j["model"] = {{"name", g.name},         {"arch", g.arch},         {"n_layers", g.n_layers},
                 {"n_q_heads", g.n_q_heads}, {"n_kv_heads", g.n_kv_heads}, {"head_dim", g.head_dim},
-                {"vocab", g.vocab},       {"rope_theta", g.rope_theta}, {"rope_type", rope_type_name(g.rope_type)},
-                {"rope_dim", g.rope_dim}, {"sliding_window", g.sliding_window}};
+                {"vocab", g.vocab},       {"rope_theta", g.rope.theta}, {"rope_type", rope_type_name(g.rope.type)},
+                {"rope_dim", g.rope.rope_dim}, {"sliding_window", g.sliding_window}};
   const CaptureInfo& c = r.capture();
   j["capture"] = {{"tool_version", c.tool_version}, {"backend", c.backend}, {"date", c.date}, {"seed", c.seed}};
   nlohmann::json reqs = nlohmann::json::array();
@@ -183,7 +183,7 @@ int synth(const Args& args) {
       "kv-heads", po::value(&g.n_kv_heads)->default_value(g.n_kv_heads), "key/value heads")(
       "head-dim", po::value(&g.head_dim)->default_value(g.head_dim), "head dimension")(
       "vocab", po::value(&g.vocab)->default_value(g.vocab), "vocabulary size")(
-      "rope-theta", po::value(&g.rope_theta)->default_value(g.rope_theta), "RoPE base")(
+      "rope-theta", po::value(&g.rope.theta)->default_value(g.rope.theta), "RoPE base")(
       "rope-type", po::value(&rope_type)->default_value(rope_type), "RoPE pairing: norm | neox")(
       "deflate", po::value(&deflate)->default_value(deflate), "shuffle+deflate level 0-9 (0 = uncompressed)");
   po::positional_options_description pos;
@@ -193,8 +193,8 @@ int synth(const Args& args) {
     throw Error("--queries is '" + queries + "', expected 'all' or 'eval'");
   cfg.all_queries = queries == "all";
   cfg.repeat_pass = vm.count("repeat-pass") > 0;
-  g.rope_type = parse_rope_type(rope_type, "--rope-type");
-  g.rope_dim = g.head_dim;
+  g.rope.type = parse_rope_type(rope_type, "--rope-type");
+  g.rope.rope_dim = g.rope.head_dim = g.head_dim;
   if (!vm["layers"].defaulted() || !vm["q-heads"].defaulted() || !vm["kv-heads"].defaulted() ||
       !vm["head-dim"].defaulted() || !vm["vocab"].defaulted())
     g.name = "synthetic";

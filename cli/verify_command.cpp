@@ -35,6 +35,9 @@ int verify_command(const Args& args) {
       "query-window", po::value(&spec.live.query_window)->default_value(spec.live.query_window), "see --queries eval")(
       "prefill-chunk", po::value(&spec.live.prefill_chunk)->default_value(spec.live.prefill_chunk),
       "tokens per prefill pass (capture's default, so keep-sets match a captured trace exactly)")(
+      "compress-every", po::value(&spec.live.compress_every)->default_value(spec.live.compress_every),
+      "let the policy cut the cache back to its budget at every N prompt tokens where it exceeds it, as sweep "
+      "--compress-every simulates (0: one compression at the compression point; a sweep's own value wins)")(
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
       "device", po::value(&device)->default_value(device), "cpu | cuda (see kvsim capture --help)")(
       "policy-steps", po::value(&steps)->default_value(steps),
@@ -58,6 +61,7 @@ int verify_command(const Args& args) {
   spec.budgets = parse_budgets(budgets);
   spec.live.mode = parse_mode(mode);
   spec.mode_given = !vm["mode"].defaulted();
+  spec.compress_every_given = !vm["compress-every"].defaulted();
   spec.live.all_queries = queries == "all";
   spec.live.weights = parse_weight_format(weights);
   spec.live.device = parse_device(device);

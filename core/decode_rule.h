@@ -1,18 +1,8 @@
 #pragma once
-// A decode-time eviction rule stated as data, so an engine can run a policy's decode step where
-// its cache is (the GPU) and only the evicted rows come back: no cache rows and no attention
-// weights cross to the host. H2O and TOVA are such rules (policies/h2o.cpp, tova.cpp hand theirs
-// out through DecodeState::rule()); position-only and re-tiering policies step on the host.
-//
-// One step, after a decode token has joined every entry and its query attended (the last-row
-// weights of each query head over its entry's rows, renormalised over the cache):
-//  1. each entry's score of every row: the weights of the entry's query heads combined (sum,
-//     mean or max, in head order, in double), added to the row's accumulated score when the
-//     rule accumulates (the new row starts from 0), or this step's alone when it does not;
-//  2. while the entry holds more rows than the budget, the lowest-scored row outside the
-//     newest `protect_newest` goes (ties: the older row), one at a time, as the policies do.
-// A layer-wide rule (TOVA) scores once over every query head of the layer and drops the same
-// rows from every entry, which must then hold the same number of rows.
+// A decode-time eviction rule stated as data (H2O, TOVA: DecodeState::rule()), so an engine can
+// run a policy's decode step where its cache is (the GPU) and only the evicted rows come back.
+// decode_rule_step_ref is the CPU reference the device step is held to. The rule's exact steps
+// (scores, ties, layer-wide rules): docs/gpu.md, "Formats and rules the device shares".
 #include <cstdint>
 #include <vector>
 

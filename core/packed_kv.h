@@ -1,17 +1,9 @@
 #pragma once
-// A cache entry as a really compressed cache stores it: the bytes a codec keeps (fp16 rows, packed
-// intN codes with their fp16 (scale, min) pairs, low-rank coefficients with the basis), not the
-// rows it reads back. Codecs pack into it (KvCodec::pack) and the reference unpack here reads it
-// back; the CUDA backend's cache holds it (docs/gpu.md). Its payload
-// bytes are what a codec's byte count claims, so the tests hold the two together.
-//
-// Quantized rows: head_dim codes of `bits` bits, little-endian (value i at bit i * bits); channel
-// c reads pair params[row.param + c / param_span]: per-token groups have param_span = group and a
-// row's own pairs, KIVI's per-channel keys have param_span = 1 and share one run of head_dim pairs
-// among a token group's rows. Asymmetric: x = u * scale + min; symmetric: x = (u - qmax) * scale,
-// qmax = 2^(bits-1) - 1, only the scale is stored (min is 0 here and not counted).
-// Low-rank rows: rank fp16 coefficients c; x = U[:, :rank] c with U the tensor's [d, d] basis
-// (row-major, column r = direction r); keys are then rotated to their position (pre-RoPE basis).
+// A cache entry as a really compressed cache stores it: the bytes a codec keeps (fp16 rows, intN
+// codes with their fp16 (scale, min) pairs, low-rank coefficients with the basis), not the rows it
+// reads back. Codecs pack into it (KvCodec::pack), unpack_tensor here reads it back, the CUDA
+// backend's cache holds it; its payload is what the codec's byte count claims. Bit layouts:
+// docs/gpu.md, "Formats and rules the device shares".
 #include <cstdint>
 #include <vector>
 

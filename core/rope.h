@@ -14,6 +14,10 @@ struct RopeSpec {
   int head_dim = 0;
   int rope_dim = 0;        // rotated dims; dims >= rope_dim pass through
   double theta = 10000.0;  // base frequency
+  // Spelled out: nvcc compiles this header as C++17, which has no defaulted comparisons.
+  bool operator==(const RopeSpec& o) const {
+    return type == o.type && head_dim == o.head_dim && rope_dim == o.rope_dim && theta == o.theta;
+  }
 };
 
 // Dims of rotary pair i (i < rope_dim/2).

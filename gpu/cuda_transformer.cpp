@@ -114,7 +114,7 @@ struct CudaTransformer::Impl {
     if (copy) cudaStreamDestroy(copy);
     // The remaining buffers free themselves after this (cudaFree waits for the device).
   }
-  TransformerShape s;
+  ModelConfig s;
   DeviceWeights dw;
   bool f16 = true;
   int device = 0;
@@ -175,7 +175,7 @@ struct CudaTransformer::Impl {
   DeviceMem rule_gone, rule_kept, rule_report;
   bool rule_ready = false;  // a one-row forward() with record_last since the last rule step
 
-  std::size_t decode_floats() const { return decode_scratch_floats(s.n_head, s.head_dim); }
+  std::size_t decode_floats() const { return decode_scratch_floats(s.n_q_heads, s.head_dim); }
   std::size_t gemm_elem() const { return f16 ? sizeof(std::uint16_t) : sizeof(float); }
   cudaDataType gemm_type() const { return f16 ? CUDA_R_16F : CUDA_R_32F; }
 
@@ -184,7 +184,7 @@ struct CudaTransformer::Impl {
     if (!m.ptr) throw std::logic_error(std::string("CUDA transformer: weight ") + weight_id_name(id) + " not set");
     return m;
   }
-  const float* bias(WeightId id, int layer) const { return s.has_bias ? w(id, layer).as<float>() : nullptr; }
+  const float* bias(WeightId id, int layer) const { return s.qkv_bias ? w(id, layer).as<float>() : nullptr; }
 
   // y [n, rows] (+)= x [n, cols] W^T: cuBLAS is column-major, so this is Y^T = W^T^T X^T.
   void gemm(const void* xin, std::int64_t n, const DeviceMem& W, std::int64_t rows, std::int64_t cols, float* y,
@@ -229,7 +229,7 @@ struct CudaTransformer::Impl {
       pinned_rows = n;
     }
     decode_scratch.ensure(decode_floats() * sizeof(float), compute);
-    head_stats.ensure(static_cast<std::size_t>(s.n_head) * 2 * sizeof(float), compute);
+    head_stats.ensure(static_cast<std::size_t>(s.n_q_heads) * 2 * sizeof(float), compute);
     const std::size_t m = std::max<std::size_t>(n_logits, 1);
     dev_logit_rows.ensure(m * sizeof(std::int64_t), compute);
     xr.ensure(m * E * sizeof(float), compute);
@@ -373,7 +373,7 @@ int cuda_devices(std::string* why) {
   return n;
 }
 
-CudaTransformer::CudaTransformer(const TransformerShape& s, DeviceWeights w, int device) : impl_(std::make_unique<Impl>()) {
+CudaTransformer::CudaTransformer(const ModelConfig& s, DeviceWeights w, int device) : impl_(std::make_unique<Impl>()) {
   s.check();
   Impl& m = *impl_;
   m.s = s;
@@ -383,8 +383,8 @@ CudaTransformer::CudaTransformer(const TransformerShape& s, DeviceWeights w, int
   const int d = s.head_dim;
   if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
     throw std::invalid_argument("CUDA transformer: head_dim " + std::to_string(d) + " is not supported (32, 64, 96, 128 or 256)");
-  if (s.n_head > kMaxEntries)
-    throw std::invalid_argument("CUDA transformer: " + std::to_string(s.n_head) + " query heads, at most " +
+  if (s.n_q_heads > kMaxEntries)
+    throw std::invalid_argument("CUDA transformer: " + std::to_string(s.n_q_heads) + " query heads, at most " +
                                 std::to_string(kMaxEntries));
   std::string why;
   const int n = cuda_devices(&why);
@@ -413,7 +413,7 @@ CudaTransformer::~CudaTransformer() = default;
 CudaTransformer::CudaTransformer(CudaTransformer&&) noexcept = default;
 CudaTransformer& CudaTransformer::operator=(CudaTransformer&&) noexcept = default;
 
-const TransformerShape& CudaTransformer::shape() const { return impl_->s; }
+const ModelConfig& CudaTransformer::shape() const { return impl_->s; }
 std::size_t CudaTransformer::weight_bytes() const { return impl_->weight_bytes; }
 
 std::size_t CudaTransformer::cache_bytes() const {
@@ -463,7 +463,7 @@ WeightSink CudaTransformer::sink() {
 void CudaTransformer::reset() {
   KVSIM_CUDA_CHECK(cudaSetDevice(impl_->device));
   for (auto& lc : impl_->cache) {
-    lc.rows.assign(static_cast<std::size_t>(impl_->s.n_head_kv), 0);
+    lc.rows.assign(static_cast<std::size_t>(impl_->s.n_kv_heads), 0);
     lc.packed.clear();
     lc.views.release(impl_->compute);
   }
@@ -475,7 +475,7 @@ void CudaTransformer::reset() {
 void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) {
   Impl& m = *impl_;
   KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
-  if (entries.size() != static_cast<std::size_t>(m.s.n_head_kv) && !per_query_head(m.s, static_cast<int>(entries.size())))
+  if (entries.size() != static_cast<std::size_t>(m.s.n_kv_heads) && !per_query_head(m.s, static_cast<int>(entries.size())))
     throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
   auto& lc = m.cache.at(static_cast<std::size_t>(layer));
   m.rules.at(static_cast<std::size_t>(layer)).on = false;
@@ -616,7 +616,7 @@ void CudaTransformer::start_rule(int layer, const DecodeRuleStart& start) {
   if (!lc.packed.empty())
     throw std::invalid_argument("start_rule: layer " + std::to_string(layer) +
                                 " holds packed entries; a decode rule compacts fp16 rows");
-  check_rule_start(start, lc.rows, m.s.n_head);
+  check_rule_start(start, lc.rows, m.s.n_q_heads);
   auto& r = m.rules[static_cast<std::size_t>(layer)];
   r.on = false;
   m.rule_ready = false;  // a step needs a pass over the rows the rule starts from
@@ -695,10 +695,10 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
       auto& lc = m.cache[l];
       RuleStepArgs a;
       a.rule = r.rule;
-      a.weights = m.probs.as<float>() + l * static_cast<std::size_t>(m.s.n_head) * static_cast<std::size_t>(m.last_stride);
+      a.weights = m.probs.as<float>() + l * static_cast<std::size_t>(m.s.n_q_heads) * static_cast<std::size_t>(m.last_stride);
       a.stride = m.last_stride;
-      a.n_heads = m.s.n_head;
-      a.heads_per_entry = m.s.n_head / static_cast<int>(lc.rows.size());
+      a.n_heads = m.s.n_q_heads;
+      a.heads_per_entry = m.s.n_q_heads / static_cast<int>(lc.rows.size());
       a.rows = m.entry_rows(lc, 0);
       a.scores = r.scores.as<double>();
       a.score_stride = r.score_cap;
@@ -795,7 +795,7 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
                               m.x.as<float>(), st));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const auto eps = static_cast<float>(s.rms_eps);
-  const QkvShape qs{s.n_head, s.n_head_kv, d, s.rope.rope_dim, s.rope.type == RopeType::Neox};
+  const QkvShape qs{s.n_q_heads, s.n_kv_heads, d, s.rope.rope_dim, s.rope.type == RopeType::Neox};
 
   // Last-row weights: one device block [layers, n_head, stride], fetched once after the layers.
   m.last.clear();  // until this pass succeeds there are no weights to hand out
@@ -804,8 +804,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     for (const auto& lc : m.cache)
       for (auto r : lc.rows) most = std::max(most, r + n);
     m.last_stride = most;
-    m.probs.ensure(static_cast<std::size_t>(s.n_layers) * s.n_head * most * sizeof(float), st);
-    m.last_seen.assign(static_cast<std::size_t>(s.n_layers), std::vector<std::int64_t>(static_cast<std::size_t>(s.n_head)));
+    m.probs.ensure(static_cast<std::size_t>(s.n_layers) * s.n_q_heads * most * sizeof(float), st);
+    m.last_seen.assign(static_cast<std::size_t>(s.n_layers), std::vector<std::int64_t>(static_cast<std::size_t>(s.n_q_heads)));
   }
 
   // The host side of the capture: layer l's rows, copied while layer l + 1 computes.
@@ -845,19 +845,19 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     const int head_div = pqh ? 1 : G, entry_div = pqh ? G : 1;
     m.ensure_cache(lc, n);
     const EntryRows past = m.entry_rows(lc, 0), seen = m.entry_rows(lc, n);
-    float* last_w = record_last ? m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride : nullptr;
+    float* last_w = record_last ? m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_q_heads * m.last_stride : nullptr;
     if (record_last)
-      for (int h = 0; h < s.n_head; ++h)
+      for (int h = 0; h < s.n_q_heads; ++h)
         m.last_seen[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)] = seen.rows[pqh ? h : h / G];
     std::uint16_t *ck = lc.k.as<std::uint16_t>(), *cv = lc.v.as<std::uint16_t>();
     std::int64_t cap = lc.capacity;
     // The new rows join the fp16 rows (after the packed prefixes, if any).
-    KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_head_kv, d,
+    KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_kv_heads, d,
                                lc.packed.empty() ? past : m.stored_rows(lc), entry_div, lc.capacity, ck, cv, st));
     if (!lc.packed.empty() && n == 1 && m.packed_decode == PackedDecode::Fused) {
       // Decode reads the packed prefixes where they are, with the last-row weights on the way.
       const RopeShape rope{s.rope.type == RopeType::Neox, s.rope.rope_dim};
-      KVSIM_CUDA_CHECK(attend_decode_packed(qb, s.n_head, d, head_div, lc.views.as<const PackedEntryView>(), rope,
+      KVSIM_CUDA_CHECK(attend_decode_packed(qb, s.n_q_heads, d, head_div, lc.views.as<const PackedEntryView>(), rope,
                                             m.cos_t.as<float>(), m.sin_t.as<float>(), ck, cv, cap, seen, scale,
                                             m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, last_w,
                                             static_cast<int>(m.last_stride), m.head_stats.as<float>(), st));
@@ -875,13 +875,13 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
         for (std::size_t e = 0; e < ne; ++e) m.materialize(lc, e, n, ck + e * per, cv + e * per);
       }
       if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
-        KVSIM_CUDA_CHECK(attend_decode(qb, s.n_head, d, head_div, ck, cv, cap, seen, scale, m.decode_scratch.as<float>(),
+        KVSIM_CUDA_CHECK(attend_decode(qb, s.n_q_heads, d, head_div, ck, cv, cap, seen, scale, m.decode_scratch.as<float>(),
                                        m.decode_floats(), m.in.ptr, f16, st));
       else
-        KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_head, d, head_div, ck, cv, cap, past, scale, m.in.ptr,
+        KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_q_heads, d, head_div, ck, cv, cap, past, scale, m.in.ptr,
                                      f16, st));
       if (record_last)
-        KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_head, d, head_div, ck, cap, seen, scale, last_w,
+        KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_q_heads, d, head_div, ck, cap, seen, scale, last_w,
                                           static_cast<int>(m.last_stride), st));
     }
     for (auto& r : lc.rows) r += n;
@@ -909,10 +909,10 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     KVSIM_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.ptr, out.size() * sizeof(float), cudaMemcpyDeviceToHost, st));
   }
   if (record_last && m.last_on_host) {
-    m.last.assign(static_cast<std::size_t>(s.n_layers), std::vector<float>(static_cast<std::size_t>(s.n_head * m.last_stride)));
+    m.last.assign(static_cast<std::size_t>(s.n_layers), std::vector<float>(static_cast<std::size_t>(s.n_q_heads * m.last_stride)));
     for (int l = 0; l < s.n_layers; ++l)
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.last[static_cast<std::size_t>(l)].data(),
-                                       m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_head * m.last_stride,
+                                       m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_q_heads * m.last_stride,
                                        m.last[static_cast<std::size_t>(l)].size() * sizeof(float), cudaMemcpyDeviceToHost, st));
   }
   KVSIM_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -1,18 +1,8 @@
 #pragma once
-// The CUDA transformer backend: the forward pass of a llama-family model on one GPU with the same
-// interface, cache layout and rounding points as its CPU reference (gpu/transformer_ref.h).
-// Weights are dequantized once on the host and kept on the device in fp16 (or fp32); GEMMs go
-// through cuBLAS with fp32 accumulation; everything else is gpu/transformer_kernels.cuh.
-// A layer's entries may arrive packed (HostEntry::packed, core/packed_kv.h): their packed prefix
-// stays on the device as stored, fp16 codes and coefficients. A decode step attends over it where
-// it is (gpu/packed_attention.cuh: rows dequantized or rebuilt inside the attention kernel); a pass
-// of several rows unpacks the layer into a one-layer fp16 scratch (gpu/packed_unpack.cuh) right
-// before its attention. So the cache's device memory is what the codec stores (plus its row
-// table), and the scratch exists only once a chunk (or a decode with PackedDecode::Unpack) has
-// run over a packed layer.
-// With a layer callback each layer's new Q/K/V rows are copied to pinned host buffers on a
-// second stream (two buffers in turn), and the callback for layer l runs on the host while the
-// GPU computes layer l + 1: a trace writer behind it does not stall the GPU.
+// The CUDA transformer backend: a llama-family forward pass on one GPU with the interface, cache
+// layout and rounding points of its CPU reference (gpu/cuda_transformer_ref.h): fp16 (or fp32)
+// weights, cuBLAS GEMMs, gpu/transformer_kernels.cuh for the rest, packed cache entries attended
+// where they are, Q/K/V handed to a layer callback on a second stream. Design: docs/gpu.md.
 // No CUDA types here: callers compile as plain C++.
 #include <cstdint>
 #include <memory>
@@ -32,12 +22,12 @@ class CudaTransformer : public TransformerBackend {
  public:
   // Throws (naming the device) when there is no usable GPU or the shape is unsupported
   // (head_dim not 32/64/96/128/256, more than 256 cache entries per layer).
-  CudaTransformer(const TransformerShape& s, DeviceWeights w, int device = 0);
+  CudaTransformer(const ModelConfig& s, DeviceWeights w, int device = 0);
   ~CudaTransformer() override;
   CudaTransformer(CudaTransformer&&) noexcept;
   CudaTransformer& operator=(CudaTransformer&&) noexcept;
 
-  const TransformerShape& shape() const override;
+  const ModelConfig& shape() const override;
   void set_weight(WeightId id, int layer, std::span<const float> data);  // throws on a size mismatch
   WeightSink sink() override;
 

@@ -1,13 +1,8 @@
 #pragma once
-// Storage formats the compressed-attention kernels read, shared by the CUDA kernels and their CPU
-// references (this header compiles under nvcc and the host compiler alike; no CUDA types).
-//
-// fp16 cache: K and V [n_kv_heads, capacity, head_dim] as raw half bits.
-// intN cache (methods.md §12, per-token groups): per (KV head, token) row, head_dim codes of
-//   `bits` bits packed little-endian (value i at bit i*bits), and per group of `group` channels an
-//   fp16 (scale, min) pair; asymmetric: x = u*scale + min; symmetric (min unused, stored 0):
-//   x = (u - qmax)*scale with qmax = 2^(bits-1) - 1. These are exactly the values
-//   policies/quantize.cpp's int_roundtrip reconstructs.
+// Shapes and storage formats the attention kernels and their CPU references share: fp16 caches as
+// raw half bits [n_kv_heads, capacity, head_dim], intN rows as policies/quantize.cpp's
+// int_roundtrip stores them (bit layout: docs/gpu.md, "Formats and rules the device shares").
+// Compiles under nvcc and the host compiler alike; no CUDA types.
 #include <cstdint>
 
 #if defined(__CUDACC__)

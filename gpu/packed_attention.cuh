@@ -5,7 +5,7 @@
 // layer (the unpack path, gpu/packed_unpack.cuh, writes and re-reads the whole layer in fp16).
 // A block serves a tile of up to four query heads of a group (gpu/split_decode.cuh), which share
 // each rebuilt row.
-// Its references: the unpack path and gpu/transformer_ref.h; kvsim-parity compares all three.
+// Its references: the unpack path and gpu/cuda_transformer_ref.h; kvsim-parity compares all three.
 #include <cuda_runtime.h>
 
 #include <cstddef>

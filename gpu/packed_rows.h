@@ -1,13 +1,9 @@
 #pragma once
-// How the device holds a packed tensor's row table. core/packed_kv.h keeps a 24-byte PackedRow a
-// row; the device keeps runs instead: a codec's rows come in long stretches of one kind whose
-// offsets step by one row each (intN: one run for the whole tensor; KIVI keys: one per token
-// group, whose rows share their pairs; qevict: one per stretch of a tier), so the table is a few
-// bytes a tensor, not overhead on every token beside what the codec stores. Positions are kept
-// per row only where a row needs one (low-rank keys rotated to their position). The kernels read
-// rows through packed_row_at and decode a row's values through packed_value and rotate_pair, which
-// the CPU tests run against every host row and core/packed_kv.h's unpack_tensor. CUDA-free:
-// compiles under nvcc and the host compiler alike.
+// How the device holds a packed tensor's row table: runs of rows of one kind whose offsets step by
+// a row (one run per intN tensor, per KIVI token group), positions only where a row needs one,
+// instead of core/packed_kv.h's 24-byte PackedRow a row. The kernels read rows through
+// packed_row_at and decode values through packed_value and rotate_pair, which the CPU tests run
+// against every host row and unpack_tensor. CUDA-free: nvcc and the host compiler alike.
 #include <cstdint>
 #include <vector>
 

@@ -1,6 +1,6 @@
 #pragma once
 // The interface both transformer backends offer (the CUDA one and its CPU reference), so one
-// engine (capture/backend_engine.h) drives either: on a CPU machine the reference stands in for
+// engine (model/backend_engine.h) drives either: on a CPU machine the reference stands in for
 // the GPU and every line of the engine above it is tested.
 #include <cstdint>
 #include <span>
@@ -15,7 +15,7 @@ namespace kvsim::gpu {
 class TransformerBackend {
  public:
   virtual ~TransformerBackend() = default;
-  virtual const TransformerShape& shape() const = 0;
+  virtual const ModelConfig& shape() const = 0;
   virtual WeightSink sink() = 0;
   virtual void reset() = 0;                                                  // every layer: n_head_kv empty entries
   // Replaces a layer's cache; rows are held as fp16 (a codec's rebuilt rows are rounded), an

@@ -42,7 +42,7 @@ __global__ void qkv_finish_kernel(QkvShape s, float* q, float* k, float* v, cons
                                   const float* bv, const std::int32_t* positions, const float* cos_t,
                                   const float* sin_t, std::uint16_t* k_half, std::uint16_t* v_half) {
   const std::int64_t i = blockIdx.x;
-  const int d = s.head_dim, Q = s.n_head * d, K = s.n_head_kv * d, pairs = s.rope_dim / 2;
+  const int d = s.head_dim, Q = s.n_q_heads * d, K = s.n_kv_heads * d, pairs = s.rope_dim / 2;
   float* qi = q + i * Q;
   float* ki = k + i * K;
   float* vi = v + i * K;
@@ -53,9 +53,9 @@ __global__ void qkv_finish_kernel(QkvShape s, float* q, float* k, float* v, cons
   }
   const float* cs = cos_t + static_cast<std::int64_t>(positions[i]) * pairs;
   const float* sn = sin_t + static_cast<std::int64_t>(positions[i]) * pairs;
-  for (int idx = threadIdx.x; idx < (s.n_head + s.n_head_kv) * pairs; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < (s.n_q_heads + s.n_kv_heads) * pairs; idx += blockDim.x) {
     const int head = idx / pairs, j = idx % pairs;
-    float* row = head < s.n_head ? qi + head * d : ki + (head - s.n_head) * d;
+    float* row = head < s.n_q_heads ? qi + head * d : ki + (head - s.n_q_heads) * d;
     const int a = s.neox ? j : 2 * j, b = s.neox ? j + pairs : 2 * j + 1;
     const float x0 = row[a], x1 = row[b];
     row[a] = x0 * cs[j] - x1 * sn[j];

@@ -2,7 +2,7 @@
 // The CUDA transformer's own kernels (the GEMMs are cuBLAS's): embedding, RMSNorm, bias + RoPE
 // (both pairings) + fp16 rounding of K/V, KV append, tiled causal attention with an online
 // softmax, the last row's attention weights, SwiGLU, row gather. Device pointers, asynchronous on
-// `stream`. Their CPU reference is the whole forward pass, gpu/transformer_ref.h; the parity
+// `stream`. Their CPU reference is the whole forward pass, gpu/cuda_transformer_ref.h; the parity
 // harness compares the two. Activations are fp32; `half_out` writes the next GEMM's fp16 input.
 #include <cuda_runtime.h>
 
@@ -37,7 +37,7 @@ cudaError_t rms_norm_rows(const float* x, const float* w, int n, int n_embd, flo
                           cudaStream_t stream);
 
 struct QkvShape {
-  int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0;
+  int n_q_heads = 0, n_kv_heads = 0, head_dim = 0, rope_dim = 0;
   bool neox = false;  // pairs (i, i + rope_dim/2) instead of (2i, 2i+1)
 };
 // Adds the biases (null: none), rotates q and k at `positions` (cos/sin tables [pos, rope_dim/2]),

@@ -8,17 +8,6 @@
 
 namespace kvsim::gpu {
 
-void TransformerShape::check() const {
-  auto bad = [](const std::string& what) { throw std::invalid_argument("transformer shape: " + what); };
-  if (n_layers <= 0) bad("n_layers must be > 0");
-  if (n_embd <= 0 || n_ff <= 0 || vocab <= 0) bad("n_embd, n_ff and vocab must be > 0");
-  if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0)
-    bad("n_head (" + std::to_string(n_head) + ") must be a positive multiple of n_head_kv (" + std::to_string(n_head_kv) + ")");
-  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 256) bad("head_dim must be even and in [2, 256]");
-  if (rope.head_dim != head_dim || rope.rope_dim <= 0 || rope.rope_dim > head_dim || rope.rope_dim % 2 != 0)
-    bad("rope dims must be even and within head_dim");
-}
-
 const char* device_weights_name(DeviceWeights w) { return w == DeviceWeights::F16 ? "f16" : "f32"; }
 
 const char* weight_id_name(WeightId id) {
@@ -46,7 +35,7 @@ bool is_per_layer(WeightId id) {
   return id != WeightId::TokenEmbd && id != WeightId::Output && id != WeightId::OutputNorm;
 }
 
-std::pair<std::int64_t, std::int64_t> weight_shape(const TransformerShape& s, WeightId id) {
+std::pair<std::int64_t, std::int64_t> weight_shape(const ModelConfig& s, WeightId id) {
   switch (id) {
     case WeightId::TokenEmbd:
     case WeightId::Output: return {s.vocab, s.n_embd};
@@ -67,20 +56,20 @@ std::pair<std::int64_t, std::int64_t> weight_shape(const TransformerShape& s, We
   return {0, 0};
 }
 
-std::vector<std::pair<WeightId, int>> weight_list(const TransformerShape& s) {
+std::vector<std::pair<WeightId, int>> weight_list(const ModelConfig& s) {
   std::vector<std::pair<WeightId, int>> out{{WeightId::TokenEmbd, -1}, {WeightId::OutputNorm, -1}};
   if (!s.tied_embeddings) out.emplace_back(WeightId::Output, -1);
   for (int l = 0; l < s.n_layers; ++l) {
     for (WeightId id : {WeightId::AttnNorm, WeightId::FfnNorm, WeightId::Wq, WeightId::Wk, WeightId::Wv, WeightId::Wo,
                         WeightId::Wgate, WeightId::Wup, WeightId::Wdown})
       out.emplace_back(id, l);
-    if (s.has_bias)
+    if (s.qkv_bias)
       for (WeightId id : {WeightId::Bq, WeightId::Bk, WeightId::Bv}) out.emplace_back(id, l);
   }
   return out;
 }
 
-void random_weights(const TransformerShape& s, std::uint64_t seed, const WeightSink& sink) {
+void random_weights(const ModelConfig& s, std::uint64_t seed, const WeightSink& sink) {
   s.check();
   std::vector<float> buf;
   std::uint64_t n_tensor = 0;

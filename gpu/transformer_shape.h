@@ -9,23 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "core/geometry.h"
 #include "core/packed_kv.h"
 #include "core/rope.h"
 
 namespace kvsim::gpu {
-
-struct TransformerShape {
-  int n_layers = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
-  std::int64_t vocab = 0;
-  double rms_eps = 1e-5;
-  RopeSpec rope;
-  bool has_bias = false;         // Q/K/V biases (qwen2)
-  bool tied_embeddings = false;  // logits from token_embd (no output tensor)
-  std::int64_t q_dim() const { return static_cast<std::int64_t>(n_head) * head_dim; }
-  std::int64_t kv_dim() const { return static_cast<std::int64_t>(n_head_kv) * head_dim; }
-  int group() const { return n_head / n_head_kv; }
-  void check() const;  // throws naming the inconsistent field
-};
 
 // How the GPU keeps the weights: dequantized once to fp16 (GEMMs on fp16 inputs, fp32
 // accumulation) or fp32 (slower, for tight parity with the CPU engine).
@@ -36,16 +24,16 @@ enum class WeightId { TokenEmbd, Output, OutputNorm, AttnNorm, FfnNorm, Wq, Wk, 
 const char* weight_id_name(WeightId id);
 bool is_per_layer(WeightId id);
 // [rows, cols] of a weight (vectors: rows = 1), row-major, y = x W^T for matrices.
-std::pair<std::int64_t, std::int64_t> weight_shape(const TransformerShape& s, WeightId id);
+std::pair<std::int64_t, std::int64_t> weight_shape(const ModelConfig& s, WeightId id);
 // Every tensor the shape needs, in load order (layer -1 for global ones).
-std::vector<std::pair<WeightId, int>> weight_list(const TransformerShape& s);
+std::vector<std::pair<WeightId, int>> weight_list(const ModelConfig& s);
 
 // Receives one tensor (f32, row-major, exactly weight_shape's size).
 using WeightSink = std::function<void(WeightId, int layer, std::span<const float>)>;
 
 // Deterministic random weights: matrices N(0, 1/cols), norms 1 + N(0, 0.1^2), biases N(0, 0.02^2),
 // embeddings N(0, 1): activations stay O(1) through any depth, attention is neither flat nor one-hot.
-void random_weights(const TransformerShape& s, std::uint64_t seed, const WeightSink& sink);
+void random_weights(const ModelConfig& s, std::uint64_t seed, const WeightSink& sink);
 
 // One cache entry's rows, host side: k and v [rows, head_dim] (f16-valued floats).
 struct HostEntry {
@@ -64,8 +52,8 @@ void check_host_packed(const PackedEntry& p, std::int64_t entry_rows, int head_d
 
 // Entry layout rule shared by both backends: a layer holds one entry per KV head, or, after a
 // per-query-head plan, one per query head; query head h reads entry h or h / group.
-inline bool per_query_head(const TransformerShape& s, int entries) {
-  return entries == s.n_head && s.n_head != s.n_head_kv;
+inline bool per_query_head(const ModelConfig& s, int entries) {
+  return entries == s.n_q_heads && s.n_q_heads != s.n_kv_heads;
 }
 
 // What a forward pass hands out per layer for its n new rows, post-RoPE, row-major:

@@ -18,7 +18,7 @@ class AnDPro : public ScoringPolicy {
  public:
   AnDPro(int window, Sign sign, GqaAgg gqa) : window_(window), sign_(sign), gqa_(gqa) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     const int d = g.head_dim;
     std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
     for (int q = 0; q < g.n_q_heads; ++q) {

@@ -105,7 +105,7 @@ BasisSet load_basis_set(const std::string& path) {
   return s;
 }
 
-void check_basis_set(const BasisSet& s, const KvGeometry& g) {
+void check_basis_set(const BasisSet& s, const ModelGeometry& g) {
   auto field = [&](const char* name, long long have, long long want) {
     if (have != want)
       throw Error("basis set fitted on " + s.source + ": " + name + " = " + std::to_string(have) + ", expected " +

@@ -25,6 +25,6 @@ void save_basis_set(const BasisSet& set, const std::string& path);
 // Errors name the file and what is wrong (not a basis file, truncated, bad field).
 BasisSet load_basis_set(const std::string& path);
 // Throws naming the field when the set was fitted for another geometry or RoPE.
-void check_basis_set(const BasisSet& set, const KvGeometry& g);
+void check_basis_set(const BasisSet& set, const ModelGeometry& g);
 
 }  // namespace kvsim

@@ -48,12 +48,12 @@ bool codec_reconstruct(TokenCodec codec, std::span<const float> k, std::span<con
   throw Error(std::string("codec ") + codec_name(codec) + ": reconstruction not available yet");
 }
 
-void KvCodec::pack(const HeadPlan&, const KvGeometry&, std::span<const std::int32_t>, std::span<const float>,
+void KvCodec::pack(const HeadPlan&, const ModelGeometry&, std::span<const std::int32_t>, std::span<const float>,
                    std::span<const float>, PackedEntry&) const {
   throw Error("codec: this policy's encoding has no packed (device) form yet; verify it with --device cpu");
 }
 
-void pack_plan(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+void pack_plan(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                std::span<const float> keys, std::span<const float> values, PackedEntry& out) {
   const auto d = static_cast<std::size_t>(g.head_dim);
   const auto kept = static_cast<std::size_t>(plan.kept());

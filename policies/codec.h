@@ -40,7 +40,7 @@ class KvCodec {
   }
   // Replaces the kept tokens' K and V rows ([kept, head_dim] each, in cached order, post-RoPE)
   // with what the stored encoding reads back; `positions` are the kept tokens' (RoPE) positions.
-  virtual void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+  virtual void reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                            std::span<float> keys, std::span<float> values) const = 0;
   // Whether reconstruct reads the rows it is handed. False: it writes every kept row from the
   // plan's own data (a low-rank fit of the cached tokens), so the caller need not gather them.
@@ -53,7 +53,7 @@ class KvCodec {
   // U ([head_dim, head_dim] row-major, its first r columns used; owned by the plan's data), and it
   // returns r. Attention weights times C is an r-wide product instead of a head_dim-wide one plus
   // the rebuild. Returns -1 when `values` holds V̂ (the default).
-  virtual int reconstruct_factored(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+  virtual int reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                                    std::span<float> keys, std::span<float> values, std::span<const float>& basis) const {
     reconstruct(plan, g, positions, keys, values);
     basis = {};
@@ -62,13 +62,13 @@ class KvCodec {
   // What a really compressed cache stores for the plan's kept tokens (keys and values as
   // reconstruct takes them): unpack_tensor reads back reconstruct's rows rounded to fp16, and
   // the payload is bytes(plan). The default refuses, naming the missing piece.
-  virtual void pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+  virtual void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                     std::span<const float> keys, std::span<const float> values, PackedEntry& out) const;
 };
 
 // Packs one plan entry: through `codec` when the plan needs it, else as fp16 rows (`codec` may be
 // null then). The result is checked (check_packed) before it is returned.
-void pack_plan(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+void pack_plan(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                std::span<const float> keys, std::span<const float> values, PackedEntry& out);
 
 // Whether a plan entry needs its policy's codec (some token is neither dropped nor fp16).

@@ -51,7 +51,7 @@ class ExpectedAttention : public ScoringPolicy {
   explicit ExpectedAttention(Options o) : o_(o) {}
 
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     const int d = g.head_dim;
     const std::int64_t seen = s.n_tokens();
     const auto rows = s.observed_rows();

@@ -67,7 +67,7 @@ class H2o : public ScoringPolicy {
       : recent_ratio_(recent_ratio), normalize_(normalize), gqa_(gqa), decode_(decode), all_queries_(all_queries) {}
 
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     if (all_queries_) require_all_prompt_queries(s, 0, "h2o");
     const auto rows = s.observed_rows();  // increasing token indices
     std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));

@@ -17,12 +17,12 @@ class KiviCodec : public KvCodec {
  public:
   explicit KiviCodec(KiviSpec s) : s_(s) {}
   double bytes(const HeadPlan& plan, int d) const override { return kivi_bytes(s_, d, kept_tokens(plan)); }
-  void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t>, std::span<float> keys,
+  void reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t>, std::span<float> keys,
                    std::span<float> values) const override {
     const int d = g.head_dim;
     kivi_roundtrip(s_, d, kept_tokens(plan), keys, values);
   }
-  void pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
+  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
             std::span<const float> values, PackedEntry& out) const override {
     kivi_pack(s_, g.head_dim, kept_tokens(plan), keys, values, positions, out);
   }

@@ -89,8 +89,9 @@ class Kvzip : public KvzipBase {
     if (!rp)
       throw Error("policy kvzip needs KVzip's reconstruction pass, which this trace did not record (capture with "
                   "`kvsim capture --repeat-pass`, or use kvzip_proxy: prefill attention, not KVzip's signal) or which "
-                  "does not exist yet at this cut (a chunked prefill cutting before the context is complete)");
-    const KvGeometry& g = s.geometry();
+                  "is not handed out at compression cuts (--compress-every: the pass repeats the whole context, so it "
+                  "exists only once the context is complete)");
+    const ModelGeometry& g = s.geometry();
     const int d = g.head_dim, G = g.group(), Hq = g.n_q_heads, Hkv = g.n_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     if (rp->chunks.empty()) throw Error("policy kvzip: the reconstruction pass has no chunks");
@@ -143,7 +144,7 @@ class KvzipProxy : public KvzipBase {
  public:
   KvzipProxy(Level level, bool all_queries) : KvzipBase(level), all_queries_(all_queries) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     const auto seg = s.segments();
     // The context: Context-segment tokens seen; its own queries stand in for the repeat rows.
     std::int64_t begin = -1, end = -1;

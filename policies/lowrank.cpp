@@ -32,7 +32,7 @@ RopeTable& rope_table(const RopeSpec& s) {
   return tables.back();
 }
 
-RowMat unrotated_keys(const KvGeometry& g, std::span<const float> keys, std::span<const std::int32_t> positions) {
+RowMat unrotated_keys(const ModelGeometry& g, std::span<const float> keys, std::span<const std::int32_t> positions) {
   const auto n = static_cast<Eigen::Index>(positions.size());
   RowMat k = Eigen::Map<const RowMat>(keys.data(), n, g.head_dim);
   RopeTable& rope = rope_table(g.rope);
@@ -95,7 +95,7 @@ void fit_and_project(const RowMat& k, const Eigen::Map<const RowMat>& v, HeadBas
 
 }  // namespace
 
-HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+HeadBasis fit_basis(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
                     std::span<const std::int32_t> positions, std::vector<float>* ck, std::vector<float>* cv) {
   const auto n = static_cast<Eigen::Index>(positions.size());
   HeadBasis b;
@@ -103,7 +103,7 @@ HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<
   return b;
 }
 
-void GramAccumulator::add(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+void GramAccumulator::add(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
                           std::span<const std::int32_t> positions) {
   if (d == 0) {
     d = g.head_dim;
@@ -126,7 +126,7 @@ HeadBasis GramAccumulator::basis() const {
   return b;
 }
 
-std::shared_ptr<const LowRankFit> fit_lowrank(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
                                               std::span<const std::int32_t> positions, const HeadBasis* fixed) {
   auto fit = std::make_shared<LowRankFit>();
   fit->n = static_cast<std::int64_t>(positions.size());
@@ -140,7 +140,7 @@ std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s,
   static const char request_fit = 0;  // the memo key of bases fitted on the request itself
   const void* key = calibration ? static_cast<const void*>(calibration) : &request_fit;
   const auto memo = s.memo(key, [&] {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     if (calibration) check_basis_set(*calibration, g);
     auto fits = std::make_shared<Fits>();
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
@@ -168,12 +168,12 @@ double lowrank_bytes(const HeadPlan& plan, int head_dim) {
   return bytes + (any ? 2.0 * 2.0 * head_dim * head_dim : 0.0);
 }
 
-void LowRankCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+void LowRankCodec::reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                                std::span<float> keys, std::span<float> values) const {
   rebuild(plan, g, positions, keys, values, nullptr);
 }
 
-int LowRankCodec::reconstruct_factored(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+int LowRankCodec::reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                                        std::span<float> keys, std::span<float> values,
                                        std::span<const float>& basis) const {
   basis = {};
@@ -189,7 +189,7 @@ bool LowRankCodec::reads_rows(const HeadPlan& plan) const {
                      [](TokenCodec c) { return c != TokenCodec::Drop && c != TokenCodec::LowRank; });
 }
 
-void LowRankCodec::pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+void LowRankCodec::pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                         std::span<const float> keys, std::span<const float> values, PackedEntry& out) const {
   const int d = g.head_dim;
   // The same fit rebuild() reads: the plan's own (by cached index) or one on the kept tokens.
@@ -230,7 +230,7 @@ void LowRankCodec::pack(const HeadPlan& plan, const KvGeometry& g, std::span<con
   }
 }
 
-int LowRankCodec::rebuild(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+int LowRankCodec::rebuild(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                           std::span<float> keys, std::span<float> values, std::span<const float>* basis) const {
   const int d = g.head_dim;
   // The policy's fit covers every cached token (coefficient row = cached index); without one

@@ -22,7 +22,7 @@ struct HeadBasis {
 
 // Bases from n tokens' post-RoPE keys and values ([n, d] row-major) at `positions`; with ck/cv,
 // also every token's coefficients in them ([n, d] each, fp16 values, keys un-rotated first).
-HeadBasis fit_basis(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+HeadBasis fit_basis(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
                     std::span<const std::int32_t> positions, std::vector<float>* ck = nullptr, std::vector<float>* cv = nullptr);
 
 // Second moments of pre-RoPE keys and of values over calibration tokens, for bases that are
@@ -32,7 +32,7 @@ struct GramAccumulator {
   std::vector<double> kk, vv;  // [d, d]
   std::int64_t tokens = 0;
   // Adds n tokens' post-RoPE keys and values ([n, d]) at `positions`.
-  void add(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+  void add(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
            std::span<const std::int32_t> positions);
   HeadBasis basis() const;  // principal directions, decreasing eigenvalue, fp16 values
 };
@@ -47,7 +47,7 @@ struct LowRankFit : CodecData {
 
 // Fits bases on the given tokens (training-free), or, with `fixed`, projects onto those
 // (calibration bases).
-std::shared_ptr<const LowRankFit> fit_lowrank(const KvGeometry& g, std::span<const float> keys, std::span<const float> values,
+std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
                                               std::span<const std::int32_t> positions, const HeadBasis* fixed = nullptr);
 
 struct BasisSet;  // policies/basis_set.h
@@ -62,16 +62,16 @@ double lowrank_bytes(const HeadPlan& plan, int head_dim);
 class LowRankCodec : public KvCodec {
  public:
   double bytes(const HeadPlan& plan, int head_dim) const override { return lowrank_bytes(plan, head_dim); }
-  void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
+  void reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
                    std::span<float> values) const override;
-  int reconstruct_factored(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+  int reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                            std::span<float> keys, std::span<float> values, std::span<const float>& basis) const override;
   bool reads_rows(const HeadPlan& plan) const override;
-  void pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
+  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
             std::span<const float> values, PackedEntry& out) const override;
 
  private:
-  int rebuild(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
+  int rebuild(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
               std::span<float> values, std::span<const float>* basis) const;
 };
 

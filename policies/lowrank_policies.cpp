@@ -124,7 +124,7 @@ class VarRate : public Policy {
       : r_min_(r_min), window_(window), sinks_(sinks), basis_(std::move(basis)) {}
   const KvCodec* codec() const override { return &codec_; }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     const int d = g.head_dim;
     const auto fits = layer_fits(s, basis_.get());
     LayerPlan plan;

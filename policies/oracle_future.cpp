@@ -16,7 +16,7 @@ class OracleFuture : public ScoringPolicy {
   bool selection_is_uniform() const override { return !per_layer_; }
   bool reads_future() const override { return true; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
     for (int h = 0; h < g.n_kv_heads; ++h) {
       std::vector<std::vector<float>> per_q;

@@ -16,7 +16,7 @@ class OracleGolden : public ScoringPolicy {
   explicit OracleGolden(std::int64_t block) : block_(block) {}
   bool reads_future() const override { return true; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
       const std::int64_t n = cache_size(s, kv);

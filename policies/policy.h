@@ -12,18 +12,10 @@
 #include <vector>
 
 #include "core/decode_rule.h"
+#include "core/geometry.h"
 #include "core/rope.h"
 
 namespace kvsim {
-
-struct KvGeometry {
-  int n_layers = 0;
-  int n_q_heads = 0;
-  int n_kv_heads = 0;
-  int head_dim = 0;
-  RopeSpec rope;
-  int group() const { return n_q_heads / n_kv_heads; }
-};
 
 // Row-major [rows, cols] floats, borrowed.
 struct MatrixView {
@@ -64,7 +56,7 @@ struct RepeatPassView {
 class LayerSignals {
  public:
   virtual ~LayerSignals() = default;
-  virtual const KvGeometry& geometry() const = 0;
+  virtual const ModelGeometry& geometry() const = 0;
   virtual int layer() const = 0;
   virtual std::int64_t n_tokens() const = 0;                     // tokens seen, n
   virtual std::span<const std::int32_t> positions() const = 0;  // [n], by token index

@@ -60,7 +60,7 @@ double IntCodec::host_bytes(const HeadPlan& plan, int d) const {
   return b;
 }
 
-void IntCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t>,
+void IntCodec::reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t>,
                            std::span<float> keys, std::span<float> values) const {
   const auto d = static_cast<std::size_t>(g.head_dim);
   std::size_t row = 0;
@@ -74,7 +74,7 @@ void IntCodec::reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<
   }
 }
 
-void IntCodec::pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+void IntCodec::pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                     std::span<const float> keys, std::span<const float> values, PackedEntry& out) const {
   const auto d = static_cast<std::size_t>(g.head_dim);
   out = PackedEntry{};

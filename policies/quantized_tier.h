@@ -34,9 +34,9 @@ class IntCodec : public KvCodec {
   explicit IntCodec(IntSpec s, bool host_copy = false) : s_(s), host_copy_(host_copy) {}
   double bytes(const HeadPlan& plan, int head_dim) const override;
   double host_bytes(const HeadPlan& plan, int head_dim) const override;
-  void reconstruct(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions,
+  void reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                    std::span<float> keys, std::span<float> values) const override;
-  void pack(const HeadPlan& plan, const KvGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
+  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
             std::span<const float> values, PackedEntry& out) const override;
   const IntSpec& spec() const { return s_; }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Self-registering policy registry. A policy is one .cpp file with one KVSIM_REGISTER_POLICY
-// line; nothing else in the code base lists policy names. policies/ is built as an OBJECT
-// library so the linker keeps every registration.
+// line; nothing else in the code base lists policy names. policies/ is a static archive that
+// kvcache/ links whole (WHOLE_ARCHIVE), so the linker keeps every registration.
 #include <functional>
 #include <memory>
 #include <string>

@@ -9,7 +9,7 @@
 namespace kvsim {
 
 std::vector<HeadScores> snapkv_scores(const LayerSignals& s, const SnapKvOptions& o) {
-  const KvGeometry& g = s.geometry();
+  const ModelGeometry& g = s.geometry();
   std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
   for (int q = 0; q < g.n_q_heads; ++q) {
     const std::int64_t n = cache_size(s, q / g.group());

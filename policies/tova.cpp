@@ -37,7 +37,7 @@ class Tova : public ScoringPolicy {
  public:
   explicit Tova(bool decode) : decode_(decode) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
-    const KvGeometry& g = s.geometry();
+    const ModelGeometry& g = s.geometry();
     // One token set for the layer: every KV head must hold the same tokens.
     for (int kv = 1; kv < g.n_kv_heads; ++kv)
       if (!std::equal(s.cached(kv).begin(), s.cached(kv).end(), s.cached(0).begin(), s.cached(0).end()))

@@ -11,18 +11,17 @@ namespace kvsim {
 BasisSet fit_calibration_bases(const std::vector<std::string>& traces, int requests_per_trace) {
   if (requests_per_trace < 0) throw Error("calibration: requests per trace must be >= 0");
   std::vector<GramAccumulator> grams;
-  KvGeometry g;
+  ModelGeometry g;
   std::string model;
   for (const std::string& path : traces) {
     const TraceReader reader(path);
     const ModelGeometry& mg = reader.geometry();
-    const KvGeometry here{mg.n_layers, mg.n_q_heads, mg.n_kv_heads, mg.head_dim, mg.rope()};
     if (grams.empty()) {
-      g = here;
+      g = mg;
       model = mg.name;
       grams.resize(static_cast<std::size_t>(g.n_layers * g.n_kv_heads));
-    } else if (here.n_layers != g.n_layers || here.n_kv_heads != g.n_kv_heads || here.head_dim != g.head_dim ||
-               here.rope.type != g.rope.type || here.rope.rope_dim != g.rope.rope_dim) {
+    } else if (mg.n_layers != g.n_layers || mg.n_kv_heads != g.n_kv_heads || mg.head_dim != g.head_dim ||
+               mg.rope.type != g.rope.type || mg.rope.rope_dim != g.rope.rope_dim) {
       throw Error("trace '" + path + "' has another geometry than '" + traces.front() + "' (model " + mg.name + " vs " +
                   model + "): calibration traces must come from one model");
     }

@@ -7,20 +7,13 @@
 
 #include "core/error.h"
 #include "policies/codec.h"
-#include "sim/budget.h"
+#include "kvcache/budget.h"
+#include "kvcache/plan_apply.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim {
 
 using namespace replay_detail;
-
-const char* mode_name(ReplayMode m) { return m == ReplayMode::QueryAware ? "query-aware" : "query-agnostic"; }
-
-ReplayMode parse_mode(const std::string& s) {
-  if (s == "query-aware") return ReplayMode::QueryAware;
-  if (s == "query-agnostic") return ReplayMode::QueryAgnostic;
-  throw Error("--mode is '" + s + "', expected query-aware or query-agnostic");
-}
 
 namespace {
 
@@ -31,18 +24,177 @@ double percentile95(std::vector<float>& v) {
   return v[k];
 }
 
+void start_accumulator(Accumulator& a, int L, std::int64_t T, std::int64_t c, bool record_keep_sets) {
+  a.layer_recall.assign(static_cast<std::size_t>(L), 0);
+  a.layer_kl.assign(static_cast<std::size_t>(L), 0);
+  a.layer_err.assign(static_cast<std::size_t>(L), 0);
+  a.layer_rows.assign(static_cast<std::size_t>(L), 0);
+  a.kl.assign(static_cast<std::size_t>(L), {});
+  a.err.assign(static_cast<std::size_t>(L), {});
+  a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
+  a.saving_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
+  a.prefill_size.assign(static_cast<std::size_t>(c), 0.0);
+  if (record_keep_sets) a.kept_sets.resize(static_cast<std::size_t>(L));
+}
+
+// One config's result from what its accumulator gathered over the layers: means and tails, and
+// memory at every step of the token clock (prefill, compression, decode).
+ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudget& b, const ModelGeometry& g,
+                       std::int64_t c, const std::string& ctx) {
+  const int L = g.n_layers;
+  const double LH = static_cast<double>(L) * g.n_kv_heads;
+  ConfigResult r;
+  r.budget_tokens = b.tokens;
+  std::vector<float> all_kl, all_err;
+  for (int l = 0; l < L; ++l) {
+    const auto li = static_cast<std::size_t>(l);
+    all_kl.insert(all_kl.end(), a.kl[li].begin(), a.kl[li].end());
+    all_err.insert(all_err.end(), a.err[li].begin(), a.err[li].end());
+    r.layer_p95_kl.push_back(percentile95(a.kl[li]));
+    r.layer_p95_err.push_back(percentile95(a.err[li]));
+  }
+  r.rows = static_cast<std::int64_t>(all_kl.size());
+  double sr = 0, sk = 0, se = 0;
+  for (int l = 0; l < L; ++l) {
+    const auto li = static_cast<std::size_t>(l);
+    const double n = static_cast<double>(a.layer_rows[li]);
+    sr += a.layer_recall[li];
+    sk += a.layer_kl[li];
+    se += a.layer_err[li];
+    r.layer_recall.push_back(a.layer_recall[li] / n);
+    r.layer_kl.push_back(a.layer_kl[li] / n);
+    r.layer_err.push_back(a.layer_err[li] / n);
+  }
+  r.mean_recall = sr / static_cast<double>(r.rows);
+  r.mean_kl = sk / static_cast<double>(r.rows);
+  r.mean_err = se / static_cast<double>(r.rows);
+  r.p95_kl = percentile95(all_kl);
+  r.p95_err = percentile95(all_err);
+  const double bpt = b.token_bytes;
+  // Per-entry fixed state (length tables), counted for every layer and plan entry.
+  const double fixed = cache_bytes(b, 0, a.entries, L);
+  const double kept = static_cast<double>(a.kept), cd = static_cast<double>(c);
+  r.kept_fraction = kept / (LH * cd);
+  // Encoded (quantized) tokens cost what their codec stores, not fp16, from compression on.
+  const double saving = a.codec_saving;
+  r.compressed_bytes = cache_bytes(b, kept, a.entries, L) - saving;
+  r.budget_bytes = cfg.budget * cd * LH * b.kv_token_bytes;
+  r.final_bytes = a.kept_after_step.empty() ? fixed - saving + kept * bpt
+                                            : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt;
+  r.host_bytes = a.host_bytes;
+  r.peak_bytes = 0;
+  r.footprint = 0;
+  for (double k : a.prefill_size) {
+    r.peak_bytes = std::max(r.peak_bytes, k * bpt + fixed);
+    r.footprint += k * bpt + fixed;
+  }
+  // A step's token joins before the policy acts on it: the cache briefly holds the previous
+  // step's tokens plus one per head, under the previous step's encoding.
+  double prev = kept, prev_saving = saving;
+  for (std::size_t i = 0; i < a.kept_after_step.size(); ++i) {
+    const double k = a.kept_after_step[i], sv = a.saving_after_step[i];
+    r.peak_bytes = std::max({r.peak_bytes, (prev + LH) * bpt + fixed - prev_saving, k * bpt + fixed - sv});
+    r.footprint += k * bpt + fixed - sv;
+    prev = k;
+    prev_saving = sv;
+  }
+  r.keep_hash = a.hash;
+  r.kept = std::move(a.kept_sets);
+  if (cfg.impl->respects_budget() && cfg.budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
+    throw Error("policy " + cfg.label() + " kept " + std::to_string(r.compressed_bytes) +
+                " bytes over budget " + std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
+  return r;
+}
+
+// Every config on one layer: phase A asks each policy for its plan (decode-time configs replay to
+// the end there), then the encoded plans are scored (each distinct one once) and the one-shot
+// keep-sets share partial outputs along a spanning tree per query head (phase B).
+void score_layer(const LayerWork& work, const std::vector<ReplayConfig>& configs, const std::vector<ConfigBudget>& budgets,
+                 const std::vector<std::size_t>& heavy_first, std::vector<Accumulator>& acc) {
+  const std::size_t P = configs.size();
+  const int Hq = work.g.n_q_heads, layer = work.layer;
+  const std::int64_t c = work.c, E = work.E;
+  // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
+  std::exception_ptr failure;
+  auto guard = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (...) {
+#pragma omp critical(kvsim_replay_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  // Phase A: plans (decode-time configs run to the end here).
+  std::vector<Planned> planned(P);
+#pragma omp parallel for schedule(dynamic)
+  for (std::size_t k = 0; k < P; ++k) {
+    const std::size_t p = heavy_first[k];
+    guard([&] { planned[p] = plan_config(p, configs[p], budgets[p], work, acc[p]); });
+  }
+  if (failure) std::rethrow_exception(failure);
+  std::vector<OneShot> shots;
+  std::vector<CodedShot> coded;
+  for (auto& s : planned) {
+    if (s.shot) shots.push_back(std::move(*s.shot));
+    if (s.coded) coded.push_back(std::move(*s.coded));
+  }
+  // Encoded plans score their own logits, each distinct plan once (found before any is scored,
+  // so two threads never score the same one).
+  const std::vector<std::size_t> first = first_equal(coded);
+  std::vector<std::size_t> distinct;
+  for (std::size_t k = 0; k < coded.size(); ++k)
+    if (first[k] == k) distinct.push_back(k);
+  std::vector<CodedRows> coded_rows(coded.size());
+  // Phase B: one-shot configs share partial outputs along a spanning tree per KV head.
+  // (Per query head: identical trees within a group unless a plan keeps per-query-head sets;
+  // building them is a negligible popcount pass.)
+  std::vector<BuildOrder> trees(static_cast<std::size_t>(Hq));
+  for (int qh = 0; qh < Hq; ++qh) trees[static_cast<std::size_t>(qh)] = spanning_tree(shots, qh, c);
+  std::vector<std::vector<std::vector<double>>> rec(static_cast<std::size_t>(Hq)), err(rec.size());
+  // One pool of tasks: the encoded plans (several times a query head's phase B work) first, then
+  // phase B per query head.
+  const auto tasks = static_cast<std::int64_t>(distinct.size()) + Hq;
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t t = 0; t < tasks; ++t) {
+    guard([&] {
+      if (t < static_cast<std::int64_t>(distinct.size())) {
+        const std::size_t k = distinct[static_cast<std::size_t>(t)];
+        try {
+          coded_rows[k] = score_codec(coded[k], work);
+        } catch (const Error& e) {  // name the policy, as phase A's errors do
+          const std::string msg = e.what();
+          if (msg.rfind("policy ", 0) == 0) throw;
+          throw Error("policy " + configs[coded[k].config].label() + ": " + msg);
+        }
+        return;
+      }
+      const auto qh = static_cast<std::size_t>(t - static_cast<std::int64_t>(distinct.size()));
+      rec[qh].resize(shots.size());
+      err[qh].resize(shots.size());
+      score_shots(work, shots, trees[qh], static_cast<int>(qh), rec[qh], err[qh]);
+    });
+  }
+  if (failure) std::rethrow_exception(failure);
+  for (std::size_t k = 0; k < coded.size(); ++k) add_codec_rows(work, coded_rows[first[k]], acc[coded[k].config]);
+  for (std::size_t k = 0; k < shots.size(); ++k)
+    for (int qh = 0; qh < Hq; ++qh)
+      for (std::int64_t i = 0; i < E; ++i)
+        acc[shots[k].config].add_row(layer, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
+                                     err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)]);
+}
+
 }  // namespace
 
 Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs,
-                   std::int64_t prefill_chunk)
-    : reader_(reader), mode_(mode), configs_(std::move(configs)), prefill_chunk_(prefill_chunk) {
-  if (prefill_chunk < 0) throw Error("--prefill-chunk must be >= 0 (0: no chunking)");
+                   std::int64_t compress_every)
+    : reader_(reader), mode_(mode), configs_(std::move(configs)), compress_every_(compress_every) {
+  if (compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
 }
 
 RequestResult Replayer::replay(const std::string& request_id) const {
-  const ModelGeometry& mg = reader_.geometry();
-  const KvGeometry g{mg.n_layers, mg.n_q_heads, mg.n_kv_heads, mg.head_dim, mg.rope()};
+  const ModelGeometry& g = reader_.geometry();
   const RequestHeader h = reader_.header(request_id);
+  const kvcache::RequestTokens tokens{h.positions, h.segments, h.q_index};
   const std::string ctx = reader_.path() + ": request '" + request_id + "'";
   const std::int64_t T = h.n_tokens();
   const std::int64_t c = mode_ == ReplayMode::QueryAware ? h.n_prompt : h.question_start;
@@ -65,17 +217,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   std::vector<ConfigBudget> budgets(P);
   for (std::size_t p = 0; p < P; ++p) budgets[p] = config_budget(*configs_[p].impl, configs_[p].budget, c, d);
   std::vector<Accumulator> acc(P);
-  for (auto& a : acc) {
-    a.layer_recall.assign(static_cast<std::size_t>(L), 0);
-    a.layer_kl.assign(static_cast<std::size_t>(L), 0);
-    a.layer_err.assign(static_cast<std::size_t>(L), 0);
-    a.layer_rows.assign(static_cast<std::size_t>(L), 0);
-    a.kl.assign(static_cast<std::size_t>(L), {});
-    a.err.assign(static_cast<std::size_t>(L), {});
-    a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
-    a.saving_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
-    a.prefill_size.assign(static_cast<std::size_t>(c), 0.0);
-  }
+  for (auto& a : acc) start_accumulator(a, L, T, c, record_keep_sets_);
 
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
@@ -159,77 +301,11 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     }
     attention_s += since(t0);
     t0 = Clock::now();
-    const CacheSignals signals(ctx, g, layer, c, h, qbuf, prefix);
+    const CacheSignals signals(ctx, g, layer, c, tokens, qbuf, prefix);
 
-    const LayerWork work{g,        layer, c,        E,   T,    prefill_chunk_, ctx, h, qbuf, full_k, eval_limit,
+    const LayerWork work{g,        layer, c,        E,   T,    compress_every_, record_keep_sets_, ctx, h, tokens, qbuf, full_k, eval_limit,
                          signals, attn,  out,      out_tail, tail_mass, full_v, first_eval, logits, lse};
-    // Exceptions must not leave an OpenMP region: keep the first, rethrow after the loop.
-    std::exception_ptr failure;
-    auto guard = [&](auto&& fn) {
-      try {
-        fn();
-      } catch (...) {
-#pragma omp critical(kvsim_replay_failure)
-        if (!failure) failure = std::current_exception();
-      }
-    };
-    // Phase A: plans (decode-time configs run to the end here).
-    std::vector<Planned> planned(P);
-#pragma omp parallel for schedule(dynamic)
-    for (std::size_t k = 0; k < P; ++k) {
-      const std::size_t p = heavy_first[k];
-      guard([&] { planned[p] = plan_config(p, configs_[p], budgets[p].tokens, work, acc[p]); });
-    }
-    if (failure) std::rethrow_exception(failure);
-    std::vector<OneShot> shots;
-    std::vector<CodedShot> coded;
-    for (auto& s : planned) {
-      if (s.shot) shots.push_back(std::move(*s.shot));
-      if (s.coded) coded.push_back(std::move(*s.coded));
-    }
-    // Encoded plans score their own logits, each distinct plan once (found before any is scored,
-    // so two threads never score the same one).
-    const std::vector<std::size_t> first = first_equal(coded);
-    std::vector<std::size_t> distinct;
-    for (std::size_t k = 0; k < coded.size(); ++k)
-      if (first[k] == k) distinct.push_back(k);
-    std::vector<CodedRows> coded_rows(coded.size());
-    // Phase B: one-shot configs share partial outputs along a spanning tree per KV head.
-    // (Per query head: identical trees within a group unless a plan keeps per-query-head sets;
-    // building them is a negligible popcount pass.)
-    std::vector<BuildOrder> trees(static_cast<std::size_t>(Hq));
-    for (int qh = 0; qh < Hq; ++qh) trees[static_cast<std::size_t>(qh)] = spanning_tree(shots, qh, c);
-    std::vector<std::vector<std::vector<double>>> rec(static_cast<std::size_t>(Hq)), err(rec.size());
-    // One pool of tasks: the encoded plans (several times a query head's phase B work) first, then
-    // phase B per query head.
-    const auto tasks = static_cast<std::int64_t>(distinct.size()) + Hq;
-#pragma omp parallel for schedule(dynamic)
-    for (std::int64_t t = 0; t < tasks; ++t) {
-      guard([&] {
-        if (t < static_cast<std::int64_t>(distinct.size())) {
-          const std::size_t k = distinct[static_cast<std::size_t>(t)];
-          try {
-            coded_rows[k] = score_codec(coded[k], work);
-          } catch (const Error& e) {  // name the policy, as phase A's errors do
-            const std::string msg = e.what();
-            if (msg.rfind("policy ", 0) == 0) throw;
-            throw Error("policy " + configs_[coded[k].config].label() + ": " + msg);
-          }
-          return;
-        }
-        const auto qh = static_cast<std::size_t>(t - static_cast<std::int64_t>(distinct.size()));
-        rec[qh].resize(shots.size());
-        err[qh].resize(shots.size());
-        score_shots(work, shots, trees[qh], static_cast<int>(qh), rec[qh], err[qh]);
-      });
-    }
-    if (failure) std::rethrow_exception(failure);
-    for (std::size_t k = 0; k < coded.size(); ++k) add_codec_rows(work, coded_rows[first[k]], acc[coded[k].config]);
-    for (std::size_t k = 0; k < shots.size(); ++k)
-      for (int qh = 0; qh < Hq; ++qh)
-        for (std::int64_t i = 0; i < E; ++i)
-          acc[shots[k].config].add_row(layer, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
-                                       err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)]);
+    score_layer(work, configs_, budgets, heavy_first, acc);
     config_s += since(t0);
   }
 
@@ -244,70 +320,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   // Per layer and query head: Q K^T and A V over all T keys, plus the tail product.
   result.attention_flops = static_cast<double>(L) * Hq * 2.0 * static_cast<double>(E) * d *
                            (2.0 * static_cast<double>(T) + static_cast<double>(T - c));
-  const double LH = static_cast<double>(L) * Hkv;
-  for (std::size_t p = 0; p < P; ++p) {
-    Accumulator& a = acc[p];
-    ConfigResult r;
-    r.budget_tokens = budgets[p].tokens;
-    std::vector<float> all_kl, all_err;
-    for (int l = 0; l < L; ++l) {
-      const auto li = static_cast<std::size_t>(l);
-      all_kl.insert(all_kl.end(), a.kl[li].begin(), a.kl[li].end());
-      all_err.insert(all_err.end(), a.err[li].begin(), a.err[li].end());
-      r.layer_p95_kl.push_back(percentile95(a.kl[li]));
-      r.layer_p95_err.push_back(percentile95(a.err[li]));
-    }
-    r.rows = static_cast<std::int64_t>(all_kl.size());
-    double sr = 0, sk = 0, se = 0;
-    for (int l = 0; l < L; ++l) {
-      const auto li = static_cast<std::size_t>(l);
-      const double n = static_cast<double>(a.layer_rows[li]);
-      sr += a.layer_recall[li];
-      sk += a.layer_kl[li];
-      se += a.layer_err[li];
-      r.layer_recall.push_back(a.layer_recall[li] / n);
-      r.layer_kl.push_back(a.layer_kl[li] / n);
-      r.layer_err.push_back(a.layer_err[li] / n);
-    }
-    r.mean_recall = sr / static_cast<double>(r.rows);
-    r.mean_kl = sk / static_cast<double>(r.rows);
-    r.mean_err = se / static_cast<double>(r.rows);
-    r.p95_kl = percentile95(all_kl);
-    r.p95_err = percentile95(all_err);
-    const double bpt = budgets[p].token_bytes;
-    // Per-entry fixed state (length tables), counted for every layer and plan entry.
-    const double fixed = cache_bytes(budgets[p], 0, a.entries, L);
-    const double kept = static_cast<double>(a.kept), cd = static_cast<double>(c);
-    r.kept_fraction = kept / (LH * cd);
-    // Encoded (quantized) tokens cost what their codec stores, not fp16, from compression on.
-    const double saving = a.codec_saving;
-    r.compressed_bytes = cache_bytes(budgets[p], kept, a.entries, L) - saving;
-    r.budget_bytes = configs_[p].budget * cd * LH * budgets[p].kv_token_bytes;
-    r.final_bytes = a.kept_after_step.empty() ? fixed - saving + kept * bpt
-                                              : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt;
-    r.host_bytes = a.host_bytes;
-    r.peak_bytes = 0;
-    r.footprint = 0;
-    for (double k : a.prefill_size) {
-      r.peak_bytes = std::max(r.peak_bytes, k * bpt + fixed);
-      r.footprint += k * bpt + fixed;
-    }
-    // A step's token joins before the policy acts on it: the cache briefly holds the previous
-    // step's tokens plus one per head, under the previous step's encoding.
-    double prev = kept, prev_saving = saving;
-    for (std::size_t i = 0; i < a.kept_after_step.size(); ++i) {
-      const double k = a.kept_after_step[i], sv = a.saving_after_step[i];
-      r.peak_bytes = std::max({r.peak_bytes, (prev + LH) * bpt + fixed - prev_saving, k * bpt + fixed - sv});
-      r.footprint += k * bpt + fixed - sv;
-      prev = k;
-      prev_saving = sv;
-    }
-    r.keep_hash = a.hash;
-    if (configs_[p].impl->respects_budget() && configs_[p].budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
-      throw Error("policy " + configs_[p].label() + " kept " + std::to_string(r.compressed_bytes) +
-                  " bytes over budget " + std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
-    result.configs.push_back(std::move(r));
-  }
+  for (std::size_t p = 0; p < P; ++p)
+    result.configs.push_back(summarise(acc[p], configs_[p], budgets[p], g, c, ctx));
   return result;
 }
 

@@ -7,25 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/config.h"
 #include "policies/policy.h"
 #include "traces/trace_reader.h"
 
 namespace kvsim {
-
-// QueryAware: compress at the end of the prompt (the question is in the observation window,
-// as LongBench-style SnapKV). QueryAgnostic: compress the context before the question arrives,
-// then evaluate the question and answer on the compressed cache (KVzip / kvpress).
-enum class ReplayMode { QueryAware, QueryAgnostic };
-const char* mode_name(ReplayMode m);
-ReplayMode parse_mode(const std::string& s);
-
-struct ReplayConfig {
-  std::string policy;  // registry name
-  std::string params;  // canonical parameters
-  std::shared_ptr<const Policy> impl;
-  double budget = 1.0;  // fraction of the full fp16 KV bytes at the compression point
-  std::string label() const { return params.empty() ? policy : policy + ":" + params; }
-};
 
 struct ConfigResult {
   std::int64_t budget_tokens = 0;  // per (layer, KV head), before per-layer/head reallocation
@@ -40,6 +26,9 @@ struct ConfigResult {
   double host_bytes = 0;           // peak host-side copies of recoverable tiers (not in the device bytes)
   double footprint = 0;            // bytes x token steps over the whole request
   std::uint64_t keep_hash = 0;     // FNV-1a of every keep mask: golden tests compare these
+  // With Replayer::record_keep_sets: the tokens each entry holds right after compression,
+  // [layer][entry] (what live verify reports as LiveConfigResult::kept).
+  std::vector<std::vector<std::vector<std::int32_t>>> kept;
 };
 
 struct RequestResult {
@@ -53,18 +42,20 @@ struct RequestResult {
 
 class Replayer {
  public:
-  // prefill_chunk > 0: the prompt is prefilled in chunks of that many tokens and compressed to
-  // the budget at every chunk boundary where the cache exceeds it, not only at the end.
+  // compress_every > 0: the policy also cuts the cache back to its budget at every this many
+  // prompt tokens where it exceeds it (kvcache/config.h compression_cuts), not only at the end.
   Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs,
-           std::int64_t prefill_chunk = 0);
+           std::int64_t compress_every = 0);
   RequestResult replay(const std::string& request_id) const;
+  void record_keep_sets(bool on) { record_keep_sets_ = on; }
   const std::vector<ReplayConfig>& configs() const { return configs_; }
 
  private:
   const TraceReader& reader_;
   ReplayMode mode_;
   std::vector<ReplayConfig> configs_;
-  std::int64_t prefill_chunk_ = 0;
+  std::int64_t compress_every_ = 0;
+  bool record_keep_sets_ = false;
 };
 
 }  // namespace kvsim

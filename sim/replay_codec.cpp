@@ -303,17 +303,6 @@ void strip_drops(std::vector<CodedHead>& heads) {
   }
 }
 
-// fp16 bytes of the heads' tokens minus what their codec stores, and the host copy's bytes.
-std::pair<double, double> saving_and_host(const KvCodec& codec, const std::vector<CodedHead>& heads, int d) {
-  const double fp16 = codec_token_bytes(TokenCodec::Fp16, d);
-  double saving = 0, host = 0;
-  for (const CodedHead& ch : heads) {
-    saving += static_cast<double>(ch.tokens.size()) * fp16 - codec.bytes(ch.plan, d);
-    host += codec.host_bytes(ch.plan, d);
-  }
-  return {saving, host};
-}
-
 const KvCodec& codec_of(const ReplayConfig& cfg) {
   const KvCodec* codec = cfg.impl->codec();
   if (!codec) throw Error("policy " + cfg.policy + ": plan encodes tokens but the policy names no codec");
@@ -326,10 +315,13 @@ const KvCodec& codec_of(const ReplayConfig& cfg) {
 CodedShot account_codec(std::size_t index, const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w,
                         Accumulator& a) {
   const KvCodec& codec = codec_of(cfg);
-  const std::vector<CodedHead> heads = coded_heads(plan, w.c, &a);
-  const auto [saving, host] = saving_and_host(codec, heads, w.g.head_dim);
-  std::int64_t nk = 0;
-  for (const CodedHead& ch : heads) nk += static_cast<std::int64_t>(ch.tokens.size());
+  kvcache::LayerIndex cache;
+  for (CodedHead& ch : coded_heads(plan, w.c, &a)) {
+    cache.tokens.push_back(std::move(ch.tokens));
+    cache.encoding.push_back(std::move(ch.plan));
+  }
+  const auto [saving, host] = kvcache::codec_bytes(codec, cache, w.g.head_dim);
+  const std::int64_t nk = cache.rows();
   a.kept += nk;
   a.codec_saving += saving;
   a.host_bytes += host;
@@ -376,8 +368,8 @@ void add_codec_rows(const LayerWork& w, const CodedRows& rows, Accumulator& a) {
 // fp16 tokens, the uncompressed reading for encoded ones), then the policy may evict and
 // re-tier. Between two changes the cache's encoding is fixed, so each stretch of rows is scored
 // once on it, with the tokens that joined inside the stretch exact.
-void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const LayerPlan& plan, DecodeState& state,
-                         Accumulator& a) {
+void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
+                         DecodeState& state, Accumulator& a) {
   const KvCodec& codec = codec_of(cfg);
   const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, d = w.g.head_dim;
   const std::int64_t c = w.c, E = w.E;
@@ -387,85 +379,54 @@ void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const Laye
                 "; capture with all decode-step queries");
   std::vector<CodedHead> heads = coded_heads(plan, c, &a);
   strip_drops(heads);
+  kvcache::LayerIndex cache;
+  for (CodedHead& ch : heads) {
+    cache.tokens.push_back(std::move(ch.tokens));
+    cache.encoding.push_back(std::move(ch.plan));
+  }
   const double head_budget = cfg.budget * static_cast<double>(c) * codec_token_bytes(TokenCodec::Fp16, d);
-  auto [saving, host] = saving_and_host(codec, heads, d);
-  for (const CodedHead& ch : heads) a.kept += static_cast<std::int64_t>(ch.tokens.size());
-  a.codec_saving += saving;
-  double host_peak = host;
+  kvcache::CodecBytes bytes = kvcache::codec_bytes(codec, cache, d);
+  a.kept += cache.rows();
+  a.codec_saving += bytes.saving;
+  double host_peak = bytes.host;
 
   struct Stretch {
     std::int64_t i0;
-    std::vector<CodedHead> heads;  // the cache before row i0's token joined
+    kvcache::LayerIndex cache;  // the cache before row i0's token joined
   };
-  std::vector<Stretch> stretches{{0, heads}};
-  std::vector<std::vector<std::int32_t>> cache(static_cast<std::size_t>(Hkv));
+  std::vector<Stretch> stretches{{0, cache}};
   std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
   std::vector<std::vector<std::int32_t>> evict;
   for (std::int64_t i = 0; i < E; ++i) {
     const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
-    for (int kv = 0; kv < Hkv; ++kv) {
-      CodedHead& ch = heads[static_cast<std::size_t>(kv)];
-      ch.tokens.push_back(t);
-      ch.plan.codec.push_back(TokenCodec::Fp16);
-      if (!ch.plan.rank.empty()) ch.plan.rank.push_back(0);
-      cache[static_cast<std::size_t>(kv)] = ch.tokens;
-    }
-    if (state.needs_attention()) cache_weights(w, i, cache, weights, true);
-    const DecodeStep step{t, cache, weights, 0};
+    kvcache::append_token(cache, t);
+    if (state.needs_attention()) cache_weights(w, i, cache.tokens, weights, true);
     evict.assign(static_cast<std::size_t>(Hkv), {});
-    state.step(step, evict);
+    state.step(DecodeStep{t, cache.tokens, weights, b.tokens}, evict);
     bool changed = false;
-    for (int kv = 0; kv < Hkv; ++kv) {
-      CodedHead& ch = heads[static_cast<std::size_t>(kv)];
-      for (auto j : evict[static_cast<std::size_t>(kv)]) {
-        const auto it = std::lower_bound(ch.tokens.begin(), ch.tokens.end(), j);
-        if (it == ch.tokens.end() || *it != j)
-          throw Error("policy " + cfg.policy + ": evicted token " + std::to_string(j) + " that is not in the cache");
-        const auto at = it - ch.tokens.begin();
-        ch.tokens.erase(it);
-        ch.plan.codec.erase(ch.plan.codec.begin() + at);
-        if (!ch.plan.rank.empty()) ch.plan.rank.erase(ch.plan.rank.begin() + at);
+    kvcache::apply_evictions(cfg.policy, evict, t, -1, cache, nullptr);
+    for (const auto& evicted_kv : evict)
+      for (const auto j : evicted_kv) {
         a.mix(static_cast<std::uint64_t>(j) + 1);
         changed = true;
       }
-      cache[static_cast<std::size_t>(kv)] = ch.tokens;
-    }
     LayerPlan next;
-    if (state.retier(DecodeStep{t, cache, {}, 0}, next)) {
-      if (static_cast<int>(next.heads.size()) != Hkv)
-        throw Error("policy " + cfg.policy + ": re-tier plan has " + std::to_string(next.heads.size()) +
-                    " heads, expected " + std::to_string(Hkv));
-      for (int kv = 0; kv < Hkv; ++kv) {
-        const HeadPlan& hp = next.heads[static_cast<std::size_t>(kv)];
-        CodedHead& ch = heads[static_cast<std::size_t>(kv)];
-        if (hp.codec.size() != ch.tokens.size())
-          throw Error("policy " + cfg.policy + ": re-tier plan covers " + std::to_string(hp.codec.size()) +
-                      " tokens, expected " + std::to_string(ch.tokens.size()));
-        CodedHead kept;
-        for (std::size_t m = 0; m < hp.codec.size(); ++m) {
-          a.mix((static_cast<std::uint64_t>(hp.codec[m]) * 0x9e37ull + 7) ^ static_cast<std::uint64_t>(ch.tokens[m]));
-          if (hp.codec[m] == TokenCodec::Drop) continue;
-          kept.tokens.push_back(ch.tokens[m]);
-          kept.plan.codec.push_back(hp.codec[m]);
-          if (!hp.rank.empty()) kept.plan.rank.push_back(hp.rank[m]);
-        }
-        if (codec.bytes(kept.plan, d) > head_budget + 1e-6)
-          throw Error("policy " + cfg.policy + ": re-tiered cache of KV head " + std::to_string(kv) + " holds " +
-                      std::to_string(codec.bytes(kept.plan, d)) + " bytes after step " + std::to_string(t) +
-                      ", over its budget of " + std::to_string(head_budget));
-        ch = std::move(kept);
+    if (state.retier(DecodeStep{t, cache.tokens, {}, b.tokens}, next)) {
+      for (std::size_t kv = 0; kv < next.heads.size() && kv < cache.tokens.size(); ++kv) {
+        const HeadPlan& hp = next.heads[kv];
+        for (std::size_t m = 0; m < hp.codec.size() && m < cache.tokens[kv].size(); ++m)
+          a.mix((static_cast<std::uint64_t>(hp.codec[m]) * 0x9e37ull + 7) ^ static_cast<std::uint64_t>(cache.tokens[kv][m]));
       }
+      kvcache::apply_retier(cfg.policy, next, t, codec, head_budget, d, cache, nullptr);
       changed = true;
     }
     if (changed) {
-      std::tie(saving, host) = saving_and_host(codec, heads, d);
-      host_peak = std::max(host_peak, host);
-      if (i + 1 < E) stretches.push_back({i + 1, heads});
+      bytes = kvcache::codec_bytes(codec, cache, d);
+      host_peak = std::max(host_peak, bytes.host);
+      if (i + 1 < E) stretches.push_back({i + 1, cache});
     }
-    std::int64_t size = 0;
-    for (const CodedHead& ch : heads) size += static_cast<std::int64_t>(ch.tokens.size());
-    a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
-    a.saving_after_step[static_cast<std::size_t>(i)] += saving;
+    a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(cache.rows());
+    a.saving_after_step[static_cast<std::size_t>(i)] += bytes.saving;
   }
   a.host_bytes += host_peak;
   // A stretch's cache lacks the tokens that join inside it: they are the exact tail from its
@@ -473,7 +434,9 @@ void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const Laye
   CodedRows m = blank_rows(Hq, E);
   for (std::size_t k = 0; k < stretches.size(); ++k) {
     const std::int64_t i0 = stretches[k].i0, i1 = k + 1 < stretches.size() ? stretches[k + 1].i0 : E;
-    std::vector<CodedHead> before = stretches[k].heads;
+    std::vector<CodedHead> before;
+    for (std::size_t e = 0; e < stretches[k].cache.tokens.size(); ++e)
+      before.push_back({stretches[k].cache.tokens[e], stretches[k].cache.encoding[e]});
     const auto t0 = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i0)]);
     for (CodedHead& ch : before) {
       // Drop the decode tokens >= t0 (in fp16) that this snapshot already holds.

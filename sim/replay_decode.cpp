@@ -22,13 +22,12 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
     throw Error("policy " + cfg.policy + " evicts at every decode step and needs the query of every token after the "
                 "compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
                 "; capture with all decode-step queries");
-  std::vector<std::vector<std::int32_t>> initial(static_cast<std::size_t>(Hkv));
-  for (int kv = 0; kv < Hkv; ++kv) {
-    const HeadPlan& hp = plan.heads[static_cast<std::size_t>(kv)];
-    for (std::int64_t j = 0; j < c; ++j)
-      if (hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) initial[static_cast<std::size_t>(kv)].push_back(static_cast<std::int32_t>(j));
-    a.kept += static_cast<std::int64_t>(initial[static_cast<std::size_t>(kv)].size());
-    a.mix(initial[static_cast<std::size_t>(kv)].size());
+  kvcache::LayerIndex walk = kvcache::LayerIndex::prefix(Hkv, c);
+  kvcache::apply_plan(cfg, plan, w.g, walk, nullptr);
+  const std::vector<std::vector<std::int32_t>> initial = walk.tokens;
+  for (const auto& t : initial) {
+    a.kept += static_cast<std::int64_t>(t.size());
+    a.mix(t.size());
   }
 
   // Phase 1: the policy's walk. evicted[i][kv]: tokens dropped after step i.
@@ -39,34 +38,21 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
     // the cache (priority 0), then the policy evicts (priority 1).
     enum Priority { kAttend = 0, kEvict = 1 };
     EventQueue<std::int64_t> clock;
-    std::vector<std::vector<std::int32_t>> cache = initial;
     std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
     auto attend = [&](std::int64_t i) {
-      const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
-      for (auto& ch : cache) ch.push_back(t);
-      const std::vector<double> mass = cache_weights(w, i, cache, weights, state.needs_attention());
+      kvcache::append_token(walk, static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
+      const std::vector<double> mass = cache_weights(w, i, walk.tokens, weights, state.needs_attention());
       for (int qh = 0; qh < Hq; ++qh) recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = mass[static_cast<std::size_t>(qh)];
     };
     auto evict = [&](std::int64_t i) {
       const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
       auto& ev = evicted[static_cast<std::size_t>(i)];
       ev.assign(static_cast<std::size_t>(Hkv), {});
-      state.step(DecodeStep{t, cache, weights, budget_tokens}, ev);
-      std::int64_t size = 0;
-      for (int kv = 0; kv < Hkv; ++kv) {
-        auto& ch = cache[static_cast<std::size_t>(kv)];
-        for (auto j : ev[static_cast<std::size_t>(kv)]) {
-          const auto it = std::lower_bound(ch.begin(), ch.end(), j);
-          if (it == ch.end() || *it != j)
-            throw Error("policy " + cfg.policy + ": evicted token " + std::to_string(j) + " that is not in the cache");
-          ch.erase(it);
-          a.mix(static_cast<std::uint64_t>(j) + 1);
-        }
-        if (static_cast<std::int64_t>(ch.size()) > std::max<std::int64_t>(budget_tokens, 0))
-          throw Error("policy " + cfg.policy + ": cache holds " + std::to_string(ch.size()) + " tokens after step " +
-                      std::to_string(t) + ", over its budget of " + std::to_string(budget_tokens));
-        size += static_cast<std::int64_t>(ch.size());
-      }
+      state.step(DecodeStep{t, walk.tokens, weights, budget_tokens}, ev);
+      kvcache::apply_evictions(cfg.policy, ev, t, std::max<std::int64_t>(budget_tokens, 0), walk, nullptr);
+      for (const auto& evicted_kv : ev)
+        for (const auto j : evicted_kv) a.mix(static_cast<std::uint64_t>(j) + 1);
+      const std::int64_t size = walk.rows();
       a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
     };
     for (std::int64_t i = 0; i < E; ++i) {

@@ -10,13 +10,22 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/budget.h"
 #include "policies/policy.h"
-#include "sim/cache_signals.h"
+#include "kvcache/cache_signals.h"
+#include "kvcache/plan_apply.h"
 #include "sim/replay.h"
 #include "traces/trace_schema.h"
 
 namespace kvsim::replay_detail {
 
+using kvcache::CacheSignals;
+using kvcache::CacheView;
+using kvcache::causal_softmax;
+using kvcache::FloatBuffer;
+using kvcache::gather_view;
+using kvcache::Mat;
+using kvcache::StridedMap;
 
 // Accumulates one config's per-row metrics over the layers of a request.
 struct Accumulator {
@@ -31,6 +40,7 @@ struct Accumulator {
   double codec_saving = 0;                  // fp16 bytes of the kept rows minus what their codec stores
   std::vector<double> saving_after_step;    // [T - c] the same after each later step (re-tiering changes it)
   double host_bytes = 0;                    // peak bytes of host copies (recoverable tiers)
+  std::vector<std::vector<std::vector<std::int32_t>>> kept_sets;  // [layer][entry], when recorded
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
   // Eviction only: the compressed row is the full one renormalised over the kept tokens, whose
@@ -64,12 +74,14 @@ struct CodedRows {
 
 // Everything one layer shares across configs.
 struct LayerWork {
-  const KvGeometry& g;
+  const ModelGeometry& g;
   int layer;
   std::int64_t c, E, T;
-  std::int64_t prefill_chunk;                     // 0: one compression at c; else also every this many tokens
+  std::int64_t compress_every;                    // 0: one compression at c; else also every this many tokens
+  bool record_keep_sets;                          // fill Accumulator::kept_sets
   const std::string& where;
   const RequestHeader& h;
+  const kvcache::RequestTokens& tokens;           // h as the signals see it
   const FloatBuffer& q;                           // this layer's recorded queries
   const std::vector<Mat>& full_k;                 // [Hkv] T x d
   const std::vector<std::int64_t>& eval_tokens;  // [E] token index of each evaluation row
@@ -126,7 +138,7 @@ struct Planned {
   std::optional<OneShot> shot;
   std::optional<CodedShot> coded;
 };
-Planned plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w,
+Planned plan_config(std::size_t index, const ReplayConfig& cfg, const ConfigBudget& budget, const LayerWork& w,
                     Accumulator& a);
 // Decode-time configs (replay_decode.cpp).
 void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, const LayerPlan& plan,
@@ -139,8 +151,8 @@ std::vector<std::size_t> first_equal(const std::vector<CodedShot>& shots);
 CodedRows score_codec(const CodedShot& shot, const LayerWork& w);
 void add_codec_rows(const LayerWork& w, const CodedRows& rows, Accumulator& a);
 // Plans with encoded tokens whose policy evicts or re-tiers while decoding (replay_codec.cpp).
-void replay_codec_decode(const ReplayConfig& cfg, const LayerWork& w, const LayerPlan& plan, DecodeState& state,
-                         Accumulator& a);
+void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
+                         DecodeState& state, Accumulator& a);
 // Phase B (replay_shots.cpp).
 BuildOrder spanning_tree(const std::vector<OneShot>& shots, int q_head, std::int64_t c);
 void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const BuildOrder& tree, int q_head,

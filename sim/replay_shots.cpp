@@ -12,104 +12,58 @@ namespace kvsim::replay_detail {
 
 namespace {
 
-// Checks a plan against the cache it was made for: entry counts and encodings.
-void check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vector<std::int64_t>& cache_sizes,
-                int n_q_heads, int group) {
-  const int Hkv = static_cast<int>(cache_sizes.size());
-  const bool per_query_head = static_cast<int>(plan.heads.size()) == n_q_heads && n_q_heads != Hkv;
-  if (static_cast<int>(plan.heads.size()) != Hkv && !per_query_head)
-    throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
-                std::to_string(Hkv) + " (one per KV head) or " + std::to_string(n_q_heads) + " (one per query head)");
-  for (std::size_t e = 0; e < plan.heads.size(); ++e) {
-    const HeadPlan& hp = plan.heads[e];
-    const std::int64_t expect = cache_sizes[per_query_head ? e / static_cast<std::size_t>(group) : e];
-    if (static_cast<std::int64_t>(hp.codec.size()) != expect)
-      throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
-                  std::to_string(expect));
-    for (TokenCodec codec : hp.codec)
-      if (!codec_supported(codec) && !cfg.impl->codec())
-        throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
-                    ", but the policy names no codec to store them (drop and fp16 are built in)");
-  }
-}
-
 struct LayerDecision {
   LayerPlan plan;  // one codec per token of [0, c) per entry; tokens dropped earlier are Drop
   std::unique_ptr<DecodeState> state;
 };
 
 // The policy's decision for one layer at the compression point c, with the cache size at every
-// prefill step added to `a`. With chunked prefill the policy also cuts the cache at every chunk
-// boundary where it exceeds the budget, and sees only what survived earlier cuts.
-LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, Accumulator& a) {
+// prefill step added to `a`. With --compress-every the policy also cuts the cache at every cut
+// where it exceeds the budget (dropping only: encodings apply at c), and sees only what survived
+// earlier cuts. The plans go through kvcache/, as live verify's do.
+LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, Accumulator& a) {
   const int Hkv = w.g.n_kv_heads, G = w.g.group();
   const std::int64_t c = w.c;
-  const Budget budget{budget_tokens, cfg.budget};
+  const Budget budget{b.tokens, cfg.budget};
+  const std::vector<std::int64_t> cuts = compression_cuts(c, w.compress_every);
   LayerDecision d;
-  if (w.prefill_chunk <= 0 || w.prefill_chunk >= c) {
-    d.plan = cfg.impl->compress(w.signals, budget);
-    check_plan(cfg, d.plan, std::vector<std::int64_t>(static_cast<std::size_t>(Hkv), c), w.g.n_q_heads, G);
+  if (cuts.size() == 1) {
+    d.plan = kvcache::make_plan(cfg, b, w.signals, kvcache::LayerIndex::prefix(Hkv, c));
     d.state = cfg.impl->start_decode(w.signals, d.plan, budget);
     for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
     return d;
   }
-  std::vector<std::vector<std::int32_t>> tokens(static_cast<std::size_t>(Hkv));
+  kvcache::LayerIndex cache = kvcache::LayerIndex::prefix(Hkv, 0);
   std::int64_t prev = 0;
-  // The prefill on the token-step clock: at each chunk boundary b the chunk's tokens join the
+  // The prefill on the token-step clock: at each cut the tokens since the last one join the
   // cache first, then the policy may cut it (same time, lower priority value first).
   enum Priority { kJoin = 0, kCut = 1 };
   EventQueue<std::int64_t> clock;
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(Hkv), 0);
-  auto join = [&](std::int64_t b) {
-    for (int kv = 0; kv < Hkv; ++kv) {
-      auto& t = tokens[static_cast<std::size_t>(kv)];
-      const auto base = static_cast<std::int64_t>(t.size());
-      for (std::int64_t j = prev; j < b; ++j) {
-        t.push_back(static_cast<std::int32_t>(j));
-        a.prefill_size[static_cast<std::size_t>(j)] += static_cast<double>(base + (j - prev + 1));
-      }
-      sizes[static_cast<std::size_t>(kv)] = static_cast<std::int64_t>(t.size());
+  auto join = [&](std::int64_t cut) {
+    for (std::int64_t j = prev; j < cut; ++j) {
+      kvcache::append_token(cache, static_cast<std::int32_t>(j));
+      for (const auto& t : cache.tokens) a.prefill_size[static_cast<std::size_t>(j)] += static_cast<double>(t.size());
     }
-    prev = b;
+    prev = cut;
   };
-  auto cut = [&](std::int64_t b) {
-    const bool last = b == c;
-    const bool over = std::any_of(sizes.begin(), sizes.end(), [&](std::int64_t n) { return n > budget_tokens; });
+  auto cut = [&](std::int64_t at) {
+    const bool last = at == c;
+    const auto sizes = cache.sizes();
+    const bool over = std::any_of(sizes.begin(), sizes.end(), [&](std::int64_t n) { return n > b.tokens; });
     if (!last && !over) return;
-    const CacheView view = gather_view(tokens, w.full_k, w.full_v, w.attn, G);
-    const CacheSignals signals(w.where, w.g, w.layer, b, w.h, w.q, view);
-    const LayerPlan plan = cfg.impl->compress(signals, budget);
-    check_plan(cfg, plan, sizes, w.g.n_q_heads, G);
-    if (static_cast<int>(plan.heads.size()) != Hkv)
-      throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with a chunked prefill");
+    const CacheView view = gather_view(cache.tokens, w.full_k, w.full_v, w.attn, G);
+    const CacheSignals signals(w.where, w.g, w.layer, at, w.tokens, w.q, view);
+    const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache, true);
     if (last) {
       d.state = cfg.impl->start_decode(signals, plan, budget);
-      for (int kv = 0; kv < Hkv; ++kv) {
-        HeadPlan full;
-        full.codec.assign(static_cast<std::size_t>(c), TokenCodec::Drop);
-        const HeadPlan& cut_plan = plan.heads[static_cast<std::size_t>(kv)];
-        if (!cut_plan.rank.empty()) full.rank.assign(static_cast<std::size_t>(c), 0);
-        const auto& t = tokens[static_cast<std::size_t>(kv)];
-        for (std::size_t m = 0; m < t.size(); ++m) {
-          full.codec[static_cast<std::size_t>(t[m])] = cut_plan.codec[m];
-          if (!cut_plan.rank.empty()) full.rank[static_cast<std::size_t>(t[m])] = cut_plan.rank[m];
-        }
-        d.plan.heads.push_back(std::move(full));
-      }
+      d.plan = kvcache::widen_plan(plan, cache, c);
       return;
     }
-    for (int kv = 0; kv < Hkv; ++kv) {
-      auto& t = tokens[static_cast<std::size_t>(kv)];
-      std::vector<std::int32_t> kept;
-      for (std::size_t m = 0; m < t.size(); ++m)
-        if (plan.heads[static_cast<std::size_t>(kv)].codec[m] != TokenCodec::Drop) kept.push_back(t[m]);
-      t = std::move(kept);
-    }
+    kvcache::apply_plan(cfg, kvcache::drops_only(plan), w.g, cache, nullptr);
   };
-  for (std::int64_t b = std::min(w.prefill_chunk, c);; b = std::min(b + w.prefill_chunk, c)) {
-    clock.schedule(b, kJoin, [&, b] { join(b); });
-    clock.schedule(b, kCut, [&, b] { cut(b); });
-    if (b == c) break;
+  for (const std::int64_t at : cuts) {
+    clock.schedule(at, kJoin, [&, at] { join(at); });
+    clock.schedule(at, kCut, [&, at] { cut(at); });
   }
   clock.run();
   return d;
@@ -120,27 +74,12 @@ LayerDecision decide(const ReplayConfig& cfg, std::int64_t budget_tokens, const 
 // Phase A of a layer, for one config: asks the policy for its plan. Decode-time configs are
 // replayed entirely here; uncompressed ones record exact rows; one-shot ones return their
 // keep-sets for the shared phase B, encoded ones their plans for scoring after phase A.
-static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens,
+static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg, const ConfigBudget& budget,
                                      const LayerWork& w, Accumulator& a) {
   const int Hkv = w.g.n_kv_heads;
   const std::int64_t c = w.c;
-  bool compress = cfg.impl->respects_budget() && cfg.budget < 1.0;
-  if (!compress && cfg.impl->respects_budget()) {
-    // Budget 1.0 fits the whole cache: nothing may be dropped (and no decode-time eviction
-    // starts: the cache never exceeds its budget). Ask the policy anyway, so that a policy
-    // that drops tokens it has room for is caught. Per-query-head plans are the exception:
-    // G copies of the cache do not fit the bytes of one, so they compress as usual.
-    const LayerPlan plan = cfg.impl->compress(w.signals, Budget{c, cfg.budget});
-    if (static_cast<int>(plan.heads.size()) != Hkv) {
-      compress = true;
-    } else {
-      for (const HeadPlan& hp : plan.heads)
-        if (hp.kept() != c)
-          throw Error("policy " + cfg.policy + ": dropped " + std::to_string(c - hp.kept()) +
-                      " tokens with a budget that fits the whole cache (" + std::to_string(c) + " tokens)");
-    }
-  }
-  if (!compress) {  // the full cache: exact by definition
+  if (!kvcache::needs_compression(cfg, budget, w.signals)) {  // the full cache: exact by definition
+    if (w.record_keep_sets) a.kept_sets[static_cast<std::size_t>(w.layer)] = kvcache::LayerIndex::prefix(Hkv, c).tokens;
     for (int kv = 0; kv < Hkv; ++kv) a.mix(static_cast<std::uint64_t>(c));
     a.kept += c * Hkv;
     for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
@@ -150,14 +89,19 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
     return {};
   }
   const int G = w.g.group();
-  LayerDecision d = decide(cfg, budget_tokens, w, a);
+  LayerDecision d = decide(cfg, budget, w, a);
   const LayerPlan& plan = d.plan;
+  if (w.record_keep_sets) {
+    kvcache::LayerIndex kept = kvcache::LayerIndex::prefix(Hkv, c);
+    kvcache::apply_plan(cfg, plan, w.g, kept, nullptr);
+    a.kept_sets[static_cast<std::size_t>(w.layer)] = std::move(kept.tokens);
+  }
   const bool per_query_head = static_cast<int>(plan.heads.size()) != Hkv;
   if (d.state) {
     if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     a.entries = Hkv;
-    if (cfg.impl->codec()) replay_codec_decode(cfg, w, plan, *d.state, a);
-    else replay_decode(cfg, budget_tokens, w, plan, *d.state, a);
+    if (cfg.impl->codec()) replay_codec_decode(cfg, budget, w, plan, *d.state, a);
+    else replay_decode(cfg, budget.tokens, w, plan, *d.state, a);
     return {};
   }
   if (std::any_of(plan.heads.begin(), plan.heads.end(), [](const HeadPlan& hp) { return needs_codec(hp); })) {
@@ -303,10 +247,10 @@ void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const Bu
 }
 
 // Errors raised while a policy runs name the policy (unless they already do).
-Planned plan_config(std::size_t index, const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w,
+Planned plan_config(std::size_t index, const ReplayConfig& cfg, const ConfigBudget& budget, const LayerWork& w,
                     Accumulator& a) {
   try {
-    return plan_config_unchecked(index, cfg, budget_tokens, w, a);
+    return plan_config_unchecked(index, cfg, budget, w, a);
   } catch (const Error& e) {
     const std::string msg = e.what();
     if (msg.rfind("policy ", 0) == 0) throw;

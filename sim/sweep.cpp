@@ -107,7 +107,7 @@ std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayCon
   j["tool"] = std::string("kvsim sweep ") + KVSIM_VERSION_STRING;
   j["traces"] = spec.traces;
   j["mode"] = mode_name(spec.mode);
-  j["prefill_chunk"] = spec.prefill_chunk;
+  j["compress_every"] = spec.compress_every;
   j["budgets"] = spec.budgets;
   nlohmann::json cfgs = nlohmann::json::array();
   for (const auto& c : configs) cfgs.push_back({{"policy", c.label()}, {"budget", c.budget}});
@@ -198,7 +198,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
   std::int64_t done = 0;
   for (std::size_t t = 0; t < readers.size(); ++t) {
     const TraceReader& reader = *readers[t];
-    const Replayer replayer(reader, spec.mode, configs, spec.prefill_chunk);
+    const Replayer replayer(reader, spec.mode, configs, spec.compress_every);
     for (const auto& id : reader.request_ids()) {
       ++done;
       if (state.done.count({spec.traces[t], id})) continue;

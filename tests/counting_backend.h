@@ -3,7 +3,7 @@
 // layer reloads, in-place compactions, entries that arrive in their packed form, and decode rule steps.
 #include <span>
 
-#include "gpu/transformer_ref.h"
+#include "gpu/cuda_transformer_ref.h"
 
 namespace kvsim::test {
 

@@ -39,7 +39,7 @@ class FakeSignals : public LayerSignals {
   }
   void set_rope(const RopeSpec& rope) { g_.rope = rope; }
   void set_segments(std::vector<std::int8_t> segments) { segments_ = std::move(segments); }
-  const KvGeometry& geometry() const override { return g_; }
+  const ModelGeometry& geometry() const override { return g_; }
   int layer() const override { return layer_; }
   std::int64_t n_tokens() const override { return n_; }
   std::span<const std::int32_t> positions() const override { return positions_; }
@@ -79,7 +79,7 @@ class FakeSignals : public LayerSignals {
     if (it == m.end()) throw std::runtime_error(std::string("fake: no ") + what + " for head " + std::to_string(h));
     return it->second.view();
   }
-  KvGeometry g_;
+  ModelGeometry g_;
   std::int64_t n_;
   int layer_;
   std::vector<std::int32_t> positions_;

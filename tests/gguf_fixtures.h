@@ -1,7 +1,10 @@
 #pragma once
 // GGUF files built byte by byte, shared by the GGUF reader and weight tests.
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <stdexcept>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -35,6 +38,23 @@ inline std::string write_scratch(const std::string& name, const std::vector<std:
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
                                               static_cast<std::streamsize>(bytes.size()));
   return path;
+}
+
+// A copy of the GGUF model at `src` that declares only its first layer (`ARCH.block_count`
+// patched to 1; the other layers' tensors stay in the file, unread). Its keys, values and
+// queries then depend on the tokens alone, never on what a compressed cache did to earlier
+// layers: what makes live and offline inputs identical after a compression cut.
+inline std::string one_layer_model(const std::string& src, const std::string& arch, const std::string& name) {
+  std::ifstream in(src, std::ios::binary);
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = arch + ".block_count";
+  GgufBytes pattern;
+  pattern.str(key).put<std::uint32_t>(4);  // the key, then its type: UINT32
+  const auto at = std::search(bytes.begin(), bytes.end(), pattern.b.begin(), pattern.b.end());
+  if (at == bytes.end()) throw std::runtime_error(src + ": no UINT32 key " + key);
+  const std::uint32_t one = 1;
+  std::memcpy(&*(at + static_cast<std::ptrdiff_t>(pattern.b.size())), &one, sizeof(one));
+  return write_scratch(name, bytes);
 }
 
 }  // namespace kvsim::test

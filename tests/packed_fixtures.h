@@ -10,8 +10,8 @@
 
 namespace kvsim::test {
 
-inline KvGeometry geometry(int d, RopeType type = RopeType::Norm) {
-  KvGeometry g;
+inline ModelGeometry geometry(int d, RopeType type = RopeType::Norm) {
+  ModelGeometry g;
   g.n_layers = 1;
   g.n_q_heads = 2;
   g.n_kv_heads = 1;
@@ -25,7 +25,7 @@ struct Rows {
   std::vector<float> k, v;
   std::vector<std::int32_t> pos;
 };
-inline Rows make_rows(const KvGeometry& g, std::int64_t n, unsigned seed = 5) {
+inline Rows make_rows(const ModelGeometry& g, std::int64_t n, unsigned seed = 5) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   Rows r;

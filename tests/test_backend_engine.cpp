@@ -1,4 +1,4 @@
-// The engine --device cuda runs (capture/backend_engine.h) tested without a GPU: over the CPU
+// The engine --device cuda runs (model/backend_engine.h) tested without a GPU: over the CPU
 // reference backend it must behave as the Eigen engine does on SmolLM2 — logits, hooks, the
 // mirrored cache, edits to it (per-query-head keep-sets, evictions) and restored snapshots — and
 // the device choice must fail clearly where CUDA cannot run; packed (really compressed) entries
@@ -9,15 +9,15 @@
 #include <numeric>
 #include <utility>
 
-#include "capture/backend_engine.h"
+#include "model/backend_engine.h"
 #include "capture/capture_driver.h"
-#include "capture/gguf.h"
-#include "capture/llama_model.h"
-#include "capture/transformer_weights.h"
+#include "model/gguf.h"
+#include "model/llama_model.h"
+#include "model/transformer_weights.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/packed_kv.h"
-#include "gpu/transformer_ref.h"
+#include "gpu/cuda_transformer_ref.h"
 #include "policies/codec.h"
 #include "policies/lowrank.h"
 #include "policies/quantized_tier.h"
@@ -33,7 +33,7 @@ using kvsim::test::nmse;
 namespace {
 
 std::unique_ptr<gpu::TransformerBackend> reference_backend(const GgufFile& f) {
-  return std::make_unique<gpu::TransformerRef>(transformer_shape(LlamaConfig::from_gguf(f)), gpu::DeviceWeights::F32);
+  return std::make_unique<gpu::TransformerRef>(model_config(f), gpu::DeviceWeights::F32);
 }
 
 // Every layer's hook rows, concatenated.
@@ -70,7 +70,7 @@ TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does
   LlamaModel cpu(gguf, WeightFormat::F32);
   BackendEngine eng(gguf, reference_backend(gguf));
   CHECK(eng.device() == "cpu reference");
-  const LlamaConfig& c = cpu.config();
+  const ModelConfig& c = cpu.config();
   const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649, 314, 16, 17, 18};
 
   // Prefill in two chunks with hooks, then two decode steps.
@@ -88,12 +88,12 @@ TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does
   // Compression edits the mirror: per-query-head keep-sets (each head drops other tokens) in
   // every layer, an eviction in one entry; the next step runs on the edited cache.
   for (int l = 0; l < c.n_layers; ++l) {
-    std::vector<std::vector<std::int32_t>> keep(static_cast<std::size_t>(c.n_head));
-    for (int h = 0; h < c.n_head; ++h)
+    std::vector<std::vector<std::int32_t>> keep(static_cast<std::size_t>(c.n_q_heads));
+    for (int h = 0; h < c.n_q_heads; ++h)
       for (std::int32_t t = 0; t < static_cast<std::int32_t>(cpu.cached_tokens()); ++t)
         if (t < 2 || (t + h) % 3 != 0) keep[static_cast<std::size_t>(h)].push_back(t);
-    cpu.cache().keep(l, keep, c.n_head);
-    eng.cache().keep(l, keep, c.n_head);
+    cpu.cache().keep(l, keep, c.n_q_heads);
+    eng.cache().keep(l, keep, c.n_q_heads);
   }
   const std::vector<std::int32_t> gone = {4};
   cpu.cache().evict(3, 1, gone);
@@ -102,7 +102,7 @@ TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does
   eng.record_last_attention(true);
   CHECK(nmse(eng.step(99), cpu.step(99)) < 1e-6);
   for (int l = 0; l < c.n_layers; l += 7)
-    for (int h = 0; h < c.n_head; h += 4) {
+    for (int h = 0; h < c.n_q_heads; h += 4) {
       INFO("layer " << l << " head " << h);
       CHECK(nmse(eng.last_attention(l, h), cpu.last_attention(l, h)) < 1e-6);
     }
@@ -136,7 +136,7 @@ TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does
 TEST_CASE("backend engine refuses a backend made for another model", "[backend_engine]") {
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
-  gpu::TransformerShape other = transformer_shape(LlamaConfig::from_gguf(gguf));
+  ModelConfig other = model_config(gguf);
   other.n_layers = 2;
   CHECK_THROWS_WITH(BackendEngine(gguf, std::make_unique<gpu::TransformerRef>(other, gpu::DeviceWeights::F32)),
                     Catch::Contains("made for another model shape") && Catch::Contains("SmolLM2"));
@@ -166,14 +166,14 @@ TEST_CASE("backend engine evicts on the backend without reloading the cache", "[
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel cpu(gguf, WeightFormat::F32);
-  auto counting = std::make_unique<CountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)), gpu::DeviceWeights::F32);
+  auto counting = std::make_unique<CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32);
   CountingBackend* backend = counting.get();
   BackendEngine eng(gguf, std::move(counting));
   const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649};
   cpu.prefill(prompt);
   eng.prefill(prompt);
   // A decode-time policy's step: a different token out of every entry of every layer.
-  const int layers = cpu.config().n_layers, kv_heads = cpu.config().n_head_kv;
+  const int layers = cpu.config().n_layers, kv_heads = cpu.config().n_kv_heads;
   for (int l = 0; l < layers; ++l)
     for (int e = 0; e < kv_heads; ++e) {
       const std::int32_t t = 1 + (l + e) % 10;
@@ -198,11 +198,11 @@ TEST_CASE("backend engine hands packed entries to the backend, whose read-back t
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel cpu(gguf, WeightFormat::F32);
-  auto owned = std::make_unique<CountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)), gpu::DeviceWeights::F32);
+  auto owned = std::make_unique<CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32);
   CountingBackend* backend = owned.get();
   BackendEngine eng(gguf, std::move(owned));
-  const LlamaConfig& c = cpu.config();
-  const KvGeometry g{c.n_layers, c.n_head, c.n_head_kv, c.head_dim, c.rope};
+  const ModelConfig& c = cpu.config();
+  const ModelGeometry& g = c;
   const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649, 314, 16, 17, 18};
   cpu.prefill(prompt);
   eng.prefill(prompt);
@@ -212,7 +212,7 @@ TEST_CASE("backend engine hands packed entries to the backend, whose read-back t
   const LowRankCodec lowrank;
   std::vector<std::vector<PackedEntry>> packed(static_cast<std::size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l)
-    for (int e = 0; e < c.n_head_kv; ++e) {
+    for (int e = 0; e < c.n_kv_heads; ++e) {
       KvEntry& mine = eng.cache().layers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
       KvEntry& theirs = cpu.cache().layers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
       const KvCodec& codec = l % 2 == 0 ? static_cast<const KvCodec&>(int4) : lowrank;
@@ -233,7 +233,7 @@ TEST_CASE("backend engine hands packed entries to the backend, whose read-back t
   const int loads = backend->loads;
   CHECK(nmse(eng.step(42), cpu.step(42)) < 1e-6);
   CHECK(backend->loads == loads + c.n_layers);
-  CHECK(backend->packed == c.n_layers * c.n_head_kv);
+  CHECK(backend->packed == c.n_layers * c.n_kv_heads);
   // The mirror's packed rows are the stored form's read-back, exactly; the new row is fp16.
   for (int l = 0; l < c.n_layers; l += 5) {
     const KvEntry& en = std::as_const(eng).cache().layers[static_cast<std::size_t>(l)][1];

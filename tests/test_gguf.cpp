@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/gguf.h"
+#include "model/gguf.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "gguf_fixtures.h"

@@ -14,18 +14,19 @@
 #include "core/half.h"
 #include "core/packed_kv.h"
 #include "core/rope.h"
-#include "gpu/attention_ref.h"
-#include "gpu/compressed_attention.cuh"
+#include "gpu/packed_attention_ref.h"
+#include "gpu/parity/nmse.h"
+#include "gpu/transformer_kernels_ref.h"
 #include "gpu/packed_attention.cuh"
 #include "gpu/packed_rows.h"
 #include "gpu/packed_unpack.cuh"
-#include "gpu/parity_report.h"
-#include "gpu/parity_shapes.h"
+#include "gpu/parity/parity_report.h"
+#include "gpu/parity/parity_shapes.h"
 #include "gpu/policy_step.cuh"
-#include "gpu/random_inputs.h"
-#include "gpu/random_packed.h"
+#include "gpu/parity/random_inputs.h"
+#include "gpu/parity/random_packed.h"
 #include "gpu/transformer_kernels.cuh"
-#include "gpu/transformer_parity.h"
+#include "gpu/parity/transformer_parity.h"
 #include "gpu/transformer_shape.h"
 
 using namespace kvsim;
@@ -156,66 +157,6 @@ TEST_CASE("emulated: KV append places each KV head's rows in its entries", "[gpu
   }
 }
 
-TEST_CASE("emulated: compressed-attention and statistics kernels against their references", "[gpu-emu]") {
-  std::mt19937 rng(12);
-  const AttnShape s{6, 2, 32, 160};
-  const int d = s.head_dim, Hq = s.n_q_heads, Hkv = s.n_kv_heads, kept_n = 40;
-  const auto rows = static_cast<std::size_t>(Hkv * s.capacity * d);
-  const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng), kf = gaussian(rows, rng), vf = gaussian(rows, rng);
-  const auto k = halves(kf), v = halves(vf);
-  std::vector<std::int32_t> kept(static_cast<std::size_t>(Hkv * kept_n)), counts(static_cast<std::size_t>(Hkv), kept_n);
-  for (std::size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<std::int32_t>((i % kept_n) * 4 + 1);
-  std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq * kept_n)), out(out_ref.size()),
-      w(w_ref.size());
-  attend_kept_ref(s, q.data(), k.data(), v.data(), kept.data(), counts.data(), kept_n, out_ref.data(), w_ref.data());
-  REQUIRE(attend_kept(s, q.data(), k.data(), v.data(), kept.data(), counts.data(), kept_n, out.data(), w.data(), nullptr) == cudaSuccess);
-  CHECK(nmse(out, out_ref) < 1e-10);
-  CHECK(nmse(w, w_ref) < 1e-10);
-
-  const QuantSpec spec{4, 16, false};
-  std::vector<std::uint8_t> kc(static_cast<std::size_t>(Hkv * s.capacity * spec.row_bytes(d))), vc(kc.size());
-  std::vector<std::uint16_t> kp(static_cast<std::size_t>(Hkv * s.capacity * spec.groups(d) * 2)), vp(kp.size());
-  pack_int_rows(spec, d, kf.data(), Hkv * s.capacity, kc.data(), kp.data());
-  pack_int_rows(spec, d, vf.data(), Hkv * s.capacity, vc.data(), vp.data());
-  const std::vector<std::int32_t> all(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(s.capacity));
-  std::vector<float> scratch(static_cast<std::size_t>(Hq * s.capacity));
-  attend_quant_ref(s, spec, q.data(), kc.data(), kp.data(), vc.data(), vp.data(), all.data(), out_ref.data());
-  REQUIRE(attend_quant(s, spec, q.data(), kc.data(), kp.data(), vc.data(), vp.data(), all.data(), out.data(), scratch.data(), nullptr) ==
-          cudaSuccess);
-  CHECK(nmse(out, out_ref) < 1e-10);
-
-  const RopeShape rope{true, d};
-  std::vector<float> cos_t, sin_t;
-  rope_tables(RopeSpec{RopeType::Neox, d, d, 10000.0}, s.capacity, cos_t, sin_t);
-  const auto ck = halves(gaussian(rows, rng)), cv = halves(gaussian(rows, rng));
-  const auto uk = halves(gaussian(static_cast<std::size_t>(Hkv * d * d), rng, 0.125f)), uv = halves(gaussian(uk.size(), rng, 0.125f));
-  std::vector<std::int32_t> ranks(static_cast<std::size_t>(Hkv * s.capacity)), positions(static_cast<std::size_t>(s.capacity));
-  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<std::int32_t>(1 + i % d);
-  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<std::int32_t>(i);
-  attend_lowrank_ref(s, rope, q.data(), ck.data(), cv.data(), ranks.data(), uk.data(), uv.data(), positions.data(), cos_t.data(),
-                     sin_t.data(), all.data(), out_ref.data());
-  REQUIRE(attend_lowrank(s, rope, q.data(), ck.data(), cv.data(), ranks.data(), uk.data(), uv.data(), positions.data(), cos_t.data(),
-                         sin_t.data(), all.data(), out.data(), scratch.data(), nullptr) == cudaSuccess);
-  CHECK(nmse(out, out_ref) < 1e-10);
-
-  const int window = 8, n = static_cast<int>(s.capacity);
-  std::vector<float> att(static_cast<std::size_t>(Hq * window * n));
-  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
-  for (auto& x : att) x = ud(rng);
-  std::vector<float> sums_ref(static_cast<std::size_t>(Hq * n)), sums(sums_ref.size());
-  column_sums_ref(att.data(), Hq, window, n, sums_ref.data());
-  REQUIRE(column_sums(att.data(), Hq, window, n, sums.data(), nullptr) == cudaSuccess);
-  CHECK(nmse(sums, sums_ref) < 1e-12);
-  std::vector<float> scores = sums_ref;
-  for (auto& x : scores) x = std::round(x * 4.0f) / 64.0f;  // ties
-  std::vector<std::uint8_t> protect(scores.size(), 0), keep_ref(scores.size()), keep(scores.size(), 7);
-  for (int h = 0; h < Hq; ++h)
-    for (int j = n - 5; j < n; ++j) protect[static_cast<std::size_t>(h * n + j)] = 1;
-  top_k_ref(scores.data(), protect.data(), Hq, n, kept_n, keep_ref.data());
-  REQUIRE(top_k(scores.data(), protect.data(), Hq, n, kept_n, keep.data(), nullptr) == cudaSuccess);
-  CHECK(keep == keep_ref);
-}
-
 TEST_CASE("emulated: decode rule steps evict what the reference evicts and compact the rows in place", "[gpu-emu]") {
   struct Case {
     const char* name;
@@ -309,28 +250,22 @@ TEST_CASE("emulated: decode rule steps evict what the reference evicts and compa
 TEST_CASE("emulated: a launch a GPU would refuse fails as it would", "[gpu-emu]") {
   const std::vector<float> q(32, 1.0f);
   const std::vector<std::uint16_t> k(32, 0);
-  const std::vector<std::int32_t> kept = {0}, counts = {1};
-  std::vector<float> out(32), w(1);
+  std::vector<float> w(1, 0.0f);
   // No query heads: a grid of no blocks, which the runtime refuses (invalid configuration).
-  CHECK(attend_kept(AttnShape{0, 1, 32, 1}, q.data(), k.data(), k.data(), kept.data(), counts.data(), 1, out.data(), w.data(),
-                    nullptr) == cudaErrorInvalidConfiguration);
+  CHECK(last_row_weights(q.data(), 0, 32, 1, k.data(), 1, same_rows(1, 1), 1.0f, w.data(), 1, nullptr) ==
+        cudaErrorInvalidConfiguration);
   CHECK(cudaGetLastError() == cudaSuccess);  // the wrapper took it
-  // The weights are the kernel's working buffer: without them the wrapper refuses (a GPU would
-  // fault on a null write).
-  CHECK(attend_kept(AttnShape{1, 1, 32, 1}, q.data(), k.data(), k.data(), kept.data(), counts.data(), 1, out.data(), nullptr,
-                    nullptr) == cudaErrorInvalidValue);
-  CHECK(attend_kept(AttnShape{1, 1, 32, 1}, q.data(), k.data(), k.data(), kept.data(), counts.data(), 1, out.data(), w.data(),
-                    nullptr) == cudaSuccess);
+  CHECK(last_row_weights(q.data(), 1, 32, 1, k.data(), 1, same_rows(1, 1), 1.0f, w.data(), 1, nullptr) == cudaSuccess);
   CHECK(w[0] == 1.0f);  // one key: all the weight
 }
 
-// gpu/transformer_parity.cpp's whole check, as the device runs it (prefill with capture, decode
+// gpu/parity/transformer_parity.cpp's whole check, as the device runs it (prefill with capture, decode
 // with last-row weights, device eviction, chunked prefill, a per-query-head cache, a packed cache
 // held packed with fused and unpack decodes, decode rules), with the CUDA backend's host code
 // (gpu/cuda_transformer.cpp) over the emulated runtime, cuBLAS and kernels. A test per shape, so
 // ctest spreads them and a failure names its shape. The 1500-token prompt (decode split over many
 // blocks, prefill over many key tiles) runs for one shape: about 50 s here.
-void check_transformer(const std::string& label, const TransformerShape& shape, DeviceWeights w, bool long_prompt = false) {
+void check_transformer(const std::string& label, const ModelConfig& shape, DeviceWeights w, bool long_prompt = false) {
   ParityReport r;
   transformer_parity(label, shape, w, r, long_prompt);
   CHECK(r.failures == 0);

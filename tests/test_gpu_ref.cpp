@@ -1,6 +1,6 @@
 // The CPU side of the GPU parity harness: the kernels' references must themselves agree with the
-// simulator's own code (intN storage = policies' int_roundtrip, top-k = top_k_mask with its tie
-// rule) and with attention's defining properties, so that a GPU matching them is right.
+// simulator's own code (intN storage = policies' int_roundtrip, packed rows = every codec's own
+// reconstruction) and with attention's defining properties, so that a GPU matching them is right.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -10,10 +10,12 @@
 #include <vector>
 
 #include "core/half.h"
-#include "gpu/attention_ref.h"
+#include "gpu/packed_attention_ref.h"
+#include "gpu/parity/nmse.h"
+#include "gpu/transformer_kernels_ref.h"
 #include "gpu/packed_rows.h"
-#include "gpu/random_inputs.h"
-#include "gpu/random_packed.h"
+#include "gpu/parity/random_inputs.h"
+#include "gpu/parity/random_packed.h"
 #include "gpu/transformer_shape.h"
 #include "packed_fixtures.h"
 #include "policies/codec.h"
@@ -21,7 +23,6 @@
 #include "policies/quantize.h"
 #include "policies/quantized_tier.h"
 #include "policies/registry.h"
-#include "policies/selection.h"
 
 using namespace kvsim;
 using namespace kvsim::gpu;
@@ -135,89 +136,6 @@ TEST_CASE("quantized attention equals kept-index attention over the dequantized 
   }
 }
 
-TEST_CASE("top-k reference keeps what top_k_mask keeps, ties and pins included", "[gpu-ref]") {
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<int> level(0, 5);  // few distinct scores: many ties
-  for (int trial = 0; trial < 50; ++trial) {
-    const int n = 40, k = trial % 20;
-    std::vector<float> scores(n);
-    std::vector<std::uint8_t> protect(n, 0);
-    for (auto& x : scores) x = static_cast<float>(level(rng)) * 0.25f - 0.5f;
-    for (int j = 0; j < n; ++j) protect[static_cast<std::size_t>(j)] = (trial % 3 == 0 && j >= n - 12) || (trial % 5 == 0 && j < 3);
-    std::vector<std::uint8_t> keep(n);
-    top_k_ref(scores.data(), protect.data(), 1, n, k, keep.data());
-    CHECK(keep == top_k_mask(scores, k, protect));
-  }
-}
-
-TEST_CASE("column sums add each head's rows", "[gpu-ref]") {
-  const std::vector<float> w = {1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60};  // [2 heads, 2 rows, 3]
-  std::vector<float> sums(6);
-  column_sums_ref(w.data(), 2, 2, 3, sums.data());
-  CHECK(sums == std::vector<float>{5, 7, 9, 50, 70, 90});
-}
-
-TEST_CASE("low-rank attention reference equals attention over the low-rank codec's reconstruction", "[gpu-ref]") {
-  KvGeometry g;
-  g.n_layers = 1;
-  g.n_q_heads = 2;
-  g.n_kv_heads = 1;
-  g.head_dim = 16;
-  g.rope = RopeSpec{RopeType::Neox, 16, 16, 10000.0};
-  const int n = 24, d = 16;
-  std::vector<float> k = gaussian(n * d, 21), v = gaussian(n * d, 22);
-  std::vector<std::int32_t> pos(n);
-  for (int j = 0; j < n; ++j) {
-    pos[static_cast<std::size_t>(j)] = 3 * j;  // gaps: the table is indexed by position
-    apply_rope(g.rope, k.data() + j * d, 1, pos[static_cast<std::size_t>(j)]);
-  }
-  const auto fit = fit_lowrank(g, k, v, pos);
-  HeadPlan plan;
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int> rank(1, d);
-  for (int j = 0; j < n; ++j) {
-    plan.codec.push_back(TokenCodec::LowRank);
-    plan.rank.push_back(static_cast<std::uint16_t>(rank(rng)));
-  }
-  plan.data = fit;
-  std::vector<float> kh = k, vh = v;
-  LowRankCodec().reconstruct(plan, g, pos, kh, vh);
-  const std::vector<float> q = gaussian(2 * d, 23);
-  // Attention over the codec's rows, in double.
-  std::vector<float> want(2 * d);
-  for (int h = 0; h < 2; ++h) {
-    std::vector<double> w(n);
-    double mx = -1e300, z = 0;
-    for (int j = 0; j < n; ++j) {
-      double dot = 0;
-      for (int x = 0; x < d; ++x) dot += q[static_cast<std::size_t>(h * d + x)] * kh[static_cast<std::size_t>(j * d + x)];
-      mx = std::max(mx, w[static_cast<std::size_t>(j)] = dot / 4.0);
-    }
-    for (auto& x : w) z += (x = std::exp(x - mx));
-    for (int x = 0; x < d; ++x) {
-      double o = 0;
-      for (int j = 0; j < n; ++j) o += w[static_cast<std::size_t>(j)] / z * vh[static_cast<std::size_t>(j * d + x)];
-      want[static_cast<std::size_t>(h * d + x)] = static_cast<float>(o);
-    }
-  }
-  // The same through the kernel's reference, from the codec's own stored numbers.
-  const int pairs = d / 2, max_pos = 3 * (n - 1) + 1;
-  std::vector<float> cs(static_cast<std::size_t>(max_pos * pairs)), sn(cs.size());
-  for (int p = 0; p < max_pos; ++p)
-    for (int i = 0; i < pairs; ++i) {
-      const double angle = p * rope_frequency(g.rope, i);
-      cs[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::cos(angle));
-      sn[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::sin(angle));
-    }
-  std::vector<std::int32_t> ranks(plan.rank.begin(), plan.rank.end());
-  const std::vector<std::int32_t> counts = {n};
-  std::vector<float> got(2 * d);
-  attend_lowrank_ref(AttnShape{2, 1, d, n}, RopeShape{true, d}, q.data(), halves(fit->ck).data(), halves(fit->cv).data(),
-                     ranks.data(), halves(fit->basis.uk).data(), halves(fit->basis.uv).data(), pos.data(), cs.data(), sn.data(),
-                     counts.data(), got.data());
-  CHECK(nmse(got, want) < 1e-10);
-}
-
 TEST_CASE("the device's run table reads back every packed row", "[gpu-ref]") {
   std::mt19937 rng(5);
   for (const bool rotate : {true, false}) {
@@ -296,7 +214,7 @@ TEST_CASE("the device's run table reads back every packed row", "[gpu-ref]") {
 TEST_CASE("the device's run table reads back every codec's packed output", "[gpu-ref]") {
   // What verify hands the device: each codec's packed entries, as plans from the codec tests
   // make them (tests/packed_fixtures.h). A codec's rows come in runs: the table is small.
-  const KvGeometry g = geometry(64);
+  const ModelGeometry g = geometry(64);
   const Rows all = make_rows(g, 23);
   auto pack = [&](const KvCodec* codec, const HeadPlan& plan, const Rows& rows) {
     PackedEntry e;

@@ -18,8 +18,8 @@ using namespace kvsim;
 
 namespace {
 
-KvGeometry geometry(RopeType type) {
-  KvGeometry g;
+ModelGeometry geometry(RopeType type) {
+  ModelGeometry g;
   g.n_layers = 1;
   g.n_q_heads = 2;
   g.n_kv_heads = 1;
@@ -29,7 +29,7 @@ KvGeometry geometry(RopeType type) {
 }
 
 // Tokens whose pre-RoPE keys live mostly in a few directions (as real keys do), then rotated.
-void make_tokens(const KvGeometry& g, std::int64_t n, std::vector<float>& k, std::vector<float>& v,
+void make_tokens(const ModelGeometry& g, std::int64_t n, std::vector<float>& k, std::vector<float>& v,
                  std::vector<std::int32_t>& pos) {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;
@@ -61,7 +61,7 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("low-rank reconstruction: exact at full rank, error falls with rank, both RoPE pairings", "[lowrank]") {
   for (const RopeType type : {RopeType::Norm, RopeType::Neox}) {
-    const KvGeometry g = geometry(type);
+    const ModelGeometry g = geometry(type);
     std::vector<float> k, v;
     std::vector<std::int32_t> pos;
     make_tokens(g, 64, k, v, pos);
@@ -85,7 +85,7 @@ TEST_CASE("low-rank reconstruction: exact at full rank, error falls with rank, b
 }
 
 TEST_CASE("a head rebuilt from its plan's own fit does not read the rows it is handed", "[lowrank]") {
-  const KvGeometry g = geometry(RopeType::Neox);
+  const ModelGeometry g = geometry(RopeType::Neox);
   std::vector<float> k, v;
   std::vector<std::int32_t> pos;
   make_tokens(g, 64, k, v, pos);
@@ -144,7 +144,7 @@ TEST_CASE("varrate keeps every token at r_min or more and spends its coefficient
 }
 
 TEST_CASE("calibration bases: a file round-trips, bad files and other geometries are named", "[lowrank]") {
-  const KvGeometry g = geometry(RopeType::Neox);
+  const ModelGeometry g = geometry(RopeType::Neox);
   std::vector<float> k, v;
   std::vector<std::int32_t> pos;
   make_tokens(g, 40, k, v, pos);
@@ -175,7 +175,7 @@ TEST_CASE("calibration bases: a file round-trips, bad files and other geometries
   CHECK(back.source == "unit test");
   CHECK(back.tokens == 40);
   CHECK_NOTHROW(check_basis_set(back, g));
-  KvGeometry other = g;
+  ModelGeometry other = g;
   other.head_dim = 32;
   CHECK_THROWS_WITH(check_basis_set(back, other), Catch::Contains("head_dim = 16, expected 32"));
   other = g;

@@ -25,7 +25,7 @@ namespace {
 
 // Packs the plan's kept rows and checks the read-back against reconstruct (rounded to fp16):
 // exactly (max_err 0) or to max_err; and the payload against the codec's byte count.
-void check_pack(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g, const Rows& kept, float max_err = 0) {
+void check_pack(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, const Rows& kept, float max_err = 0) {
   PackedEntry e;
   pack_plan(codec, plan, g, kept.pos, kept.k, kept.v, e);
   REQUIRE(e.rows() == plan.kept());
@@ -64,7 +64,7 @@ TEST_CASE("packed codes: a hand-packed int2 byte and its fp16 pair", "[packed]")
 }
 
 TEST_CASE("packed intN reads back as its reconstruction, bytes as counted", "[packed]") {
-  const KvGeometry g = geometry(64);
+  const ModelGeometry g = geometry(64);
   const Rows all = make_rows(g, 23);
   for (const int bits : {2, 4, 8})
     for (const bool symmetric : {false, true})
@@ -77,7 +77,7 @@ TEST_CASE("packed intN reads back as its reconstruction, bytes as counted", "[pa
 }
 
 TEST_CASE("packed KIVI: shared key pairs per token group, fp16 residual rows", "[packed]") {
-  const KvGeometry g = geometry(32);
+  const ModelGeometry g = geometry(32);
   for (const char* spec : {"kivi:bits=2,group=16,residual=32", "kivi:bits=4,group=32,residual=64", "kivi:bits=8,group=16,residual=0"})
     for (const std::int64_t n : {std::int64_t{10}, std::int64_t{64}, std::int64_t{70}, std::int64_t{101}}) {
       INFO(spec << ", " << n << " tokens");
@@ -91,7 +91,7 @@ TEST_CASE("packed KIVI: shared key pairs per token group, fp16 residual rows", "
 
 TEST_CASE("packed low rank: coefficients and bases rebuild the codec's rows, both RoPE pairings", "[packed]") {
   for (const RopeType type : {RopeType::Norm, RopeType::Neox}) {
-    const KvGeometry g = geometry(32, type);
+    const ModelGeometry g = geometry(32, type);
     const Rows all = make_rows(g, 40, 3);
     HeadPlan plan = mixed_plan(40, TokenCodec::LowRank);
     for (std::size_t j = 0; j < plan.codec.size(); ++j) plan.rank.push_back(static_cast<std::uint16_t>(j % 33));
@@ -105,7 +105,7 @@ TEST_CASE("packed low rank: coefficients and bases rebuild the codec's rows, bot
 }
 
 TEST_CASE("packed fp16-only plans need no codec", "[packed]") {
-  const KvGeometry g = geometry(16);
+  const ModelGeometry g = geometry(16);
   const Rows all = make_rows(g, 9);
   HeadPlan plan = mixed_plan(9, TokenCodec::Fp16);
   check_pack(nullptr, plan, g, kept_rows(all, plan, g.head_dim));
@@ -116,7 +116,7 @@ TEST_CASE("packed fp16-only plans need no codec", "[packed]") {
 }
 
 TEST_CASE("malformed packed entries are refused naming the row and field", "[packed]") {
-  const KvGeometry g = geometry(16);
+  const ModelGeometry g = geometry(16);
   const Rows all = make_rows(g, 4);
   const IntCodec codec(IntSpec{4, 16, false});
   HeadPlan plan;
@@ -180,10 +180,10 @@ TEST_CASE("malformed packed entries are refused naming the row and field", "[pac
 TEST_CASE("a codec without a packed form says so", "[packed]") {
   struct Opaque : KvCodec {
     double bytes(const HeadPlan&, int) const override { return 0; }
-    void reconstruct(const HeadPlan&, const KvGeometry&, std::span<const std::int32_t>, std::span<float>,
+    void reconstruct(const HeadPlan&, const ModelGeometry&, std::span<const std::int32_t>, std::span<float>,
                      std::span<float>) const override {}
   } codec;
-  const KvGeometry g = geometry(16);
+  const ModelGeometry g = geometry(16);
   const Rows all = make_rows(g, 2);
   HeadPlan plan;
   plan.codec.assign(2, TokenCodec::Int8);

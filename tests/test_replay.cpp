@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "policies/registry.h"
-#include "sim/cache_signals.h"
+#include "kvcache/cache_signals.h"
 #include "sim/replay.h"
 #include "trace_fixtures.h"
 
@@ -68,7 +68,7 @@ TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
   const ConfigResult& r = res.configs[0];
 
   const RequestHeader h = reader.header("r0");
-  const std::int64_t c = h.n_prompt, T = h.n_tokens(), d = g.head_dim, G = g.group_size();
+  const std::int64_t c = h.n_prompt, T = h.n_tokens(), d = g.head_dim, G = g.group();
   const std::int64_t B = static_cast<std::int64_t>(std::floor(budget * static_cast<double>(c)));
   // Row t sees: prefill phase, the cut made at c plus everything after it; decode phase, the
   // sinks plus the B - 4 tokens before t (evicted back to budget after every step) plus t.
@@ -266,7 +266,7 @@ TEST_CASE("golden keep-sets: every policy x 3 budgets", "[replay][golden]") {
   CHECK(expected.str() == table.str());
 }
 
-TEST_CASE("chunked prefill: same result when one chunk holds the prompt, bounded peak otherwise", "[replay]") {
+TEST_CASE("compress-every: same result when one cut holds the prompt, bounded peak otherwise", "[replay]") {
   const TraceReader reader(replay_trace());
   const auto cfgs = configs({"snapkv:window=8", "streamingllm:phase=prefill", "h2o", "keydiff", "random:seed=2"},
                             {0.25});
@@ -291,18 +291,18 @@ TEST_CASE("chunked prefill: same result when one chunk holds the prompt, bounded
   CHECK(chunked.configs[1].mean_kl == Approx(plain.configs[1].mean_kl).epsilon(1e-6));  // float rounding only
   CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, configs({"snapkv:window=8,gqa=per_query_head"}, {0.25}), 16)
                         .replay("r0"),
-                    Catch::Contains("not supported with a chunked prefill"));
+                    Catch::Contains("not supported with chunked compression"));
 }
 
-TEST_CASE("every policy runs on thinned caches of a chunked prefill", "[replay]") {
+TEST_CASE("every policy runs on caches thinned at every compression cut", "[replay]") {
   const TraceReader reader(replay_trace());
   const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
   auto specs = every_policy();
-  // KVzip compresses once the context is complete (its reconstruction pass repeats all of it):
-  // a cut in the middle of the context has no signal, and says so.
+  // KVzip's reconstruction pass repeats the whole context: compression cuts get no signal, and
+  // say so.
   std::erase(specs, std::string("kvzip"));
   CHECK_THROWS_WITH(Replayer(reader, mode, configs({"kvzip"}, {0.1}), 24).replay("r1"),
-                    Catch::Contains("before the context is complete"));
+                    Catch::Contains("not handed out at compression cuts"));
   specs.push_back("snapkv:window=8");
   const auto cfgs = configs(specs, {0.1, 0.5});
   const RequestResult res = Replayer(reader, mode, cfgs, 24).replay("r1");
@@ -441,13 +441,13 @@ TEST_CASE("re-tiering replay: unchanged tiers score as one shot; qevict re-tiers
 }
 
 TEST_CASE("a long prompt's observed attention is visited in row blocks, never n x n at once", "[replay]") {
-  using replay_detail::CacheSignals;
-  using replay_detail::CacheView;
-  using replay_detail::FloatBuffer;
-  using replay_detail::Mat;
+  using kvcache::CacheSignals;
+  using kvcache::CacheView;
+  using kvcache::FloatBuffer;
+  using kvcache::Mat;
   const std::int64_t n = 2100;  // n x n = 4.4M floats per head: past one 4M-float block
   const int d = 8;
-  KvGeometry g;
+  ModelGeometry g;
   g.n_layers = 1, g.n_q_heads = 2, g.n_kv_heads = 1, g.head_dim = d;
   RequestHeader h;
   h.id = "long";
@@ -467,7 +467,7 @@ TEST_CASE("a long prompt's observed attention is visited in row blocks, never n 
   for (std::int64_t t = 0; t < n; ++t) view.tokens[0].push_back(static_cast<std::int32_t>(t));
   view.keys.push_back(Mat::Random(n, d));
   view.values.push_back(Mat::Random(n, d));
-  const CacheSignals s("test", g, 0, n, h, q, view);
+  const CacheSignals s("test", g, 0, n, {h.positions, h.segments, h.q_index}, q, view);
   for (int qh = 0; qh < g.n_q_heads; ++qh) {
     const OwnedMatrix whole = s.observed_attention(qh);
     std::int64_t next = 0, blocks = 0;

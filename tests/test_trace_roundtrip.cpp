@@ -24,7 +24,7 @@ ModelGeometry tiny_geometry() {
   g.n_q_heads = 4;
   g.n_kv_heads = 2;
   g.head_dim = 8;
-  g.rope_dim = 8;
+  g.rope.rope_dim = g.rope.head_dim = 8;
   g.vocab = 50;
   g.sliding_window = {0, 16, 0};
   return g;

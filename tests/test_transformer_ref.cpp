@@ -1,5 +1,5 @@
-// The CPU reference of the CUDA transformer (gpu/transformer_ref.h) is the parity harness's
-// ground truth, so it is itself held against the Eigen engine (capture/llama_model.h) on the real
+// The CPU reference of the CUDA transformer (gpu/cuda_transformer_ref.h) is the parity harness's
+// ground truth, so it is itself held against the Eigen engine (model/llama_model.h) on the real
 // SmolLM2 weights, and checked for the properties the GPU path relies on: chunking does not change
 // the result, the per-query-head cache layout reads the same rows, fp16 weights stay close to f32.
 #include <catch2/catch.hpp>
@@ -10,15 +10,15 @@
 #include <random>
 #include <stdexcept>
 
-#include "capture/gguf.h"
-#include "capture/llama_model.h"
-#include "capture/transformer_weights.h"
+#include "model/gguf.h"
+#include "model/llama_model.h"
+#include "model/transformer_weights.h"
 #include "core/error.h"
 #include "core/packed_kv.h"
-#include "gpu/parity_shapes.h"
-#include "gpu/random_inputs.h"
-#include "gpu/random_packed.h"
-#include "gpu/transformer_ref.h"
+#include "gpu/parity/parity_shapes.h"
+#include "gpu/parity/random_inputs.h"
+#include "gpu/parity/random_packed.h"
+#include "gpu/cuda_transformer_ref.h"
 #include "nmse_check.h"
 
 using namespace kvsim;
@@ -27,17 +27,17 @@ using namespace kvsim::gpu;
 
 namespace {
 
-TransformerShape tiny_shape(RopeType rope, bool bias) {
-  TransformerShape s;
+ModelConfig tiny_shape(RopeType rope, bool bias) {
+  ModelConfig s;
   s.n_layers = 3;
   s.n_embd = 48;
-  s.n_head = 6;
-  s.n_head_kv = 2;
+  s.n_q_heads = 6;
+  s.n_kv_heads = 2;
   s.head_dim = 8;
   s.n_ff = 96;
   s.vocab = 101;
   s.rope = {rope, s.head_dim, s.head_dim, 10000.0};
-  s.has_bias = bias;
+  s.qkv_bias = bias;
   return s;
 }
 
@@ -59,7 +59,7 @@ TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transform
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel engine(gguf, WeightFormat::F32);
-  const TransformerShape s = transformer_shape(engine.config());
+  const ModelConfig s = engine.config();
   TransformerRef ref(s, DeviceWeights::F32);
   load_transformer_weights(gguf, s, ref.sink());
 
@@ -84,7 +84,7 @@ TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transform
     INFO("decode step " << t);
     CHECK(nmse(g, w) < 1e-6);
     for (int layer : {0, s.n_layers - 1})
-      for (int h : {0, s.n_head - 1}) CHECK(nmse(ref.last_attention(layer, h), engine.last_attention(layer, h)) < 1e-6);
+      for (int h : {0, s.n_q_heads - 1}) CHECK(nmse(ref.last_attention(layer, h), engine.last_attention(layer, h)) < 1e-6);
   }
   CHECK(ref.rows(0, 0) == 14);
 
@@ -96,7 +96,7 @@ TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transform
 
 TEST_CASE("reference transformer: chunked prefill and decode equal one pass", "[transformer_ref]") {
   for (const bool bias : {false, true}) {
-    const TransformerShape s = tiny_shape(bias ? RopeType::Neox : RopeType::Norm, bias);
+    const ModelConfig s = tiny_shape(bias ? RopeType::Neox : RopeType::Norm, bias);
     TransformerRef one(s, DeviceWeights::F16), chunked(s, DeviceWeights::F16);
     random_weights(s, 7, one.sink());
     random_weights(s, 7, chunked.sink());
@@ -107,7 +107,7 @@ TEST_CASE("reference transformer: chunked prefill and decode equal one pass", "[
     const auto last = chunked.forward(std::span(tokens).subspan(9, 1), positions(9, 1), std::vector<std::int64_t>{0}, false, false);
     INFO("bias " << bias);
     CHECK(nmse(last, all) < 1e-10);
-    for (int e = 0; e < s.n_head_kv; ++e) {
+    for (int e = 0; e < s.n_kv_heads; ++e) {
       REQUIRE(chunked.rows(2, e) == 10);
       CHECK(nmse(chunked.entry_k(2, e), one.entry_k(2, e)) == 0.0);
     }
@@ -118,7 +118,7 @@ TEST_CASE("reference transformer: chunked prefill and decode equal one pass", "[
 }
 
 TEST_CASE("reference transformer: per-query-head entries read the same rows", "[transformer_ref]") {
-  const TransformerShape s = tiny_shape(RopeType::Norm, false);
+  const ModelConfig s = tiny_shape(RopeType::Norm, false);
   TransformerRef kv(s, DeviceWeights::F32), pq(s, DeviceWeights::F32);
   random_weights(s, 11, kv.sink());
   random_weights(s, 11, pq.sink());
@@ -127,12 +127,12 @@ TEST_CASE("reference transformer: per-query-head entries read the same rows", "[
   // The same cache, copied to one entry per query head (what a per-query-head plan leaves).
   for (int l = 0; l < s.n_layers; ++l) {
     std::vector<HostEntry> entries;
-    for (int h = 0; h < s.n_head; ++h) {
+    for (int h = 0; h < s.n_q_heads; ++h) {
       const int e = h / s.group();
       entries.push_back({kv.rows(l, e), kv.entry_k(l, e).data(), kv.entry_v(l, e).data()});
     }
     pq.load_layer(l, entries);
-    REQUIRE(pq.entries(l) == s.n_head);
+    REQUIRE(pq.entries(l) == s.n_q_heads);
   }
   const std::vector<std::int32_t> next{42};
   const auto a = kv.forward(next, positions(8, 1), std::vector<std::int64_t>{0}, false, true);
@@ -143,7 +143,7 @@ TEST_CASE("reference transformer: per-query-head entries read the same rows", "[
 }
 
 TEST_CASE("reference transformer: a packed prefix is held as its stored form reads back", "[transformer_ref]") {
-  const TransformerShape s = tiny_shape(RopeType::Neox, false);
+  const ModelConfig s = tiny_shape(RopeType::Neox, false);
   TransformerRef ref(s, DeviceWeights::F32);
   random_weights(s, 5, ref.sink());
   ref.forward(iota_tokens(8, 3, 7, s.vocab), positions(0, 8), {}, false, false);
@@ -184,7 +184,7 @@ TEST_CASE("reference transformer: a packed prefix is held as its stored form rea
 }
 
 TEST_CASE("reference transformer: random packed caches (the parity harness's) load and run", "[transformer_ref]") {
-  const TransformerShape s = tiny_shape(RopeType::Norm, false);
+  const ModelConfig s = tiny_shape(RopeType::Norm, false);
   TransformerRef ref(s, DeviceWeights::F32);
   random_weights(s, 9, ref.sink());
   ref.forward(iota_tokens(12, 1, 5, s.vocab), positions(0, 12), {}, false, false);
@@ -236,7 +236,7 @@ TEST_CASE("reference transformer: random packed caches (the parity harness's) lo
 }
 
 TEST_CASE("reference transformer: random weights are deterministic per tensor", "[transformer_ref]") {
-  const TransformerShape s = tiny_shape(RopeType::Norm, true);
+  const ModelConfig s = tiny_shape(RopeType::Norm, true);
   std::vector<float> first, again, other;
   auto grab = [](std::vector<float>& dst) {
     return [&dst](WeightId id, int layer, std::span<const float> d) {
@@ -255,7 +255,7 @@ TEST_CASE("reference transformer: random weights are deterministic per tensor", 
 }
 
 TEST_CASE("reference transformer: bad input names what is wrong", "[transformer_ref]") {
-  TransformerShape s = tiny_shape(RopeType::Norm, false);
+  ModelConfig s = tiny_shape(RopeType::Norm, false);
   TransformerRef ref(s, DeviceWeights::F32);
   std::vector<float> too_short(10);
   CHECK_THROWS_WITH(ref.set_weight(WeightId::Wq, 0, too_short), Catch::Contains("attn_q") && Catch::Contains("expected 2304"));
@@ -266,14 +266,14 @@ TEST_CASE("reference transformer: bad input names what is wrong", "[transformer_
   const std::vector<std::int32_t> bad{static_cast<std::int32_t>(s.vocab)};
   CHECK_THROWS_WITH(ref.forward(bad, positions(0, 1), {}, false, false), Catch::Contains("token id 101 out of range"));
   CHECK_THROWS_WITH(ref.load_layer(0, std::vector<HostEntry>(3)), Catch::Contains("expected n_head_kv or n_head"));
-  s.n_head_kv = 4;  // 6 heads do not split into 4 groups
-  CHECK_THROWS_WITH(TransformerRef(s, DeviceWeights::F32), Catch::Contains("multiple of n_head_kv"));
+  s.n_kv_heads = 4;  // 6 heads do not split into 4 groups
+  CHECK_THROWS_WITH(TransformerRef(s, DeviceWeights::F32), Catch::Contains("multiple of n_kv_heads"));
 }
 
 TEST_CASE("transformer weights from GGUF: a shape the file does not have is refused", "[transformer_ref]") {
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
-  TransformerShape s = transformer_shape(LlamaConfig::from_gguf(gguf));
+  ModelConfig s = model_config(gguf);
   s.n_ff += 1;
   try {
     load_transformer_weights(gguf, s, [](WeightId, int, std::span<const float>) {});
@@ -311,7 +311,7 @@ TEST_CASE("reference transformer runs every small geometry of the parity harness
 }
 
 TEST_CASE("reference transformer: decode rules step over the last pass's weights only", "[transformer_ref]") {
-  const TransformerShape s = qwen_like_shape();
+  const ModelConfig s = qwen_like_shape();
   TransformerRef ref(s, DeviceWeights::F32);
   random_weights(s, 7, ref.sink());
   const auto tokens = iota_tokens(20, 3, 7, s.vocab);

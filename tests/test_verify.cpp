@@ -6,16 +6,19 @@
 #include <filesystem>
 #include <set>
 
-#include "capture/backend_engine.h"
+#include "model/backend_engine.h"
 #include "capture/capture_driver.h"
-#include "capture/gguf.h"
-#include "capture/llama_model.h"
-#include "capture/transformer_weights.h"
+#include "capture/prompt.h"
+#include "model/tokenizer.h"
+#include "model/gguf.h"
+#include "model/llama_model.h"
+#include "model/transformer_weights.h"
 #include "policies/registry.h"
-#include "sim/cache_signals.h"
+#include "kvcache/cache_signals.h"
 #include "sim/replay.h"
 #include "traces/trace_reader.h"
 #include "counting_backend.h"
+#include "gguf_fixtures.h"
 #include "trace_fixtures.h"
 #include "verify/live_verifier.h"
 
@@ -117,16 +120,16 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
     const RequestResult offline = Replayer(reader, mode, configs).replay("needle");
     const std::int64_t c = offline.compression_point;
     CHECK(c == live.compression_point);
-    const KvGeometry g = v.geometry();
+    const ModelGeometry g = v.geometry();
     const int d = g.head_dim, Hkv = g.n_kv_heads;
     std::size_t compared = 0;
     for (int layer = 0; layer < g.n_layers; ++layer) {
-      replay_detail::FloatBuffer k(reader.layer_elements("needle", Tensor::K)), val(k.size()),
+      kvcache::FloatBuffer k(reader.layer_elements("needle", Tensor::K)), val(k.size()),
           q(reader.layer_elements("needle", Tensor::Q));
       reader.read_layer("needle", Tensor::K, layer, k);
       reader.read_layer("needle", Tensor::V, layer, val);
       reader.read_layer("needle", Tensor::Q, layer, q);
-      replay_detail::CacheView view;
+      kvcache::CacheView view;
       RepeatPassView repeat;
       std::vector<float> repeat_q, repeat_k;
       const RepeatPass table = reader.repeat_pass_table("needle");
@@ -141,12 +144,12 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
         std::vector<std::int32_t> t(static_cast<std::size_t>(c));
         for (std::int64_t j = 0; j < c; ++j) t[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
         view.tokens.push_back(t);
-        const replay_detail::StridedMap kh(k.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-        const replay_detail::StridedMap vh(val.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+        const kvcache::StridedMap kh(k.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+        const kvcache::StridedMap vh(val.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
         view.keys.push_back(kh.topRows(c));
         view.values.push_back(vh.topRows(c));
       }
-      const replay_detail::CacheSignals signals("trace", g, layer, c, h, q, view);
+      const kvcache::CacheSignals signals("trace", g, layer, c, {h.positions, h.segments, h.q_index}, q, view);
       for (std::size_t i = 0; i < configs.size(); ++i) {
         const ReplayConfig& cfg = configs[i];
         INFO(cfg.label() << " at " << cfg.budget << ", layer " << layer << ", " << mode_name(mode));
@@ -208,7 +211,7 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
   for (const std::string spec : {"snapkv", "h2o", "intn:bits=4", "lowrank", "qevict"})
     configs.push_back(config_of(spec, spec == "lowrank" ? 0.5 : 0.25));
   LiveVerifier cpu(gguf, o);
-  auto backend = std::make_unique<test::CountingBackend>(transformer_shape(LlamaConfig::from_gguf(gguf)),
+  auto backend = std::make_unique<test::CountingBackend>(model_config(gguf),
                                                          gpu::DeviceWeights::F32);
   const test::CountingBackend& counter = *backend;
   LiveVerifier on_backend(gguf, o, std::make_unique<BackendEngine>(gguf, std::move(backend)));
@@ -240,7 +243,7 @@ TEST_CASE("decode-time rules stepped inside the backend engine evict what the ho
   o.weights = WeightFormat::F32;
   std::vector<ReplayConfig> configs;
   for (const std::string spec : {"h2o", "h2o:gqa=max,recent_ratio=0.25", "tova"}) configs.push_back(config_of(spec, 0.2));
-  const auto shape = transformer_shape(LlamaConfig::from_gguf(gguf));
+  const auto shape = model_config(gguf);
   auto run = [&](bool in_engine, int& rule_steps) {
     VerifyOptions oo = o;
     oo.rules_in_engine = in_engine;
@@ -265,5 +268,77 @@ TEST_CASE("decode-time rules stepped inside the backend engine evict what the ho
     CHECK(e.final_kept != e.kept);        // and some were
     CHECK(e.mean_kl == h.mean_kl);        // the same cache, so the same logits, bit for bit
     CHECK(e.generated == h.generated);
+  }
+}
+
+// A prompt whose question starts between tokens 512 and 768 and which ends before 768, so cuts
+// every 256 tokens fall at 256, 512 and the compression point in both modes, where capture's
+// forward passes end too.
+CaptureRequest long_request(const GgufFile& gguf) {
+  const Tokenizer tok(gguf);
+  CaptureRequest r = needle_request();
+  r.id = "long";
+  std::string context;
+  for (int i = 0; build_prompt(tok, r, default_system_prompt(gguf)).question_start < 560; ++i) {
+    context += "Ledger line " + std::to_string(i) + ": the mill at station " + std::to_string(i * 7 % 31) +
+               " shipped " + std::to_string(100 + i * 13 % 97) + " sacks of grain. ";
+    r.context = context + (i == 20 ? "The secret code of the vault is 4817. " : "");
+  }
+  return r;
+}
+
+TEST_CASE("compression every 256 tokens: live and offline keep the same tokens, every policy, both modes",
+          "[verify]") {
+  require_model();
+  // One layer: later tokens' keys, values and queries do not depend on earlier cuts, so both sides
+  // see the same inputs at every cut and the shared plan API must make the same cache of them.
+  const std::string model = test::one_layer_model(KVSIM_TEST_MODEL, "llama", "smollm2_one_layer.gguf");
+  const GgufFile gguf(model);
+  const CaptureRequest request = long_request(gguf);
+  const Prompt p = build_prompt(Tokenizer(gguf), request, default_system_prompt(gguf));
+  REQUIRE(p.question_start > 512);
+  REQUIRE(static_cast<std::int64_t>(p.tokens.size()) < 768);
+  const std::string trace = test::scratch_file("verify_every256.h5");
+  CaptureOptions co;
+  co.model_path = model;
+  co.out_path = trace;
+  co.overwrite = true;
+  co.all_queries = true;
+  co.max_new = 5;
+  co.repeat_pass = true;  // kvzip's signal: recorded, yet refused before the context is complete
+  run_capture({request}, co);
+  const TraceReader reader(trace);
+  for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    VerifyOptions o;
+    o.mode = mode;
+    o.max_new = 5;
+    o.compress_every = 256;
+    LiveVerifier v(gguf, o);
+    // KVzip's signal (the whole context repeated) is not handed out at compression cuts: both
+    // sides refuse it alike.
+    std::vector<ReplayConfig> configs, kvzip;
+    for (const ReplayConfig& c : all_configs({0.15, 0.4})) (c.impl->needs_repeat_pass() ? kvzip : configs).push_back(c);
+    REQUIRE(!kvzip.empty());
+    CHECK_THROWS_WITH(v.run(request, {kvzip.front()}), Catch::Contains("not handed out at compression cuts"));
+    CHECK_THROWS_WITH(Replayer(reader, mode, {kvzip.front()}, 256).replay("long"),
+                      Catch::Contains("not handed out at compression cuts"));
+    const LiveRequestResult live = v.run(request, configs);
+    Replayer replayer(reader, mode, configs, 256);
+    replayer.record_keep_sets(true);
+    const RequestResult offline = replayer.replay("long");
+    REQUIRE(offline.compression_point == live.compression_point);
+    REQUIRE(offline.compression_point > 512);
+    std::size_t cut_twice = 0;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      INFO(configs[i].label() << " at " << configs[i].budget << ", " << mode_name(mode));
+      const LiveConfigResult& l = live.configs[i];
+      const ConfigResult& r = offline.configs[i];
+      CHECK(l.kept == r.kept);
+      CHECK(l.budget_tokens == r.budget_tokens);
+      CHECK(l.compressed_bytes == Approx(r.compressed_bytes).epsilon(1e-12));
+      // The budget is under 256 tokens at 0.15 of a ~600-token prompt: the first cut already cuts.
+      if (r.budget_tokens < 256 && configs[i].impl->respects_budget()) ++cut_twice;
+    }
+    CHECK(cut_twice > 10);
   }
 }

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "capture/gguf.h"
-#include "capture/weight_matrix.h"
+#include "model/gguf.h"
+#include "model/weight_matrix.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "gguf_fixtures.h"

@@ -36,7 +36,7 @@ inline SynthConfig small_synth_config(std::uint64_t seed = 7) {
   cfg.geometry.n_q_heads = 4;
   cfg.geometry.n_kv_heads = 2;
   cfg.geometry.head_dim = 16;
-  cfg.geometry.rope_dim = 16;
+  cfg.geometry.rope.rope_dim = cfg.geometry.rope.head_dim = 16;
   cfg.geometry.vocab = 1000;
   cfg.seed = seed;
   cfg.n_requests = 3;

@@ -43,14 +43,14 @@ struct HeadDirections {
 
 HeadDirections make_directions(const SynthConfig& cfg, int layer, int kv_head) {
   const ModelGeometry& g = cfg.geometry;
-  const RopeSpec rope = g.rope();
-  const int d = g.head_dim, pairs = g.rope_dim / 2;
+  const RopeSpec rope = g.rope;
+  const int d = g.head_dim, pairs = g.rope.rope_dim / 2;
   std::vector<int> content;
   for (int i = pairs * 3 / 4; i < pairs; ++i) {
     content.push_back(rope_pair_first(rope, i));
     content.push_back(rope_pair_second(rope, i));
   }
-  for (int j = g.rope_dim; j < d; ++j) content.push_back(j);
+  for (int j = g.rope.rope_dim; j < d; ++j) content.push_back(j);
 
   Rng rng(cfg.seed, kDirections, static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(kv_head));
   std::vector<std::vector<double>> basis;
@@ -145,16 +145,16 @@ void axpy(float* y, const std::vector<float>& x, double a) {
 }  // namespace
 
 std::vector<std::string> SynthConfig::problems() const {
-  std::vector<std::string> out = geometry.problems("synth");
+  std::vector<std::string> out = geometry_problems(geometry, "synth");
   auto need = [&](bool ok, const std::string& msg) {
     if (!ok) out.push_back("synth: " + msg);
   };
   // Sink, salient and needle directions need 3 orthogonal slow ("content") dims: the slowest
   // quarter of the rotary pairs plus any unrotated dims.
-  const int pairs = geometry.rope_dim / 2;
-  const int content_dims = 2 * (pairs - pairs * 3 / 4) + (geometry.head_dim - geometry.rope_dim);
+  const int pairs = geometry.rope.rope_dim / 2;
+  const int content_dims = 2 * (pairs - pairs * 3 / 4) + (geometry.head_dim - geometry.rope.rope_dim);
   need(content_dims >= 3, "head_dim = " + std::to_string(geometry.head_dim) + " with rope_dim = " +
-                              std::to_string(geometry.rope_dim) + " leaves " + std::to_string(content_dims) +
+                              std::to_string(geometry.rope.rope_dim) + " leaves " + std::to_string(content_dims) +
                               " slow dims, expected >= 3 (use head_dim >= 16)");
   need(n_requests >= 1, "requests = " + std::to_string(n_requests) + ", expected >= 1");
   need(system_tokens >= 1, "system tokens = " + std::to_string(system_tokens) + ", expected >= 1 (holds the sink)");
@@ -269,7 +269,7 @@ SynthPlan plan_synth_request(const SynthConfig& cfg, int request) {
 SynthLayer synth_layer(const SynthConfig& cfg, const SynthPlan& plan, int request, int layer) {
   const ModelGeometry& g = cfg.geometry;
   const RequestHeader& h = plan.header;
-  const RopeSpec rope = g.rope();
+  const RopeSpec rope = g.rope;
   const std::size_t d = static_cast<std::size_t>(g.head_dim);
   const std::size_t T = h.tokens.size(), Tq = h.q_index.size();
   const std::size_t Hkv = static_cast<std::size_t>(g.n_kv_heads), Hq = static_cast<std::size_t>(g.n_q_heads);

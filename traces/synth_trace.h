@@ -1,16 +1,8 @@
 #pragma once
-// Deterministic synthetic kvtrace generator. The attention patterns real models show are not
-// written as weights: they are built into pre-RoPE keys and queries so that they emerge from
-// q·k after RoPE, as they would in a model:
-//   - sink: token 0's key has a large component on a per-head "sink" direction that every
-//     non-broad query shares (low-frequency rotary dims, which barely rotate);
-//   - recency: keys and queries share a fixed vector on mid-frequency rotary pairs, so the
-//     RoPE rotation makes q·k a sum of cosines of the distance, largest for near tokens;
-//   - heavy hitters: a random few context tokens carry a "salient" direction;
-//   - retrieval: a planted needle span carries a "needle" direction that only retrieval heads'
-//     question and generated queries look for;
-//   - entropy: a per-layer query scale grows with depth (broad early layers, sharp late ones);
-//   - GQA: query heads of a group read the same keys with different roles.
+// Deterministic synthetic kvtrace generator. Attention patterns are not written as weights: they
+// are built into pre-RoPE keys and queries so that they emerge from q·k after RoPE (sinks,
+// recency, heavy hitters, retrieval heads finding a planted needle, entropy falling with depth,
+// GQA groups with mixed roles). README.md, "Synthetic traces"; tests/test_synth.cpp checks each.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -106,12 +106,13 @@ TraceReader::TraceReader(const std::string& path) : path_(path), impl_(std::make
   geometry_.n_kv_heads = static_cast<int>(h5::read_attr_i64(m, "n_kv_heads", mctx));
   geometry_.head_dim = static_cast<int>(h5::read_attr_i64(m, "head_dim", mctx));
   geometry_.vocab = h5::read_attr_i64(m, "vocab", mctx);
-  geometry_.rope_theta = h5::read_attr_f64(m, "rope_theta", mctx);
-  geometry_.rope_type = parse_rope_type(h5::read_attr_string(m, "rope_type", mctx), mctx);
-  geometry_.rope_dim = static_cast<int>(h5::read_attr_i64(m, "rope_dim", mctx));
+  geometry_.rope.theta = h5::read_attr_f64(m, "rope_theta", mctx);
+  geometry_.rope.type = parse_rope_type(h5::read_attr_string(m, "rope_type", mctx), mctx);
+  geometry_.rope.rope_dim = static_cast<int>(h5::read_attr_i64(m, "rope_dim", mctx));
+  geometry_.rope.head_dim = geometry_.head_dim;
   if (h5::link_exists(m, "sliding_window"))
     geometry_.sliding_window = read_ints<int>(m, "sliding_window", H5T_NATIVE_INT, mctx);
-  const auto gp = geometry_.problems(path);
+  const auto gp = geometry_problems(geometry_, path);
   if (!gp.empty()) throw FormatError(join(gp));
 
   if (h5::link_exists(root, layout::kCaptureGroup)) {

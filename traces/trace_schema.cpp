@@ -42,42 +42,43 @@ ModelGeometry smollm2_135m_geometry() {
   g.n_kv_heads = 3;
   g.head_dim = 64;
   g.vocab = 49152;
-  g.rope_theta = 100000.0;
-  g.rope_type = RopeType::Norm;
-  g.rope_dim = 64;
+  g.rope = RopeSpec{RopeType::Norm, 64, 64, 100000.0};
   return g;
 }
 
-std::vector<std::string> ModelGeometry::problems(const std::string& context) const {
+std::vector<std::string> geometry_problems(const ModelGeometry& g, const std::string& context) {
   std::vector<std::string> out;
   auto positive = [&](const char* field, std::int64_t v) {
     if (v <= 0) out.push_back(context + ": model/" + field + " = " + std::to_string(v) + ", expected > 0");
   };
-  positive("n_layers", n_layers);
-  positive("n_q_heads", n_q_heads);
-  positive("n_kv_heads", n_kv_heads);
-  positive("head_dim", head_dim);
-  positive("vocab", vocab);
+  positive("n_layers", g.n_layers);
+  positive("n_q_heads", g.n_q_heads);
+  positive("n_kv_heads", g.n_kv_heads);
+  positive("head_dim", g.head_dim);
+  positive("vocab", g.vocab);
   // Upper limits keep every size product far from overflow and reject hostile attributes.
   auto at_most = [&](const char* field, std::int64_t v, std::int64_t limit) {
     if (v > limit)
       out.push_back(context + ": model/" + field + " = " + std::to_string(v) + ", expected <= " + std::to_string(limit));
   };
-  at_most("n_layers", n_layers, 1024);
-  at_most("n_q_heads", n_q_heads, 1024);
-  at_most("n_kv_heads", n_kv_heads, 1024);
-  at_most("head_dim", head_dim, 4096);
-  at_most("vocab", vocab, std::int64_t{1} << 31);
-  if (n_q_heads > 0 && n_kv_heads > 0 && n_q_heads % n_kv_heads != 0)
-    out.push_back(context + ": model/n_q_heads = " + std::to_string(n_q_heads) +
-                  " is not a multiple of model/n_kv_heads = " + std::to_string(n_kv_heads));
-  if (rope_dim < 0 || rope_dim > head_dim || rope_dim % 2 != 0)
-    out.push_back(context + ": model/rope_dim = " + std::to_string(rope_dim) +
-                  ", expected an even number in [0, head_dim = " + std::to_string(head_dim) + "]");
-  if (!(rope_theta > 0)) out.push_back(context + ": model/rope_theta must be > 0");
-  if (!sliding_window.empty() && static_cast<int>(sliding_window.size()) != n_layers)
-    out.push_back(context + ": model/sliding_window has " + std::to_string(sliding_window.size()) +
-                  " entries, expected n_layers = " + std::to_string(n_layers));
+  at_most("n_layers", g.n_layers, 1024);
+  at_most("n_q_heads", g.n_q_heads, 1024);
+  at_most("n_kv_heads", g.n_kv_heads, 1024);
+  at_most("head_dim", g.head_dim, 4096);
+  at_most("vocab", g.vocab, std::int64_t{1} << 31);
+  if (g.n_q_heads > 0 && g.n_kv_heads > 0 && g.n_q_heads % g.n_kv_heads != 0)
+    out.push_back(context + ": model/n_q_heads = " + std::to_string(g.n_q_heads) +
+                  " is not a multiple of model/n_kv_heads = " + std::to_string(g.n_kv_heads));
+  if (g.rope.rope_dim < 0 || g.rope.rope_dim > g.head_dim || g.rope.rope_dim % 2 != 0)
+    out.push_back(context + ": model/rope_dim = " + std::to_string(g.rope.rope_dim) +
+                  ", expected an even number in [0, head_dim = " + std::to_string(g.head_dim) + "]");
+  if (!(g.rope.theta > 0)) out.push_back(context + ": model/rope_theta must be > 0");
+  if (g.rope.head_dim != g.head_dim)
+    out.push_back(context + ": RoPE head_dim " + std::to_string(g.rope.head_dim) + " differs from model/head_dim = " +
+                  std::to_string(g.head_dim));
+  if (!g.sliding_window.empty() && static_cast<int>(g.sliding_window.size()) != g.n_layers)
+    out.push_back(context + ": model/sliding_window has " + std::to_string(g.sliding_window.size()) +
+                  " entries, expected n_layers = " + std::to_string(g.n_layers));
   return out;
 }
 

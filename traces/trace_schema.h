@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/geometry.h"
 #include "core/rope.h"
 
 namespace kvsim {
@@ -21,25 +22,9 @@ std::string segment_names_csv();
 const char* rope_type_name(RopeType t);
 RopeType parse_rope_type(const std::string& s, const std::string& context);
 
-struct ModelGeometry {
-  std::string name = "synthetic";
-  std::string arch = "llama";
-  int n_layers = 0;
-  int n_q_heads = 0;
-  int n_kv_heads = 0;
-  int head_dim = 0;
-  std::int64_t vocab = 0;
-  double rope_theta = 10000.0;
-  RopeType rope_type = RopeType::Norm;
-  int rope_dim = 0;                  // rotated dims per head (n_rot); <= head_dim
-  std::vector<int> sliding_window;   // per layer, 0 = full attention; empty = none anywhere
-
-  int group_size() const { return n_q_heads / n_kv_heads; }
-  RopeSpec rope() const { return {rope_type, head_dim, rope_dim, rope_theta}; }
-  // Empty when consistent; otherwise one message per broken field (context-prefixed).
-  std::vector<std::string> problems(const std::string& context) const;
-  bool operator==(const ModelGeometry&) const = default;
-};
+// Empty when `g` is a consistent trace geometry; otherwise one message per broken field
+// (context-prefixed, naming the model/ attribute).
+std::vector<std::string> geometry_problems(const ModelGeometry& g, const std::string& context);
 
 // SmolLM2-135M-Instruct (formats.md §4): the default geometry everywhere.
 ModelGeometry smollm2_135m_geometry();

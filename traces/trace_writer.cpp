@@ -97,7 +97,7 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
                          const TraceWriterOptions& options)
     : impl_(std::make_unique<Impl>()), path_(path) {
   h5::silence_library_errors();
-  join_problems(geometry.problems("trace writer for " + path));
+  join_problems(geometry_problems(geometry, "trace writer for " + path));
   if (options.deflate_level < 0 || options.deflate_level > 9)
     throw Error("trace writer: deflate level " + std::to_string(options.deflate_level) + ", expected 0..9");
   if (!options.overwrite && std::filesystem::exists(path))
@@ -129,9 +129,9 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
   h5::write_attr_i64(model.get(), "n_kv_heads", geometry.n_kv_heads);
   h5::write_attr_i64(model.get(), "head_dim", geometry.head_dim);
   h5::write_attr_i64(model.get(), "vocab", geometry.vocab);
-  h5::write_attr_f64(model.get(), "rope_theta", geometry.rope_theta);
-  h5::write_attr_string(model.get(), "rope_type", rope_type_name(geometry.rope_type));
-  h5::write_attr_i64(model.get(), "rope_dim", geometry.rope_dim);
+  h5::write_attr_f64(model.get(), "rope_theta", geometry.rope.theta);
+  h5::write_attr_string(model.get(), "rope_type", rope_type_name(geometry.rope.type));
+  h5::write_attr_i64(model.get(), "rope_dim", geometry.rope.rope_dim);
   if (!geometry.sliding_window.empty())
     write_vector(model.get(), "sliding_window", H5T_STD_I32LE, H5T_NATIVE_INT, geometry.sliding_window, path);
 

@@ -7,25 +7,27 @@
 #include <limits>
 #include <optional>
 
-#include "capture/gguf.h"
-#include "capture/engine.h"
+#include "model/gguf.h"
+#include "model/engine.h"
 #include "capture/prompt.h"
 #include "capture/repeat_pass.h"
-#include "capture/tokenizer.h"
+#include "model/tokenizer.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "core/packed_kv.h"
+#include "kvcache/budget.h"
+#include "kvcache/cache_signals.h"
+#include "kvcache/plan_apply.h"
 #include "policies/codec.h"
-#include "sim/budget.h"
-#include "sim/cache_signals.h"
 #include "traces/trace_schema.h"
+#include "verify/engine_rows.h"
 
 namespace kvsim {
 
-using replay_detail::CacheSignals;
-using replay_detail::CacheView;
-using replay_detail::FloatBuffer;
-using replay_detail::Mat;
+using kvcache::CacheSignals;
+using kvcache::CacheView;
+using kvcache::FloatBuffer;
+using kvcache::LayerIndex;
+using kvcache::Mat;
 
 namespace {
 
@@ -55,15 +57,6 @@ void append_rounded(FloatBuffer& dst, const float* src, std::size_t n) {
   halves_to_floats(h.data(), dst.data() + at, n);
 }
 
-// What a really compressed cache stores for an entry the codec is about to encode (its rows are
-// still the exact ones pack reads): a backend that holds packed entries keeps this.
-std::shared_ptr<const PackedEntry> packed_form(const KvCodec* codec, const HeadPlan& plan, const KvGeometry& g,
-                                               const std::vector<std::int32_t>& positions, const KvEntry& entry) {
-  auto p = std::make_shared<PackedEntry>();
-  pack_plan(codec, plan, g, positions, entry.k, entry.v, *p);
-  return p;
-}
-
 // RULER's string_match_all: the share of expected strings found, case-insensitively.
 double task_score(const std::string& text, const std::vector<std::string>& expected) {
   if (expected.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -85,15 +78,14 @@ struct LiveVerifier::Impl {
   Tokenizer tok;
   std::unique_ptr<Engine> engine;
   Engine& model;
-  KvGeometry g;
+  ModelGeometry g;
   std::string default_system;
   std::int64_t ctx_len;
 
   Impl(const GgufFile& f, VerifyOptions o, std::unique_ptr<Engine> e)
       : gguf(f), opts(o), tok(f), engine(e ? std::move(e) : make_engine(f, EngineOptions{o.device, o.weights})), model(*engine), default_system(default_system_prompt(f)),
         ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
-    const LlamaConfig& c = model.config();
-    g = KvGeometry{c.n_layers, c.n_head, c.n_head_kv, c.head_dim, c.rope};
+    g = model.config();
   }
 
   // What every config of one request shares.
@@ -122,22 +114,24 @@ struct LiveVerifier::Impl {
     std::vector<RepeatPassView> repeat_views;  // [layer]
   };
 
-  // A config's compressed state: the budget it is held to and its decode-time states.
+  // A config's compressed state: the budget it is held to, what each layer holds (as the plan
+  // API applied it, mirrored onto the engine's rows) and its decode-time states.
   struct Compressed {
     ConfigBudget budget;
+    const KvCodec* codec = nullptr;
+    double entry_budget = 0;                           // bytes one entry may hold after a re-tier
+    std::vector<LayerIndex> index;                     // [layer]
+    std::vector<std::unique_ptr<EngineRows>> rows;     // [layer]
     std::vector<std::unique_ptr<DecodeState>> states;  // [layer], null for one-shot policies
     bool any_state = false;
     // [layer] the state's rule runs inside the engine (DecodeState::rule, Engine::decode_rule_step);
     // the others step on the host, reading the last-row weights when they need them.
     std::vector<bool> in_engine;
     bool any_in_engine = false, host_weights = false;
-    // [layer][KV head] the cached tokens' original fp16 rows (the host copy a re-tiering policy
-    // promotes from); kept only when a policy with a codec also decodes.
-    std::vector<std::vector<KvEntry>> originals;
-    const KvCodec* codec = nullptr;
-    double fraction = 1;                          // the byte budget as a share of the full cache at c
-    std::int64_t c = 0;
-    const std::vector<std::int32_t>* positions = nullptr;
+    // With compression cuts before the compression point (--compress-every) the config prefills
+    // on its own cache: its queries and, query-aware, the last prompt token's logits.
+    std::vector<FloatBuffer> queries;  // [layer], as Shared::queries
+    std::vector<float> prefill_logits;
   };
 
   Shared prefill(const CaptureRequest& r, bool with_repeat) {
@@ -165,27 +159,12 @@ struct LiveVerifier::Impl {
     s.header.needle_start = s.p.needle_start;
     s.header.needle_end = s.p.needle_end;
 
-    const LlamaConfig& c = model.config();
-    const auto q_row = static_cast<std::size_t>(c.n_head) * static_cast<std::size_t>(c.head_dim);
-    s.queries.assign(static_cast<std::size_t>(c.n_layers), {});
-    std::int64_t processed = 0;
-    auto hook = [&](const LayerActivations& a) {
-      const std::int64_t skip = std::clamp<std::int64_t>(s.first_q - processed, 0, a.n);
-      append_rounded(s.queries[static_cast<std::size_t>(a.layer)], a.q.data() + static_cast<std::size_t>(skip) * q_row,
-                     static_cast<std::size_t>(a.n - skip) * q_row);
-    };
     model.reset();
     model.reserve(T);
     model.record_last_attention(false);
-    for (const auto& [b, e] : prefill_chunks(s.c, s.p.question_start, opts.prefill_chunk)) {
-      std::vector<std::int32_t> pos(static_cast<std::size_t>(e - b));
-      for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int32_t>(b) + static_cast<std::int32_t>(i);
-      const std::int64_t last = e - b - 1;
-      const bool want = e == s.c && opts.mode == ReplayMode::QueryAware;
-      auto logits = model.forward(std::span(s.p.tokens).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), pos,
-                                  want ? std::span<const std::int64_t>(&last, 1) : std::span<const std::int64_t>(), hook);
-      if (want) s.prefill_logits = std::move(logits);
-      processed = e;
+    s.queries.assign(static_cast<std::size_t>(g.n_layers), {});
+    for (const auto& [b, e] : prefill_chunks(s.c, {s.p.question_start}, opts.prefill_chunk)) {
+      prefill_range(s, b, e, s.queries, s.prefill_logits);
       // As in capture: the pass runs on the cache holding exactly the context.
       if (s.with_repeat && e == context_span(s.p).second) s.repeat = run_repeat_pass(model, tok, s.p);
     }
@@ -204,11 +183,30 @@ struct LiveVerifier::Impl {
     return s;
   }
 
+  // Prompt tokens [b, e) through the engine, their queries from s.first_q on appended to
+  // `queries` (f16-rounded, as a trace stores them); query-aware, the last prompt token's logits.
+  void prefill_range(const Shared& s, std::int64_t b, std::int64_t e, std::vector<FloatBuffer>& queries,
+                     std::vector<float>& last_logits) {
+    const auto q_row = static_cast<std::size_t>(g.n_q_heads) * static_cast<std::size_t>(g.head_dim);
+    auto hook = [&](const LayerActivations& a) {
+      const std::int64_t skip = std::clamp<std::int64_t>(s.first_q - b, 0, a.n);
+      append_rounded(queries[static_cast<std::size_t>(a.layer)], a.q.data() + static_cast<std::size_t>(skip) * q_row,
+                     static_cast<std::size_t>(a.n - skip) * q_row);
+    };
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(e - b));
+    for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int32_t>(b) + static_cast<std::int32_t>(i);
+    const std::int64_t last = e - b - 1;
+    const bool want = e == s.c && opts.mode == ReplayMode::QueryAware;
+    auto logits = model.forward(std::span(s.p.tokens).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), pos,
+                                want ? std::span<const std::int64_t>(&last, 1) : std::span<const std::int64_t>(), hook);
+    if (want) last_logits = std::move(logits);
+  }
+
   // The full-cache continuation: question tokens (query-agnostic), then greedy until EOS or
   // max_new, every generated token run through (its query is an evaluation query, as in a trace).
   void reference_run(Shared& s) {
-    const LlamaConfig& c = model.config();
-    const auto q_row = static_cast<std::size_t>(c.n_head) * static_cast<std::size_t>(c.head_dim);
+    const ModelConfig& c = model.config();
+    const auto q_row = static_cast<std::size_t>(c.n_q_heads) * static_cast<std::size_t>(c.head_dim);
     s.eval_queries.assign(static_cast<std::size_t>(c.n_layers), {});
     auto hook = [&](const LayerActivations& a) {
       append_rounded(s.eval_queries[static_cast<std::size_t>(a.layer)], a.q.data(), static_cast<std::size_t>(a.n) * q_row);
@@ -247,13 +245,40 @@ struct LiveVerifier::Impl {
       const Eigen::Map<const Mat, 0, Eigen::OuterStride<>> qh(q.data() + hq * d, E, d, Eigen::OuterStride<>(Hq * d));
       const Eigen::Map<const Mat> k(e.k.data(), e.rows(), d);
       Mat a = (qh * (1.0f / std::sqrt(static_cast<float>(d)))) * k.transpose();
-      replay_detail::causal_softmax(a, limit);
+      kvcache::causal_softmax(a, limit);
       out[static_cast<std::size_t>(hq)] = a.leftCols(s.c);
     }
     slot = std::move(out);
     return *slot;
   }
 
+  // What policies see of layer `layer` of a cache (its entries): the tokens and a copy of their
+  // rows, the oracle's future attention restricted to them, the reconstruction pass (not at
+  // compression cuts, as in replay: it is recorded once, over the whole context).
+  std::unique_ptr<CacheView> live_view(Shared& s, int layer, const std::vector<KvEntry>& entries, bool at_cut = false) {
+    auto view = std::make_unique<CacheView>();
+    for (const KvEntry& e : entries) {
+      view->tokens.push_back(e.tokens);
+      view->keys.push_back(Eigen::Map<const Mat>(e.k.data(), e.rows(), g.head_dim));
+      view->values.push_back(Eigen::Map<const Mat>(e.v.data(), e.rows(), g.head_dim));
+    }
+    if (s.with_future) {
+      const std::vector<Mat>& future = future_attention(s, layer);
+      for (int hq = 0; hq < g.n_q_heads; ++hq) {
+        const auto& held = view->tokens[static_cast<std::size_t>(hq / g.group())];
+        const Mat& f = future[static_cast<std::size_t>(hq)];
+        Mat cols(f.rows(), static_cast<Eigen::Index>(held.size()));
+        for (std::size_t m = 0; m < held.size(); ++m) cols.col(static_cast<Eigen::Index>(m)) = f.col(held[m]);
+        view->future.push_back(std::move(cols));
+      }
+    }
+    if (s.with_repeat && !at_cut) view->repeat = &s.repeat_views[static_cast<std::size_t>(layer)];
+    return view;
+  }
+
+  // The shared full cache's signals at the compression point: every config compresses the same
+  // cache, so as in replay one signals object per layer serves them all (and its memo shares
+  // scores across budgets). Built on first use.
   const CacheSignals& signals_at(Shared& s, int layer) {
     if (s.signals.empty()) {
       s.views.resize(static_cast<std::size_t>(g.n_layers));
@@ -261,231 +286,175 @@ struct LiveVerifier::Impl {
     }
     auto& slot = s.signals[static_cast<std::size_t>(layer)];
     if (slot) return *slot;
-    auto view = std::make_unique<CacheView>();
-    for (const KvEntry& e : s.at_point.layers[static_cast<std::size_t>(layer)]) {
-      view->tokens.push_back(e.tokens);
-      view->keys.push_back(Eigen::Map<const Mat>(e.k.data(), e.rows(), g.head_dim));
-      view->values.push_back(Eigen::Map<const Mat>(e.v.data(), e.rows(), g.head_dim));
-    }
-    if (s.with_future) view->future = future_attention(s, layer);
-    if (s.with_repeat) view->repeat = &s.repeat_views[static_cast<std::size_t>(layer)];
-    slot = std::make_unique<CacheSignals>(s.where, g, layer, s.c, s.header, s.queries[static_cast<std::size_t>(layer)], *view);
-    s.views[static_cast<std::size_t>(layer)] = std::move(view);
+    s.views[static_cast<std::size_t>(layer)] = live_view(s, layer, s.at_point.layers[static_cast<std::size_t>(layer)]);
+    slot = std::make_unique<CacheSignals>(s.where, g, layer, s.c, tokens_of(s.header),
+                                          s.queries[static_cast<std::size_t>(layer)], *s.views[static_cast<std::size_t>(layer)]);
     return *slot;
   }
 
-  // Restores the shared cache and compresses it with `cfg` for real, layer by layer.
+  static kvcache::RequestTokens tokens_of(const RequestHeader& h) { return {h.positions, h.segments, h.q_index}; }
+
+  // The prompt prefilled on the config's own cache, cut at every cut before the compression point
+  // where a layer exceeds its budget (the plan's drops only, as replay applies them).
+  void prefill_with_cuts(Shared& s, const ReplayConfig& cfg, Compressed& cs, const std::vector<std::int64_t>& cuts,
+                         const std::vector<bool>& compresses) {
+    model.reset();
+    model.reserve(s.n_prompt + opts.max_new);
+    model.record_last_attention(false);
+    cs.queries.assign(static_cast<std::size_t>(g.n_layers), {});
+    for (auto& index : cs.index) index = LayerIndex::prefix(g.n_kv_heads, 0);
+    std::vector<std::int64_t> splits = cuts;
+    splits.push_back(s.p.question_start);
+    for (const auto& [b, e] : prefill_chunks(s.c, splits, opts.prefill_chunk)) {
+      prefill_range(s, b, e, cs.queries, cs.prefill_logits);
+      for (auto& index : cs.index)
+        for (std::int64_t j = b; j < e; ++j) kvcache::append_token(index, static_cast<std::int32_t>(j));
+      if (e == s.c || std::find(cuts.begin(), cuts.end(), e) == cuts.end()) continue;
+      for (int l = 0; l < g.n_layers; ++l) {
+        auto& index = cs.index[static_cast<std::size_t>(l)];
+        const auto sizes = index.sizes();
+        if (!compresses[static_cast<std::size_t>(l)] ||
+            std::none_of(sizes.begin(), sizes.end(), [&](std::int64_t n) { return n > cs.budget.tokens; }))
+          continue;
+        const auto view = live_view(s, l, std::as_const(model).cache().layers[static_cast<std::size_t>(l)], true);
+        const CacheSignals signals(s.where, g, l, e, tokens_of(s.header), cs.queries[static_cast<std::size_t>(l)], *view);
+        const LayerPlan plan = kvcache::make_plan(cfg, cs.budget, signals, index, true);
+        kvcache::apply_plan(cfg, kvcache::drops_only(plan), g, index, cs.rows[static_cast<std::size_t>(l)].get());
+      }
+    }
+  }
+
+  // Compresses the shared cache with `cfg` for real, layer by layer, through the plan API (the
+  // replay's own), after the config's own prefill with cuts when --compress-every asks for them.
   Compressed compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res) {
-    model.set_cache(s.at_point);
+    const auto L = static_cast<std::size_t>(g.n_layers);
     Compressed out;
     out.budget = config_budget(*cfg.impl, cfg.budget, s.c, g.head_dim);
-    out.states.resize(static_cast<std::size_t>(g.n_layers));
     out.codec = cfg.impl->codec();
-    out.fraction = cfg.budget;
-    out.c = s.c;
-    out.positions = &s.header.positions;
+    out.entry_budget = cfg.budget * static_cast<double>(s.c) * out.budget.kv_token_bytes;
+    out.index.resize(L);
+    out.states.resize(L);
+    out.prefill_logits = s.prefill_logits;
     res.budget_tokens = out.budget.tokens;
-    std::int64_t entries = g.n_kv_heads;
-    double codec_saving = 0;
-    for (int l = 0; l < g.n_layers; ++l) {
-      const CacheSignals& signals = signals_at(s, l);
-      bool compress = out.budget.compress;
-      LayerPlan plan;
-      if (!compress && cfg.impl->respects_budget()) {
-        // As in replay: a budget that fits the whole cache still asks the policy, which must
-        // keep everything (per-query-head plans excepted: G copies do not fit one cache).
-        plan = cfg.impl->compress(signals, Budget{s.c, cfg.budget});
-        if (static_cast<int>(plan.heads.size()) != g.n_kv_heads) {
-          compress = true;
-        } else {
-          for (const HeadPlan& hp : plan.heads)
-            if (hp.kept() != s.c)
-              throw Error("policy " + cfg.policy + ": dropped " + std::to_string(s.c - hp.kept()) +
-                          " tokens with a budget that fits the whole cache (" + std::to_string(s.c) + " tokens)");
-        }
-      } else if (compress) {
-        plan = cfg.impl->compress(signals, Budget{out.budget.tokens, cfg.budget});
-      }
-      if (compress) {
-        const bool per_q = static_cast<int>(plan.heads.size()) == g.n_q_heads && g.n_q_heads != g.n_kv_heads;
-        if (static_cast<int>(plan.heads.size()) != g.n_kv_heads && !per_q)
-          throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
-                      std::to_string(g.n_kv_heads) + " or " + std::to_string(g.n_q_heads));
-        std::vector<std::vector<std::int32_t>> keep(plan.heads.size());
-        for (std::size_t e = 0; e < plan.heads.size(); ++e) {
-          const auto tokens = signals.cached(static_cast<int>(per_q ? e / static_cast<std::size_t>(g.group()) : e));
-          const auto& codec = plan.heads[e].codec;
-          if (codec.size() != tokens.size())
-            throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(codec.size()) + " tokens, expected " +
-                        std::to_string(tokens.size()));
-          for (std::size_t m = 0; m < codec.size(); ++m) {
-            if (!codec_supported(codec[m]) && !cfg.impl->codec())
-              throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec[m]) +
-                          ", but the policy names no codec to store them");
-            if (codec[m] != TokenCodec::Drop) keep[e].push_back(tokens[m]);
-          }
-        }
-        model.cache().keep(l, keep, g.n_q_heads);
-        entries = static_cast<std::int64_t>(plan.heads.size());
-        const std::vector<KvEntry> before_codec = cfg.impl->codec() ? model.cache().layers[static_cast<std::size_t>(l)]
-                                                                      : std::vector<KvEntry>{};
-        // Encoded tokens: the cache now holds what their codec reads back, at the codec's bytes.
-        for (std::size_t e = 0; e < plan.heads.size(); ++e) {
-          if (!needs_codec(plan.heads[e])) continue;
-          KvEntry& entry = model.cache().layers[static_cast<std::size_t>(l)][e];
-          std::vector<std::int32_t> positions;
-          for (auto t : entry.tokens) positions.push_back(s.header.positions[static_cast<std::size_t>(t)]);
-          entry.packed = model.holds_packed() ? packed_form(cfg.impl->codec(), plan.heads[e], g, positions, entry) : nullptr;
-          cfg.impl->codec()->reconstruct(plan.heads[e], g, positions, entry.k, entry.v);
-          codec_saving += static_cast<double>(entry.rows()) * out.budget.kv_token_bytes - cfg.impl->codec()->bytes(plan.heads[e], g.head_dim);
-        }
-        out.states[static_cast<std::size_t>(l)] = cfg.impl->start_decode(signals, plan, Budget{out.budget.tokens, cfg.budget});
-        if (out.states[static_cast<std::size_t>(l)]) {
-          if (per_q) throw Error("policy " + cfg.policy + ": per-query-head plans with decode-time eviction are not supported");
-          out.any_state = true;
-          if (cfg.impl->codec()) {
-            out.originals.resize(static_cast<std::size_t>(g.n_layers));
-            out.originals[static_cast<std::size_t>(l)] = before_codec;
-          }
-        }
-      }
-      std::vector<std::vector<std::int32_t>> kept;
-      for (const KvEntry& e : model.cache().layers[static_cast<std::size_t>(l)]) kept.push_back(e.tokens);
-      res.kept.push_back(std::move(kept));
+    std::vector<bool> compresses(L);
+    for (std::size_t l = 0; l < L; ++l) compresses[l] = kvcache::needs_compression(cfg, out.budget, signals_at(s, static_cast<int>(l)));
+    for (int l = 0; l < g.n_layers; ++l)
+      out.rows.push_back(std::make_unique<EngineRows>(model, l, g, out.codec, s.header.positions));
+    const std::vector<std::int64_t> cuts = compression_cuts(s.c, opts.compress_every);
+    const bool chunked = cuts.size() > 1 && std::find(compresses.begin(), compresses.end(), true) != compresses.end();
+    if (chunked) {
+      prefill_with_cuts(s, cfg, out, cuts, compresses);
+    } else {
+      model.set_cache(s.at_point);
+      for (auto& index : out.index) index = LayerIndex::prefix(g.n_kv_heads, s.c);
     }
-    // Rules start once every layer is compressed: they apply to the cache the next pass loads.
-    out.in_engine.assign(static_cast<std::size_t>(g.n_layers), false);
     for (int l = 0; l < g.n_layers; ++l) {
-      const DecodeState* state = out.states[static_cast<std::size_t>(l)].get();
-      if (!state) continue;
-      const bool tiered = !out.originals.empty() && !out.originals[static_cast<std::size_t>(l)].empty();
-      std::optional<DecodeRuleStart> rule;
-      if (opts.rules_in_engine && model.runs_decode_rules() && !tiered) rule = state->rule();
-      if (rule) {
-        model.start_decode_rule(l, *rule);
-        out.in_engine[static_cast<std::size_t>(l)] = true;
-        out.any_in_engine = true;
-      } else if (state->needs_attention()) {
-        out.host_weights = true;
-      }
+      const auto li = static_cast<std::size_t>(l);
+      if (compresses[li]) compress_layer(s, cfg, out, l, chunked);
+      check_mirror(model, l, out.index[li], cfg.label());
+      res.kept.push_back(out.index[li].tokens);
     }
+    start_rules(out);
     res.policy_steps = !out.any_state ? "none" : out.any_in_engine ? "engine" : "host";
-    const auto rows = static_cast<double>(std::as_const(model).cache().entries_rows());
-    res.compressed_bytes = cache_bytes(out.budget, rows, entries, g.n_layers) - codec_saving;
+    double bytes = 0, rows = 0;
+    for (const LayerIndex& index : out.index) {
+      bytes += kvcache::layer_bytes(index, out.budget, out.codec, g.head_dim);
+      rows += static_cast<double>(index.rows());
+    }
+    res.compressed_bytes = bytes;
     res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
     res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
     return out;
   }
 
+  // One layer's plan at the compression point, applied; its decode-time state started.
+  void compress_layer(Shared& s, const ReplayConfig& cfg, Compressed& out, int l, bool chunked) {
+    const auto li = static_cast<std::size_t>(l);
+    std::unique_ptr<CacheView> own_view;
+    std::unique_ptr<CacheSignals> own;
+    if (chunked) {
+      own_view = live_view(s, l, std::as_const(model).cache().layers[li], true);
+      own = std::make_unique<CacheSignals>(s.where, g, l, s.c, tokens_of(s.header), out.queries[li], *own_view);
+    }
+    const CacheSignals& signals = chunked ? *own : signals_at(s, l);
+    const LayerPlan plan = kvcache::make_plan(cfg, out.budget, signals, out.index[li], chunked);
+    EngineRows& rows = *out.rows[li];
+    if (out.codec) rows.keep_originals();
+    kvcache::apply_plan(cfg, plan, g, out.index[li], &rows);
+    out.states[li] = cfg.impl->start_decode(signals, plan, Budget{out.budget.tokens, cfg.budget});
+    if (out.states[li]) {
+      if (static_cast<int>(plan.heads.size()) != g.n_kv_heads)
+        throw Error("policy " + cfg.policy + ": per-query-head plans with decode-time eviction are not supported");
+      out.any_state = true;
+    } else {
+      rows.drop_originals();  // a one-shot codec never re-encodes
+    }
+  }
+
+  // Rules start once every layer is compressed: they apply to the cache the next pass loads.
+  void start_rules(Compressed& out) {
+    out.in_engine.assign(static_cast<std::size_t>(g.n_layers), false);
+    for (int l = 0; l < g.n_layers; ++l) {
+      const auto li = static_cast<std::size_t>(l);
+      const DecodeState* state = out.states[li].get();
+      if (!state) continue;
+      std::optional<DecodeRuleStart> rule;
+      if (opts.rules_in_engine && model.runs_decode_rules() && !out.rows[li]->has_originals()) rule = state->rule();
+      if (rule) {
+        model.start_decode_rule(l, *rule);
+        out.in_engine[li] = true;
+        out.any_in_engine = true;
+      } else if (state->needs_attention()) {
+        out.host_weights = true;
+      }
+    }
+  }
+
   // One token on the compressed cache, then decode-time eviction in every layer that has a
-  // state (the token has joined and its query attended, as in replay).
+  // state (the token has joined and its query attended, as in replay), through the plan API.
   std::vector<float> step(std::int32_t token, Compressed& cs, const std::string& label) {
     model.record_last_attention(cs.host_weights);
     std::vector<float> logits = model.step(token);
+    const auto t = static_cast<std::int32_t>(model.cached_tokens() - 1);
+    for (LayerIndex& index : cs.index) kvcache::append_token(index, t);
     if (!cs.any_state) return logits;
-    const auto t = model.cached_tokens() - 1;
     // An eviction policy's cache fits its budget after every step (a protected window may not let it).
-    auto check_budget = [&](const KvEntry& entry) {
-      if (entry.rows() > std::max<std::int64_t>(cs.budget.tokens, 0))
-        throw Error("policy " + label + ": cache holds " + std::to_string(entry.rows()) + " tokens after step " +
-                    std::to_string(t) + ", over its budget of " + std::to_string(cs.budget.tokens));
-    };
+    const std::int64_t max_rows = std::max<std::int64_t>(cs.budget.tokens, 0);
     if (cs.any_in_engine) {
-      model.decode_rule_step(cs.budget.tokens);  // the evicted tokens have left the cache already
+      const auto evicted = model.decode_rule_step(cs.budget.tokens);  // gone from the cache already
       for (int l = 0; l < g.n_layers; ++l)
         if (cs.in_engine[static_cast<std::size_t>(l)])
-          for (const KvEntry& entry : std::as_const(model).cache().layers[static_cast<std::size_t>(l)]) check_budget(entry);
+          kvcache::apply_evictions(label, evicted[static_cast<std::size_t>(l)], t, max_rows,
+                                   cs.index[static_cast<std::size_t>(l)], nullptr);
     }
     for (int l = 0; l < g.n_layers; ++l) {
-      DecodeState* state = cs.states[static_cast<std::size_t>(l)].get();
-      if (!state || cs.in_engine[static_cast<std::size_t>(l)]) continue;
-      // Reads go through the const cache: a mutable access marks the CUDA engine's mirror edited.
-      const auto& layer = std::as_const(model).cache().layers[static_cast<std::size_t>(l)];
-      std::vector<std::vector<std::int32_t>> cache;
-      for (const KvEntry& e : layer) cache.push_back(e.tokens);
+      const auto li = static_cast<std::size_t>(l);
+      DecodeState* state = cs.states[li].get();
+      if (!state || cs.in_engine[li]) continue;
+      EngineRows& rows = *cs.rows[li];
+      const bool tiered = rows.has_originals();
+      rows.joined();  // the new token's rows are original (fp16): the host copy gets them too
       std::vector<std::vector<float>> weights(static_cast<std::size_t>(g.n_q_heads));
       if (state->needs_attention())
         for (int hq = 0; hq < g.n_q_heads; ++hq) {
           const auto w = model.last_attention(l, hq);
           weights[static_cast<std::size_t>(hq)].assign(w.begin(), w.end());
         }
+      LayerIndex& index = cs.index[li];
       std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(g.n_kv_heads));
-      state->step(DecodeStep{t, cache, weights, cs.budget.tokens}, evict);
-      const bool tiered = !cs.originals.empty() && !cs.originals[static_cast<std::size_t>(l)].empty();
-      for (int kv = 0; kv < g.n_kv_heads; ++kv) {
-        const auto kvi = static_cast<std::size_t>(kv);
-        if (tiered) {  // the new token's rows are original (fp16): the host copy gets them too
-          KvEntry& orig = cs.originals[static_cast<std::size_t>(l)][kvi];
-          const KvEntry& live = layer[kvi];
-          const auto row = static_cast<std::ptrdiff_t>((live.tokens.size() - 1) * static_cast<std::size_t>(g.head_dim));
-          orig.tokens.push_back(live.tokens.back());
-          orig.k.insert(orig.k.end(), live.k.begin() + row, live.k.end());
-          orig.v.insert(orig.v.end(), live.v.begin() + row, live.v.end());
-        }
-        model.evict(l, kv, evict[kvi]);  // on the device too, with the CUDA engine
-        if (!tiered) check_budget(layer[kvi]);
-      }
-      if (!tiered) continue;
-      KvCache host;
-      host.head_dim = g.head_dim;
-      host.layers = {std::move(cs.originals[static_cast<std::size_t>(l)])};
-      for (int kv = 0; kv < g.n_kv_heads; ++kv) host.evict(0, kv, evict[static_cast<std::size_t>(kv)]);
-      cs.originals[static_cast<std::size_t>(l)] = std::move(host.layers[0]);
-      retier(l, t, *state, cs, label);
+      state->step(DecodeStep{t, index.tokens, weights, cs.budget.tokens}, evict);
+      kvcache::apply_evictions(label, evict, t, tiered ? -1 : max_rows, index, &rows);
+      LayerPlan next;
+      if (tiered && state->retier(DecodeStep{t, index.tokens, {}, cs.budget.tokens}, next))
+        kvcache::apply_retier(label, next, t, *cs.codec, cs.entry_budget, g.head_dim, index, &rows);
     }
     return logits;
-  }
-
-  // A re-tiering policy's new encoding of layer l after step t: every kept token re-encoded from
-  // its original rows (promotion restores fp16 exactly), Drop tokens leave both copies.
-  void retier(int l, std::int64_t t, DecodeState& state, Compressed& cs, const std::string& label) {
-    auto& layer = model.cache().layers[static_cast<std::size_t>(l)];
-    std::vector<std::vector<std::int32_t>> cache;
-    for (const KvEntry& e : layer) cache.push_back(e.tokens);
-    LayerPlan next;
-    if (!state.retier(DecodeStep{t, cache, {}, cs.budget.tokens}, next)) return;
-    if (static_cast<int>(next.heads.size()) != g.n_kv_heads)
-      throw Error("policy " + label + ": re-tier plan has " + std::to_string(next.heads.size()) + " heads, expected " +
-                  std::to_string(g.n_kv_heads));
-    std::vector<std::vector<std::int32_t>> keep(next.heads.size());
-    std::vector<HeadPlan> kept_plans(next.heads.size());
-    for (std::size_t kv = 0; kv < next.heads.size(); ++kv) {
-      const HeadPlan& hp = next.heads[kv];
-      if (hp.codec.size() != cache[kv].size())
-        throw Error("policy " + label + ": re-tier plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
-                    std::to_string(cache[kv].size()));
-      for (std::size_t m = 0; m < hp.codec.size(); ++m) {
-        if (hp.codec[m] == TokenCodec::Drop) continue;
-        keep[kv].push_back(cache[kv][m]);
-        kept_plans[kv].codec.push_back(hp.codec[m]);
-        if (!hp.rank.empty()) kept_plans[kv].rank.push_back(hp.rank[m]);
-      }
-    }
-    KvCache host;
-    host.head_dim = g.head_dim;
-    host.layers = {std::move(cs.originals[static_cast<std::size_t>(l)])};
-    host.keep(0, keep, g.n_q_heads);
-    cs.originals[static_cast<std::size_t>(l)] = host.layers[0];
-    const KvCodec* codec = cs.codec;
-    const double budget = cs.fraction * static_cast<double>(cs.c) * cs.budget.kv_token_bytes;
-    for (std::size_t kv = 0; kv < next.heads.size(); ++kv) {
-      KvEntry& entry = layer[kv];
-      entry = host.layers[0][kv];
-      std::vector<std::int32_t> positions;
-      for (auto token : entry.tokens) positions.push_back((*cs.positions)[static_cast<std::size_t>(token)]);
-      entry.packed = model.holds_packed() ? packed_form(codec, kept_plans[kv], g, positions, entry) : nullptr;
-      codec->reconstruct(kept_plans[kv], g, positions, entry.k, entry.v);
-      if (codec->bytes(kept_plans[kv], g.head_dim) > budget + 1e-6)
-        throw Error("policy " + label + ": re-tiered cache of layer " + std::to_string(l) + ", KV head " + std::to_string(kv) +
-                    " holds " + std::to_string(codec->bytes(kept_plans[kv], g.head_dim)) + " bytes after step " +
-                    std::to_string(t) + ", over its budget of " + std::to_string(budget));
-    }
   }
 
   // The question tokens after a query-agnostic compression point; returns the last logits (or
   // the prefill's, query-aware).
   std::vector<float> run_question(Shared& s, Compressed& cs, const std::string& label) {
-    std::vector<float> logits = s.prefill_logits;
+    std::vector<float> logits = cs.prefill_logits;
     for (std::int64_t t = s.c; t < s.n_prompt; ++t) logits = step(s.p.tokens[static_cast<std::size_t>(t)], cs, label);
     return logits;
   }
@@ -518,9 +487,9 @@ struct LiveVerifier::Impl {
       if (j + 1 < len) logits = step(s.reference[j], cs, cfg.label());
     }
     res.final_rows = std::as_const(model).cache().entries_rows();
-    for (const auto& layer : std::as_const(model).cache().layers) {
-      res.final_kept.emplace_back();
-      for (const KvEntry& e : layer) res.final_kept.back().push_back(e.tokens);
+    for (int l = 0; l < g.n_layers; ++l) {
+      check_mirror(model, l, cs.index[static_cast<std::size_t>(l)], cfg.label());
+      res.final_kept.push_back(cs.index[static_cast<std::size_t>(l)].tokens);
     }
     const auto n = static_cast<double>(res.steps);
     res.mean_kl = res.steps ? kl_sum / n : 0;
@@ -559,6 +528,7 @@ namespace {
 const VerifyOptions& checked(const VerifyOptions& o) {
   if (o.max_new < 2) throw Error("--max-new must be >= 2 (the first continuation token is not affected query-aware)");
   if (o.prefill_chunk < 1 || o.query_window < 0) throw Error("--prefill-chunk must be >= 1 and --query-window >= 0");
+  if (o.compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
   return o;
 }
 
@@ -572,7 +542,7 @@ LiveVerifier::LiveVerifier(const GgufFile& gguf, VerifyOptions opts, std::unique
 
 LiveVerifier::~LiveVerifier() = default;
 
-KvGeometry LiveVerifier::geometry() const { return impl_->g; }
+ModelGeometry LiveVerifier::geometry() const { return impl_->g; }
 
 std::string LiveVerifier::device() const { return impl_->model.device(); }
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "capture/capture_driver.h"
-#include "capture/weight_matrix.h"
+#include "model/weight_matrix.h"
 #include "policies/policy.h"
-#include "sim/replay.h"
+#include "kvcache/config.h"
 
 namespace kvsim {
 
@@ -25,7 +25,10 @@ struct VerifyOptions {
   int max_new = 16;             // reference continuation length (greedy, stops at EOS)
   bool all_queries = true;      // record every prompt query (H2O-style scores need them)
   int query_window = 64;        // else: the last this many context tokens' queries
-  int prefill_chunk = 256;      // engine chunking; capture's default, so keep-sets match a trace
+  int prefill_chunk = 256;      // tokens per forward pass; capture's default, so keep-sets match a trace
+  // > 0: the policy also cuts the cache back to its budget every this many prompt tokens
+  // (kvcache/config.h compression_cuts), as sweep --compress-every simulates.
+  std::int64_t compress_every = 0;
   WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
   Device device = Device::Cpu;
   // Decode-time policies whose step is a rule (core/decode_rule.h: H2O, TOVA) step inside the
@@ -73,7 +76,7 @@ class LiveVerifier {
   // used): the tests run verify on the backend engine over the CPU reference, the GPU's stand-in.
   LiveVerifier(const GgufFile& gguf, VerifyOptions opts, std::unique_ptr<Engine> engine);
   ~LiveVerifier();
-  KvGeometry geometry() const;
+  ModelGeometry geometry() const;
   std::string device() const;  // the engine's: "cpu", or "cuda:N (name)"
   // Whether decode-time rules step inside the engine (VerifyOptions::rules_in_engine, and an
   // engine that runs them); else every policy steps on the host.

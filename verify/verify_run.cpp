@@ -14,7 +14,7 @@
 #include <set>
 #include <sstream>
 
-#include "capture/gguf.h"
+#include "model/gguf.h"
 #include "core/error.h"
 #include "policies/registry.h"
 #include "sim/csv.h"
@@ -58,7 +58,7 @@ std::vector<ReplayConfig> top_configs(const std::vector<OfflineRow>& rows, int t
 }
 
 // The traces a sweep ran on must come from a model of the verified geometry.
-void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv, const KvGeometry& g,
+void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv, const ModelGeometry& g,
                     const std::string& model, std::ostream& progress) {
   std::set<std::string> traces;
   for (const auto& r : rows) traces.insert(r.trace);
@@ -77,6 +77,23 @@ void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv,
                   ", but the model " + model + " has " + std::to_string(g.n_layers) + ", " + std::to_string(g.n_q_heads) +
                   ", " + std::to_string(g.n_kv_heads) + ", " + std::to_string(g.head_dim) + " (a sweep of another model?)");
   }
+}
+
+// The compression schedule a sweep ran with (its CSV's "# config:" line; 0 before the key existed).
+std::int64_t sweep_compress_every(const std::string& csv) {
+  std::ifstream in(csv);
+  std::string line;
+  const std::string tag = "# config: ";
+  while (std::getline(in, line) && line.rfind("#", 0) == 0) {
+    if (line.rfind(tag, 0) != 0) continue;
+    const auto j = nlohmann::json::parse(line.substr(tag.size()), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw Error(csv + ": the '# config:' line is not a JSON object");
+    if (!j.contains("compress_every")) return 0;
+    if (!j["compress_every"].is_number_integer() || j["compress_every"].get<std::int64_t>() < 0)
+      throw Error(csv + ": config field 'compress_every' is " + j["compress_every"].dump() + ", expected an integer >= 0");
+    return j["compress_every"].get<std::int64_t>();
+  }
+  return 0;
 }
 
 }  // namespace
@@ -98,6 +115,12 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
     if (spec.mode_given && mode != live.mode)
       throw Error(offline_csv + ": the sweep ran " + mode_name(mode) + ", but --mode is " + mode_name(live.mode));
     live.mode = mode;
+    const std::int64_t every = sweep_compress_every(offline_csv);
+    if (spec.compress_every_given && every != live.compress_every)
+      throw Error(offline_csv + ": the sweep cut the cache every " + std::to_string(every) +
+                  " prompt tokens (compress_every in its config), but --compress-every is " +
+                  std::to_string(live.compress_every));
+    live.compress_every = every;
     std::set<std::string> ids;
     for (const auto& r : requests) ids.insert(r.id);
     if (std::none_of(offline.begin(), offline.end(), [&](const OfflineRow& r) { return ids.count(r.request) > 0; }))
@@ -125,6 +148,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   nlohmann::json cfg{{"tool", "kvsim verify"}, {"model", spec.model_path}, {"tasks", spec.tasks_path},
                      {"mode", mode_name(live.mode)}, {"max_new", live.max_new}, {"weights", weight_format_name(live.weights)},
                      {"queries", live.all_queries ? "all" : "eval"}, {"prefill_chunk", live.prefill_chunk},
+                     {"compress_every", live.compress_every},
                      {"device", verifier.device()}, {"policy_steps", verifier.rules_in_engine() ? "engine" : "host"}};
   csv << "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)\n# config: "
       << cfg.dump() << "\n";

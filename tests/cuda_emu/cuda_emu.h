@@ -1,20 +1,9 @@
 #pragma once
-// A CPU stand-in for the CUDA execution model, so that the project's own kernels (gpu/*.cu,
-// compiled as C++ after tests/cuda_emu/launch.sed rewrites their <<<...>>> launches) run in CI on
-// machines without a GPU. A launch runs its blocks one after another; a block's threads are
-// cooperative contexts on one OS thread, switched only at __syncthreads, __syncwarp and the warp
-// shuffles (in user space on x86-64, by glibc's swapcontext elsewhere), so a run is deterministic. What a GPU would do wrong, it reports:
-//   - a barrier that some live thread of the block (or warp) never reaches (a GPU would hang);
-//   - a shuffle from a lane that has returned;
-//   - a launch a GPU refuses (no blocks, over 1024 threads, over 48 KB of dynamic shared memory);
-//   - reads before writes of device memory and dynamic shared memory, which start as NaN bytes;
-//   - a missing barrier between one thread's write and another's read: odd blocks run their
-//     threads in reverse order between barriers, so the read sees stale data in one order or
-//     the other.
-//   - reads before writes of static __shared__ arrays too: they are refilled with NaN bytes
-//     before every block.
-// It does not check speed; its float arithmetic is the host compiler's with the project's flags
-// (it contracts multiply-adds into FMAs where nvcc may not).
+// A CPU stand-in for the CUDA execution model, so that the project's own kernels (gpu/*.cu, whose
+// <<<...>>> launches tests/cuda_emu/launch.sed rewrites) run in CI without a GPU: blocks one after
+// another, a block's threads as cooperative contexts switched at barriers and shuffles, so a run
+// is deterministic. What it reports (unreached barriers, stale reads, refused launches, ...) and
+// what it cannot show (speed, device rounding): docs/gpu.md, "Without a GPU".
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -1,0 +1,219 @@
+#include "kvcache/plan_apply.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace kvsim::kvcache {
+
+LayerIndex LayerIndex::prefix(int entries, std::int64_t n) {
+  LayerIndex out;
+  std::vector<std::int32_t> all(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) all[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+  out.tokens.assign(static_cast<std::size_t>(entries), all);
+  out.encoding.assign(static_cast<std::size_t>(entries), HeadPlan{});
+  return out;
+}
+
+std::int64_t LayerIndex::rows() const {
+  std::int64_t n = 0;
+  for (const auto& t : tokens) n += static_cast<std::int64_t>(t.size());
+  return n;
+}
+
+std::vector<std::int64_t> LayerIndex::sizes() const {
+  std::vector<std::int64_t> out;
+  for (const auto& t : tokens) out.push_back(static_cast<std::int64_t>(t.size()));
+  return out;
+}
+
+bool check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vector<std::int64_t>& cached,
+                const ModelGeometry& g) {
+  const int Hkv = static_cast<int>(cached.size()), Hq = g.n_q_heads;
+  const bool per_query_head = static_cast<int>(plan.heads.size()) == Hq && Hq != Hkv;
+  if (static_cast<int>(plan.heads.size()) != Hkv && !per_query_head)
+    throw Error("policy " + cfg.policy + ": plan has " + std::to_string(plan.heads.size()) + " heads, expected " +
+                std::to_string(Hkv) + " (one per KV head) or " + std::to_string(Hq) + " (one per query head)");
+  for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+    const HeadPlan& hp = plan.heads[e];
+    const std::int64_t expect = cached[per_query_head ? e / static_cast<std::size_t>(g.group()) : e];
+    if (static_cast<std::int64_t>(hp.codec.size()) != expect)
+      throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
+                  std::to_string(expect));
+    for (TokenCodec codec : hp.codec)
+      if (!codec_supported(codec) && !cfg.impl->codec())
+        throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
+                    ", but the policy names no codec to store them (drop and fp16 are built in)");
+  }
+  return per_query_head;
+}
+
+bool needs_compression(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s) {
+  if (b.compress) return true;
+  if (!cfg.impl->respects_budget()) return false;
+  const std::int64_t n = s.n_tokens();
+  const LayerPlan plan = cfg.impl->compress(s, Budget{n, cfg.budget});
+  if (static_cast<int>(plan.heads.size()) != s.geometry().n_kv_heads) return true;
+  for (const HeadPlan& hp : plan.heads)
+    if (hp.kept() != n)
+      throw Error("policy " + cfg.policy + ": dropped " + std::to_string(n - hp.kept()) +
+                  " tokens with a budget that fits the whole cache (" + std::to_string(n) + " tokens)");
+  return false;
+}
+
+LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s, const LayerIndex& cache,
+                    bool one_entry_per_kv_head) {
+  LayerPlan plan = cfg.impl->compress(s, Budget{b.tokens, cfg.budget});
+  const bool per_query_head = check_plan(cfg, plan, cache.sizes(), s.geometry());
+  if (per_query_head && one_entry_per_kv_head)
+    throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with chunked compression");
+  return plan;
+}
+
+void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeometry& g, LayerIndex& cache, RowSink* rows) {
+  const bool per_query_head = check_plan(cfg, plan, cache.sizes(), g);
+  LayerIndex next;
+  for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+    const auto& held = cache.tokens[per_query_head ? e / static_cast<std::size_t>(g.group()) : e];
+    const HeadPlan& hp = plan.heads[e];
+    std::vector<std::int32_t> kept;
+    for (std::size_t m = 0; m < hp.codec.size(); ++m)
+      if (hp.codec[m] != TokenCodec::Drop) kept.push_back(held[m]);
+    next.tokens.push_back(std::move(kept));
+    // Without a codec every kept token is fp16: left implicit, so decode-time edits stay cheap.
+    next.encoding.push_back(cfg.impl->codec() ? hp : HeadPlan{});
+  }
+  if (rows) {
+    rows->keep(next.tokens);
+    for (std::size_t e = 0; e < plan.heads.size(); ++e)
+      if (needs_codec(plan.heads[e])) rows->encode(static_cast<int>(e), plan.heads[e]);
+  }
+  cache = std::move(next);
+}
+
+LayerPlan drops_only(const LayerPlan& plan) {
+  LayerPlan out;
+  for (const HeadPlan& hp : plan.heads) {
+    HeadPlan kept;
+    kept.codec.reserve(hp.codec.size());
+    for (const TokenCodec c : hp.codec) kept.codec.push_back(c == TokenCodec::Drop ? TokenCodec::Drop : TokenCodec::Fp16);
+    out.heads.push_back(std::move(kept));
+  }
+  return out;
+}
+
+LayerPlan widen_plan(const LayerPlan& plan, const LayerIndex& cache, std::int64_t n) {
+  LayerPlan out;
+  for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+    const HeadPlan& cut = plan.heads[e];
+    HeadPlan full;
+    full.codec.assign(static_cast<std::size_t>(n), TokenCodec::Drop);
+    if (!cut.rank.empty()) full.rank.assign(static_cast<std::size_t>(n), 0);
+    const auto& held = cache.tokens[e];
+    for (std::size_t m = 0; m < held.size(); ++m) {
+      full.codec[static_cast<std::size_t>(held[m])] = cut.codec[m];
+      if (!cut.rank.empty()) full.rank[static_cast<std::size_t>(held[m])] = cut.rank[m];
+    }
+    out.heads.push_back(std::move(full));
+  }
+  return out;
+}
+
+void append_token(LayerIndex& cache, std::int32_t token) {
+  for (std::size_t e = 0; e < cache.tokens.size(); ++e) {
+    // An empty encoding over held tokens means all fp16 and stays so; over none it starts listing.
+    HeadPlan& enc = cache.encoding[e];
+    const bool listed = !enc.codec.empty() || cache.tokens[e].empty();
+    cache.tokens[e].push_back(token);
+    if (!listed) continue;
+    enc.codec.push_back(TokenCodec::Fp16);
+    if (!enc.rank.empty()) enc.rank.push_back(0);
+  }
+}
+
+namespace {
+
+// Removes the encoding entry of held token m (the m-th non-Drop one).
+void erase_encoding(HeadPlan& enc, std::size_t m) {
+  if (enc.codec.empty()) return;
+  std::size_t at = 0;
+  for (std::size_t seen = 0;; ++at)
+    if (enc.codec[at] != TokenCodec::Drop && seen++ == m) break;
+  enc.codec.erase(enc.codec.begin() + static_cast<std::ptrdiff_t>(at));
+  if (!enc.rank.empty()) enc.rank.erase(enc.rank.begin() + static_cast<std::ptrdiff_t>(at));
+  enc.data.reset();  // codec data made for the old token set no longer lines up
+}
+
+}  // namespace
+
+void apply_evictions(const std::string& label, const std::vector<std::vector<std::int32_t>>& evict, std::int64_t step,
+                     std::int64_t max_rows, LayerIndex& cache, RowSink* rows) {
+  for (std::size_t e = 0; e < evict.size() && e < cache.tokens.size(); ++e) {
+    auto& held = cache.tokens[e];
+    for (const std::int32_t j : evict[e]) {
+      const auto it = std::lower_bound(held.begin(), held.end(), j);
+      if (it == held.end() || *it != j)
+        throw Error("policy " + label + ": evicted token " + std::to_string(j) + " that is not in the cache");
+      erase_encoding(cache.encoding[e], static_cast<std::size_t>(it - held.begin()));
+      held.erase(it);
+    }
+    if (rows) rows->evict(static_cast<int>(e), evict[e]);
+    if (max_rows >= 0 && static_cast<std::int64_t>(held.size()) > max_rows)
+      throw Error("policy " + label + ": cache holds " + std::to_string(held.size()) + " tokens after step " +
+                  std::to_string(step) + ", over its budget of " + std::to_string(max_rows));
+  }
+}
+
+void apply_retier(const std::string& label, const LayerPlan& next, std::int64_t step, const KvCodec& codec,
+                  double entry_budget, int head_dim, LayerIndex& cache, RowSink* rows) {
+  if (next.heads.size() != cache.tokens.size())
+    throw Error("policy " + label + ": re-tier plan has " + std::to_string(next.heads.size()) + " heads, expected " +
+                std::to_string(cache.tokens.size()));
+  LayerIndex kept;
+  for (std::size_t e = 0; e < next.heads.size(); ++e) {
+    const HeadPlan& hp = next.heads[e];
+    const auto& held = cache.tokens[e];
+    if (hp.codec.size() != held.size())
+      throw Error("policy " + label + ": re-tier plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
+                  std::to_string(held.size()));
+    std::vector<std::int32_t> tokens;
+    HeadPlan plan;
+    for (std::size_t m = 0; m < hp.codec.size(); ++m) {
+      if (hp.codec[m] == TokenCodec::Drop) continue;
+      tokens.push_back(held[m]);
+      plan.codec.push_back(hp.codec[m]);
+      if (!hp.rank.empty()) plan.rank.push_back(hp.rank[m]);
+    }
+    const double bytes = codec.bytes(plan, head_dim);
+    if (bytes > entry_budget + 1e-6)
+      throw Error("policy " + label + ": re-tiered cache of KV head " + std::to_string(e) + " holds " +
+                  std::to_string(bytes) + " bytes after step " + std::to_string(step) + ", over its budget of " +
+                  std::to_string(entry_budget));
+    kept.tokens.push_back(std::move(tokens));
+    kept.encoding.push_back(std::move(plan));
+  }
+  if (rows) {
+    rows->keep(kept.tokens);
+    for (std::size_t e = 0; e < kept.encoding.size(); ++e) rows->encode(static_cast<int>(e), kept.encoding[e]);
+  }
+  cache = std::move(kept);
+}
+
+CodecBytes codec_bytes(const KvCodec& codec, const LayerIndex& cache, int head_dim) {
+  const double fp16 = codec_token_bytes(TokenCodec::Fp16, head_dim);
+  CodecBytes out;
+  for (std::size_t e = 0; e < cache.tokens.size(); ++e) {
+    const HeadPlan& enc = cache.encoding[e];
+    if (enc.codec.empty()) continue;  // fp16 throughout
+    out.saving += static_cast<double>(cache.tokens[e].size()) * fp16 - codec.bytes(enc, head_dim);
+    out.host += codec.host_bytes(enc, head_dim);
+  }
+  return out;
+}
+
+double layer_bytes(const LayerIndex& cache, const ConfigBudget& b, const KvCodec* codec, int head_dim) {
+  const double saving = codec ? codec_bytes(*codec, cache, head_dim).saving : 0.0;
+  return cache_bytes(b, static_cast<double>(cache.rows()), static_cast<std::int64_t>(cache.tokens.size()), 1) - saving;
+}
+
+}  // namespace kvsim::kvcache

@@ -1,0 +1,245 @@
+#include "model/llama_model.h"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+
+#include "model/gguf.h"
+#include "model/weight_matrix.h"
+#include "core/error.h"
+#include "core/half.h"
+
+namespace kvsim {
+
+using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Vec = Eigen::VectorXf;
+
+ModelConfig model_config(const GgufFile& f) {
+  ModelConfig c;
+  c.arch = f.get_string("general.architecture");
+  if (c.arch != "llama" && c.arch != "qwen2")
+    throw FormatError(f.path() + ": general.architecture = '" + c.arch + "', expected llama or qwen2");
+  const std::string p = c.arch + ".";
+  c.n_layers = static_cast<int>(f.get_int(p + "block_count"));
+  c.n_embd = static_cast<int>(f.get_int(p + "embedding_length"));
+  c.n_q_heads = static_cast<int>(f.get_int(p + "attention.head_count"));
+  c.n_kv_heads = static_cast<int>(f.get_int(p + "attention.head_count_kv", c.n_q_heads));
+  c.n_ff = static_cast<int>(f.get_int(p + "feed_forward_length"));
+  c.head_dim = static_cast<int>(f.get_int(p + "attention.key_length", c.n_embd / c.n_q_heads));
+  c.rms_eps = f.get_float(p + "attention.layer_norm_rms_epsilon");
+  c.vocab = static_cast<std::int64_t>(f.get_array("tokenizer.ggml.tokens").size());
+  c.rope.type = c.arch == "llama" ? RopeType::Norm : RopeType::Neox;  // formats.md §3
+  c.rope.head_dim = c.head_dim;
+  c.rope.rope_dim = static_cast<int>(f.get_int(p + "rope.dimension_count", c.head_dim));
+  c.rope.theta = f.get_float(p + "rope.freq_base", 10000.0);
+  c.tied_embeddings = f.find("output.weight") == nullptr;
+  c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
+  if (c.n_layers <= 0 || c.n_q_heads <= 0 || c.n_kv_heads <= 0 || c.n_q_heads % c.n_kv_heads != 0 || c.head_dim <= 0)
+    throw FormatError(f.path() + ": inconsistent head counts (" + std::to_string(c.n_q_heads) + " heads, " +
+                      std::to_string(c.n_kv_heads) + " KV heads)");
+  return c;
+}
+
+namespace {
+
+Vec load_vec(const GgufFile& f, const std::string& name, std::int64_t n) {
+  const GgufTensor& t = f.tensor(name);
+  if (t.row_size() != n || t.rows() != 1)
+    throw FormatError(f.path() + ": tensor '" + name + "' has shape [" + std::to_string(t.row_size()) + ", " +
+                      std::to_string(t.rows()) + "], expected [" + std::to_string(n) + "]");
+  Vec v(n);
+  f.dequantize_rows(t, 0, 1, std::span<float>(v.data(), static_cast<std::size_t>(n)));
+  return v;
+}
+
+struct Layer {
+  Vec attn_norm, ffn_norm, bq, bk, bv;
+  WeightMatrix wq, wk, wv, wo, wgate, wup, wdown;
+};
+
+// The cache holds f16 values (kv_cache.h): K/V are rounded once, as they are produced.
+void round_to_half(Mat& m) {
+  std::vector<std::uint16_t> h(static_cast<std::size_t>(m.size()));
+  floats_to_halves(m.data(), h.data(), h.size());
+  halves_to_floats(h.data(), m.data(), h.size());
+}
+
+Mat matmul(const Mat& x, const WeightMatrix& w) {
+  Mat y(x.rows(), w.rows());
+  w.multiply(x.data(), x.rows(), y.data());
+  return y;
+}
+
+// x / sqrt(mean(x^2) + eps) * w, row by row.
+Mat rms_norm(const Mat& x, const Vec& w, double eps) {
+  Mat y(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    const double ms = static_cast<double>(x.row(i).squaredNorm()) / static_cast<double>(x.cols());
+    const auto scale = static_cast<float>(1.0 / std::sqrt(ms + eps));
+    y.row(i) = (x.row(i) * scale).cwiseProduct(w.transpose());
+  }
+  return y;
+}
+
+}  // namespace
+
+struct LlamaModel::Impl {
+  WeightMatrix embd, output;  // [vocab, n_embd]
+  Vec output_norm;
+  std::vector<Layer> layers;
+  KvCache cache;
+  bool record_attention = false;
+  std::vector<std::vector<std::vector<float>>> last_attention;  // [layer][q head]
+};
+
+LlamaModel::LlamaModel(const GgufFile& f, WeightFormat weights)
+    : impl_(std::make_unique<Impl>()), cfg_(model_config(f)), weights_(weights) {
+  const ModelConfig& c = cfg_;
+  const std::int64_t q_dim = static_cast<std::int64_t>(c.n_q_heads) * c.head_dim;
+  const std::int64_t kv_dim = static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim;
+  impl_->embd = WeightMatrix(f, "token_embd.weight", c.vocab, c.n_embd, weights);
+  impl_->output_norm = load_vec(f, "output_norm.weight", c.n_embd);
+  if (!c.tied_embeddings) impl_->output = WeightMatrix(f, "output.weight", c.vocab, c.n_embd, weights);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = load_vec(f, b + "attn_norm.weight", c.n_embd);
+    L.ffn_norm = load_vec(f, b + "ffn_norm.weight", c.n_embd);
+    L.wq = WeightMatrix(f, b + "attn_q.weight", q_dim, c.n_embd, weights);
+    L.wk = WeightMatrix(f, b + "attn_k.weight", kv_dim, c.n_embd, weights);
+    L.wv = WeightMatrix(f, b + "attn_v.weight", kv_dim, c.n_embd, weights);
+    L.wo = WeightMatrix(f, b + "attn_output.weight", c.n_embd, q_dim, weights);
+    L.wgate = WeightMatrix(f, b + "ffn_gate.weight", c.n_ff, c.n_embd, weights);
+    L.wup = WeightMatrix(f, b + "ffn_up.weight", c.n_ff, c.n_embd, weights);
+    L.wdown = WeightMatrix(f, b + "ffn_down.weight", c.n_embd, c.n_ff, weights);
+    if (f.find(b + "attn_q.bias")) {
+      L.bq = load_vec(f, b + "attn_q.bias", q_dim);
+      L.bk = load_vec(f, b + "attn_k.bias", kv_dim);
+      L.bv = load_vec(f, b + "attn_v.bias", kv_dim);
+    }
+    impl_->layers.push_back(std::move(L));
+  }
+  impl_->cache.head_dim = c.head_dim;
+  reset();
+}
+
+LlamaModel::~LlamaModel() = default;
+
+void LlamaModel::reset() { impl_->cache.clear(cfg_.n_layers, cfg_.n_kv_heads); }
+
+void LlamaModel::reserve(std::int64_t tokens) { impl_->cache.reserve(tokens); }
+
+const KvCache& LlamaModel::cache() const { return impl_->cache; }
+KvCache& LlamaModel::cache() { return impl_->cache; }
+
+void LlamaModel::set_cache(KvCache cache) {
+  if (cache.layers.size() != impl_->cache.layers.size() || cache.head_dim != cfg_.head_dim)
+    throw Error("set_cache: the cache is shaped for another model");
+  impl_->cache = std::move(cache);
+}
+
+void LlamaModel::record_last_attention(bool on) { impl_->record_attention = on; }
+
+std::span<const float> LlamaModel::last_attention(int layer, int q_head) const {
+  return impl_->last_attention.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
+}
+
+std::size_t LlamaModel::weight_heap_bytes() const {
+  std::size_t b = impl_->embd.heap_bytes() + impl_->output.heap_bytes();
+  for (const auto& L : impl_->layers)
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wgate, &L.wup, &L.wdown}) b += w->heap_bytes();
+  return b;
+}
+
+std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                                       std::span<const std::int64_t> logit_rows,
+                                       const std::function<void(const LayerActivations&)>& hook) {
+  const ModelConfig& c = cfg_;
+  const auto n = static_cast<Eigen::Index>(tokens.size());
+  if (positions.size() != tokens.size()) throw Error("forward: positions and tokens differ in length");
+  const int d = c.head_dim, G = c.n_q_heads / c.n_kv_heads;
+  Mat x(n, c.n_embd);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const std::int32_t t = tokens[static_cast<std::size_t>(i)];
+    if (t < 0 || t >= c.vocab) throw Error("forward: token id " + std::to_string(t) + " out of range");
+    impl_->embd.row(t, x.row(i).data());
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int l = 0; l < c.n_layers; ++l) {
+    Layer& L = impl_->layers[static_cast<std::size_t>(l)];
+    const Mat h = rms_norm(x, L.attn_norm, c.rms_eps);
+    Mat q = matmul(h, L.wq), k = matmul(h, L.wk), v = matmul(h, L.wv);
+    if (L.bq.size()) {
+      q.rowwise() += L.bq.transpose();
+      k.rowwise() += L.bk.transpose();
+      v.rowwise() += L.bv.transpose();
+    }
+    for (Eigen::Index i = 0; i < n; ++i) {
+      apply_rope(c.rope, q.row(i).data(), c.n_q_heads, positions[static_cast<std::size_t>(i)]);
+      apply_rope(c.rope, k.row(i).data(), c.n_kv_heads, positions[static_cast<std::size_t>(i)]);
+    }
+    round_to_half(k);
+    round_to_half(v);
+    if (hook)
+      hook(LayerActivations{l, n, {q.data(), static_cast<std::size_t>(q.size())},
+                            {k.data(), static_cast<std::size_t>(k.size())}, {v.data(), static_cast<std::size_t>(v.size())}});
+    // Append the new tokens to every entry of this layer.
+    auto& entries = impl_->cache.layers[static_cast<std::size_t>(l)];
+    const int n_entries = static_cast<int>(entries.size());
+    const bool per_query_head = n_entries == c.n_q_heads && c.n_q_heads != c.n_kv_heads;
+    for (int e = 0; e < n_entries; ++e) {
+      KvEntry& entry = entries[static_cast<std::size_t>(e)];
+      const int hk = per_query_head ? e / G : e;
+      for (Eigen::Index i = 0; i < n; ++i) {
+        entry.tokens.push_back(static_cast<std::int32_t>(impl_->cache.seen + i));
+        const auto col = static_cast<std::ptrdiff_t>(hk) * d;
+        entry.k.insert(entry.k.end(), k.row(i).data() + col, k.row(i).data() + col + d);
+        entry.v.insert(entry.v.end(), v.row(i).data() + col, v.row(i).data() + col + d);
+      }
+    }
+    if (impl_->record_attention) impl_->last_attention.resize(static_cast<std::size_t>(c.n_layers));
+    auto& last_rows = impl_->last_attention;
+    if (impl_->record_attention) last_rows[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(c.n_q_heads));
+    Mat attn_out(n, static_cast<Eigen::Index>(c.n_q_heads) * d);
+#pragma omp parallel for schedule(static)
+    for (int hq = 0; hq < c.n_q_heads; ++hq) {
+      const KvEntry& entry = entries[static_cast<std::size_t>(per_query_head ? hq : hq / G)];
+      const Eigen::Index total = entry.rows(), past = total - n;
+      const Mat qh = q.middleCols(static_cast<Eigen::Index>(hq) * d, d);
+      const Eigen::Map<const Mat> kh(entry.k.data(), total, d), vh(entry.v.data(), total, d);
+      Mat s(n, total);  // [n, total]
+      s.noalias() = (qh * kh.transpose()) * scale;
+      for (Eigen::Index i = 0; i < n; ++i) {
+        const Eigen::Index last = past + i;  // causal: itself and everything cached before it
+        auto row = s.row(i);
+        const float m = row.head(last + 1).maxCoeff();
+        row.head(last + 1) = (row.head(last + 1).array() - m).exp();
+        row.head(last + 1) /= row.head(last + 1).sum();
+        if (last + 1 < total) row.tail(total - last - 1).setZero();
+      }
+      if (impl_->record_attention)
+        last_rows[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)].assign(s.row(n - 1).data(),
+                                                                                     s.row(n - 1).data() + total);
+      attn_out.middleCols(static_cast<Eigen::Index>(hq) * d, d).noalias() = s * vh;
+    }
+    x += matmul(attn_out, L.wo);
+    const Mat h2 = rms_norm(x, L.ffn_norm, c.rms_eps);
+    const Mat gate = matmul(h2, L.wgate);
+    const Mat up = matmul(h2, L.wup);
+    const Mat act = (gate.array() / (1.0f + (-gate.array()).exp())).matrix().cwiseProduct(up);  // silu(gate) * up
+    x += matmul(act, L.wdown);
+  }
+  impl_->cache.seen += n;
+  const WeightMatrix& out_w = c.tied_embeddings ? impl_->embd : impl_->output;
+  Mat xr(static_cast<Eigen::Index>(logit_rows.size()), c.n_embd);
+  for (std::size_t j = 0; j < logit_rows.size(); ++j) {
+    const std::int64_t r = logit_rows[j];
+    if (r < 0 || r >= n) throw Error("forward: logit row " + std::to_string(r) + " out of range");
+    xr.row(static_cast<Eigen::Index>(j)) = x.row(r);
+  }
+  std::vector<float> logits(logit_rows.size() * static_cast<std::size_t>(c.vocab));
+  if (!logit_rows.empty()) out_w.multiply(rms_norm(xr, impl_->output_norm, c.rms_eps).data(), xr.rows(), logits.data());
+  return logits;
+}
+
+}  // namespace kvsim

@@ -1,0 +1,173 @@
+// The plan API (kvcache/plan_apply.h) that replay and live verify share: plans checked, keep
+// lists applied, decode-time evictions and re-tiers, bytes, each mirrored onto a row sink.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "kvcache/config.h"
+#include "kvcache/plan_apply.h"
+#include "policies/registry.h"
+
+using namespace kvsim;
+using kvcache::LayerIndex;
+
+namespace {
+
+ReplayConfig config_of(const std::string& spec, double budget) {
+  PolicyInstance inst = PolicyRegistry::instance().create(spec);
+  return {inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), budget};
+}
+
+ModelGeometry geometry(int q_heads, int kv_heads) {
+  ModelGeometry g;
+  g.n_layers = 1, g.n_q_heads = q_heads, g.n_kv_heads = kv_heads, g.head_dim = 8;
+  return g;
+}
+
+HeadPlan plan_of(const std::string& codes) {  // '.' drop, 'f' fp16, '4' int4
+  HeadPlan p;
+  for (char ch : codes) p.codec.push_back(ch == '.' ? TokenCodec::Drop : ch == '4' ? TokenCodec::Int4 : TokenCodec::Fp16);
+  return p;
+}
+
+// Records what the manager asks of the rows.
+struct RecordingRows final : kvcache::RowSink {
+  std::vector<std::vector<std::vector<std::int32_t>>> keeps;
+  std::vector<std::pair<int, std::vector<std::int32_t>>> evictions;
+  std::vector<int> encoded;
+  void keep(const std::vector<std::vector<std::int32_t>>& k) override { keeps.push_back(k); }
+  void evict(int entry, std::span<const std::int32_t> t) override { evictions.emplace_back(entry, std::vector(t.begin(), t.end())); }
+  void encode(int entry, const HeadPlan&) override { encoded.push_back(entry); }
+};
+
+using Tokens = std::vector<std::int32_t>;
+
+}  // namespace
+
+TEST_CASE("compression cuts: every N prompt tokens, then the compression point", "[kvcache]") {
+  CHECK(compression_cuts(700, 256) == std::vector<std::int64_t>{256, 512, 700});
+  CHECK(compression_cuts(512, 256) == std::vector<std::int64_t>{256, 512});
+  CHECK(compression_cuts(700, 0) == std::vector<std::int64_t>{700});
+  CHECK(compression_cuts(100, 256) == std::vector<std::int64_t>{100});
+  CHECK_THROWS_WITH(compression_cuts(100, -1), Catch::Contains("--compress-every must be >= 0"));
+}
+
+TEST_CASE("plans are checked against the cache they were made for", "[kvcache]") {
+  const ReplayConfig cfg = config_of("streamingllm", 0.5);
+  const ModelGeometry g = geometry(4, 2);
+  const std::vector<std::int64_t> cached{3, 3};
+  LayerPlan plan{{plan_of("ff."), plan_of(".ff")}};
+  CHECK_FALSE(kvcache::check_plan(cfg, plan, cached, g));
+  plan.heads.push_back(plan_of("fff"));
+  CHECK_THROWS_WITH(kvcache::check_plan(cfg, plan, cached, g),
+                    Catch::Contains("policy streamingllm: plan has 3 heads, expected 2 (one per KV head) or 4"));
+  plan.heads.push_back(plan_of("fff"));
+  CHECK(kvcache::check_plan(cfg, plan, cached, g));  // one per query head
+  LayerPlan short_plan{{plan_of("ff"), plan_of("fff")}};
+  CHECK_THROWS_WITH(kvcache::check_plan(cfg, short_plan, cached, g), Catch::Contains("plan covers 2 tokens, expected 3"));
+  LayerPlan coded{{plan_of("f4f"), plan_of("fff")}};
+  CHECK_THROWS_WITH(kvcache::check_plan(cfg, coded, cached, g), Catch::Contains("names no codec"));
+  CHECK_FALSE(kvcache::check_plan(config_of("intn", 0.5), coded, cached, g));
+}
+
+TEST_CASE("applying a plan keeps each entry's tokens and mirrors it onto the rows", "[kvcache]") {
+  const ModelGeometry g = geometry(4, 2);
+  RecordingRows rows;
+  SECTION("eviction: kept tokens, encoding left implicit, nothing encoded") {
+    LayerIndex cache = LayerIndex::prefix(2, 4);
+    kvcache::apply_plan(config_of("streamingllm", 0.5), LayerPlan{{plan_of("f..f"), plan_of("ff..")}}, g, cache, &rows);
+    CHECK(cache.tokens == std::vector<Tokens>{{0, 3}, {0, 1}});
+    CHECK(cache.encoding[0].codec.empty());
+    REQUIRE(rows.keeps.size() == 1);
+    CHECK(rows.keeps[0] == cache.tokens);
+    CHECK(rows.encoded.empty());
+  }
+  SECTION("per query head: each query head gets its own entry") {
+    LayerIndex cache = LayerIndex::prefix(2, 3);
+    kvcache::apply_plan(config_of("snapkv:gqa=per_query_head", 0.5),
+                        LayerPlan{{plan_of("f.f"), plan_of("ff."), plan_of(".ff"), plan_of("f..")}}, g, cache, &rows);
+    CHECK(cache.tokens == std::vector<Tokens>{{0, 2}, {0, 1}, {1, 2}, {0}});
+  }
+  SECTION("a codec: the encoding is kept as planned, only encoded entries re-encoded") {
+    LayerIndex cache = LayerIndex::prefix(2, 3);
+    kvcache::apply_plan(config_of("intn", 0.5), LayerPlan{{plan_of("4.f"), plan_of("fff")}}, g, cache, &rows);
+    CHECK(cache.tokens == std::vector<Tokens>{{0, 2}, {0, 1, 2}});
+    CHECK(cache.encoding[0].codec.size() == 3);  // as planned, its Drop included
+    CHECK(rows.encoded == std::vector<int>{0});
+  }
+}
+
+TEST_CASE("decode-time evictions: tokens leave, the budget is held, bad evictions are refused", "[kvcache]") {
+  LayerIndex cache = LayerIndex::prefix(2, 4);
+  kvcache::append_token(cache, 4);
+  CHECK(cache.tokens[1] == Tokens{0, 1, 2, 3, 4});
+  CHECK(cache.encoding[1].codec.empty());  // implicit fp16 stays implicit
+  RecordingRows rows;
+  kvcache::apply_evictions("h2o", {{1, 2}, {0}}, 4, 4, cache, &rows);
+  CHECK(cache.tokens == std::vector<Tokens>{{0, 3, 4}, {1, 2, 3, 4}});
+  REQUIRE(rows.evictions.size() == 2);
+  CHECK(rows.evictions[0] == std::pair<int, Tokens>{0, {1, 2}});
+  CHECK_THROWS_WITH(kvcache::apply_evictions("h2o", {{1}, {}}, 5, 4, cache, nullptr),
+                    Catch::Contains("policy h2o: evicted token 1 that is not in the cache"));
+  LayerIndex full = LayerIndex::prefix(1, 5);
+  CHECK_THROWS_WITH(kvcache::apply_evictions("tova", {{0}}, 7, 3, full, nullptr),
+                    Catch::Contains("cache holds 4 tokens after step 7, over its budget of 3"));
+}
+
+TEST_CASE("listed encodings follow their tokens through appends and evictions", "[kvcache]") {
+  LayerIndex cache;
+  cache.tokens = {{0, 2, 5}};
+  cache.encoding = {plan_of("4.4f")};  // token 0 int4, (dropped), token 2 int4, token 5 fp16
+  kvcache::append_token(cache, 6);
+  CHECK(cache.encoding[0].codec.size() == 5);
+  kvcache::apply_evictions("qevict", {{2}}, 6, -1, cache, nullptr);
+  CHECK(cache.tokens[0] == Tokens{0, 5, 6});
+  CHECK(cache.encoding[0].codec ==
+        std::vector<TokenCodec>{TokenCodec::Int4, TokenCodec::Drop, TokenCodec::Fp16, TokenCodec::Fp16});
+}
+
+TEST_CASE("re-tiering re-encodes the kept tokens within the entry's byte budget", "[kvcache]") {
+  const ReplayConfig cfg = config_of("intn", 0.5);
+  const KvCodec& codec = *cfg.impl->codec();
+  const int d = 8;
+  LayerIndex cache = LayerIndex::prefix(1, 4);
+  RecordingRows rows;
+  const LayerPlan next{{plan_of("4.f4")}};
+  kvcache::apply_retier("qevict", next, 9, codec, 1e9, d, cache, &rows);
+  CHECK(cache.tokens[0] == Tokens{0, 2, 3});
+  CHECK(cache.encoding[0].codec == std::vector<TokenCodec>{TokenCodec::Int4, TokenCodec::Fp16, TokenCodec::Int4});
+  CHECK(rows.keeps.size() == 1);
+  CHECK(rows.encoded == std::vector<int>{0});
+  const double fp16 = codec_token_bytes(TokenCodec::Fp16, d);
+  LayerIndex again = LayerIndex::prefix(1, 4);
+  CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ffff")}}, 9, codec, 3 * fp16, d, again, nullptr),
+                    Catch::Contains("re-tiered cache of KV head 0 holds") && Catch::Contains("after step 9"));
+  CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ff")}}, 9, codec, 1e9, d, again, nullptr),
+                    Catch::Contains("re-tier plan covers 2 tokens, expected 4"));
+}
+
+TEST_CASE("a cut's plan widens to the prompt, and earlier cuts apply only their drops", "[kvcache]") {
+  LayerIndex cache;
+  cache.tokens = {{0, 3, 4}};
+  cache.encoding = {HeadPlan{}};
+  const LayerPlan cut{{plan_of("4.f")}};
+  const LayerPlan wide = kvcache::widen_plan(cut, cache, 6);
+  CHECK(wide.heads[0].codec == plan_of("4...f.").codec);
+  const LayerPlan drops = kvcache::drops_only(cut);
+  CHECK(drops.heads[0].codec == plan_of("f.f").codec);
+}
+
+TEST_CASE("layer bytes: rows at the budget's token bytes, less what a codec saves", "[kvcache]") {
+  const int d = 8;
+  const ReplayConfig evict = config_of("h2o", 0.5);
+  const ConfigBudget b = config_budget(*evict.impl, 0.5, 8, d);
+  LayerIndex cache = LayerIndex::prefix(2, 3);
+  CHECK(kvcache::layer_bytes(cache, b, nullptr, d) == Approx(cache_bytes(b, 6, 2, 1)));
+  const ReplayConfig coded = config_of("intn", 0.5);
+  const ConfigBudget cb = config_budget(*coded.impl, 0.5, 8, d);
+  kvcache::apply_plan(coded, LayerPlan{{plan_of("444"), plan_of("fff")}}, geometry(2, 2), cache, nullptr);
+  const double saving = kvcache::codec_bytes(*coded.impl->codec(), cache, d).saving;
+  CHECK(saving > 0);
+  CHECK(kvcache::layer_bytes(cache, cb, coded.impl->codec(), d) == Approx(cache_bytes(cb, 6, 2, 1) - saving));
+}

@@ -1,0 +1,83 @@
+#include "verify/engine_rows.h"
+
+#include <utility>
+
+#include "core/error.h"
+#include "core/packed_kv.h"
+#include "policies/codec.h"
+
+namespace kvsim {
+
+EngineRows::EngineRows(Engine& model, int layer, const ModelGeometry& g, const KvCodec* codec,
+                       const std::vector<std::int32_t>& positions)
+    : model_(model), layer_(layer), g_(g), codec_(codec), positions_(positions) {}
+
+void EngineRows::keep_originals() {
+  originals_ = std::as_const(model_).cache().layers[static_cast<std::size_t>(layer_)];
+  for (KvEntry& e : originals_) e.packed.reset();
+}
+
+void EngineRows::joined() {
+  if (originals_.empty()) return;
+  const auto& live = std::as_const(model_).cache().layers[static_cast<std::size_t>(layer_)];
+  const auto d = static_cast<std::size_t>(g_.head_dim);
+  for (std::size_t e = 0; e < originals_.size(); ++e) {
+    KvEntry& orig = originals_[e];
+    const KvEntry& row = live[e];
+    const auto at = static_cast<std::ptrdiff_t>((row.tokens.size() - 1) * d);
+    orig.tokens.push_back(row.tokens.back());
+    orig.k.insert(orig.k.end(), row.k.begin() + at, row.k.end());
+    orig.v.insert(orig.v.end(), row.v.begin() + at, row.v.end());
+  }
+}
+
+// The host copy is edited as a one-layer KvCache, with the engine's own keep and evict rules.
+void EngineRows::keep(const std::vector<std::vector<std::int32_t>>& keep) {
+  model_.cache().keep(layer_, keep, g_.n_q_heads);
+  if (originals_.empty()) return;
+  KvCache host;
+  host.head_dim = g_.head_dim;
+  host.layers = {std::move(originals_)};
+  host.keep(0, keep, g_.n_q_heads);
+  originals_ = std::move(host.layers[0]);
+}
+
+void EngineRows::evict(int entry, std::span<const std::int32_t> tokens) {
+  if (!originals_.empty()) {
+    KvCache host;
+    host.head_dim = g_.head_dim;
+    host.layers = {std::move(originals_)};
+    host.evict(0, entry, tokens);
+    originals_ = std::move(host.layers[0]);
+  }
+  model_.evict(layer_, entry, tokens);  // on the device too, with the CUDA engine
+}
+
+void EngineRows::encode(int entry, const HeadPlan& plan) {
+  if (!codec_) throw Error("layer " + std::to_string(layer_) + ": a plan encodes tokens, but its policy has no codec");
+  KvEntry& e = model_.cache().layers[static_cast<std::size_t>(layer_)][static_cast<std::size_t>(entry)];
+  if (!originals_.empty()) e = originals_[static_cast<std::size_t>(entry)];
+  std::vector<std::int32_t> positions;
+  positions.reserve(e.tokens.size());
+  for (const auto t : e.tokens) positions.push_back(positions_[static_cast<std::size_t>(t)]);
+  // What a really compressed cache stores, from the exact rows, for a backend that holds it.
+  if (model_.holds_packed()) {
+    auto p = std::make_shared<PackedEntry>();
+    pack_plan(codec_, plan, g_, positions, e.k, e.v, *p);
+    e.packed = std::move(p);
+  } else {
+    e.packed.reset();
+  }
+  codec_->reconstruct(plan, g_, positions, e.k, e.v);
+}
+
+void check_mirror(const Engine& model, int layer, const kvcache::LayerIndex& index, const std::string& label) {
+  const auto& entries = model.cache().layers[static_cast<std::size_t>(layer)];
+  bool same = entries.size() == index.tokens.size();
+  for (std::size_t e = 0; same && e < entries.size(); ++e) same = entries[e].tokens == index.tokens[e];
+  if (!same)
+    throw Error("policy " + label + ": the engine's cache of layer " + std::to_string(layer) +
+                " no longer holds the tokens the cache manager applied (a kvsim bug)");
+}
+
+}  // namespace kvsim
