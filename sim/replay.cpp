@@ -183,6 +183,61 @@ void score_layer(const LayerWork& work, const std::vector<ReplayConfig>& configs
                                      err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)]);
 }
 
+// Every config of a layer shares one pass over the trace: the full attention of the evaluation
+// queries, their outputs and the parts of both from tokens after the compression point. Buffers
+// live across layers: same shapes every layer, so no reallocation (large allocations churn
+// mmap/munmap and TLB shootdowns otherwise).
+struct SharedPass {
+  const ModelGeometry& g;
+  std::int64_t T, c;
+  bool keep_logits;
+  std::vector<Mat> full_k, full_v;                    // [Hkv] T x d
+  std::vector<Mat> attn, out, out_tail, logits;       // [Hq]
+  std::vector<Eigen::VectorXf> tail_mass;             // [Hq]
+  std::vector<Eigen::VectorXd> lse;                   // [Hq]
+  CacheView prefix;  // every KV head holds [0, c): the single compression point without cuts
+
+  SharedPass(const ModelGeometry& geometry, std::int64_t tokens, std::int64_t point, bool logits_too)
+      : g(geometry), T(tokens), c(point), keep_logits(logits_too), full_k(static_cast<std::size_t>(g.n_kv_heads)),
+        full_v(full_k.size()), attn(static_cast<std::size_t>(g.n_q_heads)), out(attn.size()), out_tail(attn.size()),
+        logits(attn.size()), tail_mass(attn.size()), lse(attn.size()) {
+    prefix.tokens = kvcache::LayerIndex::prefix(g.n_kv_heads, c).tokens;
+    prefix.keys.resize(full_k.size());
+    prefix.values.resize(full_k.size());
+    prefix.future.resize(attn.size());
+  }
+
+  void compute(const FloatBuffer& kbuf, const FloatBuffer& vbuf, const FloatBuffer& qbuf, std::int64_t first_eval,
+               const std::vector<std::int64_t>& eval_limit) {
+    const int Hq = g.n_q_heads, Hkv = g.n_kv_heads, d = g.head_dim, G = g.group();
+    const auto E = static_cast<Eigen::Index>(eval_limit.size());
+    std::vector<StridedMap> kh, vh;
+    for (int kv = 0; kv < Hkv; ++kv) {
+      kh.emplace_back(kbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+      vh.emplace_back(vbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+      prefix.keys[static_cast<std::size_t>(kv)] = kh.back().topRows(c);
+      prefix.values[static_cast<std::size_t>(kv)] = vh.back().topRows(c);
+      full_k[static_cast<std::size_t>(kv)] = kh.back();
+      full_v[static_cast<std::size_t>(kv)] = vh.back();
+    }
+#pragma omp parallel for schedule(dynamic)
+    for (int qh = 0; qh < Hq; ++qh) {
+      const auto i = static_cast<std::size_t>(qh);
+      const StridedMap qe(qbuf.data() + (first_eval * Hq + qh) * d, E, d, Eigen::OuterStride<>(Hq * d));
+      // Scale the E x d queries, not the E x T logits: one pass less over the big matrix.
+      const Mat qs = qe * (1.0f / std::sqrt(static_cast<float>(d)));
+      attn[i].noalias() = qs * kh[static_cast<std::size_t>(qh / G)].transpose();
+      if (keep_logits) logits[i] = attn[i];
+      causal_softmax(attn[i], eval_limit, keep_logits ? &lse[i] : nullptr);
+      const Mat& v = full_v[static_cast<std::size_t>(qh / G)];
+      out[i].noalias() = attn[i] * v;
+      out_tail[i].noalias() = attn[i].rightCols(T - c) * v.bottomRows(T - c);
+      tail_mass[i] = attn[i].rightCols(T - c).rowwise().sum();
+      prefix.future[i] = attn[i].leftCols(c);
+    }
+  }
+};
+
 }  // namespace
 
 Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs,
@@ -212,7 +267,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   std::vector<std::int64_t> eval_limit(static_cast<std::size_t>(E));
   for (std::int64_t i = 0; i < E; ++i) eval_limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(first_eval + i)];
 
-  const int L = g.n_layers, Hq = g.n_q_heads, Hkv = g.n_kv_heads, d = g.head_dim, G = g.group();
+  const int L = g.n_layers, Hq = g.n_q_heads, d = g.head_dim;
   const std::size_t P = configs_.size();
   std::vector<ConfigBudget> budgets(P);
   for (std::size_t p = 0; p < P; ++p) budgets[p] = config_budget(*configs_[p].impl, configs_[p].budget, c, d);
@@ -224,24 +279,13 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   double read_s = 0, attention_s = 0, config_s = 0;
   FloatBuffer kbuf(reader_.layer_elements(request_id, Tensor::K)), vbuf(kbuf.size());
   FloatBuffer qbuf(reader_.layer_elements(request_id, Tensor::Q));
-  // Per-layer buffers live across layers: same shapes every layer, so no reallocation (large
-  // allocations churn mmap/munmap and TLB shootdowns otherwise).
-  std::vector<Mat> full_k(static_cast<std::size_t>(Hkv)), full_v(full_k.size());
-  std::vector<Mat> attn(static_cast<std::size_t>(Hq)), out(attn.size()), out_tail(attn.size()), logits(attn.size());
   // Encoded (quantized, low-rank) configs compare their logits with the exact ones: keep those
   // instead of recomputing them per config.
   const bool keep_logits = std::any_of(configs_.begin(), configs_.end(), [](const ReplayConfig& cfg) {
     return cfg.impl->codec() != nullptr;
   });
-  CacheView prefix;  // every KV head holds [0, c): the single compression point without chunking
-  prefix.tokens.assign(static_cast<std::size_t>(Hkv), std::vector<std::int32_t>(static_cast<std::size_t>(c)));
-  for (auto& t : prefix.tokens)
-    for (std::int64_t j = 0; j < c; ++j) t[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
-  prefix.keys.resize(static_cast<std::size_t>(Hkv));
-  prefix.values.resize(static_cast<std::size_t>(Hkv));
-  prefix.future.resize(static_cast<std::size_t>(Hq));
-  std::vector<Eigen::VectorXf> tail_mass(attn.size());
-  std::vector<Eigen::VectorXd> lse(attn.size());
+  SharedPass pass(g, T, c, keep_logits);
+  CacheView& prefix = pass.prefix;
   // KVzip's reconstruction pass, when a policy scores with it and the capture recorded it.
   const bool want_repeat = std::any_of(configs_.begin(), configs_.end(), [](const ReplayConfig& cfg) {
     return cfg.impl->needs_repeat_pass();
@@ -273,38 +317,15 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     read_s += since(t0);
     t0 = Clock::now();
 
-    std::vector<StridedMap> kh, vh;
-    for (int kv = 0; kv < Hkv; ++kv) {
-      kh.emplace_back(kbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-      vh.emplace_back(vbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-      prefix.keys[static_cast<std::size_t>(kv)] = kh.back().topRows(c);
-      prefix.values[static_cast<std::size_t>(kv)] = vh.back().topRows(c);
-      full_k[static_cast<std::size_t>(kv)] = kh.back();
-      full_v[static_cast<std::size_t>(kv)] = vh.back();
-    }
-    // Shared by every config: full attention of the evaluation queries, outputs, tail parts.
-
-#pragma omp parallel for schedule(dynamic)
-    for (int qh = 0; qh < Hq; ++qh) {
-      const auto i = static_cast<std::size_t>(qh);
-      const StridedMap qe(qbuf.data() + (first_eval * Hq + qh) * d, E, d, Eigen::OuterStride<>(Hq * d));
-      // Scale the E x d queries, not the E x T logits: one pass less over the big matrix.
-      const Mat qs = qe * (1.0f / std::sqrt(static_cast<float>(d)));
-      attn[i].noalias() = qs * kh[static_cast<std::size_t>(qh / G)].transpose();
-      if (keep_logits) logits[i] = attn[i];
-      causal_softmax(attn[i], eval_limit, keep_logits ? &lse[i] : nullptr);
-      const Mat& v = full_v[static_cast<std::size_t>(qh / G)];
-      out[i].noalias() = attn[i] * v;
-      out_tail[i].noalias() = attn[i].rightCols(T - c) * v.bottomRows(T - c);
-      tail_mass[i] = attn[i].rightCols(T - c).rowwise().sum();
-      prefix.future[i] = attn[i].leftCols(c);
-    }
+    pass.compute(kbuf, vbuf, qbuf, first_eval, eval_limit);
     attention_s += since(t0);
     t0 = Clock::now();
     const CacheSignals signals(ctx, g, layer, c, tokens, qbuf, prefix);
 
-    const LayerWork work{g,        layer, c,        E,   T,    compress_every_, record_keep_sets_, ctx, h, tokens, qbuf, full_k, eval_limit,
-                         signals, attn,  out,      out_tail, tail_mass, full_v, first_eval, logits, lse};
+    const LayerWork work{g,         layer,     c,          E,           T,          compress_every_, record_keep_sets_,
+                         ctx,       h,         tokens,     qbuf,        pass.full_k, eval_limit,     signals,
+                         pass.attn, pass.out,  pass.out_tail, pass.tail_mass, pass.full_v, first_eval, pass.logits,
+                         pass.lse};
     score_layer(work, configs_, budgets, heavy_first, acc);
     config_s += since(t0);
   }
