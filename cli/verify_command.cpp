@@ -37,7 +37,9 @@ int verify_command(const Args& args) {
       "tokens per prefill pass (capture's default, so keep-sets match a captured trace exactly)")(
       "compress-every", po::value(&spec.live.compress_every)->default_value(spec.live.compress_every),
       "let the policy cut the cache back to its budget at every N prompt tokens where it exceeds it, as sweep "
-      "--compress-every simulates (0: one compression at the compression point; a sweep's own value wins)")(
+      "--compress-every simulates (0: one compression at the compression point). With --from-sweep/--offline the "
+      "sweep's own value is used and a different one refused. A multiple of --prefill-chunk keeps the forward "
+      "passes where capture ran them")(
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
       "device", po::value(&device)->default_value(device), "cpu | cuda (see kvsim capture --help)")(
       "policy-steps", po::value(&steps)->default_value(steps),

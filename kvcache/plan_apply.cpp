@@ -12,6 +12,7 @@ LayerIndex LayerIndex::prefix(int entries, std::int64_t n) {
   for (std::int64_t j = 0; j < n; ++j) all[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
   out.tokens.assign(static_cast<std::size_t>(entries), all);
   out.encoding.assign(static_cast<std::size_t>(entries), HeadPlan{});
+  out.listed = false;
   return out;
 }
 
@@ -36,6 +37,8 @@ bool check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vecto
                 std::to_string(Hkv) + " (one per KV head) or " + std::to_string(Hq) + " (one per query head)");
   for (std::size_t e = 0; e < plan.heads.size(); ++e) {
     const HeadPlan& hp = plan.heads[e];
+    if (per_query_head && needs_codec(hp))
+      throw Error("policy " + cfg.policy + ": plans with encoded tokens must have one entry per KV head");
     const std::int64_t expect = cached[per_query_head ? e / static_cast<std::size_t>(g.group()) : e];
     if (static_cast<std::int64_t>(hp.codec.size()) != expect)
       throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
@@ -61,10 +64,10 @@ bool needs_compression(const ReplayConfig& cfg, const ConfigBudget& b, const Lay
   return false;
 }
 
-LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s, const LayerIndex& cache,
-                    bool one_entry_per_kv_head) {
+LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s,
+                    const std::vector<std::int64_t>& cached, bool one_entry_per_kv_head) {
   LayerPlan plan = cfg.impl->compress(s, Budget{b.tokens, cfg.budget});
-  const bool per_query_head = check_plan(cfg, plan, cache.sizes(), s.geometry());
+  const bool per_query_head = check_plan(cfg, plan, cached, s.geometry());
   if (per_query_head && one_entry_per_kv_head)
     throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with chunked compression");
   return plan;
@@ -73,6 +76,8 @@ LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerS
 void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeometry& g, LayerIndex& cache, RowSink* rows) {
   const bool per_query_head = check_plan(cfg, plan, cache.sizes(), g);
   LayerIndex next;
+  // Without a codec every kept token is fp16: left implicit, so decode-time edits stay cheap.
+  next.listed = cfg.impl->codec() != nullptr;
   for (std::size_t e = 0; e < plan.heads.size(); ++e) {
     const auto& held = cache.tokens[per_query_head ? e / static_cast<std::size_t>(g.group()) : e];
     const HeadPlan& hp = plan.heads[e];
@@ -80,8 +85,7 @@ void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeome
     for (std::size_t m = 0; m < hp.codec.size(); ++m)
       if (hp.codec[m] != TokenCodec::Drop) kept.push_back(held[m]);
     next.tokens.push_back(std::move(kept));
-    // Without a codec every kept token is fp16: left implicit, so decode-time edits stay cheap.
-    next.encoding.push_back(cfg.impl->codec() ? hp : HeadPlan{});
+    next.encoding.push_back(next.listed ? hp : HeadPlan{});
   }
   if (rows) {
     rows->keep(next.tokens);
@@ -121,24 +125,25 @@ LayerPlan widen_plan(const LayerPlan& plan, const LayerIndex& cache, std::int64_
 
 void append_token(LayerIndex& cache, std::int32_t token) {
   for (std::size_t e = 0; e < cache.tokens.size(); ++e) {
-    // An empty encoding over held tokens means all fp16 and stays so; over none it starts listing.
-    HeadPlan& enc = cache.encoding[e];
-    const bool listed = !enc.codec.empty() || cache.tokens[e].empty();
     cache.tokens[e].push_back(token);
-    if (!listed) continue;
+    if (!cache.listed) continue;
+    HeadPlan& enc = cache.encoding[e];
     enc.codec.push_back(TokenCodec::Fp16);
     if (!enc.rank.empty()) enc.rank.push_back(0);
+    enc.data.reset();  // codec data made for the old token set no longer lines up
   }
 }
 
 namespace {
 
 // Removes the encoding entry of held token m (the m-th non-Drop one).
-void erase_encoding(HeadPlan& enc, std::size_t m) {
-  if (enc.codec.empty()) return;
-  std::size_t at = 0;
-  for (std::size_t seen = 0;; ++at)
+void erase_encoding(HeadPlan& enc, std::size_t m, const std::string& label) {
+  std::size_t at = 0, seen = 0;
+  for (; at < enc.codec.size(); ++at)
     if (enc.codec[at] != TokenCodec::Drop && seen++ == m) break;
+  if (at == enc.codec.size())
+    throw Error("policy " + label + ": the cache's encoding lists " + std::to_string(seen) +
+                " tokens, fewer than it holds (a kvsim bug)");
   enc.codec.erase(enc.codec.begin() + static_cast<std::ptrdiff_t>(at));
   if (!enc.rank.empty()) enc.rank.erase(enc.rank.begin() + static_cast<std::ptrdiff_t>(at));
   enc.data.reset();  // codec data made for the old token set no longer lines up
@@ -148,13 +153,16 @@ void erase_encoding(HeadPlan& enc, std::size_t m) {
 
 void apply_evictions(const std::string& label, const std::vector<std::vector<std::int32_t>>& evict, std::int64_t step,
                      std::int64_t max_rows, LayerIndex& cache, RowSink* rows) {
-  for (std::size_t e = 0; e < evict.size() && e < cache.tokens.size(); ++e) {
+  if (evict.size() != cache.tokens.size())
+    throw Error("policy " + label + ": evicted from " + std::to_string(evict.size()) + " cache entries, expected " +
+                std::to_string(cache.tokens.size()));
+  for (std::size_t e = 0; e < evict.size(); ++e) {
     auto& held = cache.tokens[e];
     for (const std::int32_t j : evict[e]) {
       const auto it = std::lower_bound(held.begin(), held.end(), j);
       if (it == held.end() || *it != j)
         throw Error("policy " + label + ": evicted token " + std::to_string(j) + " that is not in the cache");
-      erase_encoding(cache.encoding[e], static_cast<std::size_t>(it - held.begin()));
+      if (cache.listed) erase_encoding(cache.encoding[e], static_cast<std::size_t>(it - held.begin()), label);
       held.erase(it);
     }
     if (rows) rows->evict(static_cast<int>(e), evict[e]);
@@ -164,12 +172,13 @@ void apply_evictions(const std::string& label, const std::vector<std::vector<std
   }
 }
 
-void apply_retier(const std::string& label, const LayerPlan& next, std::int64_t step, const KvCodec& codec,
+void apply_retier(const std::string& label, const LayerPlan& next, int layer, std::int64_t step, const KvCodec& codec,
                   double entry_budget, int head_dim, LayerIndex& cache, RowSink* rows) {
   if (next.heads.size() != cache.tokens.size())
     throw Error("policy " + label + ": re-tier plan has " + std::to_string(next.heads.size()) + " heads, expected " +
                 std::to_string(cache.tokens.size()));
   LayerIndex kept;
+  kept.listed = true;
   for (std::size_t e = 0; e < next.heads.size(); ++e) {
     const HeadPlan& hp = next.heads[e];
     const auto& held = cache.tokens[e];
@@ -186,7 +195,8 @@ void apply_retier(const std::string& label, const LayerPlan& next, std::int64_t 
     }
     const double bytes = codec.bytes(plan, head_dim);
     if (bytes > entry_budget + 1e-6)
-      throw Error("policy " + label + ": re-tiered cache of KV head " + std::to_string(e) + " holds " +
+      throw Error("policy " + label + ": re-tiered cache of layer " + std::to_string(layer) + ", KV head " +
+                  std::to_string(e) + " holds " +
                   std::to_string(bytes) + " bytes after step " + std::to_string(step) + ", over its budget of " +
                   std::to_string(entry_budget));
     kept.tokens.push_back(std::move(tokens));
@@ -202,9 +212,9 @@ void apply_retier(const std::string& label, const LayerPlan& next, std::int64_t 
 CodecBytes codec_bytes(const KvCodec& codec, const LayerIndex& cache, int head_dim) {
   const double fp16 = codec_token_bytes(TokenCodec::Fp16, head_dim);
   CodecBytes out;
+  if (!cache.listed) return out;  // fp16 throughout
   for (std::size_t e = 0; e < cache.tokens.size(); ++e) {
     const HeadPlan& enc = cache.encoding[e];
-    if (enc.codec.empty()) continue;  // fp16 throughout
     out.saving += static_cast<double>(cache.tokens[e].size()) * fp16 - codec.bytes(enc, head_dim);
     out.host += codec.host_bytes(enc, head_dim);
   }

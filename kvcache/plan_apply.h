@@ -16,12 +16,14 @@
 namespace kvsim::kvcache {
 
 // A layer's cache as token indices: per entry (a KV head, or a query head after a
-// per-query-head plan) the tokens it holds, increasing, and how they are stored. encoding[e]'s
-// non-Drop entries line up with tokens[e] (a plan as the policy made it may still list the
-// tokens it dropped); an empty encoding means every token is fp16.
+// per-query-head plan) the tokens it holds, increasing, and how they are stored. With `listed`
+// (a policy with a codec planned the layer) encoding[e]'s non-Drop entries line up with tokens[e]
+// (a plan as the policy made it may still list the tokens it dropped); without, every token is
+// fp16 and the encodings stay empty.
 struct LayerIndex {
   std::vector<std::vector<std::int32_t>> tokens;  // [entry]
   std::vector<HeadPlan> encoding;                 // [entry]
+  bool listed = false;
   static LayerIndex prefix(int entries, std::int64_t n);  // every entry holds [0, n) in fp16
   std::int64_t rows() const;                              // tokens held over every entry
   std::vector<std::int64_t> sizes() const;                // tokens held per entry
@@ -53,10 +55,10 @@ bool check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vecto
 // not fit the bytes of one).
 bool needs_compression(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s);
 
-// The policy's plan for the cache `s` shows, held to `b`, checked. With `one_entry_per_kv_head`
-// a per-query-head plan is refused (chunked compression and decode-time states need one).
-LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s, const LayerIndex& cache,
-                    bool one_entry_per_kv_head = false);
+// The policy's plan for the cache `s` shows (`cached` tokens per KV head), held to `b`, checked.
+// With `one_entry_per_kv_head` a per-query-head plan is refused (compression cuts need one).
+LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s,
+                    const std::vector<std::int64_t>& cached, bool one_entry_per_kv_head = false);
 
 // Applies a plan to `cache` (checking it first): each entry keeps its non-Drop tokens, encoded as
 // planned (per-query-head plans give each query head its own entry); `rows` mirrors it. The
@@ -74,19 +76,21 @@ LayerPlan widen_plan(const LayerPlan& plan, const LayerIndex& cache, std::int64_
 // A decode step's token joins every entry, in fp16.
 void append_token(LayerIndex& cache, std::int32_t token);
 
-// Drops evict[e] from entry e after decode step `step`, checking each is held and, when
-// max_rows >= 0, that no entry holds more than max_rows afterwards. Throws naming `label`.
+// Drops evict[e] from entry e after decode step `step` (one list per entry), checking each is
+// held and, when max_rows >= 0, that no entry holds more than max_rows afterwards. Throws naming
+// `label`.
 void apply_evictions(const std::string& label, const std::vector<std::vector<std::int32_t>>& evict, std::int64_t step,
                      std::int64_t max_rows, LayerIndex& cache, RowSink* rows);
 
-// A re-tiering policy's new encoding after step `step` (DecodeState::retier's plan, one entry per
-// KV head over the tokens held): Drop tokens leave, the rest are re-encoded from their original
-// rows. Throws when the plan does not fit the cache or an entry's bytes exceed `entry_budget`.
-void apply_retier(const std::string& label, const LayerPlan& next, std::int64_t step, const KvCodec& codec,
+// A re-tiering policy's new encoding of layer `layer` after step `step` (DecodeState::retier's
+// plan, one entry per KV head over the tokens held): Drop tokens leave, the rest are re-encoded
+// from their original rows. Throws when the plan does not fit the cache or an entry's bytes
+// exceed `entry_budget`.
+void apply_retier(const std::string& label, const LayerPlan& next, int layer, std::int64_t step, const KvCodec& codec,
                   double entry_budget, int head_dim, LayerIndex& cache, RowSink* rows);
 
 // fp16 bytes of the held tokens minus what their codec stores, and the bytes of host copies
-// (recoverable tiers), over the entries that need the codec.
+// (recoverable tiers), over every entry of a listed layer (nothing saved when it is not listed).
 struct CodecBytes {
   double saving = 0, host = 0;
 };

@@ -316,6 +316,7 @@ CodedShot account_codec(std::size_t index, const ReplayConfig& cfg, const LayerP
                         Accumulator& a) {
   const KvCodec& codec = codec_of(cfg);
   kvcache::LayerIndex cache;
+  cache.listed = true;
   for (CodedHead& ch : coded_heads(plan, w.c, &a)) {
     cache.tokens.push_back(std::move(ch.tokens));
     cache.encoding.push_back(std::move(ch.plan));
@@ -380,6 +381,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
   std::vector<CodedHead> heads = coded_heads(plan, c, &a);
   strip_drops(heads);
   kvcache::LayerIndex cache;
+  cache.listed = true;
   for (CodedHead& ch : heads) {
     cache.tokens.push_back(std::move(ch.tokens));
     cache.encoding.push_back(std::move(ch.plan));
@@ -417,7 +419,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
         for (std::size_t m = 0; m < hp.codec.size() && m < cache.tokens[kv].size(); ++m)
           a.mix((static_cast<std::uint64_t>(hp.codec[m]) * 0x9e37ull + 7) ^ static_cast<std::uint64_t>(cache.tokens[kv][m]));
       }
-      kvcache::apply_retier(cfg.policy, next, t, codec, head_budget, d, cache, nullptr);
+      kvcache::apply_retier(cfg.policy, next, w.layer, t, codec, head_budget, d, cache, nullptr);
       changed = true;
     }
     if (changed) {

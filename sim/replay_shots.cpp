@@ -28,7 +28,7 @@ LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const Layer
   const std::vector<std::int64_t> cuts = compression_cuts(c, w.compress_every);
   LayerDecision d;
   if (cuts.size() == 1) {
-    d.plan = kvcache::make_plan(cfg, b, w.signals, kvcache::LayerIndex::prefix(Hkv, c));
+    d.plan = kvcache::make_plan(cfg, b, w.signals, std::vector<std::int64_t>(static_cast<std::size_t>(Hkv), c));
     d.state = cfg.impl->start_decode(w.signals, d.plan, budget);
     for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
     return d;
@@ -53,7 +53,7 @@ LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const Layer
     if (!last && !over) return;
     const CacheView view = gather_view(cache.tokens, w.full_k, w.full_v, w.attn, G);
     const CacheSignals signals(w.where, w.g, w.layer, at, w.tokens, w.q, view);
-    const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache, true);
+    const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache.sizes(), true);
     if (last) {
       d.state = cfg.impl->start_decode(signals, plan, budget);
       d.plan = kvcache::widen_plan(plan, cache, c);

@@ -6,7 +6,7 @@
 
 #include "core/half.h"
 #include "gpu/cuda_check.h"
-#include "gpu/half_convert.cuh"
+#include "gpu/parity/half_convert.cuh"
 
 int main() {
   if (kvsim::gpu::device_count() == 0) {

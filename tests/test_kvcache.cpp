@@ -69,6 +69,10 @@ TEST_CASE("plans are checked against the cache they were made for", "[kvcache]")
   LayerPlan coded{{plan_of("f4f"), plan_of("fff")}};
   CHECK_THROWS_WITH(kvcache::check_plan(cfg, coded, cached, g), Catch::Contains("names no codec"));
   CHECK_FALSE(kvcache::check_plan(config_of("intn", 0.5), coded, cached, g));
+  // Encoded tokens live in one entry per KV head, in replay and live alike.
+  LayerPlan coded_per_query_head{{plan_of("f4f"), plan_of("fff"), plan_of("fff"), plan_of("fff")}};
+  CHECK_THROWS_WITH(kvcache::check_plan(config_of("intn", 0.5), coded_per_query_head, cached, g),
+                    Catch::Contains("plans with encoded tokens must have one entry per KV head"));
 }
 
 TEST_CASE("applying a plan keeps each entry's tokens and mirrors it onto the rows", "[kvcache]") {
@@ -113,12 +117,16 @@ TEST_CASE("decode-time evictions: tokens leave, the budget is held, bad eviction
   LayerIndex full = LayerIndex::prefix(1, 5);
   CHECK_THROWS_WITH(kvcache::apply_evictions("tova", {{0}}, 7, 3, full, nullptr),
                     Catch::Contains("cache holds 4 tokens after step 7, over its budget of 3"));
+  // One list per entry: a short answer would skip the budget check of the entries it leaves out.
+  CHECK_THROWS_WITH(kvcache::apply_evictions("h2o", {{3}}, 5, 4, cache, nullptr),
+                    Catch::Contains("evicted from 1 cache entries, expected 2"));
 }
 
 TEST_CASE("listed encodings follow their tokens through appends and evictions", "[kvcache]") {
   LayerIndex cache;
   cache.tokens = {{0, 2, 5}};
   cache.encoding = {plan_of("4.4f")};  // token 0 int4, (dropped), token 2 int4, token 5 fp16
+  cache.listed = true;
   kvcache::append_token(cache, 6);
   CHECK(cache.encoding[0].codec.size() == 5);
   kvcache::apply_evictions("qevict", {{2}}, 6, -1, cache, nullptr);
@@ -134,16 +142,16 @@ TEST_CASE("re-tiering re-encodes the kept tokens within the entry's byte budget"
   LayerIndex cache = LayerIndex::prefix(1, 4);
   RecordingRows rows;
   const LayerPlan next{{plan_of("4.f4")}};
-  kvcache::apply_retier("qevict", next, 9, codec, 1e9, d, cache, &rows);
+  kvcache::apply_retier("qevict", next, 2, 9, codec, 1e9, d, cache, &rows);
   CHECK(cache.tokens[0] == Tokens{0, 2, 3});
   CHECK(cache.encoding[0].codec == std::vector<TokenCodec>{TokenCodec::Int4, TokenCodec::Fp16, TokenCodec::Int4});
   CHECK(rows.keeps.size() == 1);
   CHECK(rows.encoded == std::vector<int>{0});
   const double fp16 = codec_token_bytes(TokenCodec::Fp16, d);
   LayerIndex again = LayerIndex::prefix(1, 4);
-  CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ffff")}}, 9, codec, 3 * fp16, d, again, nullptr),
-                    Catch::Contains("re-tiered cache of KV head 0 holds") && Catch::Contains("after step 9"));
-  CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ff")}}, 9, codec, 1e9, d, again, nullptr),
+  CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ffff")}}, 2, 9, codec, 3 * fp16, d, again, nullptr),
+                    Catch::Contains("re-tiered cache of layer 2, KV head 0 holds") && Catch::Contains("after step 9"));
+  CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ff")}}, 2, 9, codec, 1e9, d, again, nullptr),
                     Catch::Contains("re-tier plan covers 2 tokens, expected 4"));
 }
 
@@ -169,5 +177,7 @@ TEST_CASE("layer bytes: rows at the budget's token bytes, less what a codec save
   kvcache::apply_plan(coded, LayerPlan{{plan_of("444"), plan_of("fff")}}, geometry(2, 2), cache, nullptr);
   const double saving = kvcache::codec_bytes(*coded.impl->codec(), cache, d).saving;
   CHECK(saving > 0);
+  // A layer no codec planned is fp16 whatever the policy's codec would claim for it.
+  CHECK(kvcache::codec_bytes(*coded.impl->codec(), LayerIndex::prefix(2, 3), d).saving == 0);
   CHECK(kvcache::layer_bytes(cache, cb, coded.impl->codec(), d) == Approx(cache_bytes(cb, 6, 2, 1) - saving));
 }

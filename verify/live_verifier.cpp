@@ -93,6 +93,9 @@ struct LiveVerifier::Impl {
     std::string where;
     Prompt p;
     std::int64_t c = 0, n_prompt = 0, first_q = 0;
+    // Whether compression can change the first continuation token's prediction: query-agnostic
+    // (the question runs on the compressed cache), or with cuts before the compression point.
+    bool first_affected = false;
     RequestHeader header;                 // positions, segments and recorded queries, for the signals
     std::vector<FloatBuffer> queries;     // [layer] recorded prompt queries [m, Hq, d]
     KvCache at_point;                     // the full cache at the compression point
@@ -145,6 +148,7 @@ struct LiveVerifier::Impl {
       throw Error(s.where + ": prompt + continuation is " + std::to_string(s.n_prompt + opts.max_new) +
                   " tokens, over the model's context of " + std::to_string(ctx_len));
     if (s.c < 1) throw Error(s.where + ": empty prompt");
+    s.first_affected = opts.mode == ReplayMode::QueryAgnostic || compression_cuts(s.c, opts.compress_every).size() > 1;
     s.first_q = opts.all_queries ? 0 : std::max<std::int64_t>(0, s.p.question_start - opts.query_window);
     const std::int64_t T = s.n_prompt + opts.max_new;
     s.header.id = r.id;
@@ -318,7 +322,7 @@ struct LiveVerifier::Impl {
           continue;
         const auto view = live_view(s, l, std::as_const(model).cache().layers[static_cast<std::size_t>(l)], true);
         const CacheSignals signals(s.where, g, l, e, tokens_of(s.header), cs.queries[static_cast<std::size_t>(l)], *view);
-        const LayerPlan plan = kvcache::make_plan(cfg, cs.budget, signals, index, true);
+        const LayerPlan plan = kvcache::make_plan(cfg, cs.budget, signals, index.sizes(), true);
         kvcache::apply_plan(cfg, kvcache::drops_only(plan), g, index, cs.rows[static_cast<std::size_t>(l)].get());
       }
     }
@@ -337,7 +341,8 @@ struct LiveVerifier::Impl {
     out.prefill_logits = s.prefill_logits;
     res.budget_tokens = out.budget.tokens;
     std::vector<bool> compresses(L);
-    for (std::size_t l = 0; l < L; ++l) compresses[l] = kvcache::needs_compression(cfg, out.budget, signals_at(s, static_cast<int>(l)));
+    for (std::size_t l = 0; l < L; ++l)  // (a compressing budget needs no signals to say so)
+      compresses[l] = out.budget.compress || kvcache::needs_compression(cfg, out.budget, signals_at(s, static_cast<int>(l)));
     for (int l = 0; l < g.n_layers; ++l)
       out.rows.push_back(std::make_unique<EngineRows>(model, l, g, out.codec, s.header.positions));
     const std::vector<std::int64_t> cuts = compression_cuts(s.c, opts.compress_every);
@@ -377,7 +382,7 @@ struct LiveVerifier::Impl {
       own = std::make_unique<CacheSignals>(s.where, g, l, s.c, tokens_of(s.header), out.queries[li], *own_view);
     }
     const CacheSignals& signals = chunked ? *own : signals_at(s, l);
-    const LayerPlan plan = kvcache::make_plan(cfg, out.budget, signals, out.index[li], chunked);
+    const LayerPlan plan = kvcache::make_plan(cfg, out.budget, signals, out.index[li].sizes(), chunked);
     EngineRows& rows = *out.rows[li];
     if (out.codec) rows.keep_originals();
     kvcache::apply_plan(cfg, plan, g, out.index[li], &rows);
@@ -446,7 +451,7 @@ struct LiveVerifier::Impl {
       kvcache::apply_evictions(label, evict, t, tiered ? -1 : max_rows, index, &rows);
       LayerPlan next;
       if (tiered && state->retier(DecodeStep{t, index.tokens, {}, cs.budget.tokens}, next))
-        kvcache::apply_retier(label, next, t, *cs.codec, cs.entry_budget, g.head_dim, index, &rows);
+        kvcache::apply_retier(label, next, l, t, *cs.codec, cs.entry_budget, g.head_dim, index, &rows);
     }
     return logits;
   }
@@ -469,7 +474,7 @@ struct LiveVerifier::Impl {
     double kl_sum = 0, nll_sum = 0, top1 = 0;
     std::size_t diverged = len;
     for (std::size_t j = 0; j < len; ++j) {
-      const bool affected = j > 0 || opts.mode == ReplayMode::QueryAgnostic;
+      const bool affected = j > 0 || s.first_affected;
       if (affected) {
         const auto lq = log_softmax(logits);
         const auto& lp = s.ref_logp[j];
@@ -509,6 +514,7 @@ struct LiveVerifier::Impl {
         if (next == tok.eos()) break;
         if (j + 1 < opts.max_new) logits = step(next, cs, cfg.label());
       }
+      for (int l = 0; l < g.n_layers; ++l) check_mirror(model, l, cs.index[static_cast<std::size_t>(l)], cfg.label());
     }
     res.same_tokens = generated == s.reference;
     res.generated = tok.decode(strip_eos(generated));
@@ -567,7 +573,7 @@ LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::ve
   double nll = 0;
   std::int64_t steps = 0;
   for (std::size_t j = 0; j < s.reference.size(); ++j) {
-    if (j == 0 && impl_->opts.mode == ReplayMode::QueryAware) continue;
+    if (j == 0 && !s.first_affected) continue;
     nll -= s.ref_logp[j][static_cast<std::size_t>(s.reference[j])];
     ++steps;
   }

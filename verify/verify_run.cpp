@@ -79,7 +79,8 @@ void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv,
   }
 }
 
-// The compression schedule a sweep ran with (its CSV's "# config:" line; 0 before the key existed).
+// The compression schedule a sweep ran with (its CSV's "# config:" line): compress_every, or
+// prefill_chunk in sweeps written before the flag was renamed (the same schedule).
 std::int64_t sweep_compress_every(const std::string& csv) {
   std::ifstream in(csv);
   std::string line;
@@ -88,10 +89,11 @@ std::int64_t sweep_compress_every(const std::string& csv) {
     if (line.rfind(tag, 0) != 0) continue;
     const auto j = nlohmann::json::parse(line.substr(tag.size()), nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw Error(csv + ": the '# config:' line is not a JSON object");
-    if (!j.contains("compress_every")) return 0;
-    if (!j["compress_every"].is_number_integer() || j["compress_every"].get<std::int64_t>() < 0)
-      throw Error(csv + ": config field 'compress_every' is " + j["compress_every"].dump() + ", expected an integer >= 0");
-    return j["compress_every"].get<std::int64_t>();
+    const char* key = j.contains("compress_every") ? "compress_every" : j.contains("prefill_chunk") ? "prefill_chunk" : nullptr;
+    if (!key) return 0;
+    if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
+      throw Error(csv + ": config field '" + key + "' is " + j[key].dump() + ", expected an integer >= 0");
+    return j[key].get<std::int64_t>();
   }
   return 0;
 }

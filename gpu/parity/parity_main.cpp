@@ -16,7 +16,7 @@
 #include "core/split.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device_alloc.h"
-#include "gpu/half_convert.cuh"
+#include "gpu/parity/half_convert.cuh"
 #include "gpu/parity/packed_parity.h"
 #include "gpu/parity/parity_buffers.h"
 #include "gpu/parity/parity_report.h"

@@ -1,6 +1,7 @@
 #pragma once
-// f16 -> f32 widening on the device: the first kernel, proving the toolchain end to end.
-// CPU reference: kvsim::halves_to_floats (core/half.h); gpu.half_parity compares the two.
+// f16 -> f32 widening on the device: a device check, not a product kernel (the backend's kernels
+// convert with the same intrinsics inline). It proves the toolchain end to end and that the
+// device rounds as core/half.h does (gpu.half_parity compares all 65536 halves).
 #include <cuda_runtime.h>
 
 #include <cstddef>

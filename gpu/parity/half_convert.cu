@@ -1,4 +1,4 @@
-#include "gpu/half_convert.cuh"
+#include "gpu/parity/half_convert.cuh"
 
 #include <cuda_fp16.h>
 
