@@ -28,6 +28,18 @@ std::vector<std::int64_t> LayerIndex::sizes() const {
   return out;
 }
 
+namespace {
+
+// The tokens of `held` a head plan over them keeps.
+std::vector<std::int32_t> kept_tokens(const HeadPlan& hp, const std::vector<std::int32_t>& held) {
+  std::vector<std::int32_t> kept;
+  for (std::size_t m = 0; m < hp.codec.size(); ++m)
+    if (hp.codec[m] != TokenCodec::Drop) kept.push_back(held[m]);
+  return kept;
+}
+
+}  // namespace
+
 bool check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vector<std::int64_t>& cached,
                 const ModelGeometry& g) {
   const int Hkv = static_cast<int>(cached.size()), Hq = g.n_q_heads;
@@ -81,10 +93,7 @@ void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeome
   for (std::size_t e = 0; e < plan.heads.size(); ++e) {
     const auto& held = cache.tokens[per_query_head ? e / static_cast<std::size_t>(g.group()) : e];
     const HeadPlan& hp = plan.heads[e];
-    std::vector<std::int32_t> kept;
-    for (std::size_t m = 0; m < hp.codec.size(); ++m)
-      if (hp.codec[m] != TokenCodec::Drop) kept.push_back(held[m]);
-    next.tokens.push_back(std::move(kept));
+    next.tokens.push_back(kept_tokens(hp, held));
     next.encoding.push_back(next.listed ? hp : HeadPlan{});
   }
   if (rows) {
@@ -104,6 +113,28 @@ LayerPlan drops_only(const LayerPlan& plan) {
     out.heads.push_back(std::move(kept));
   }
   return out;
+}
+
+HeadPlan without_drops(const HeadPlan& plan) {
+  HeadPlan out;
+  for (std::size_t m = 0; m < plan.codec.size(); ++m) {
+    if (plan.codec[m] == TokenCodec::Drop) continue;
+    out.codec.push_back(plan.codec[m]);
+    if (!plan.rank.empty()) out.rank.push_back(plan.rank[m]);
+  }
+  return out;
+}
+
+bool over_budget(const LayerIndex& cache, std::int64_t tokens) {
+  return std::any_of(cache.tokens.begin(), cache.tokens.end(),
+                     [&](const std::vector<std::int32_t>& t) { return static_cast<std::int64_t>(t.size()) > tokens; });
+}
+
+bool apply_cut(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s, LayerIndex& cache, RowSink* rows) {
+  if (!over_budget(cache, b.tokens)) return false;
+  const LayerPlan plan = make_plan(cfg, b, s, cache.sizes(), true);
+  apply_plan(cfg, drops_only(plan), s.geometry(), cache, rows);
+  return true;
 }
 
 LayerPlan widen_plan(const LayerPlan& plan, const LayerIndex& cache, std::int64_t n) {
@@ -185,20 +216,13 @@ void apply_retier(const std::string& label, const LayerPlan& next, int layer, st
     if (hp.codec.size() != held.size())
       throw Error("policy " + label + ": re-tier plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
                   std::to_string(held.size()));
-    std::vector<std::int32_t> tokens;
-    HeadPlan plan;
-    for (std::size_t m = 0; m < hp.codec.size(); ++m) {
-      if (hp.codec[m] == TokenCodec::Drop) continue;
-      tokens.push_back(held[m]);
-      plan.codec.push_back(hp.codec[m]);
-      if (!hp.rank.empty()) plan.rank.push_back(hp.rank[m]);
-    }
+    std::vector<std::int32_t> tokens = kept_tokens(hp, held);
+    HeadPlan plan = without_drops(hp);
     const double bytes = codec.bytes(plan, head_dim);
     if (bytes > entry_budget + 1e-6)
       throw Error("policy " + label + ": re-tiered cache of layer " + std::to_string(layer) + ", KV head " +
-                  std::to_string(e) + " holds " +
-                  std::to_string(bytes) + " bytes after step " + std::to_string(step) + ", over its budget of " +
-                  std::to_string(entry_budget));
+                  std::to_string(e) + " holds " + std::to_string(bytes) + " bytes after step " + std::to_string(step) +
+                  ", over its budget of " + std::to_string(entry_budget));
     kept.tokens.push_back(std::move(tokens));
     kept.encoding.push_back(std::move(plan));
   }

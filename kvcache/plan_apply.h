@@ -69,6 +69,17 @@ void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeome
 // (encodings apply once, at the compression point, from the original rows).
 LayerPlan drops_only(const LayerPlan& plan);
 
+// A cut before the compression point (--compress-every): when some entry holds more than the
+// budget's tokens, the policy's plan for the cache `s` shows, its drops applied (and mirrored).
+// Returns whether it cut.
+bool apply_cut(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s, LayerIndex& cache, RowSink* rows);
+// Whether some entry holds more than `tokens`.
+bool over_budget(const LayerIndex& cache, std::int64_t tokens);
+
+// A head's encoding with its Drop entries (and the codec data made for them) left out: one entry
+// per kept token, in order.
+HeadPlan without_drops(const HeadPlan& plan);
+
 // A plan over all n tokens [0, n), Drop where `cache` holds nothing, from one over the tokens
 // `cache` holds: how the last of several cuts is stated at the compression point.
 LayerPlan widen_plan(const LayerPlan& plan, const LayerIndex& cache, std::int64_t n);

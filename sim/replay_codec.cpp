@@ -11,12 +11,10 @@ namespace kvsim::replay_detail {
 
 namespace {
 
-// One KV head's encoded cache: the token indices it holds (increasing) and their encoding.
-struct CodedHead {
-  std::vector<std::int32_t> tokens;
-  HeadPlan plan;  // its non-Drop entries, in order, encode `tokens` (the policy's plan as made, with
-                  // its codec data, at the compression point; Drop-free while decoding)
-};
+// An encoded cache here is a listed kvcache::LayerIndex: per KV head the tokens held and their
+// encoding (the policy's plan as made, with its codec data, at the compression point; Drop-free
+// while decoding).
+using kvcache::LayerIndex;
 
 // Per query head, per evaluation row: the metrics of one config, zeroed.
 CodedRows blank_rows(int hq, std::int64_t e) {
@@ -109,8 +107,8 @@ ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
 // on what the row sees, KL(compressed || full) from the kept tokens' logit shifts and the two
 // normalisers (no per-element logarithms; as eviction's -log recall when nothing is encoded), and
 // the output's relative error.
-void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::int64_t t0, std::int64_t i0,
-                std::int64_t i1, const LayerWork& w, CodedRows& out) {
+void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, std::int64_t i0, std::int64_t i1,
+                const LayerWork& w, CodedRows& out) {
   const int Hkv = w.g.n_kv_heads, G = w.g.group(), d = w.g.head_dim, Hq = w.g.n_q_heads;
   const std::int64_t rows = i1 - i0, tail = w.T - t0;
   if (rows <= 0) return;
@@ -121,9 +119,10 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<std::int32_t> positions;
   for (int kv = 0; kv < Hkv; ++kv) {
-    const CodedHead& ch = heads[static_cast<std::size_t>(kv)];
-    const auto nk = static_cast<Eigen::Index>(ch.tokens.size());
-    const std::vector<Run> runs = runs_of(ch.tokens);
+    const auto& held = cache.tokens[static_cast<std::size_t>(kv)];
+    const HeadPlan& plan = cache.encoding[static_cast<std::size_t>(kv)];
+    const auto nk = static_cast<Eigen::Index>(held.size());
+    const std::vector<Run> runs = runs_of(held);
     const Mat& K = w.full_k[static_cast<std::size_t>(kv)];
     const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
     auto kh = k_buf.get(nk, d);
@@ -131,7 +130,7 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
     positions.resize(static_cast<std::size_t>(nk));
     // The exact rows only when the codec reads them (a fully low-rank head is rebuilt from its
     // coefficients: gathering 2 x nk x d floats for it would be overwritten unread).
-    const bool gather = codec.reads_rows(ch.plan);
+    const bool gather = codec.reads_rows(plan);
     for (const Run& r : runs) {
       if (gather) {
         kh.middleRows(r.at, r.len) = K.middleRows(r.token, r.len);
@@ -140,7 +139,7 @@ void score_rows(const KvCodec& codec, const std::vector<CodedHead>& heads, std::
       std::copy_n(w.h.positions.begin() + r.token, r.len, positions.begin() + r.at);
     }
     std::span<const float> v_basis;
-    const int v_rank = codec.reconstruct_factored(ch.plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
+    const int v_rank = codec.reconstruct_factored(plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
                                                   {vh.data(), static_cast<std::size_t>(vh.size())}, v_basis);
     // The group's query heads stacked: row r * rows + x is head kv * G + r at evaluation row i0 + x.
     const std::int64_t GR = G * rows;
@@ -270,37 +269,24 @@ void add_rows(const LayerWork& w, const CodedRows& m, Accumulator& a) {
     }
 }
 
-// The plan's kept tokens of [0, c) with their encodings; mixes the plan into the keep hash when
-// given one.
-std::vector<CodedHead> coded_heads(const LayerPlan& plan, std::int64_t c, Accumulator* a) {
-  std::vector<CodedHead> heads;
+// The plan's kept tokens of [0, c) with their encodings, as a listed index; mixes the plan into
+// the keep hash when given an accumulator.
+LayerIndex coded_index(const LayerPlan& plan, std::int64_t c, Accumulator* a) {
+  LayerIndex cache;
+  cache.listed = true;
   for (const HeadPlan& hp : plan.heads) {
-    CodedHead ch;
-    ch.plan = hp;
+    std::vector<std::int32_t> held;
     for (std::int64_t j = 0; j < c; ++j) {
       const auto jj = static_cast<std::size_t>(j);
       const TokenCodec code = hp.codec[jj];
       const std::uint64_t rank = hp.rank.empty() ? 0 : hp.rank[jj];
       if (a) a->mix((static_cast<std::uint64_t>(code) * 0x9e37ull + 1) ^ (rank << 20));
-      if (code != TokenCodec::Drop) ch.tokens.push_back(static_cast<std::int32_t>(j));
+      if (code != TokenCodec::Drop) held.push_back(static_cast<std::int32_t>(j));
     }
-    heads.push_back(std::move(ch));
+    cache.tokens.push_back(std::move(held));
+    cache.encoding.push_back(hp);
   }
-  return heads;
-}
-
-// The same heads with Drop entries removed (so decode tokens can be appended); codec data made
-// for the cached tokens no longer lines up and is left behind.
-void strip_drops(std::vector<CodedHead>& heads) {
-  for (CodedHead& ch : heads) {
-    HeadPlan p;
-    for (std::size_t m = 0; m < ch.plan.codec.size(); ++m) {
-      if (ch.plan.codec[m] == TokenCodec::Drop) continue;
-      p.codec.push_back(ch.plan.codec[m]);
-      if (!ch.plan.rank.empty()) p.rank.push_back(ch.plan.rank[m]);
-    }
-    ch.plan = std::move(p);
-  }
+  return cache;
 }
 
 const KvCodec& codec_of(const ReplayConfig& cfg) {
@@ -315,12 +301,7 @@ const KvCodec& codec_of(const ReplayConfig& cfg) {
 CodedShot account_codec(std::size_t index, const ReplayConfig& cfg, const LayerPlan& plan, const LayerWork& w,
                         Accumulator& a) {
   const KvCodec& codec = codec_of(cfg);
-  kvcache::LayerIndex cache;
-  cache.listed = true;
-  for (CodedHead& ch : coded_heads(plan, w.c, &a)) {
-    cache.tokens.push_back(std::move(ch.tokens));
-    cache.encoding.push_back(std::move(ch.plan));
-  }
+  const LayerIndex cache = coded_index(plan, w.c, &a);
   const auto [saving, host] = kvcache::codec_bytes(codec, cache, w.g.head_dim);
   const std::int64_t nk = cache.rows();
   a.kept += nk;
@@ -357,7 +338,7 @@ std::vector<std::size_t> first_equal(const std::vector<CodedShot>& shots) {
 
 CodedRows score_codec(const CodedShot& shot, const LayerWork& w) {
   CodedRows m = blank_rows(w.g.n_q_heads, w.E);
-  score_rows(*shot.codec, coded_heads(shot.plan, w.c, nullptr), w.c, 0, w.E, w, m);
+  score_rows(*shot.codec, coded_index(shot.plan, w.c, nullptr), w.c, 0, w.E, w, m);
   return m;
 }
 
@@ -378,14 +359,9 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
     throw Error("policy " + cfg.policy + " re-encodes its cache while decoding and needs the query of every token after "
                 "the compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
                 "; capture with all decode-step queries");
-  std::vector<CodedHead> heads = coded_heads(plan, c, &a);
-  strip_drops(heads);
-  kvcache::LayerIndex cache;
-  cache.listed = true;
-  for (CodedHead& ch : heads) {
-    cache.tokens.push_back(std::move(ch.tokens));
-    cache.encoding.push_back(std::move(ch.plan));
-  }
+  // Drop entries leave the encodings (and the codec data made for them), so decode tokens append.
+  LayerIndex cache = coded_index(plan, c, &a);
+  for (HeadPlan& enc : cache.encoding) enc = kvcache::without_drops(enc);
   const double head_budget = cfg.budget * static_cast<double>(c) * codec_token_bytes(TokenCodec::Fp16, d);
   kvcache::CodecBytes bytes = kvcache::codec_bytes(codec, cache, d);
   a.kept += cache.rows();
@@ -394,7 +370,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
 
   struct Stretch {
     std::int64_t i0;
-    kvcache::LayerIndex cache;  // the cache before row i0's token joined
+    LayerIndex cache;  // the cache before row i0's token joined
   };
   std::vector<Stretch> stretches{{0, cache}};
   std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
@@ -436,16 +412,16 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
   CodedRows m = blank_rows(Hq, E);
   for (std::size_t k = 0; k < stretches.size(); ++k) {
     const std::int64_t i0 = stretches[k].i0, i1 = k + 1 < stretches.size() ? stretches[k + 1].i0 : E;
-    std::vector<CodedHead> before;
-    for (std::size_t e = 0; e < stretches[k].cache.tokens.size(); ++e)
-      before.push_back({stretches[k].cache.tokens[e], stretches[k].cache.encoding[e]});
+    LayerIndex& before = stretches[k].cache;
     const auto t0 = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i0)]);
-    for (CodedHead& ch : before) {
+    for (std::size_t e = 0; e < before.tokens.size(); ++e) {
       // Drop the decode tokens >= t0 (in fp16) that this snapshot already holds.
-      while (!ch.tokens.empty() && ch.tokens.back() >= t0) {
-        ch.tokens.pop_back();
-        ch.plan.codec.pop_back();
-        if (!ch.plan.rank.empty()) ch.plan.rank.pop_back();
+      auto& held = before.tokens[e];
+      HeadPlan& enc = before.encoding[e];
+      while (!held.empty() && held.back() >= t0) {
+        held.pop_back();
+        enc.codec.pop_back();
+        if (!enc.rank.empty()) enc.rank.pop_back();
       }
     }
     score_rows(codec, before, t0, i0, i1, w, m);

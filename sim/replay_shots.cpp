@@ -48,18 +48,16 @@ LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const Layer
   };
   auto cut = [&](std::int64_t at) {
     const bool last = at == c;
-    const auto sizes = cache.sizes();
-    const bool over = std::any_of(sizes.begin(), sizes.end(), [&](std::int64_t n) { return n > b.tokens; });
-    if (!last && !over) return;
+    if (!last && !kvcache::over_budget(cache, b.tokens)) return;
     const CacheView view = gather_view(cache.tokens, w.full_k, w.full_v, w.attn, G);
     const CacheSignals signals(w.where, w.g, w.layer, at, w.tokens, w.q, view);
-    const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache.sizes(), true);
-    if (last) {
-      d.state = cfg.impl->start_decode(signals, plan, budget);
-      d.plan = kvcache::widen_plan(plan, cache, c);
+    if (!last) {
+      kvcache::apply_cut(cfg, b, signals, cache, nullptr);
       return;
     }
-    kvcache::apply_plan(cfg, kvcache::drops_only(plan), w.g, cache, nullptr);
+    const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache.sizes(), true);
+    d.state = cfg.impl->start_decode(signals, plan, budget);
+    d.plan = kvcache::widen_plan(plan, cache, c);
   };
   for (const std::int64_t at : cuts) {
     clock.schedule(at, kJoin, [&, at] { join(at); });

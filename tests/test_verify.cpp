@@ -60,6 +60,19 @@ ReplayConfig config_of(const std::string& spec, double budget) {
   return {inst.name, inst.params, impl, budget};
 }
 
+// A trace of `r` on `model` with every query and KVzip's reconstruction pass recorded.
+std::string capture_trace(const std::string& model, const CaptureRequest& r, const std::string& name, int max_new) {
+  CaptureOptions co;
+  co.model_path = model;
+  co.out_path = test::scratch_file(name);
+  co.overwrite = true;
+  co.all_queries = true;
+  co.max_new = max_new;
+  co.repeat_pass = true;
+  run_capture({r}, co);
+  return co.out_path;
+}
+
 void require_model() {
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
 }
@@ -92,16 +105,8 @@ TEST_CASE("live verify at budget 1.0 is the full-cache run for every policy", "[
 
 TEST_CASE("live and offline choose the same keep-sets and bytes at the compression point", "[verify]") {
   require_model();
-  const std::string trace = test::scratch_file("verify_agree.h5");
-  CaptureOptions co;
-  co.model_path = KVSIM_TEST_MODEL;
-  co.out_path = trace;
-  co.overwrite = true;
-  co.all_queries = true;
-  co.max_new = 6;
-  co.repeat_pass = true;  // kvzip's signal, recorded offline and run live
-  run_capture({needle_request()}, co);
-  const TraceReader reader(trace);
+  // kvzip's signal is recorded offline and run live.
+  const TraceReader reader(capture_trace(KVSIM_TEST_MODEL, needle_request(), "verify_agree.h5", 6));
   const RequestHeader h = reader.header("needle");
 
   const GgufFile gguf(KVSIM_TEST_MODEL);
@@ -298,16 +303,8 @@ TEST_CASE("compression every 256 tokens: live and offline keep the same tokens, 
   const Prompt p = build_prompt(Tokenizer(gguf), request, default_system_prompt(gguf));
   REQUIRE(p.question_start > 512);
   REQUIRE(static_cast<std::int64_t>(p.tokens.size()) < 768);
-  const std::string trace = test::scratch_file("verify_every256.h5");
-  CaptureOptions co;
-  co.model_path = model;
-  co.out_path = trace;
-  co.overwrite = true;
-  co.all_queries = true;
-  co.max_new = 5;
-  co.repeat_pass = true;  // kvzip's signal: recorded, yet refused before the context is complete
-  run_capture({request}, co);
-  const TraceReader reader(trace);
+  // kvzip's signal is recorded, yet refused at compression cuts.
+  const TraceReader reader(capture_trace(model, request, "verify_every256.h5", 5));
   for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
     VerifyOptions o;
     o.mode = mode;

@@ -31,25 +31,28 @@ void EngineRows::joined() {
   }
 }
 
-// The host copy is edited as a one-layer KvCache, with the engine's own keep and evict rules.
+namespace {
+
+// Edits a host copy as a one-layer KvCache, with the engine's own keep and evict rules.
+template <typename Edit>
+void edit_host(std::vector<KvEntry>& entries, int head_dim, Edit edit) {
+  if (entries.empty()) return;
+  KvCache host;
+  host.head_dim = head_dim;
+  host.layers = {std::move(entries)};
+  edit(host);
+  entries = std::move(host.layers[0]);
+}
+
+}  // namespace
+
 void EngineRows::keep(const std::vector<std::vector<std::int32_t>>& keep) {
   model_.cache().keep(layer_, keep, g_.n_q_heads);
-  if (originals_.empty()) return;
-  KvCache host;
-  host.head_dim = g_.head_dim;
-  host.layers = {std::move(originals_)};
-  host.keep(0, keep, g_.n_q_heads);
-  originals_ = std::move(host.layers[0]);
+  edit_host(originals_, g_.head_dim, [&](KvCache& host) { host.keep(0, keep, g_.n_q_heads); });
 }
 
 void EngineRows::evict(int entry, std::span<const std::int32_t> tokens) {
-  if (!originals_.empty()) {
-    KvCache host;
-    host.head_dim = g_.head_dim;
-    host.layers = {std::move(originals_)};
-    host.evict(0, entry, tokens);
-    originals_ = std::move(host.layers[0]);
-  }
+  edit_host(originals_, g_.head_dim, [&](KvCache& host) { host.evict(0, entry, tokens); });
   model_.evict(layer_, entry, tokens);  // on the device too, with the CUDA engine
 }
 

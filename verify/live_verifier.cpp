@@ -25,14 +25,10 @@ void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, C
     if (e == s.c || std::find(cuts.begin(), cuts.end(), e) == cuts.end()) continue;
     for (int l = 0; l < g.n_layers; ++l) {
       auto& index = cs.index[static_cast<std::size_t>(l)];
-      const auto sizes = index.sizes();
-      if (!compresses[static_cast<std::size_t>(l)] ||
-          std::none_of(sizes.begin(), sizes.end(), [&](std::int64_t n) { return n > cs.budget.tokens; }))
-        continue;
+      if (!compresses[static_cast<std::size_t>(l)] || !kvcache::over_budget(index, cs.budget.tokens)) continue;
       const auto view = live_view(s, l, std::as_const(model).cache().layers[static_cast<std::size_t>(l)], true);
       const CacheSignals signals(s.where, g, l, e, tokens_of(s.header), cs.queries[static_cast<std::size_t>(l)], *view);
-      const LayerPlan plan = kvcache::make_plan(cfg, cs.budget, signals, index.sizes(), true);
-      kvcache::apply_plan(cfg, kvcache::drops_only(plan), g, index, cs.rows[static_cast<std::size_t>(l)].get());
+      kvcache::apply_cut(cfg, cs.budget, signals, index, cs.rows[static_cast<std::size_t>(l)].get());
     }
   }
 }
