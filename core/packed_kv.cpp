@@ -13,7 +13,7 @@ namespace {
 double tensor_bytes(const PackedTensor& t) {
   const double pairs = static_cast<double>(t.params.size() / 2);
   return 2.0 * static_cast<double>(t.halves.size()) + static_cast<double>(t.codes.size()) +
-         pairs * (t.symmetric ? 2.0 : 4.0) + 2.0 * static_cast<double>(t.basis.size());
+         pairs * (t.symmetric ? 2.0 : 4.0) + 2.0 * static_cast<double>(t.basis.size()) * t.basis_charge;
 }
 
 void check_tensor(const PackedTensor& t, int d, const char* name) {
@@ -42,7 +42,11 @@ void check_tensor(const PackedTensor& t, int d, const char* name) {
       case PackedKind::LowRank:
         if (r.rank > d) fail(m, "rank " + std::to_string(r.rank) + " > head_dim " + std::to_string(d));
         if (r.data < 0 || r.data + r.rank > static_cast<std::int64_t>(t.halves.size())) fail(m, "coefficients past the halves");
-        if (t.basis.size() != static_cast<std::size_t>(d) * d) fail(m, "low-rank row without a [head_dim, head_dim] basis");
+        if (t.basis_cols < 1 || t.basis_cols > d || t.basis.size() != static_cast<std::size_t>(d) * static_cast<std::size_t>(t.basis_cols))
+          fail(m, "low-rank row without a [head_dim, basis_cols] basis (basis_cols = " + std::to_string(t.basis_cols) +
+                      ", " + std::to_string(t.basis.size()) + " halves)");
+        if (r.rank > t.basis_cols)
+          fail(m, "rank " + std::to_string(r.rank) + " > basis_cols " + std::to_string(t.basis_cols));
         // The device reads its RoPE tables at this position.
         if (t.rotate && r.position < 0) fail(m, "position " + std::to_string(r.position) + ", expected >= 0");
         break;
@@ -56,8 +60,15 @@ void check_tensor(const PackedTensor& t, int d, const char* name) {
 
 double PackedEntry::payload_bytes() const {
   std::int64_t low_rank = 0;
-  for (const PackedRow& r : k.rows) low_rank += r.kind == PackedKind::LowRank;
-  return tensor_bytes(k) + tensor_bytes(v) + static_cast<double>(low_rank);
+  int first_rank = -1;
+  bool ranks_differ = false;
+  for (const PackedRow& r : k.rows) {
+    if (r.kind != PackedKind::LowRank) continue;
+    ++low_rank;
+    if (first_rank < 0) first_rank = r.rank;
+    ranks_differ |= r.rank != first_rank;
+  }
+  return tensor_bytes(k) + tensor_bytes(v) + (ranks_differ ? static_cast<double>(low_rank) : 0.0);
 }
 
 void pack_fp16_row(PackedTensor& t, const float* x, int head_dim, std::int32_t position) {
@@ -100,7 +111,7 @@ void unpack_tensor(const PackedTensor& t, int d, const RopeSpec& rope, std::vect
       for (int i = 0; i < d; ++i) {
         float s = 0;
         for (int c = 0; c < r.rank; ++c)
-          s += half_to_float(t.basis[static_cast<std::size_t>(i * d + c)]) *
+          s += half_to_float(t.basis[static_cast<std::size_t>(i * t.basis_cols + c)]) *
                half_to_float(t.halves[static_cast<std::size_t>(r.data + c)]);
         x[i] = s;
       }

@@ -29,7 +29,11 @@ struct PackedTensor {
   std::vector<std::uint16_t> halves;  // fp16 bits: fp16 rows and low-rank coefficients
   std::vector<std::uint8_t> codes;
   std::vector<std::uint16_t> params;  // (scale, min) pairs, fp16 bits, interleaved
-  std::vector<std::uint16_t> basis;   // [d, d] fp16 bits, when a row is LowRank
+  std::vector<std::uint16_t> basis;   // [d, basis_cols] fp16 bits, when a row is LowRank
+  int basis_cols = 0;                 // directions stored: the highest rank of a request's own basis
+  // Share of the basis bytes this entry pays: 1 for a basis fitted on the request, 1/serves for a
+  // calibration basis held once and shared by the requests it serves.
+  double basis_charge = 1.0;
 };
 
 struct PackedEntry {
@@ -37,7 +41,8 @@ struct PackedEntry {
   PackedTensor k, v;
   std::int64_t rows() const { return static_cast<std::int64_t>(k.rows.size()); }
   // Stored bytes: fp16 rows and coefficients at 2 B, codes, 4 B per asymmetric pair or 2 B per
-  // symmetric scale, one rank byte per low-rank token (K and V share it) and the fp16 bases.
+  // symmetric scale, one rank byte per low-rank token (K and V share it) when their ranks differ
+  // (one rank for all is a constant of the entry), and the fp16 bases at their charge.
   double payload_bytes() const;
 };
 

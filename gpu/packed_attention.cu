@@ -28,7 +28,7 @@ struct PackedRows {
       return;
     }
     const PackedRow r = packed_row_at(t, d, j);
-    for (int k = 0; k < kLanes; ++k) x[k] = packed_value(t, r, d, lane + 32 * k);
+    for (int k = 0; k < kLanes; ++k) x[k] = packed_value(t, r, lane + 32 * k);
     if (packed_rotated(t, r)) {  // the same for every lane: the row is the warp's
       for (int k = 0; k < kLanes; ++k) buf[lane + 32 * k] = x[k];
       __syncwarp();

@@ -52,7 +52,8 @@ struct PackedTensorView {
   const std::uint16_t* halves = nullptr;
   const std::uint8_t* codes = nullptr;
   const std::uint16_t* params = nullptr;
-  const std::uint16_t* basis = nullptr;  // [head_dim, head_dim] when a row is low rank
+  const std::uint16_t* basis = nullptr;  // [head_dim, basis_cols] when a row is low rank
+  int basis_cols = 0;
   int bits = 4, param_span = 32;
   bool symmetric = false, rotate = false;
 };
@@ -65,6 +66,7 @@ inline PackedTensorView layout_view(const PackedTensor& t, const RowTable& table
   v.n_rows = static_cast<std::int64_t>(t.rows.size());
   v.bits = t.bits;
   v.param_span = t.param_span;
+  v.basis_cols = t.basis_cols;
   v.symmetric = t.symmetric;
   v.rotate = t.rotate;
   return v;
@@ -133,7 +135,7 @@ KVSIM_HD float half_round(float x) {
 // to the bit (tested); on the device nvcc contracts the multiply-adds into FMAs, so a value may
 // round to the neighbouring fp16 there: the unpack and fused kernels share it and agree with each
 // other, and the parity harness holds both to unpack_tensor by NMSE.
-KVSIM_HD float packed_value(const PackedTensorView& t, const PackedRow& r, int d, int i) {
+KVSIM_HD float packed_value(const PackedTensorView& t, const PackedRow& r, int i) {
   if (r.kind == PackedKind::Fp16) return half_value(t.halves[r.data + i]);
   if (r.kind == PackedKind::Quant) {
     const unsigned u = code_at(t.codes + r.data, i, t.bits);
@@ -143,7 +145,7 @@ KVSIM_HD float packed_value(const PackedTensorView& t, const PackedRow& r, int d
     return static_cast<float>(u) * scale + half_value(t.params[pair + 1]);
   }
   float v = 0;
-  for (int c = 0; c < r.rank; ++c) v += half_value(t.basis[static_cast<std::int64_t>(i) * d + c]) * half_value(t.halves[r.data + c]);
+  for (int c = 0; c < r.rank; ++c) v += half_value(t.basis[static_cast<std::int64_t>(i) * t.basis_cols + c]) * half_value(t.halves[r.data + c]);
   return v;
 }
 

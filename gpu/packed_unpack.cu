@@ -13,7 +13,7 @@ __global__ void unpack_kernel(PackedTensorView t, int d, RopeShape rope, const f
   extern __shared__ float x[];
   const PackedRow r = packed_row_at(t, d, blockIdx.x);
   const int i = threadIdx.x;
-  x[i] = packed_value(t, r, d, i);
+  x[i] = packed_value(t, r, i);
   __syncthreads();
   if (packed_rotated(t, r) && i < rope.rope_dim / 2) rotate_pair(rope, rope_cos, rope_sin, r.position, i, x);
   __syncthreads();

@@ -2,6 +2,7 @@
 // The byte model a (policy, budget) config is held to, shared by offline replay and live verify
 // so both derive the same token budget and count the same bytes for the same plan.
 #include <cstdint>
+#include <memory>
 
 #include "policies/policy.h"
 
@@ -13,6 +14,9 @@ struct ConfigBudget {
   double token_bytes = 0;         // fp16 K/V plus the policy's per-token state
   double head_bytes = 0;          // the policy's fixed state per plan entry and layer
   double kv_token_bytes = 0;      // fp16 K/V of one token in one (layer, KV head)
+  // A policy that selects across layers: its selection over every layer (Budget::across_layers),
+  // set by the engine once the layers' summaries are in (kvcache::select_across_layers).
+  std::shared_ptr<const void> across_layers;
 };
 
 // For a compression point after `tokens_at_point` tokens: the budget is `fraction` of the full

@@ -76,9 +76,19 @@ bool needs_compression(const ReplayConfig& cfg, const ConfigBudget& b, const Lay
   return false;
 }
 
+void check_no_cuts_across_layers(const ReplayConfig& cfg, std::size_t cuts) {
+  if (cuts > 1 && cfg.impl->selects_across_layers())
+    throw Error("policy " + cfg.label() +
+                " selects across layers, so it compresses once, at the compression point: --compress-every cuts are "
+                "not supported (select per layer instead, e.g. kvzip:level=layer, or drop --compress-every)");
+}
+
 LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s,
                     const std::vector<std::int64_t>& cached, bool one_entry_per_kv_head) {
-  LayerPlan plan = cfg.impl->compress(s, Budget{b.tokens, cfg.budget});
+  if (cfg.impl->selects_across_layers() && !b.across_layers)
+    throw Error("policy " + cfg.label() + " selects across layers, but its selection was not made before layer " +
+                std::to_string(s.layer()) + " (an engine bug)");
+  LayerPlan plan = cfg.impl->compress(s, Budget{b.tokens, cfg.budget, b.across_layers});
   const bool per_query_head = check_plan(cfg, plan, cached, s.geometry());
   if (per_query_head && one_entry_per_kv_head)
     throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with chunked compression");

@@ -55,6 +55,10 @@ bool check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vecto
 // not fit the bytes of one).
 bool needs_compression(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s);
 
+// A policy that selects across layers compresses once, at the compression point: with more cuts
+// than that one (--compress-every) this throws, naming the policy and the way out.
+void check_no_cuts_across_layers(const ReplayConfig& cfg, std::size_t cuts);
+
 // The policy's plan for the cache `s` shows (`cached` tokens per KV head), held to `b`, checked.
 // With `one_entry_per_kv_head` a per-query-head plan is refused (compression cuts need one).
 LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s,

@@ -17,6 +17,8 @@ struct BasisSet {
   std::int64_t tokens = 0;  // calibration tokens per (layer, KV head)
   std::string source;       // what it was fitted on (trace files, model)
   std::vector<HeadBasis> heads;  // [layer * n_kv_heads + kv]
+  // Requests the set's bytes are amortised over (the policies' `serves`; not stored in the file).
+  double serves = 1;
   const HeadBasis& at(int layer, int kv) const;
 };
 

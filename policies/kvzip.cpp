@@ -2,8 +2,9 @@
 // NeurIPS 2025 (snu-mllab/KVzip; kvpress KVzipPress). Rule: a context KV pair's score is the
 // largest attention it receives, over the group's query heads and the rows of the model repeating
 // the context (softmax over the system prefix, the pair's own chunk and the repeat rows so far);
-// keep the top scores of the layer (level=layer) or of each head (level=head), the system prefix
-// and every token outside the repeated context always.
+// keep the top scores over every layer and head (level=model, the original's), of each layer
+// (level=layer) or of each head (level=head), the system prefix and every token outside the
+// repeated context always.
 // kvzip_proxy: the same selection over the prefill attention of the context onto itself (max over
 // the context's own queries), for traces captured without --repeat-pass: NOT KVzip's signal.
 #include <Eigen/Dense>
@@ -20,44 +21,64 @@ namespace {
 
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-enum class Level { Layer, Head };
+enum class Level { Model, Layer, Head };
 
-// Keeps `budget` tokens per KV head on average: protected tokens first, then the layer's best
-// scores wherever they are (Layer), or each head's own best (Head).
-LayerPlan select(const std::vector<HeadScores>& scores, const Budget& budget, Level level) {
-  if (level == Level::Head) return select_uniform(scores, budget, static_cast<int>(scores.size()));
-  std::int64_t total = budget.tokens * static_cast<std::int64_t>(scores.size()), pinned = 0;
-  for (const HeadScores& hs : scores)
-    for (auto p : hs.protect) pinned += p;
-  if (pinned >= total) return select_uniform(scores, budget, static_cast<int>(scores.size()));
-  // One threshold over the layer: the (total - pinned)-th best unprotected score; ties keep the
-  // more recent token, then the higher head.
+// Keeps `per_head` tokens per KV head on average over the given layers: protected tokens first,
+// then the best unprotected scores wherever they are, one threshold over every layer and head
+// (ties keep the more recent token, then the later layer, then the higher head). When the
+// protected tokens alone fill the budget each head keeps its own top `per_head` (select_uniform).
+std::vector<LayerPlan> select_over(const std::vector<const std::vector<HeadScores>*>& layers, const Budget& budget) {
+  std::int64_t heads = 0, pinned = 0;
+  for (const auto* scores : layers)
+    for (const HeadScores& hs : *scores) {
+      ++heads;
+      for (auto p : hs.protect) pinned += p;
+    }
+  const std::int64_t total = budget.tokens * heads;
+  std::vector<LayerPlan> plans;
+  if (pinned >= total) {
+    for (const auto* scores : layers) plans.push_back(select_uniform(*scores, budget, static_cast<int>(scores->size())));
+    return plans;
+  }
   struct Item {
     float score;
     std::int32_t token;
-    int head;
+    int layer, head;
   };
   std::vector<Item> items;
-  for (std::size_t h = 0; h < scores.size(); ++h)
-    for (std::size_t m = 0; m < scores[h].score.size(); ++m)
-      if (scores[h].protect.empty() || !scores[h].protect[m])
-        items.push_back({scores[h].score[m], static_cast<std::int32_t>(m), static_cast<int>(h)});
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    for (std::size_t h = 0; h < layers[l]->size(); ++h) {
+      const HeadScores& hs = (*layers[l])[h];
+      for (std::size_t m = 0; m < hs.score.size(); ++m)
+        if (hs.protect.empty() || !hs.protect[m])
+          items.push_back({hs.score[m], static_cast<std::int32_t>(m), static_cast<int>(l), static_cast<int>(h)});
+    }
   const auto take = static_cast<std::size_t>(std::min<std::int64_t>(total - pinned, static_cast<std::int64_t>(items.size())));
   auto better = [](const Item& a, const Item& b) {
     if (a.score != b.score) return a.score > b.score;
     if (a.token != b.token) return a.token > b.token;
+    if (a.layer != b.layer) return a.layer > b.layer;
     return a.head > b.head;
   };
   std::nth_element(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(take), items.end(), better);
-  LayerPlan plan;
-  std::vector<std::vector<std::uint8_t>> keep(scores.size());
-  for (std::size_t h = 0; h < scores.size(); ++h) {
-    keep[h].assign(scores[h].score.size(), 0);
-    for (std::size_t m = 0; m < scores[h].protect.size(); ++m) keep[h][m] = scores[h].protect[m];
+  std::vector<std::vector<std::vector<std::uint8_t>>> keep(layers.size());
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    for (const HeadScores& hs : *layers[l]) {
+      auto& k = keep[l].emplace_back(hs.score.size(), 0);
+      for (std::size_t m = 0; m < hs.protect.size(); ++m) k[m] = hs.protect[m];
+    }
+  for (std::size_t i = 0; i < take; ++i)
+    keep[static_cast<std::size_t>(items[i].layer)][static_cast<std::size_t>(items[i].head)][static_cast<std::size_t>(items[i].token)] = 1;
+  for (const auto& layer : keep) {
+    LayerPlan& plan = plans.emplace_back();
+    for (const auto& k : layer) plan.heads.push_back(plan_from_mask(k));
   }
-  for (std::size_t i = 0; i < take; ++i) keep[static_cast<std::size_t>(items[i].head)][static_cast<std::size_t>(items[i].token)] = 1;
-  for (const auto& k : keep) plan.heads.push_back(plan_from_mask(k));
-  return plan;
+  return plans;
+}
+
+LayerPlan select(const std::vector<HeadScores>& scores, const Budget& budget, Level level) {
+  if (level == Level::Head) return select_uniform(scores, budget, static_cast<int>(scores.size()));
+  return select_over({&scores}, budget).front();
 }
 
 // Tokens outside the repeated context (system prefix, question, anything after) are kept.
@@ -71,9 +92,23 @@ class KvzipBase : public ScoringPolicy {
  public:
   explicit KvzipBase(Level level) : level_(level) {}
   bool selection_is_uniform() const override { return level_ == Level::Head; }
-  double state_bytes_per_head() const override { return level_ == Level::Layer ? 4.0 : 0.0; }  // ragged lengths
+  double state_bytes_per_head() const override { return level_ != Level::Head ? 4.0 : 0.0; }  // ragged lengths
+  bool selects_across_layers() const override { return level_ == Level::Model; }
+  // level=model: each layer's scores, then one selection over all of them (every layer's plan).
+  std::shared_ptr<const void> layer_summary(const LayerSignals& s) const override {
+    return std::make_shared<const std::vector<HeadScores>>(cached_score(s));
+  }
+  std::shared_ptr<const void> select_across_layers(const std::vector<std::shared_ptr<const void>>& summaries,
+                                                   const Budget& budget) const override {
+    std::vector<const std::vector<HeadScores>*> layers;
+    for (const auto& x : summaries) layers.push_back(static_cast<const std::vector<HeadScores>*>(x.get()));
+    return std::make_shared<const std::vector<LayerPlan>>(select_over(layers, budget));
+  }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
-    return select(cached_score(s), budget, level_);
+    // level=model without a selection: a budget that fits the cache (needs_compression's probe).
+    if (level_ != Level::Model || !budget.across_layers) return select(cached_score(s), budget, level_ == Level::Head ? Level::Head : Level::Layer);
+    const auto& plans = *static_cast<const std::vector<LayerPlan>*>(budget.across_layers.get());
+    return plans.at(static_cast<std::size_t>(s.layer()));
   }
 
  private:
@@ -181,14 +216,17 @@ class KvzipProxy : public KvzipBase {
   bool all_queries_;
 };
 
-Level parse_level(const Params& p) { return p.choice("level", {"layer", "head"}) == "layer" ? Level::Layer : Level::Head; }
+Level parse_level(const Params& p) {
+  const std::string level = p.choice("level", {"model", "layer", "head"});
+  return level == "model" ? Level::Model : level == "layer" ? Level::Layer : Level::Head;
+}
 
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "kvzip", "query-agnostic: max attention a context KV pair gets while the model repeats the context (needs capture --repeat-pass)",
     "Kim et al., NeurIPS 2025 (snu-mllab/KVzip), methods.md §8",
-    {{"level", "layer", "layer: one threshold over the layer's heads (ours; KVzip's default is over all layers) | head: top per head"}},
+    {{"level", "model", "model: one threshold over every layer and head (KVzip's) | layer: over the layer's heads | head: top per head"}},
     [](const Params& p) { return std::make_unique<Kvzip>(parse_level(p)); }});
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
@@ -196,7 +234,7 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
     "[proxy] KVzip's selection over the prefill attention of the context onto itself: NOT KVzip's signal, for traces "
     "without the repeat pass",
     "methods.md §8 (Simulator note)",
-    {{"level", "layer", "layer | head, as kvzip"},
+    {{"level", "model", "model | layer | head, as kvzip"},
      {"queries", "all", "all: every context query (else an error) | recorded: the recorded ones only"}},
     [](const Params& p) {
       return std::make_unique<KvzipProxy>(parse_level(p), p.choice("queries", {"all", "recorded"}) == "all");

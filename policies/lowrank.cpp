@@ -135,38 +135,81 @@ std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<
   return fit;
 }
 
-std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const BasisSet* calibration) {
-  using Fits = std::vector<std::shared_ptr<const LowRankFit>>;
+std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s,
+                                                          const std::shared_ptr<const BasisSet>& calibration_set) {
+  // The memo keeps the set alive with its fits, so no other set can take its address (the key)
+  // while the memo lasts.
+  struct Fits {
+    std::shared_ptr<const BasisSet> set;
+    std::vector<std::shared_ptr<const LowRankFit>> heads;
+  };
+  const BasisSet* calibration = calibration_set.get();
   static const char request_fit = 0;  // the memo key of bases fitted on the request itself
   const void* key = calibration ? static_cast<const void*>(calibration) : &request_fit;
   const auto memo = s.memo(key, [&] {
     const ModelGeometry& g = s.geometry();
     if (calibration) check_basis_set(*calibration, g);
     auto fits = std::make_shared<Fits>();
+    fits->set = calibration_set;
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
       const MatrixView K = s.keys(kv), V = s.values(kv);
       std::vector<std::int32_t> pos;
       for (auto t : s.cached(kv)) pos.push_back(s.positions()[static_cast<std::size_t>(t)]);
-      fits->push_back(fit_lowrank(g, {K.data, static_cast<std::size_t>(K.rows * K.cols)},
-                                  {V.data, static_cast<std::size_t>(V.rows * V.cols)}, pos,
-                                  calibration ? &calibration->at(s.layer(), kv) : nullptr));
+      auto fit = fit_lowrank(g, {K.data, static_cast<std::size_t>(K.rows * K.cols)},
+                             {V.data, static_cast<std::size_t>(V.rows * V.cols)}, pos,
+                             calibration ? &calibration->at(s.layer(), kv) : nullptr);
+      if (calibration) std::const_pointer_cast<LowRankFit>(fit)->charge = BasisCharge{true, calibration->serves};
+      fits->heads.push_back(std::move(fit));
     }
     return std::static_pointer_cast<const void>(std::shared_ptr<const Fits>(std::move(fits)));
   });
-  return *static_cast<const Fits*>(memo.get());
+  return static_cast<const Fits*>(memo.get())->heads;
+}
+
+double lowrank_cost(std::int64_t k, double coefficients, bool ranks_differ, int r_max, int head_dim,
+                    const BasisCharge& charge) {
+  if (k <= 0) return 0.0;
+  return 4.0 * coefficients + (ranks_differ ? static_cast<double>(k) : 0.0) + charge.bytes(head_dim, r_max);
 }
 
 double lowrank_bytes(const HeadPlan& plan, int head_dim) {
-  double bytes = 0;
-  bool any = false;
+  double fp16 = 0, coefficients = 0;
+  std::int64_t k = 0;
+  int r_min = head_dim, r_max = 0;
   for (std::size_t j = 0; j < plan.codec.size(); ++j) {
-    if (plan.codec[j] == TokenCodec::Fp16) bytes += codec_token_bytes(TokenCodec::Fp16, head_dim);
+    if (plan.codec[j] == TokenCodec::Fp16) fp16 += codec_token_bytes(TokenCodec::Fp16, head_dim);
     if (plan.codec[j] != TokenCodec::LowRank) continue;
-    any = true;
-    bytes += 2.0 * 2.0 * plan.rank.at(j) + 1.0;
+    const int r = std::min<int>(plan.rank.at(j), head_dim);
+    ++k;
+    coefficients += r;
+    r_min = std::min(r_min, r);
+    r_max = std::max(r_max, r);
   }
-  return bytes + (any ? 2.0 * 2.0 * head_dim * head_dim : 0.0);
+  const auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
+  return fp16 + lowrank_cost(k, coefficients, k > 0 && r_min != r_max, r_max, head_dim, fit ? fit->charge : BasisCharge{});
 }
+
+namespace {
+
+struct EffectiveFit {
+  std::shared_ptr<const LowRankFit> fit;
+  bool by_cached = false;  // coefficient row = cached index (else kept index)
+};
+
+// The fit rebuild() and pack() read: the plan's own when it covers every cached token; without
+// one (e.g. a plan re-mapped after a chunked prefill) a fit of the kept rows, projected on the
+// plan's calibration basis when it has one, so the bytes stay what lowrank_bytes charged.
+EffectiveFit effective_fit(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
+                           std::span<const float> keys, std::span<const float> values) {
+  auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
+  if (fit && fit->n == static_cast<std::int64_t>(plan.codec.size())) return {fit, true};
+  const bool shared = fit && fit->charge.shared;
+  auto own = fit_lowrank(g, keys, values, positions, shared ? &fit->basis : nullptr);
+  if (shared) std::const_pointer_cast<LowRankFit>(own)->charge = fit->charge;
+  return {own, false};
+}
+
+}  // namespace
 
 void LowRankCodec::reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                                std::span<float> keys, std::span<float> values) const {
@@ -192,10 +235,7 @@ bool LowRankCodec::reads_rows(const HeadPlan& plan) const {
 void LowRankCodec::pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                         std::span<const float> keys, std::span<const float> values, PackedEntry& out) const {
   const int d = g.head_dim;
-  // The same fit rebuild() reads: the plan's own (by cached index) or one on the kept tokens.
-  auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
-  const bool by_cached = fit && fit->n == static_cast<std::int64_t>(plan.codec.size());
-  if (!by_cached) fit = fit_lowrank(g, keys, values, positions);
+  const auto [fit, by_cached] = effective_fit(plan, g, positions, keys, values);
   out = PackedEntry{};
   out.head_dim = d;
   out.k.rotate = true;
@@ -224,20 +264,28 @@ void LowRankCodec::pack(const HeadPlan& plan, const ModelGeometry& g, std::span<
     }
     ++row;
   }
-  if (any) {
-    for (float x : fit->basis.uk) out.k.basis.push_back(float_to_half(x));
-    for (float x : fit->basis.uv) out.v.basis.push_back(float_to_half(x));
+  if (!any) return;
+  // A request's own basis stores the directions its ranks use; a calibration basis is whole.
+  int cols = d;
+  if (!fit->charge.shared) {
+    cols = 0;
+    for (const PackedRow& r : out.k.rows)
+      if (r.kind == PackedKind::LowRank) cols = std::max<int>(cols, r.rank);
+    cols = std::max(cols, 1);
+  }
+  for (PackedTensor* t : {&out.k, &out.v}) {
+    const std::vector<float>& u = t == &out.k ? fit->basis.uk : fit->basis.uv;
+    t->basis_cols = cols;
+    t->basis_charge = fit->charge.shared ? 1.0 / fit->charge.serves : 1.0;
+    for (int i = 0; i < d; ++i)
+      for (int c = 0; c < cols; ++c) t->basis.push_back(float_to_half(u[static_cast<std::size_t>(i * d + c)]));
   }
 }
 
 int LowRankCodec::rebuild(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                           std::span<float> keys, std::span<float> values, std::span<const float>* basis) const {
   const int d = g.head_dim;
-  // The policy's fit covers every cached token (coefficient row = cached index); without one
-  // (e.g. a plan re-mapped after a chunked prefill) fit the kept tokens here (row = kept index).
-  auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
-  const bool by_cached = fit && fit->n == static_cast<std::int64_t>(plan.codec.size());
-  if (!by_cached) fit = fit_lowrank(g, keys, values, positions);
+  const auto [fit, by_cached] = effective_fit(plan, g, positions, keys, values);
   const HeadBasis& b = fit->basis;
   const Eigen::Map<const RowMat> uk(b.uk.data(), d, d), uv(b.uv.data(), d, d);
   // Each LowRank row's coefficients beyond its rank are zeroed, then all rows are rebuilt by one

@@ -37,12 +37,26 @@ struct GramAccumulator {
   HeadBasis basis() const;  // principal directions, decreasing eigenvalue, fp16 values
 };
 
+// What one (layer, KV head)'s bases cost a request (docs/policies.md, "Low-rank bytes"): a basis
+// fitted on the request stores only the directions its ranks use, d x r_max fp16 for keys and
+// again for values; a calibration basis is held once, whole (2 x d x d fp16), and its bytes are
+// amortised over the `serves` requests it serves.
+struct BasisCharge {
+  bool shared = false;
+  double serves = 1;
+  double bytes(int d, int r_max) const {
+    if (r_max <= 0) return 0.0;
+    return shared ? 4.0 * d * d / serves : 4.0 * d * r_max;
+  }
+};
+
 // A low-rank fit of one (layer, KV head) cache at a compression point: the bases and every cached
 // token's coefficients, computed once and handed to the codec with the plan (HeadPlan::data).
 struct LowRankFit : CodecData {
   HeadBasis basis;
   std::vector<float> ck, cv;  // [n, d] coefficients of the n cached tokens, cached order (fp16 values)
   std::int64_t n = 0;
+  BasisCharge charge;
 };
 
 // Fits bases on the given tokens (training-free), or, with `fixed`, projects onto those
@@ -53,10 +67,15 @@ std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<
 struct BasisSet;  // policies/basis_set.h
 // Every KV head's fit of one layer on all its cached tokens (calibration bases when given),
 // memoised per layer and basis source, so every budget and every low-rank policy shares them.
-std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const BasisSet* calibration);
+std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const std::shared_ptr<const BasisSet>& calibration);
 
-// Bytes of one (layer, KV head) cache under a low-rank plan: per LowRank token r coefficients for
-// K and for V (fp16) + 1 rank byte, fp16 tokens at full size, plus both fp16 d x d bases.
+// Bytes of k low-rank tokens holding `coefficients` ranks in all (K and V each, fp16), one rank
+// byte per token when their ranks differ (one rank for all is a constant), and the bases at
+// `charge` for a highest rank r_max.
+double lowrank_cost(std::int64_t k, double coefficients, bool ranks_differ, int r_max, int head_dim, const BasisCharge& charge);
+
+// Bytes of one (layer, KV head) cache under a low-rank plan: lowrank_cost of its LowRank tokens
+// (the bases charged as the plan's fit says; a request's own without one) plus fp16 tokens.
 double lowrank_bytes(const HeadPlan& plan, int head_dim);
 
 class LowRankCodec : public KvCodec {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/decode_rule.h"
@@ -110,6 +111,9 @@ struct HeadPlan {
   std::vector<TokenCodec> codec;  // [cached]
   std::vector<std::uint16_t> rank;  // [cached] or empty: coefficients kept per LowRank token
   std::shared_ptr<const CodecData> data;  // the codec's precomputed state for these cached tokens, or null
+  // The codec could not hold every token, and the policy kept the sinks and most recent tokens by
+  // position instead of by its rule (reported per config as position_fallback).
+  bool position_fallback = false;
   std::int64_t kept() const;      // tokens not dropped
 };
 
@@ -124,18 +128,27 @@ struct LayerPlan {
 // the byte budget and the policy's per-token state bytes; protected windows count inside it.
 // A plan with one entry per query head shares this among the group: tokens / group each.
 struct Budget {
+  Budget(std::int64_t tokens_ = 0, double fraction_ = 1.0, std::shared_ptr<const void> across = nullptr)
+      : tokens(tokens_), fraction(fraction_), across_layers(std::move(across)) {}
   std::int64_t tokens = 0;
   double fraction = 1.0;  // the byte budget as a fraction of the full fp16 cache
+  // For a policy that selects across layers: what its select_across_layers() made of every
+  // layer's summary (the same for each layer of the request); null otherwise.
+  std::shared_ptr<const void> across_layers;
 };
 
 // One decode step as a decode-time policy sees it: token `token` has joined every KV head's cache
 // and its query has attended over the cache, with the weights renormalised over the kept tokens
 // (softmax restricted to the cache), as in the original H2O and TOVA.
 struct DecodeStep {
+  DecodeStep(std::int64_t token_, std::span<const std::vector<std::int32_t>> cache_,
+             std::span<const std::vector<float>> attention_, std::int64_t budget_, int segment_ = -1)
+      : token(token_), cache(cache_), attention(attention_), budget(budget_), segment(segment_) {}
   std::int64_t token = 0;
   std::span<const std::vector<std::int32_t>> cache;  // [n_kv_heads] token indices, increasing
   std::span<const std::vector<float>> attention;     // [n_q_heads] weights aligned with cache[q / group]
   std::int64_t budget = 0;                           // tokens each KV head may keep after the step
+  int segment = -1;  // the joining token's Segment code (traces/trace_schema.h), -1 when unknown
 };
 
 // Per-layer state of a policy that keeps evicting while decoding; created at the compression
@@ -183,6 +196,21 @@ class Policy {
   // True for policies that score with KVzip's reconstruction pass: replay reads it from the trace,
   // live verify runs it.
   virtual bool needs_repeat_pass() const { return false; }
+  // Policies that select over every layer at once (KVzip's level=model: one threshold over all
+  // layers and heads) return true. The engine then gives each layer's signals at the compression
+  // point to layer_summary(), hands the summaries in layer order to select_across_layers(), and
+  // passes its result to every layer's compress() in Budget::across_layers. Such a policy
+  // compresses once, at the compression point (no --compress-every cuts).
+  virtual bool selects_across_layers() const { return false; }
+  virtual std::shared_ptr<const void> layer_summary(const LayerSignals& s) const {
+    (void)s;
+    return nullptr;
+  }
+  virtual std::shared_ptr<const void> select_across_layers(const std::vector<std::shared_ptr<const void>>& summaries,
+                                                           const Budget& budget) const {
+    (void)summaries, (void)budget;
+    return nullptr;
+  }
   // Policies whose plans encode tokens other than Drop/Fp16 name the codec that stores them;
   // the engine then counts its bytes and reconstructs K/V through it.
   virtual const KvCodec* codec() const { return nullptr; }

@@ -4,7 +4,8 @@
 // boundaries; pinned windows (system prompt, question, sinks, recent tokens) stay fp16; the others
 // are ranked by mean (or max) token score and fill the fp16 tier up to `hi_share` of the byte
 // budget, then the intN tier (recoverable: a host copy stays), the rest is deleted. In decode the
-// cache is re-tiered every `retier` steps by score + accumulated attention.
+// cache is re-tiered every `retier` steps by mean attention per observation (the prompt score
+// counting as the first), with pins held for tokens that join while decoding.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -123,6 +124,18 @@ HeadPlan assign_tiers(const TierSpec& t, std::span<const float> score, std::span
   return plan;
 }
 
+// Decode scores in one unit for every token: mean attention per observation. The base scorer's
+// prompt scores (window sums, pooled, or signed: their scale is the base's own) are shifted to be
+// non-negative and normalised to sum 1 over the cache, and count as one observation (an attention
+// row also sums to 1); each later step adds the token's attention (averaged over the group) as
+// one more. A token that joins while decoding is then scored on the scale of the prompt's tokens
+// instead of starting at 0 against window sums [interp].
+struct DecodeScore {
+  double sum = 0;
+  std::int64_t seen = 0;
+  double value() const { return seen ? sum / static_cast<double>(seen) : 0.0; }
+};
+
 class QevictDecode : public DecodeState {
  public:
   QevictDecode(const TierSpec& t, const LayerSignals& s, const std::vector<HeadScores>& scores, double budget)
@@ -131,21 +144,32 @@ class QevictDecode : public DecodeState {
     segments_.assign(seg.begin(), seg.end());
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
       const auto cached = s.cached(kv);
+      const std::vector<float>& base = scores[static_cast<std::size_t>(kv)].score;
+      double lo = 0, total = 0;
+      if (!base.empty()) lo = *std::min_element(base.begin(), base.end());
+      for (float x : base) total += x - lo;
       auto& acc = score_.emplace_back();
       for (std::size_t m = 0; m < cached.size(); ++m)
-        acc.emplace(cached[m], scores[static_cast<std::size_t>(kv)].score[m]);
+        acc[cached[m]] = {total > 0 ? (base[m] - lo) / total : 1.0 / static_cast<double>(cached.size()), 1};
     }
   }
   // Evicts nothing between re-tiers: new tokens join fp16 and the cache exceeds its budget by at
-  // most `retier` tokens, as KIVI's residual window does.
+  // most `retier` tokens, as KIVI's residual window does. The joining token's segment is kept so
+  // pins (question tokens after a query-agnostic cut, pin=generated) hold at the re-tier.
   void step(const DecodeStep& s, std::vector<std::vector<std::int32_t>>& evict) override {
     (void)evict;
+    const auto t = static_cast<std::size_t>(s.token);
+    if (t >= segments_.size()) segments_.resize(t + 1, -1);
+    segments_[t] = s.segment;
     for (std::size_t kv = 0; kv < s.cache.size(); ++kv) {
       auto& acc = score_[kv];
       const auto& cache = s.cache[kv];
-      for (int r = 0; r < group_; ++r) {
-        const auto& w = s.attention[kv * static_cast<std::size_t>(group_) + static_cast<std::size_t>(r)];
-        for (std::size_t m = 0; m < cache.size(); ++m) acc[cache[m]] += w[m] / static_cast<float>(group_);
+      for (std::size_t m = 0; m < cache.size(); ++m) {
+        double w = 0;
+        for (int r = 0; r < group_; ++r) w += s.attention[kv * static_cast<std::size_t>(group_) + static_cast<std::size_t>(r)][m];
+        DecodeScore& d = acc[cache[m]];
+        d.sum += w / group_;
+        ++d.seen;
       }
     }
     ++steps_;
@@ -158,7 +182,7 @@ class QevictDecode : public DecodeState {
       std::vector<float> score(cache.size());
       std::vector<int> seg(cache.size());
       for (std::size_t m = 0; m < cache.size(); ++m) {
-        score[m] = score_[kv].at(cache[m]);
+        score[m] = static_cast<float>(score_[kv].at(cache[m]).value());
         const auto tok = static_cast<std::size_t>(cache[m]);
         seg[m] = tok < segments_.size() ? segments_[tok] : -1;
       }
@@ -173,8 +197,8 @@ class QevictDecode : public DecodeState {
   TierSpec t_;
   int group_, head_dim_;
   double budget_;
-  std::vector<int> segments_;
-  std::vector<std::map<std::int32_t, float>> score_;  // per KV head: token -> score + decode attention
+  std::vector<int> segments_;  // by token index: the prompt's, then each token's as it joins
+  std::vector<std::map<std::int32_t, DecodeScore>> score_;  // per KV head
   std::int64_t steps_ = 0;
 };
 

@@ -21,6 +21,7 @@ HeadPlan fit_quantized(std::int64_t n, double budget, int sinks, TokenCodec code
     else hi = mid - 1;
   }
   HeadPlan p;
+  p.position_fallback = lo < n;
   p.codec.assign(static_cast<std::size_t>(n), TokenCodec::Drop);
   const std::int64_t head = std::min<std::int64_t>({sinks, lo, n});
   for (std::int64_t j = 0; j < head; ++j) p.codec[static_cast<std::size_t>(j)] = codec;

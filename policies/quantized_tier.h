@@ -16,7 +16,8 @@ double head_byte_budget(const LayerSignals& s, const Budget& b);
 
 // Keeps every cached token if `bytes(n)` fits `budget`; else the first `sinks` and the most
 // recent tokens, as many as fit (StreamingLLM's rule: these baselines spend no signal on
-// choosing). Kept tokens get `codec`; bytes(k) is the cache's cost with k kept tokens.
+// choosing), and the plan is marked position_fallback. Kept tokens get `codec`; bytes(k) is the
+// cache's cost with k kept tokens.
 HeadPlan fit_quantized(std::int64_t n, double budget, int sinks, TokenCodec codec,
                        const std::function<double(std::int64_t)>& bytes);
 

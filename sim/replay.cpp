@@ -82,6 +82,7 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   r.final_bytes = a.kept_after_step.empty() ? fixed - saving + kept * bpt
                                             : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt;
   r.host_bytes = a.host_bytes;
+  r.position_fallback = a.plans ? static_cast<double>(a.fallbacks) / static_cast<double>(a.plans) : 0.0;
   r.peak_bytes = 0;
   r.footprint = 0;
   for (double k : a.prefill_size) {
@@ -246,6 +247,25 @@ Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<Repla
   if (compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
 }
 
+void Replayer::select_across_layers(std::vector<ConfigBudget>& budgets, std::int64_t c,
+                                    const std::function<std::unique_ptr<const kvcache::CacheSignals>(int)>& layer_signals) const {
+  std::vector<std::size_t> across;
+  for (std::size_t p = 0; p < configs_.size(); ++p)
+    if (configs_[p].impl->selects_across_layers() && budgets[p].compress) across.push_back(p);
+  if (across.empty()) return;
+  kvcache::check_no_cuts_across_layers(configs_[across.front()], compression_cuts(c, compress_every_).size());
+  // A pass over the layers before the scoring pass: each layer's summary, then the selection.
+  std::vector<std::vector<std::shared_ptr<const void>>> summaries(across.size());
+  for (int layer = 0; layer < reader_.geometry().n_layers; ++layer) {
+    const auto signals = layer_signals(layer);
+    for (std::size_t k = 0; k < across.size(); ++k) summaries[k].push_back(configs_[across[k]].impl->layer_summary(*signals));
+  }
+  for (std::size_t k = 0; k < across.size(); ++k) {
+    ConfigBudget& b = budgets[across[k]];
+    b.across_layers = configs_[across[k]].impl->select_across_layers(summaries[k], Budget{b.tokens, configs_[across[k]].budget});
+  }
+}
+
 RequestResult Replayer::replay(const std::string& request_id) const {
   const ModelGeometry& g = reader_.geometry();
   const RequestHeader h = reader_.header(request_id);
@@ -304,7 +324,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   std::iota(heavy_first.begin(), heavy_first.end(), std::size_t{0});
   std::stable_partition(heavy_first.begin(), heavy_first.end(),
                         [&](std::size_t p) { return configs_[p].impl->codec() != nullptr; });
-  for (int layer = 0; layer < L; ++layer) {
+  // One layer of the trace read and its shared attention computed.
+  auto load_layer = [&](int layer) {
     auto t0 = Clock::now();
     reader_.read_layer(request_id, Tensor::K, layer, kbuf);
     reader_.read_layer(request_id, Tensor::V, layer, vbuf);
@@ -316,10 +337,16 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     }
     read_s += since(t0);
     t0 = Clock::now();
-
     pass.compute(kbuf, vbuf, qbuf, first_eval, eval_limit);
     attention_s += since(t0);
-    t0 = Clock::now();
+  };
+  select_across_layers(budgets, c, [&](int layer) {
+    load_layer(layer);
+    return std::make_unique<const CacheSignals>(ctx, g, layer, c, tokens, qbuf, prefix);
+  });
+  for (int layer = 0; layer < L; ++layer) {
+    load_layer(layer);
+    auto t0 = Clock::now();
     const CacheSignals signals(ctx, g, layer, c, tokens, qbuf, prefix);
 
     const LayerWork work{g,         layer,     c,          E,           T,          compress_every_, record_keep_sets_,

@@ -3,15 +3,21 @@
 // once. Each layer is read once; the full attention of the evaluation queries is computed once
 // and shared by every config, which then only pays for the tokens it changes.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kvcache/budget.h"
 #include "kvcache/config.h"
 #include "policies/policy.h"
 #include "traces/trace_reader.h"
 
 namespace kvsim {
+
+namespace kvcache {
+class CacheSignals;
+}
 
 struct ConfigResult {
   std::int64_t budget_tokens = 0;  // per (layer, KV head), before per-layer/head reallocation
@@ -24,6 +30,9 @@ struct ConfigResult {
   double budget_bytes = 0;         // budget x full fp16 bytes at the compression point
   double peak_bytes = 0, final_bytes = 0;
   double host_bytes = 0;           // peak host-side copies of recoverable tiers (not in the device bytes)
+  // Share of (layer, entry) plans whose codec could not hold every token, so the policy kept the
+  // sinks and most recent tokens by position instead of by its rule (HeadPlan::position_fallback).
+  double position_fallback = 0;
   double footprint = 0;            // bytes x token steps over the whole request
   std::uint64_t keep_hash = 0;     // FNV-1a of every keep mask: golden tests compare these
   // With Replayer::record_keep_sets: the tokens each entry holds right after compression,
@@ -51,6 +60,11 @@ class Replayer {
   const std::vector<ReplayConfig>& configs() const { return configs_; }
 
  private:
+  // Policies that select across layers (Policy::selects_across_layers) get their selection from
+  // a pass over every layer's signals first (layer_signals(l) loads layer l).
+  void select_across_layers(std::vector<ConfigBudget>& budgets, std::int64_t c,
+                            const std::function<std::unique_ptr<const kvcache::CacheSignals>(int)>& layer_signals) const;
+
   const TraceReader& reader_;
   ReplayMode mode_;
   std::vector<ReplayConfig> configs_;

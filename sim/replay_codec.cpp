@@ -380,7 +380,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
     kvcache::append_token(cache, t);
     if (state.needs_attention()) cache_weights(w, i, cache.tokens, weights, true);
     evict.assign(static_cast<std::size_t>(Hkv), {});
-    state.step(DecodeStep{t, cache.tokens, weights, b.tokens}, evict);
+    state.step(DecodeStep{t, cache.tokens, weights, b.tokens, segment_of(w, t)}, evict);
     bool changed = false;
     kvcache::apply_evictions(cfg.policy, evict, t, -1, cache, nullptr);
     for (const auto& evicted_kv : evict)

@@ -48,7 +48,7 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
       const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
       auto& ev = evicted[static_cast<std::size_t>(i)];
       ev.assign(static_cast<std::size_t>(Hkv), {});
-      state.step(DecodeStep{t, walk.tokens, weights, budget_tokens}, ev);
+      state.step(DecodeStep{t, walk.tokens, weights, budget_tokens, segment_of(w, t)}, ev);
       kvcache::apply_evictions(cfg.policy, ev, t, std::max<std::int64_t>(budget_tokens, 0), walk, nullptr);
       for (const auto& evicted_kv : ev)
         for (const auto j : evicted_kv) a.mix(static_cast<std::uint64_t>(j) + 1);

@@ -40,6 +40,7 @@ struct Accumulator {
   double codec_saving = 0;                  // fp16 bytes of the kept rows minus what their codec stores
   std::vector<double> saving_after_step;    // [T - c] the same after each later step (re-tiering changes it)
   double host_bytes = 0;                    // peak bytes of host copies (recoverable tiers)
+  std::int64_t plans = 0, fallbacks = 0;    // plan entries made, and those kept by position
   std::vector<std::vector<std::vector<std::int32_t>>> kept_sets;  // [layer][entry], when recorded
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
@@ -130,6 +131,11 @@ inline std::vector<double> cache_weights(const LayerWork& w, std::int64_t i, con
       for (auto& x : wt) x = static_cast<float>(x / m);
   }
   return mass;
+}
+
+// The Segment code of token t, as a decode-time policy is told it when the token joins.
+inline int segment_of(const LayerWork& w, std::int64_t t) {
+  return static_cast<std::size_t>(t) < w.tokens.segments.size() ? w.tokens.segments[static_cast<std::size_t>(t)] : -1;
 }
 
 // Phase A of a layer for one config (replay_shots.cpp): a keep-set for phase B, an encoded plan

@@ -29,7 +29,7 @@ const std::vector<std::string> kColumns = {
     "trace",       "request",        "mode",          "policy",     "params",         "budget",
     "budget_tokens", "kept_fraction", "mean_recall",  "mean_kl",    "p95_kl",         "mean_out_err",
     "p95_out_err", "compressed_bytes", "budget_bytes", "peak_bytes", "final_bytes",    "footprint_byte_steps",
-    "host_bytes",  "eval_queries", "rows",          "keep_hash"};
+    "host_bytes",  "eval_queries", "rows",          "keep_hash",  "position_fallback"};
 
 std::string num(double x) {
   std::ostringstream os;
@@ -215,7 +215,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                          num(r.mean_recall), num(r.mean_kl), num(r.p95_kl), num(r.mean_err), num(r.p95_err),
                          num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
                          num(r.footprint), num(r.host_bytes), std::to_string(res.eval_queries), std::to_string(r.rows),
-                         std::to_string(r.keep_hash)})
+                         std::to_string(r.keep_hash), num(r.position_fallback)})
             << "\n";
         if (detail.is_open()) {
           detail << nlohmann::json{{"trace", spec.traces[t]},

@@ -175,6 +175,7 @@ TEST_CASE("the device's run table reads back every packed row", "[gpu-ref]") {
   {  // Low rank: rank 0 rows (no coefficients: every row at one offset), then a stretch of rank 5.
     PackedTensor t;
     t.basis.assign(static_cast<std::size_t>(d * d), 0);
+    t.basis_cols = d;
     for (int m = 0; m < 6; ++m) {
       PackedRow r;
       r.kind = PackedKind::LowRank;
@@ -306,7 +307,7 @@ TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is 
       INFO("row " << m);
       const PackedRow r = packed_row_at(view, c.d, m);
       std::vector<float> x(static_cast<std::size_t>(c.d));
-      for (int i = 0; i < c.d; ++i) x[static_cast<std::size_t>(i)] = packed_value(view, r, c.d, i);
+      for (int i = 0; i < c.d; ++i) x[static_cast<std::size_t>(i)] = packed_value(view, r, i);
       if (packed_rotated(view, r)) {
         ++rotated;
         for (int i = 0; i < rope.rope_dim / 2; ++i) rotate_pair(rope, cos_t.data(), sin_t.data(), r.position, i, x.data());

@@ -159,6 +159,7 @@ TEST_CASE("malformed packed entries are refused naming the row and field", "[pac
   {
     PackedEntry bad = e;
     bad.k.basis.assign(16 * 16, 0);
+    bad.k.basis_cols = 16;
     bad.k.rows[2].kind = PackedKind::LowRank;
     bad.k.rows[2].rank = 1;
     bad.k.rows[2].data = 0;

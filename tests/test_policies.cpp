@@ -379,10 +379,40 @@ TEST_CASE("kvzip scores context tokens by their largest attention while the cont
   CHECK(scores[0].protect == std::vector<std::uint8_t>{1, 0, 0, 0, 1});
   CHECK(kept(policy->compress(s, Budget{3, 0.6}).heads[0]) == std::set<int>{0, 1, 4});
   CHECK(kept(policy->compress(s, Budget{4, 0.8}).heads[0]) == std::set<int>{0, 1, 2, 4});
-  CHECK(kept(run("kvzip", s, 4).heads[0]) == std::set<int>{0, 1, 2, 4});
+  CHECK(kept(run("kvzip:level=layer", s, 4).heads[0]) == std::set<int>{0, 1, 2, 4});
   // Without the pass: an error that says how to get it, and the labelled proxy.
   s.repeat_ = nullptr;
   CHECK_THROWS_WITH(run("kvzip", s, 3), Catch::Contains("capture --repeat-pass"));
+}
+
+TEST_CASE("kvzip at model level (the original's) shares one threshold across layers", "[policy]") {
+  // Two layers of one KV head: layer 0's repeat row is sharp (token 1 takes ~all the mass),
+  // layer 1's flat (~1/5 on each context token).
+  const float a = 2.0f;
+  std::vector<FakeSignals> layers;
+  layers.reserve(2);  // the signals stay where they are built
+  std::vector<RepeatPassView> passes;
+  const std::vector<float> k = {0, 0};
+  const std::vector<std::vector<float>> q = {{3 * a, 0}, {0.1f, 0}};
+  for (int l = 0; l < 2; ++l) passes.push_back(one_chunk(1, 4, 1, q[static_cast<std::size_t>(l)], k));
+  for (int l = 0; l < 2; ++l) {
+    FakeSignals& s = layers.emplace_back(1, 1, 4, l, 2);
+    s.set_segments({0, 1, 1, 1});
+    s.keys_[0] = {{0, 0}, {a, 0}, {0, a}, {-a, 0}};
+    s.values_[0] = {{1, 0}, {1, 0}, {1, 0}, {1, 0}};
+    s.repeat_ = &passes[static_cast<std::size_t>(l)];
+  }
+  const auto policy = PolicyRegistry::instance().create("kvzip").policy;
+  REQUIRE(policy->selects_across_layers());
+  std::vector<std::shared_ptr<const void>> summaries;
+  for (const FakeSignals& s : layers) summaries.push_back(policy->layer_summary(s));
+  // Budget 3 per head = 6 in the model: both sinks, then layer 0's token 1 and all three of
+  // layer 1's context tokens (each above layer 0's ~2e-4); per layer, each would keep 3.
+  const Budget budget{3, 0.75, policy->select_across_layers(summaries, Budget{3, 0.75})};
+  CHECK(kept(policy->compress(layers[0], budget).heads[0]) == std::set<int>{0, 1});
+  CHECK(kept(policy->compress(layers[1], budget).heads[0]) == std::set<int>{0, 1, 2, 3});
+  const auto per_layer = PolicyRegistry::instance().create("kvzip:level=layer").policy;
+  for (const FakeSignals& s : layers) CHECK(per_layer->compress(s, Budget{3, 0.75}).heads[0].kept() == 3);
 }
 
 TEST_CASE("kvzip at layer level shares one threshold across heads", "[policy]") {
@@ -401,7 +431,7 @@ TEST_CASE("kvzip at layer level shares one threshold across heads", "[policy]") 
   // Head 0's row puts ~all its mass on token 1 (logit 8.5), head 1's spreads ~1/5 over each.
   // Budget 3 per head = 6 in the layer: the two sinks, then head 0's token 1 and all three of
   // head 1's context tokens (each above head 0's ~2e-4); per head, each would keep 3.
-  const LayerPlan plan = run("kvzip", s, 3);
+  const LayerPlan plan = run("kvzip:level=layer", s, 3);
   REQUIRE(plan.heads.size() == 2);
   CHECK(kept(plan.heads[0]) == std::set<int>{0, 1});
   CHECK(kept(plan.heads[1]) == std::set<int>{0, 1, 2, 3});

@@ -2,6 +2,7 @@
 // pins, the fp16 share, the quantized tier's partial window, host bytes, and decode re-tiering.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -103,8 +104,9 @@ TEST_CASE("qevict re-tiers in decode by score plus accumulated attention", "[qev
     const bool retiered = state->retier(DecodeStep{t, cache, {}, 0}, next);
     CHECK(retiered == (step == 1));
   }
-  // Cache 0,1,4-9,14-17: windows [0,1] pinned, [4-7] .175, [8,9] (2.4+.3)/2, [14,15] 0 (no
-  // longer recent), [16,17] recent (pinned). Budget 819.2 B: pins 528 B, then int4 [8,9] and
+  // Scores are mean attention per observation, the prompt score (normalised to sum 1) the first:
+  // token 8 (.4/1.8 + 2) / 3. Cache 0,1,4-9,14-17: windows [0,1] pinned, [4-7] .032, [8,9] .40,
+  // [14,15] 0 (no longer recent), [16,17] recent (pinned). Budget 819.2 B: pins 528 B, then int4 [8,9] and
   // [4-7]; 14 and 15 are deleted.
   REQUIRE(next.heads.size() == 1);
   std::set<int> fp16, int4, drop;
@@ -115,6 +117,74 @@ TEST_CASE("qevict re-tiers in decode by score plus accumulated attention", "[qev
   CHECK(fp16 == std::set<int>{0, 1, 16, 17});
   CHECK(int4 == std::set<int>{4, 5, 6, 7, 8, 9});
   CHECK(drop == std::set<int>{14, 15});
+}
+
+namespace {
+
+// Re-tiers once after two decode steps (tokens 16 and 17 joining as `segment`, all the attention
+// on token `attended`) and returns each cached token's tier.
+std::map<int, TokenCodec> after_retier(const std::string& spec, const FakeSignals& s, int segment, int attended = 8) {
+  const auto policy = PolicyRegistry::instance().create(spec).policy;
+  const LayerPlan initial = policy->compress(s, Budget{0, 0.4});
+  auto state = policy->start_decode(s, initial, Budget{0, 0.4});
+  REQUIRE(state);
+  std::vector<std::vector<std::int32_t>> cache(1), evict;
+  for (int j = 0; j < 16; ++j)
+    if (initial.heads[0].codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) cache[0].push_back(j);
+  LayerPlan next;
+  for (int step = 0; step < 2; ++step) {
+    const auto t = static_cast<std::int32_t>(16 + step);
+    cache[0].push_back(t);
+    std::vector<std::vector<float>> weights(1, std::vector<float>(cache[0].size(), 0.0f));
+    for (std::size_t m = 0; m < cache[0].size(); ++m)
+      if (cache[0][m] == attended) weights[0][m] = 1.0f;
+    evict.assign(1, {});
+    state->step(DecodeStep{t, cache, weights, 0, segment}, evict);
+    state->retier(DecodeStep{t, cache, {}, 0}, next);
+  }
+  REQUIRE(next.heads.size() == 1);
+  std::map<int, TokenCodec> tiers;
+  for (std::size_t m = 0; m < cache[0].size(); ++m) tiers[cache[0][m]] = next.heads[0].codec[m];
+  return tiers;
+}
+
+std::set<int> fp16_after_retier(const std::string& spec, const FakeSignals& s, int segment) {
+  std::set<int> fp16;
+  for (const auto& [token, codec] : after_retier(spec, s, segment))
+    if (codec == TokenCodec::Fp16) fp16.insert(token);
+  return fp16;
+}
+
+}  // namespace
+
+TEST_CASE("qevict keeps its pins for tokens that join after the compression point", "[qevict]") {
+  // No recent pin: only a pinned segment keeps tokens 16 and 17 (never attended) in fp16.
+  const std::string spec = "qevict:base=snapkv/window=1/kernel=1/pool=none,window=4,sinks=0,recent=0,group=32,bits=4,retier=2";
+  const FakeSignals s = example();
+  const auto question = fp16_after_retier(spec, s, 2);  // query-agnostic: the question arrives later
+  CHECK(question.count(16) == 1);
+  CHECK(question.count(17) == 1);
+  const auto context = fp16_after_retier(spec, s, 1);
+  CHECK(context.count(16) == 0);
+  CHECK(context.count(17) == 0);
+  const auto generated = fp16_after_retier(spec + ",pin=generated", s, 3);
+  CHECK(generated.count(16) == 1);
+  CHECK(generated.count(17) == 1);
+}
+
+TEST_CASE("qevict's decode scores do not depend on the base score's scale", "[qevict]") {
+  // Window sums over 32 rows or one: the prompt's scores join the decode attention in one unit.
+  const std::string spec = kBase + ",bits=4,retier=2";
+  FakeSignals scaled = example();
+  for (auto& x : scaled.window_[0].data) x *= 32.0f;
+  // The attention goes to token 4, whose window [4-7] scored below [8,9] in the prompt: counted
+  // in one unit it now leads; had the prompt's scores kept their own scale (x 32), [8,9] would.
+  for (const char* extra : {"", ",hi_share=1"}) {
+    INFO(extra);
+    const auto plain = after_retier(spec + extra, example(), 1, 4);
+    CHECK(plain == after_retier(spec + extra, scaled, 1, 4));
+    CHECK(plain.at(8) != TokenCodec::Fp16);
+  }
 }
 
 TEST_CASE("qevict rejects bad parameters, naming them", "[qevict]") {

@@ -2,6 +2,8 @@
 // satisfy, and golden keep-sets for every policy at three budgets.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -171,6 +173,11 @@ TEST_CASE("encoded configs in one pass equal each alone; identical plans share t
   CHECK(mid.mean_kl == high.mean_kl);
   CHECK(low.kept_fraction < 1.0);
   CHECK(low.mean_kl > mid.mean_kl);
+  // intN at 0.1 cannot hold every token (4 bits + scales > 0.1 x 16 bits): it keeps sinks and
+  // recent tokens by position, and the result says so; where every token fits it does not.
+  CHECK(low.position_fallback == 1.0);
+  CHECK(mid.position_fallback == 0.0);
+  CHECK(together.configs[12].position_fallback == 0.0);  // snapkv selects by its rule
 }
 
 TEST_CASE("replay properties hold for every policy", "[replay]") {
@@ -299,10 +306,14 @@ TEST_CASE("every policy runs on caches thinned at every compression cut", "[repl
   const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
   auto specs = every_policy();
   // KVzip's reconstruction pass repeats the whole context: compression cuts get no signal, and
-  // say so.
+  // say so. By default kvzip and kvzip_proxy select over every layer at once (KVzip's one
+  // threshold), which a cut taken layer by layer cannot: they compress once, and say so.
   std::erase(specs, std::string("kvzip"));
-  CHECK_THROWS_WITH(Replayer(reader, mode, configs({"kvzip"}, {0.1}), 24).replay("r1"),
+  CHECK_THROWS_WITH(Replayer(reader, mode, configs({"kvzip:level=layer"}, {0.1}), 24).replay("r1"),
                     Catch::Contains("not handed out at compression cuts"));
+  CHECK_THROWS_WITH(Replayer(reader, mode, configs({"kvzip"}, {0.1}), 24).replay("r1"),
+                    Catch::Contains("selects across layers"));
+  std::replace(specs.begin(), specs.end(), std::string("kvzip_proxy"), std::string("kvzip_proxy:level=layer"));
   specs.push_back("snapkv:window=8");
   const auto cfgs = configs(specs, {0.1, 0.5});
   const RequestResult res = Replayer(reader, mode, cfgs, 24).replay("r1");

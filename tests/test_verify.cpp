@@ -127,39 +127,64 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
     CHECK(c == live.compression_point);
     const ModelGeometry g = v.geometry();
     const int d = g.head_dim, Hkv = g.n_kv_heads;
-    std::size_t compared = 0;
-    for (int layer = 0; layer < g.n_layers; ++layer) {
-      kvcache::FloatBuffer k(reader.layer_elements("needle", Tensor::K)), val(k.size()),
-          q(reader.layer_elements("needle", Tensor::Q));
-      reader.read_layer("needle", Tensor::K, layer, k);
-      reader.read_layer("needle", Tensor::V, layer, val);
-      reader.read_layer("needle", Tensor::Q, layer, q);
+    // Every layer's signals at the point first: configs that select across layers (kvzip's
+    // level=model) make one selection from all of them, as both engines do.
+    struct LayerInputs {
+      kvcache::FloatBuffer k, val, q;
       kvcache::CacheView view;
       RepeatPassView repeat;
       std::vector<float> repeat_q, repeat_k;
+      std::unique_ptr<kvcache::CacheSignals> signals;
+    };
+    std::vector<std::unique_ptr<LayerInputs>> layers;
+    for (int layer = 0; layer < g.n_layers; ++layer) {
+      auto& in = *layers.emplace_back(std::make_unique<LayerInputs>());
+      in.k.resize(reader.layer_elements("needle", Tensor::K));
+      in.val.resize(in.k.size());
+      in.q.resize(reader.layer_elements("needle", Tensor::Q));
+      reader.read_layer("needle", Tensor::K, layer, in.k);
+      reader.read_layer("needle", Tensor::V, layer, in.val);
+      reader.read_layer("needle", Tensor::Q, layer, in.q);
       const RepeatPass table = reader.repeat_pass_table("needle");
-      for (const RepeatChunk& ch : table.chunks) repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
-      repeat.rows = table.rows;
-      reader.read_repeat_layer("needle", layer, repeat_q, repeat_k);
-      repeat.q = repeat_q.data();
-      repeat.k = repeat_k.data();
-      view.repeat = &repeat;
+      for (const RepeatChunk& ch : table.chunks) in.repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
+      in.repeat.rows = table.rows;
+      reader.read_repeat_layer("needle", layer, in.repeat_q, in.repeat_k);
+      in.repeat.q = in.repeat_q.data();
+      in.repeat.k = in.repeat_k.data();
+      in.view.repeat = &in.repeat;
       const auto T = static_cast<Eigen::Index>(h.n_tokens());
       for (int kv = 0; kv < Hkv; ++kv) {
         std::vector<std::int32_t> t(static_cast<std::size_t>(c));
         for (std::int64_t j = 0; j < c; ++j) t[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
-        view.tokens.push_back(t);
-        const kvcache::StridedMap kh(k.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-        const kvcache::StridedMap vh(val.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-        view.keys.push_back(kh.topRows(c));
-        view.values.push_back(vh.topRows(c));
+        in.view.tokens.push_back(t);
+        const kvcache::StridedMap kh(in.k.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+        const kvcache::StridedMap vh(in.val.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+        in.view.keys.push_back(kh.topRows(c));
+        in.view.values.push_back(vh.topRows(c));
       }
-      const kvcache::CacheSignals signals("trace", g, layer, c, {h.positions, h.segments, h.q_index}, q, view);
+      in.signals = std::make_unique<kvcache::CacheSignals>("trace", g, layer, c,
+                                                           kvcache::RequestTokens{h.positions, h.segments, h.q_index}, in.q, in.view);
+    }
+    std::vector<Budget> budgets;
+    std::size_t across = 0;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      const ReplayConfig& cfg = configs[i];
+      budgets.emplace_back(offline.configs[i].budget_tokens, cfg.budget);
+      if (!cfg.impl->selects_across_layers() || cfg.budget >= 1.0) continue;
+      std::vector<std::shared_ptr<const void>> summaries;
+      for (const auto& in : layers) summaries.push_back(cfg.impl->layer_summary(*in->signals));
+      budgets.back().across_layers = cfg.impl->select_across_layers(summaries, budgets.back());
+      ++across;
+    }
+    CHECK(across > 0);
+    std::size_t compared = 0;
+    for (int layer = 0; layer < g.n_layers; ++layer) {
+      const kvcache::CacheSignals& signals = *layers[static_cast<std::size_t>(layer)]->signals;
       for (std::size_t i = 0; i < configs.size(); ++i) {
         const ReplayConfig& cfg = configs[i];
         INFO(cfg.label() << " at " << cfg.budget << ", layer " << layer << ", " << mode_name(mode));
         if (cfg.impl->reads_future() || !cfg.impl->respects_budget()) continue;
-        const LayerPlan plan = cfg.impl->compress(signals, Budget{offline.configs[i].budget_tokens, cfg.budget});
+        const LayerPlan plan = cfg.impl->compress(signals, budgets[i]);
         const auto& kept = live.configs[i].kept[static_cast<std::size_t>(layer)];
         REQUIRE(kept.size() == plan.heads.size());
         for (std::size_t e = 0; e < plan.heads.size(); ++e) {
@@ -313,12 +338,20 @@ TEST_CASE("compression every 256 tokens: live and offline keep the same tokens, 
     LiveVerifier v(gguf, o);
     // KVzip's signal (the whole context repeated) is not handed out at compression cuts: both
     // sides refuse it alike.
-    std::vector<ReplayConfig> configs, kvzip;
-    for (const ReplayConfig& c : all_configs({0.15, 0.4})) (c.impl->needs_repeat_pass() ? kvzip : configs).push_back(c);
-    REQUIRE(!kvzip.empty());
-    CHECK_THROWS_WITH(v.run(request, {kvzip.front()}), Catch::Contains("not handed out at compression cuts"));
-    CHECK_THROWS_WITH(Replayer(reader, mode, {kvzip.front()}, 256).replay("long"),
+    std::vector<ReplayConfig> configs;
+    for (const ReplayConfig& c : all_configs({0.15, 0.4}))
+      if (!c.impl->needs_repeat_pass()) configs.push_back(c);
+    const ReplayConfig kvzip_layer = config_of("kvzip:level=layer", 0.15);
+    CHECK_THROWS_WITH(v.run(request, {kvzip_layer}), Catch::Contains("not handed out at compression cuts"));
+    CHECK_THROWS_WITH(Replayer(reader, mode, {kvzip_layer}, 256).replay("long"),
                       Catch::Contains("not handed out at compression cuts"));
+    // A selection across layers needs every layer at once: it compresses once, and says so.
+    const ReplayConfig across = config_of("kvzip_proxy", 0.15);
+    REQUIRE(across.impl->selects_across_layers());
+    CHECK_THROWS_WITH(v.run(request, {across}), Catch::Contains("selects across layers"));
+    CHECK_THROWS_WITH(Replayer(reader, mode, {across}, 256).replay("long"), Catch::Contains("selects across layers"));
+    for (ReplayConfig& c : configs)
+      if (c.impl->selects_across_layers()) c = config_of(c.policy + ":level=layer", c.budget);
     const LiveRequestResult live = v.run(request, configs);
     Replayer replayer(reader, mode, configs, 256);
     replayer.record_keep_sets(true);

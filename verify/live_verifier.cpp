@@ -42,6 +42,7 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
   out.index.resize(L);
   out.states.resize(L);
   out.prefill_logits = s.prefill_logits;
+  out.segments = s.header.segments;
   res.budget_tokens = out.budget.tokens;
   std::vector<bool> compresses(L);
   for (std::size_t l = 0; l < L; ++l)  // (a compressing budget needs no signals to say so)
@@ -50,6 +51,12 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
     out.rows.push_back(std::make_unique<EngineRows>(model, l, g, out.codec, s.header.positions));
   const std::vector<std::int64_t> cuts = compression_cuts(s.c, opts.compress_every);
   const bool chunked = cuts.size() > 1 && std::find(compresses.begin(), compresses.end(), true) != compresses.end();
+  if (cfg.impl->selects_across_layers() && out.budget.compress) {  // one selection over every layer
+    kvcache::check_no_cuts_across_layers(cfg, cuts.size());
+    std::vector<std::shared_ptr<const void>> summaries;
+    for (int l = 0; l < g.n_layers; ++l) summaries.push_back(cfg.impl->layer_summary(signals_at(s, l)));
+    out.budget.across_layers = cfg.impl->select_across_layers(summaries, Budget{out.budget.tokens, cfg.budget});
+  }
   if (chunked) {
     prefill_with_cuts(s, cfg, out, cuts, compresses);
   } else {
@@ -72,6 +79,7 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
   res.compressed_bytes = bytes;
   res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
   res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
+  res.position_fallback = out.plans ? static_cast<double>(out.fallbacks) / static_cast<double>(out.plans) : 0.0;
   return out;
 }
 
@@ -85,6 +93,10 @@ void LiveVerifier::Impl::compress_layer(Shared& s, const ReplayConfig& cfg, Comp
   }
   const CacheSignals& signals = chunked ? *own : signals_at(s, l);
   const LayerPlan plan = kvcache::make_plan(cfg, out.budget, signals, out.index[li].sizes(), chunked);
+  for (const HeadPlan& hp : plan.heads) {
+    ++out.plans;
+    out.fallbacks += hp.position_fallback;
+  }
   EngineRows& rows = *out.rows[li];
   if (out.codec) rows.keep_originals();
   kvcache::apply_plan(cfg, plan, g, out.index[li], &rows);
@@ -146,7 +158,9 @@ std::vector<float> LiveVerifier::Impl::step(std::int32_t token, Compressed& cs, 
       }
     LayerIndex& index = cs.index[li];
     std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(g.n_kv_heads));
-    state->step(DecodeStep{t, index.tokens, weights, cs.budget.tokens}, evict);
+    const int segment = static_cast<std::size_t>(t) < cs.segments.size() ? cs.segments[static_cast<std::size_t>(t)]
+                                                                          : static_cast<int>(Segment::Generated);
+    state->step(DecodeStep{t, index.tokens, weights, cs.budget.tokens, segment}, evict);
     kvcache::apply_evictions(label, evict, t, tiered ? -1 : max_rows, index, &rows);
     LayerPlan next;
     if (tiered && state->retier(DecodeStep{t, index.tokens, {}, cs.budget.tokens}, next))

@@ -48,6 +48,7 @@ struct LiveConfigResult {
   std::string generated;
   double kept_fraction = 1;        // K/V rows after compression / rows of the full cache
   double compressed_bytes = 0, budget_bytes = 0;
+  double position_fallback = 0;    // share of plan entries kept by position (ConfigResult's)
   std::int64_t final_rows = 0;     // K/V rows in the cache after the teacher-forced continuation
   // Where the decode-time policy stepped: "engine" (its rule, inside the engine), "host", or
   // "none" (a one-shot policy).

@@ -156,7 +156,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
       << cfg.dump() << "\n";
   csv << csv_line({"request", "task", "mode", "policy", "params", "budget", "budget_tokens", "kept_fraction", "compressed_bytes",
                    "budget_bytes", "steps", "live_kl", "max_kl", "top1", "ppl", "reference_ppl", "task_score",
-                   "reference_task_score", "same_tokens", "seconds", "policy_steps", "generated"})
+                   "reference_task_score", "same_tokens", "seconds", "policy_steps", "position_fallback", "generated"})
       << "\n";
   const bool tty = spec.progress && ::isatty(2);
   const auto t0 = std::chrono::steady_clock::now();
@@ -179,7 +179,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
                        num(x.kept_fraction), num(x.compressed_bytes), num(x.budget_bytes), std::to_string(x.steps),
                        num(x.mean_kl), num(x.max_kl), num(x.top1), num(x.ppl), num(res.reference_ppl), num(x.task_score),
                        num(res.reference_task_score), x.same_tokens ? "1" : "0", num(x.seconds),
-                       x.policy_steps, x.generated})
+                       x.policy_steps, num(x.position_fallback), x.generated})
           << "\n";
       live_rows.push_back({r.id, c.policy, c.params, c.budget, x.mean_kl, x.top1, x.task_score});
       Mean& m = summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}];

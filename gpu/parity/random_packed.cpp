@@ -17,7 +17,10 @@ PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symme
   t.bits = bits, t.param_span = span, t.symmetric = symmetric, t.rotate = rotate;
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(0.01f, 0.2f), mn(-1.0f, 0.0f);
-  t.basis = halves(gaussian(static_cast<std::size_t>(d * d), rng, 0.125f));
+  // A basis narrower than head_dim (a request's own basis stores only the directions its ranks
+  // use), so the decoding's column stride is exercised.
+  t.basis_cols = std::max(1, d - d / 4);
+  t.basis = halves(gaussian(static_cast<std::size_t>(d) * static_cast<std::size_t>(t.basis_cols), rng, 0.125f));
   std::int64_t run_group = -1, run_start = 0;
   for (std::int64_t m = 0; m < n; ++m) {
     PackedRow r;
@@ -45,7 +48,7 @@ PackedTensor random_packed(int d, std::int64_t n, int bits, int span, bool symme
       r.param = run_start;
     } else {
       r.kind = PackedKind::LowRank;
-      r.rank = static_cast<std::uint16_t>(1 + m % d);
+      r.rank = static_cast<std::uint16_t>(1 + m % t.basis_cols);
       r.data = static_cast<std::int64_t>(t.halves.size());
       const auto c = halves(gaussian(r.rank, rng));
       t.halves.insert(t.halves.end(), c.begin(), c.end());
