@@ -15,7 +15,7 @@ struct ConfigBudget {
   double head_bytes = 0;          // the policy's fixed state per plan entry and layer
   double kv_token_bytes = 0;      // fp16 K/V of one token in one (layer, KV head)
   // A policy that selects across layers: its selection over every layer (Budget::across_layers),
-  // set by the engine once the layers' summaries are in (kvcache::select_across_layers).
+  // set by the engine from every layer's Policy::layer_summary before any layer is planned.
   std::shared_ptr<const void> across_layers;
 };
 

@@ -76,6 +76,13 @@ bool needs_compression(const ReplayConfig& cfg, const ConfigBudget& b, const Lay
   return false;
 }
 
+void FallbackCount::add(const LayerPlan& plan) {
+  for (const HeadPlan& hp : plan.heads) {
+    ++plans;
+    fallbacks += hp.position_fallback;
+  }
+}
+
 void check_no_cuts_across_layers(const ReplayConfig& cfg, std::size_t cuts) {
   if (cuts > 1 && cfg.impl->selects_across_layers())
     throw Error("policy " + cfg.label() +

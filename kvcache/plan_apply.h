@@ -55,6 +55,14 @@ bool check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vecto
 // not fit the bytes of one).
 bool needs_compression(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s);
 
+// Plan entries a config made, and those whose codec kept tokens by position
+// (HeadPlan::position_fallback): what both engines report as position_fallback.
+struct FallbackCount {
+  std::int64_t plans = 0, fallbacks = 0;
+  void add(const LayerPlan& plan);
+  double share() const { return plans ? static_cast<double>(fallbacks) / static_cast<double>(plans) : 0.0; }
+};
+
 // A policy that selects across layers compresses once, at the compression point: with more cuts
 // than that one (--compress-every) this throws, naming the policy and the way out.
 void check_no_cuts_across_layers(const ReplayConfig& cfg, std::size_t cuts);

@@ -76,6 +76,7 @@ std::vector<LayerPlan> select_over(const std::vector<const std::vector<HeadScore
   return plans;
 }
 
+// One layer's selection (level=model on one layer is level=layer).
 LayerPlan select(const std::vector<HeadScores>& scores, const Budget& budget, Level level) {
   if (level == Level::Head) return select_uniform(scores, budget, static_cast<int>(scores.size()));
   return select_over({&scores}, budget).front();
@@ -106,7 +107,7 @@ class KvzipBase : public ScoringPolicy {
   }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     // level=model without a selection: a budget that fits the cache (needs_compression's probe).
-    if (level_ != Level::Model || !budget.across_layers) return select(cached_score(s), budget, level_ == Level::Head ? Level::Head : Level::Layer);
+    if (level_ != Level::Model || !budget.across_layers) return select(cached_score(s), budget, level_);
     const auto& plans = *static_cast<const std::vector<LayerPlan>*>(budget.across_layers.get());
     return plans.at(static_cast<std::size_t>(s.layer()));
   }

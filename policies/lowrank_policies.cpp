@@ -83,17 +83,26 @@ void running_minima(const HeadPlan& p, const Gain& gain, int cap, Floors& f) {
   }
 }
 
-template <class Gain>
-void water_fill(HeadPlan& p, std::int64_t spare, const Gain& gain, int cap) {
-  thread_local Floors f;  // megabytes per head, every config and layer
-  running_minima(p, gain, cap, f);
+// Coefficients of token t (an index into f.tokens) below `cap`, from its rank when f was made.
+std::size_t below_cap(const Floors& f, std::size_t t, int cap, int d) {
+  const std::size_t len = f.offset[t + 1] - f.offset[t];  // d - rank
+  const auto cut = static_cast<std::size_t>(d - cap);
+  return len > cut ? len - cut : 0;
+}
+
+// `f` holds the plan's running minima up to head_dim d (running_minima(p, gain, d, f)).
+void water_fill(HeadPlan& p, std::int64_t spare, const Floors& f, int cap, int d) {
   if (spare <= 0 || f.tokens.empty()) return;
-  if (static_cast<std::size_t>(spare) >= f.floor_gain.size()) {
-    for (std::size_t j : f.tokens) p.rank[j] = static_cast<std::uint16_t>(cap);
+  thread_local std::vector<double> sorted;  // megabytes per head, every config and layer
+  sorted.clear();
+  for (std::size_t t = 0; t < f.tokens.size(); ++t)
+    sorted.insert(sorted.end(), f.floor_gain.begin() + static_cast<std::ptrdiff_t>(f.offset[t]),
+                  f.floor_gain.begin() + static_cast<std::ptrdiff_t>(f.offset[t] + below_cap(f, t, cap, d)));
+  if (static_cast<std::size_t>(spare) >= sorted.size()) {
+    for (std::size_t t = 0; t < f.tokens.size(); ++t)
+      p.rank[f.tokens[t]] = static_cast<std::uint16_t>(p.rank[f.tokens[t]] + below_cap(f, t, cap, d));
     return;
   }
-  thread_local std::vector<double> sorted;
-  sorted.assign(f.floor_gain.begin(), f.floor_gain.end());
   const auto nth = sorted.begin() + (spare - 1);
   std::nth_element(sorted.begin(), nth, sorted.end(), std::greater<>());
   const double theta = *nth;
@@ -101,9 +110,10 @@ void water_fill(HeadPlan& p, std::int64_t spare, const Gain& gain, int cap) {
   std::int64_t left = spare;
   std::vector<int> at_theta(f.tokens.size(), 0);
   for (std::size_t t = 0; t < f.tokens.size(); ++t) {
+    const std::size_t end = f.offset[t] + below_cap(f, t, cap, d);
     int above = 0;
-    for (std::size_t k = f.offset[t]; k < f.offset[t + 1] && f.floor_gain[k] > theta; ++k) ++above;
-    for (std::size_t k = f.offset[t] + static_cast<std::size_t>(above); k < f.offset[t + 1] && f.floor_gain[k] == theta; ++k)
+    for (std::size_t k = f.offset[t]; k < end && f.floor_gain[k] > theta; ++k) ++above;
+    for (std::size_t k = f.offset[t] + static_cast<std::size_t>(above); k < end && f.floor_gain[k] == theta; ++k)
       ++at_theta[t];
     p.rank[f.tokens[t]] = static_cast<std::uint16_t>(p.rank[f.tokens[t]] + above);
     left -= above;
@@ -120,10 +130,7 @@ void water_fill(HeadPlan& p, std::int64_t spare, const Gain& gain, int cap) {
 // gain. Caps are visited in increasing order, their coefficients joining a Fenwick tree over the
 // greedy's order (floor gain descending, larger token first, then rank), so each cap's fill, the
 // `spare(R)` first entries present, is one descent: O(n d log(n d)) for every cap together.
-template <class Gain>
-int best_cap(const HeadPlan& p, const Gain& gain, int r_min, int d, const std::function<std::int64_t(int)>& spare) {
-  thread_local Floors f;
-  running_minima(p, gain, d, f);
+int best_cap(const HeadPlan& p, const Floors& f, int r_min, int d, const std::function<std::int64_t(int)>& spare) {
   const std::size_t m = f.floor_gain.size();
   if (m == 0) return r_min;
   std::vector<std::size_t> order(m), token_of(m);
@@ -229,8 +236,10 @@ class VarRate : public Policy {
         const double left = B - lowrank_cost(kept, static_cast<double>(kept) * r_min, true, cap, d, charge);
         return left < 0 ? std::int64_t{-1} : static_cast<std::int64_t>(std::floor(left / 4.0));
       };
-      const int cap = best_cap(p, gain, r_min, d, spare);
-      water_fill(p, spare(cap), gain, cap);
+      thread_local Floors floors;  // megabytes per head, every config and layer
+      running_minima(p, gain, d, floors);
+      const int cap = best_cap(p, floors, r_min, d, spare);
+      water_fill(p, spare(cap), floors, cap, d);
       p.data = fits[static_cast<std::size_t>(kv)];
       plan.heads.push_back(std::move(p));
     }

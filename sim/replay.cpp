@@ -82,7 +82,7 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   r.final_bytes = a.kept_after_step.empty() ? fixed - saving + kept * bpt
                                             : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt;
   r.host_bytes = a.host_bytes;
-  r.position_fallback = a.plans ? static_cast<double>(a.fallbacks) / static_cast<double>(a.plans) : 0.0;
+  r.position_fallback = a.fallback.share();
   r.peak_bytes = 0;
   r.footprint = 0;
   for (double k : a.prefill_size) {
@@ -208,26 +208,31 @@ struct SharedPass {
     prefix.future.resize(attn.size());
   }
 
+  // The layer's keys and values: the prefix the signals read and every KV head's full rows.
+  void bind(const FloatBuffer& kbuf, const FloatBuffer& vbuf) {
+    const int Hkv = g.n_kv_heads, d = g.head_dim;
+    for (int kv = 0; kv < Hkv; ++kv) {
+      const StridedMap kh(kbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+      const StridedMap vh(vbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
+      prefix.keys[static_cast<std::size_t>(kv)] = kh.topRows(c);
+      prefix.values[static_cast<std::size_t>(kv)] = vh.topRows(c);
+      full_k[static_cast<std::size_t>(kv)] = kh;
+      full_v[static_cast<std::size_t>(kv)] = vh;
+    }
+  }
+
   void compute(const FloatBuffer& kbuf, const FloatBuffer& vbuf, const FloatBuffer& qbuf, std::int64_t first_eval,
                const std::vector<std::int64_t>& eval_limit) {
-    const int Hq = g.n_q_heads, Hkv = g.n_kv_heads, d = g.head_dim, G = g.group();
+    const int Hq = g.n_q_heads, d = g.head_dim, G = g.group();
     const auto E = static_cast<Eigen::Index>(eval_limit.size());
-    std::vector<StridedMap> kh, vh;
-    for (int kv = 0; kv < Hkv; ++kv) {
-      kh.emplace_back(kbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-      vh.emplace_back(vbuf.data() + kv * d, T, d, Eigen::OuterStride<>(Hkv * d));
-      prefix.keys[static_cast<std::size_t>(kv)] = kh.back().topRows(c);
-      prefix.values[static_cast<std::size_t>(kv)] = vh.back().topRows(c);
-      full_k[static_cast<std::size_t>(kv)] = kh.back();
-      full_v[static_cast<std::size_t>(kv)] = vh.back();
-    }
+    bind(kbuf, vbuf);
 #pragma omp parallel for schedule(dynamic)
     for (int qh = 0; qh < Hq; ++qh) {
       const auto i = static_cast<std::size_t>(qh);
       const StridedMap qe(qbuf.data() + (first_eval * Hq + qh) * d, E, d, Eigen::OuterStride<>(Hq * d));
       // Scale the E x d queries, not the E x T logits: one pass less over the big matrix.
       const Mat qs = qe * (1.0f / std::sqrt(static_cast<float>(d)));
-      attn[i].noalias() = qs * kh[static_cast<std::size_t>(qh / G)].transpose();
+      attn[i].noalias() = qs * full_k[static_cast<std::size_t>(qh / G)].transpose();
       if (keep_logits) logits[i] = attn[i];
       causal_softmax(attn[i], eval_limit, keep_logits ? &lse[i] : nullptr);
       const Mat& v = full_v[static_cast<std::size_t>(qh / G)];
@@ -324,8 +329,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   std::iota(heavy_first.begin(), heavy_first.end(), std::size_t{0});
   std::stable_partition(heavy_first.begin(), heavy_first.end(),
                         [&](std::size_t p) { return configs_[p].impl->codec() != nullptr; });
-  // One layer of the trace read and its shared attention computed.
-  auto load_layer = [&](int layer) {
+  // One layer of the trace read, and (for the scoring pass) its shared attention computed.
+  auto load_layer = [&](int layer, bool attention) {
     auto t0 = Clock::now();
     reader_.read_layer(request_id, Tensor::K, layer, kbuf);
     reader_.read_layer(request_id, Tensor::V, layer, vbuf);
@@ -336,16 +341,23 @@ RequestResult Replayer::replay(const std::string& request_id) const {
       repeat.k = repeat_k.data();
     }
     read_s += since(t0);
+    if (!attention) {
+      pass.bind(kbuf, vbuf);
+      return;
+    }
     t0 = Clock::now();
     pass.compute(kbuf, vbuf, qbuf, first_eval, eval_limit);
     attention_s += since(t0);
   };
+  // Summaries read keys, values, queries and the repeat pass: no evaluation attention, and no
+  // future (the oracles' signal) to hand out yet.
   select_across_layers(budgets, c, [&](int layer) {
-    load_layer(layer);
+    load_layer(layer, false);
+    for (auto& f : prefix.future) f.resize(0, 0);
     return std::make_unique<const CacheSignals>(ctx, g, layer, c, tokens, qbuf, prefix);
   });
   for (int layer = 0; layer < L; ++layer) {
-    load_layer(layer);
+    load_layer(layer, true);
     auto t0 = Clock::now();
     const CacheSignals signals(ctx, g, layer, c, tokens, qbuf, prefix);
 

@@ -40,7 +40,7 @@ struct Accumulator {
   double codec_saving = 0;                  // fp16 bytes of the kept rows minus what their codec stores
   std::vector<double> saving_after_step;    // [T - c] the same after each later step (re-tiering changes it)
   double host_bytes = 0;                    // peak bytes of host copies (recoverable tiers)
-  std::int64_t plans = 0, fallbacks = 0;    // plan entries made, and those kept by position
+  kvcache::FallbackCount fallback;          // plan entries made, and those kept by position
   std::vector<std::vector<std::vector<std::int32_t>>> kept_sets;  // [layer][entry], when recorded
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a

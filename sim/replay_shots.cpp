@@ -12,13 +12,6 @@ namespace kvsim::replay_detail {
 
 namespace {
 
-void count_fallbacks(const LayerPlan& plan, Accumulator& a) {
-  for (const HeadPlan& hp : plan.heads) {
-    ++a.plans;
-    a.fallbacks += hp.position_fallback;
-  }
-}
-
 struct LayerDecision {
   LayerPlan plan;  // one codec per token of [0, c) per entry; tokens dropped earlier are Drop
   std::unique_ptr<DecodeState> state;
@@ -36,7 +29,7 @@ LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const Layer
   LayerDecision d;
   if (cuts.size() == 1) {
     d.plan = kvcache::make_plan(cfg, b, w.signals, std::vector<std::int64_t>(static_cast<std::size_t>(Hkv), c));
-    count_fallbacks(d.plan, a);
+    a.fallback.add(d.plan);
     d.state = cfg.impl->start_decode(w.signals, d.plan, budget);
     for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
     return d;
@@ -64,7 +57,7 @@ LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const Layer
       return;
     }
     const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache.sizes(), true);
-    count_fallbacks(plan, a);
+    a.fallback.add(plan);
     d.state = cfg.impl->start_decode(signals, plan, budget);
     d.plan = kvcache::widen_plan(plan, cache, c);
   };

@@ -77,48 +77,6 @@ TEST_CASE("qevict never exceeds its byte budget", "[qevict]") {
   }
 }
 
-TEST_CASE("qevict re-tiers in decode by score plus accumulated attention", "[qevict]") {
-  const FakeSignals s = example();
-  // With a decode state every kept token also holds a 4 B score: fp16 132 B, int4 44 B. Budget
-  // 0.4 = 819.2 B: pins 528 B, int4 [6-9] and the two most recent of [2-5] as before.
-  const auto policy = PolicyRegistry::instance().create(kBase + ",bits=4,retier=2").policy;
-  const LayerPlan initial = policy->compress(s, Budget{0, 0.4});
-  CHECK(with(initial.heads[0], TokenCodec::Int4) == std::set<int>{4, 5, 6, 7, 8, 9});
-  auto state = policy->start_decode(s, initial, Budget{0, 0.4});
-  REQUIRE(state);
-  std::vector<std::vector<std::int32_t>> cache(1);
-  for (int j = 0; j < 16; ++j)
-    if (initial.heads[0].codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) cache[0].push_back(j);
-  std::vector<std::vector<std::int32_t>> evict;
-  LayerPlan next;
-  // Two decode steps in which token 8 (int4) draws all the attention.
-  for (int step = 0; step < 2; ++step) {
-    const auto t = static_cast<std::int32_t>(16 + step);
-    cache[0].push_back(t);
-    std::vector<std::vector<float>> weights(1, std::vector<float>(cache[0].size(), 0.0f));
-    for (std::size_t m = 0; m < cache[0].size(); ++m)
-      if (cache[0][m] == 8) weights[0][m] = 1.0f;
-    evict.assign(1, {});
-    state->step(DecodeStep{t, cache, weights, 0}, evict);
-    CHECK(evict[0].empty());
-    const bool retiered = state->retier(DecodeStep{t, cache, {}, 0}, next);
-    CHECK(retiered == (step == 1));
-  }
-  // Scores are mean attention per observation, the prompt score (normalised to sum 1) the first:
-  // token 8 (.4/1.8 + 2) / 3. Cache 0,1,4-9,14-17: windows [0,1] pinned, [4-7] .032, [8,9] .40,
-  // [14,15] 0 (no longer recent), [16,17] recent (pinned). Budget 819.2 B: pins 528 B, then int4 [8,9] and
-  // [4-7]; 14 and 15 are deleted.
-  REQUIRE(next.heads.size() == 1);
-  std::set<int> fp16, int4, drop;
-  for (std::size_t m = 0; m < cache[0].size(); ++m) {
-    const auto c = next.heads[0].codec[m];
-    (c == TokenCodec::Fp16 ? fp16 : c == TokenCodec::Int4 ? int4 : drop).insert(cache[0][m]);
-  }
-  CHECK(fp16 == std::set<int>{0, 1, 16, 17});
-  CHECK(int4 == std::set<int>{4, 5, 6, 7, 8, 9});
-  CHECK(drop == std::set<int>{14, 15});
-}
-
 namespace {
 
 // Re-tiers once after two decode steps (tokens 16 and 17 joining as `segment`, all the attention
@@ -140,7 +98,9 @@ std::map<int, TokenCodec> after_retier(const std::string& spec, const FakeSignal
       if (cache[0][m] == attended) weights[0][m] = 1.0f;
     evict.assign(1, {});
     state->step(DecodeStep{t, cache, weights, 0, segment}, evict);
-    state->retier(DecodeStep{t, cache, {}, 0}, next);
+    CHECK(evict[0].empty());
+    const bool retiered = state->retier(DecodeStep{t, cache, {}, 0}, next);
+    CHECK(retiered == (step == 1));
   }
   REQUIRE(next.heads.size() == 1);
   std::map<int, TokenCodec> tiers;
@@ -156,6 +116,26 @@ std::set<int> fp16_after_retier(const std::string& spec, const FakeSignals& s, i
 }
 
 }  // namespace
+
+TEST_CASE("qevict re-tiers in decode by score plus accumulated attention", "[qevict]") {
+  const FakeSignals s = example();
+  // With a decode state every kept token also holds a 4 B score: fp16 132 B, int4 44 B. Budget
+  // 0.4 = 819.2 B: pins 528 B, int4 [6-9] and the two most recent of [2-5] as before.
+  const std::string spec = kBase + ",bits=4,retier=2";
+  const LayerPlan initial = PolicyRegistry::instance().create(spec).policy->compress(s, Budget{0, 0.4});
+  CHECK(with(initial.heads[0], TokenCodec::Int4) == std::set<int>{4, 5, 6, 7, 8, 9});
+  // Two decode steps in which token 8 (int4) draws all the attention, then the re-tier.
+  // Scores are mean attention per observation, the prompt score (normalised to sum 1) the first:
+  // token 8 (.4/1.8 + 2) / 3. Cache 0,1,4-9,14-17: windows [0,1] pinned, [4-7] .032, [8,9] .40,
+  // [14,15] 0 (no longer recent), [16,17] recent (pinned). Budget 819.2 B: pins 528 B, then int4
+  // [8,9] and [4-7]; 14 and 15 are deleted.
+  std::set<int> fp16, int4, drop;
+  for (const auto& [token, c] : after_retier(spec, s, -1))
+    (c == TokenCodec::Fp16 ? fp16 : c == TokenCodec::Int4 ? int4 : drop).insert(token);
+  CHECK(fp16 == std::set<int>{0, 1, 16, 17});
+  CHECK(int4 == std::set<int>{4, 5, 6, 7, 8, 9});
+  CHECK(drop == std::set<int>{14, 15});
+}
 
 TEST_CASE("qevict keeps its pins for tokens that join after the compression point", "[qevict]") {
   // No recent pin: only a pinned segment keeps tokens 16 and 17 (never attended) in fp16.

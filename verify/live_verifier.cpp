@@ -79,7 +79,7 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
   res.compressed_bytes = bytes;
   res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
   res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
-  res.position_fallback = out.plans ? static_cast<double>(out.fallbacks) / static_cast<double>(out.plans) : 0.0;
+  res.position_fallback = out.fallback.share();
   return out;
 }
 
@@ -93,10 +93,7 @@ void LiveVerifier::Impl::compress_layer(Shared& s, const ReplayConfig& cfg, Comp
   }
   const CacheSignals& signals = chunked ? *own : signals_at(s, l);
   const LayerPlan plan = kvcache::make_plan(cfg, out.budget, signals, out.index[li].sizes(), chunked);
-  for (const HeadPlan& hp : plan.heads) {
-    ++out.plans;
-    out.fallbacks += hp.position_fallback;
-  }
+  out.fallback.add(plan);
   EngineRows& rows = *out.rows[li];
   if (out.codec) rows.keep_originals();
   kvcache::apply_plan(cfg, plan, g, out.index[li], &rows);

@@ -135,7 +135,7 @@ struct LiveVerifier::Impl {
     // the others step on the host, reading the last-row weights when they need them.
     std::vector<bool> in_engine;
     bool any_in_engine = false, host_weights = false;
-    std::int64_t plans = 0, fallbacks = 0;  // plan entries made, and those kept by position
+    kvcache::FallbackCount fallback;        // plan entries made, and those kept by position
     std::span<const std::int8_t> segments;  // by token index (Shared::header's), for DecodeStep
     // With compression cuts before the compression point (--compress-every) the config prefills
     // on its own cache: its queries and, query-aware, the last prompt token's logits.
