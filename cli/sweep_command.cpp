@@ -31,7 +31,8 @@ void list_policies(std::ostream& os) {
 
 int sweep_command(const Args& args) {
   SweepSpec spec;
-  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", sweep_file;
+  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", sweep_file, semantics = "point";
+  std::int64_t reapply_every = BudgetRule{}.every;
   po::options_description desc(
       "kvsim sweep: replay traces against every (policy, budget) config in one pass per request;\n"
       "writes a tidy CSV (one row per trace x request x policy x budget) and prints a ranked table");
@@ -45,6 +46,12 @@ int sweep_command(const Args& args) {
       "let the policy cut the cache back to its budget at every N prompt tokens where it exceeds it, as a "
       "chunked prefill would (0: one compression at the compression point); verify takes the same flag")(
       "prefill-chunk", po::value<std::int64_t>(), "renamed --compress-every (a sweep runs no forward passes)")(
+      "budget-semantics", po::value(&semantics)->default_value(semantics),
+      "point: the byte budget holds at the compression point (later tokens join on top); peak: at every step "
+      "after it, decode-time state included (one-shot policies re-apply their rule, see --reapply-every)")(
+      "reapply-every", po::value(&reapply_every)->default_value(reapply_every),
+      "peak semantics: a one-shot policy compresses this many tokens below its budget and re-applies its rule "
+      "each time the cache reaches the budget again (at most half the budget)")(
       "out,o", po::value(&spec.out_csv)->default_value("sweep.csv"), "result CSV")(
       "detail", po::value(&spec.detail_jsonl), "per-layer metrics as JSON lines (optional)")(
       "sweep-file", po::value(&sweep_file), "JSON sweep file: {traces, policies, budgets, mode} (CLI values win)")(
@@ -99,6 +106,7 @@ int sweep_command(const Args& args) {
   if (!policies.empty()) spec.policies = split_policies(policies);
   spec.budgets = parse_budgets(budgets);
   spec.mode = parse_mode(mode);
+  spec.budget_rule = parse_budget_rule(semantics, reapply_every);
   spec.resume = vm.count("resume") > 0;
   spec.force = vm.count("force") > 0;
   spec.progress = vm.count("quiet") == 0;

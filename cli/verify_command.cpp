@@ -15,7 +15,8 @@ namespace kvsim::cli {
 int verify_command(const Args& args) {
   VerifySpec spec;
   std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant", device = "cpu",
-              steps = "engine";
+              steps = "engine", semantics = "point";
+  std::int64_t reapply_every = BudgetRule{}.every;
   po::options_description desc(
       "kvsim verify: run (policy, budget) configs live on the model with a really compressed KV cache, against\n"
       "the full-cache run (next-token KL teacher-forced on its continuation, top-1, perplexity, task score of\n"
@@ -40,6 +41,10 @@ int verify_command(const Args& args) {
       "--compress-every simulates (0: one compression at the compression point). With --from-sweep/--offline the "
       "sweep's own value is used and a different one refused. A multiple of --prefill-chunk keeps the forward "
       "passes where capture ran them")(
+      "budget-semantics", po::value(&semantics)->default_value(semantics),
+      "point | peak: when the byte budget holds, as sweep --budget-semantics (a sweep's own wins)")(
+      "reapply-every", po::value(&reapply_every)->default_value(reapply_every),
+      "peak semantics: the one-shot policies' re-application cadence in tokens, as sweep --reapply-every")(
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
       "device", po::value(&device)->default_value(device), "cpu | cuda (see kvsim capture --help)")(
       "policy-steps", po::value(&steps)->default_value(steps),
@@ -64,6 +69,8 @@ int verify_command(const Args& args) {
   spec.live.mode = parse_mode(mode);
   spec.mode_given = !vm["mode"].defaulted();
   spec.compress_every_given = !vm["compress-every"].defaulted();
+  spec.live.budget_rule = parse_budget_rule(semantics, reapply_every);
+  spec.budget_rule_given = !vm["budget-semantics"].defaulted() || !vm["reapply-every"].defaulted();
   spec.live.all_queries = queries == "all";
   spec.live.weights = parse_weight_format(weights);
   spec.live.device = parse_device(device);

@@ -3,14 +3,56 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
 #include "policies/codec.h"
 
 namespace kvsim {
 
-ConfigBudget config_budget(const Policy& policy, double fraction, std::int64_t tokens_at_point, int head_dim) {
+std::string BudgetRule::name() const { return peak ? "peak/" + std::to_string(every) : "point"; }
+
+BudgetRule parse_budget_rule(const std::string& semantics, std::int64_t every) {
+  if (semantics != "point" && semantics != "peak")
+    throw Error("--budget-semantics is '" + semantics + "', expected point or peak");
+  if (every < 1) throw Error("--reapply-every is " + std::to_string(every) + ", expected >= 1 (tokens)");
+  return BudgetRule{semantics == "peak", every};
+}
+
+namespace {
+
+// Peak semantics: the budget becomes the ceiling at every step; the policy plans below it.
+void hold_at_peak(ConfigBudget& b, const Policy& policy, double fraction, std::int64_t c, const BudgetRule& rule,
+                  const std::string& label) {
+  const std::string who = "policy " + (label.empty() ? std::string("?") : label);
+  if (policy.selects_across_layers())
+    throw Error(who + " selects across layers at the compression point and cannot re-apply its rule per layer "
+                      "under --budget-semantics peak; use its per-layer level (e.g. kvzip:level=layer)");
+  if (policy.needs_repeat_pass())
+    throw Error(who + " scores with the context reconstruction pass, which covers only the context: it cannot "
+                      "re-apply to later tokens under --budget-semantics peak (use kvzip_proxy)");
+  const std::int64_t growth = policy.decode_growth();
+  b.peak_tokens = b.tokens;
+  if (growth > 1 && growth > b.peak_tokens / 2)
+    throw Error(who + " lets its cache grow " + std::to_string(growth) + " tokens between re-tiers, more than half its "
+                "peak budget of " + std::to_string(b.peak_tokens) + " tokens per head (budget " + std::to_string(fraction) +
+                " of " + std::to_string(c) + " tokens) under --budget-semantics peak; re-tier more often (e.g. qevict:retier=" +
+                std::to_string(std::max<std::int64_t>(1, b.peak_tokens / 4)) + ") or raise the budget");
+  b.peak_entry_bytes = fraction * static_cast<double>(c) * b.kv_token_bytes;
+  const std::int64_t headroom =
+      growth > 0 ? growth : std::max<std::int64_t>(1, std::min(rule.every, b.peak_tokens / 2));
+  b.reapply_every = growth > 0 ? 0 : headroom;
+  b.tokens = std::max<std::int64_t>(0, b.peak_tokens - headroom);
+  b.fraction = std::max(0.0, fraction - static_cast<double>(headroom) * b.token_bytes /
+                                            (static_cast<double>(c) * b.kv_token_bytes));
+}
+
+}  // namespace
+
+ConfigBudget config_budget(const Policy& policy, double fraction, std::int64_t tokens_at_point, int head_dim,
+                           const BudgetRule& rule, const std::string& label) {
   ConfigBudget b;
   b.kv_token_bytes = codec_token_bytes(TokenCodec::Fp16, head_dim);
   b.compress = policy.respects_budget() && fraction < 1.0;
+  b.fraction = fraction;
   b.token_bytes = b.kv_token_bytes + (b.compress ? policy.state_bytes_per_token() : 0.0);
   b.head_bytes = b.compress ? policy.state_bytes_per_head() : 0.0;
   b.tokens = b.compress ? std::max<std::int64_t>(
@@ -18,6 +60,7 @@ ConfigBudget config_budget(const Policy& policy, double fraction, std::int64_t t
                                      (fraction * static_cast<double>(tokens_at_point) * b.kv_token_bytes - b.head_bytes) /
                                      b.token_bytes)))
                         : tokens_at_point;
+  if (rule.peak && b.compress) hold_at_peak(b, policy, fraction, tokens_at_point, rule, label);
   return b;
 }
 

@@ -95,10 +95,10 @@ LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerS
   if (cfg.impl->selects_across_layers() && !b.across_layers)
     throw Error("policy " + cfg.label() + " selects across layers, but its selection was not made before layer " +
                 std::to_string(s.layer()) + " (an engine bug)");
-  LayerPlan plan = cfg.impl->compress(s, Budget{b.tokens, cfg.budget, b.across_layers});
+  LayerPlan plan = cfg.impl->compress(s, b.policy_budget());
   const bool per_query_head = check_plan(cfg, plan, cached, s.geometry());
   if (per_query_head && one_entry_per_kv_head)
-    throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with chunked compression");
+    throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with chunked compression or peak-matched budgets");
   return plan;
 }
 
@@ -134,6 +134,9 @@ LayerPlan drops_only(const LayerPlan& plan) {
 
 HeadPlan without_drops(const HeadPlan& plan) {
   HeadPlan out;
+  // The codec data stays: it no longer lines up with the tokens (a codec refits them), but it
+  // still says how its bases are charged (a shared calibration basis).
+  out.data = plan.data;
   for (std::size_t m = 0; m < plan.codec.size(); ++m) {
     if (plan.codec[m] == TokenCodec::Drop) continue;
     out.codec.push_back(plan.codec[m]);

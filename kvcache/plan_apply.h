@@ -88,8 +88,8 @@ bool apply_cut(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignal
 // Whether some entry holds more than `tokens`.
 bool over_budget(const LayerIndex& cache, std::int64_t tokens);
 
-// A head's encoding with its Drop entries (and the codec data made for them) left out: one entry
-// per kept token, in order.
+// A head's encoding with its Drop entries left out: one entry per kept token, in order. The
+// codec data stays (its charges still hold; a codec refits data that no longer lines up).
 HeadPlan without_drops(const HeadPlan& plan);
 
 // A plan over all n tokens [0, n), Drop where `cache` holds nothing, from one over the tokens

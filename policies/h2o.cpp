@@ -113,6 +113,7 @@ class H2o : public ScoringPolicy {
     return std::make_unique<H2oDecode>(std::move(kept), recent(budget), gqa_, s.geometry().group());
   }
   bool selection_is_uniform() const override { return false; }
+  std::int64_t decode_growth() const override { return decode_ ? 1 : 0; }
   // The accumulated score lives beside each cached token: one fp32.
   double state_bytes_per_token() const override { return 4.0; }
 

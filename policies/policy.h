@@ -149,6 +149,10 @@ struct DecodeStep {
   std::span<const std::vector<float>> attention;     // [n_q_heads] weights aligned with cache[q / group]
   std::int64_t budget = 0;                           // tokens each KV head may keep after the step
   int segment = -1;  // the joining token's Segment code (traces/trace_schema.h), -1 when unknown
+  // The layer's signals over the cache as it is now (the token joined), built on demand by the
+  // engine: how it re-applies a one-shot policy's rule while decoding (kvcache/reapply.h). Null
+  // when the engine offers none.
+  const std::function<std::shared_ptr<const LayerSignals>()>* signals = nullptr;
 };
 
 // Per-layer state of a policy that keeps evicting while decoding; created at the compression
@@ -221,6 +225,10 @@ class Policy {
     (void)signals, (void)initial, (void)budget;
     return nullptr;
   }
+  // Tokens the cache of a decode-time policy may grow by between two of its evictions or re-tiers
+  // (1: it evicts at every step; QEvict: its re-tier interval); 0 for one-shot policies. A
+  // peak-matched budget leaves this much headroom below the byte budget (kvcache/budget.h).
+  virtual std::int64_t decode_growth() const { return 0; }
 };
 
 }  // namespace kvsim

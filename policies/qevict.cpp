@@ -207,6 +207,7 @@ class Qevict : public Policy {
   Qevict(TierSpec t, std::unique_ptr<Policy> base) : t_(std::move(t)), base_(std::move(base)), codec_(t_.quant, true) {}
   const KvCodec* codec() const override { return &codec_; }
   double state_bytes_per_token() const override { return t_.retier > 0 ? kScoreBytes : 0.0; }
+  std::int64_t decode_growth() const override { return t_.retier; }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     check_int_spec(t_.quant, s.geometry().head_dim);
     const auto& scores = static_cast<const ScoringPolicy&>(*base_).cached_score(s);

@@ -36,6 +36,7 @@ class StreamingLlm : public ScoringPolicy {
     return decode_ ? std::make_unique<StreamingDecode>(sinks_) : nullptr;
   }
   bool selection_is_uniform() const override { return !decode_; }
+  std::int64_t decode_growth() const override { return decode_ ? 1 : 0; }
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     std::vector<HeadScores> out(static_cast<std::size_t>(s.geometry().n_kv_heads));
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {

@@ -53,6 +53,7 @@ class Tova : public ScoringPolicy {
     return decode_ ? std::make_unique<TovaDecode>() : nullptr;
   }
   bool selection_is_uniform() const override { return !decode_; }
+  std::int64_t decode_growth() const override { return decode_ ? 1 : 0; }
 
  private:
   bool decode_;

@@ -91,19 +91,27 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   }
   // A step's token joins before the policy acts on it: the cache briefly holds the previous
   // step's tokens plus one per head, under the previous step's encoding.
+  // (Per-query-head plans join one row per query head.)
+  const double joining = static_cast<double>(L) * static_cast<double>(std::max<std::int64_t>(a.entries, g.n_kv_heads));
   double prev = kept, prev_saving = saving;
+  r.decode_peak_bytes = r.compressed_bytes;
   for (std::size_t i = 0; i < a.kept_after_step.size(); ++i) {
     const double k = a.kept_after_step[i], sv = a.saving_after_step[i];
-    r.peak_bytes = std::max({r.peak_bytes, (prev + LH) * bpt + fixed - prev_saving, k * bpt + fixed - sv});
+    r.decode_peak_bytes = std::max({r.decode_peak_bytes, (prev + joining) * bpt + fixed - prev_saving, k * bpt + fixed - sv});
     r.footprint += k * bpt + fixed - sv;
     prev = k;
     prev_saving = sv;
   }
+  r.peak_bytes = std::max(r.peak_bytes, r.decode_peak_bytes);
   r.keep_hash = a.hash;
   r.kept = std::move(a.kept_sets);
   if (cfg.impl->respects_budget() && cfg.budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
     throw Error("policy " + cfg.label() + " kept " + std::to_string(r.compressed_bytes) +
                 " bytes over budget " + std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
+  if (b.peak_tokens > 0 && r.decode_peak_bytes > r.budget_bytes * (1 + 1e-9) + 1e-6)
+    throw Error("policy " + cfg.label() + " held " + std::to_string(r.decode_peak_bytes) + " bytes at some step after " +
+                "the compression point, over its peak budget " + std::to_string(r.budget_bytes) + " in " + ctx +
+                " (a kvsim bug)");
   return r;
 }
 
@@ -247,8 +255,8 @@ struct SharedPass {
 }  // namespace
 
 Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs,
-                   std::int64_t compress_every)
-    : reader_(reader), mode_(mode), configs_(std::move(configs)), compress_every_(compress_every) {
+                   std::int64_t compress_every, BudgetRule rule)
+    : reader_(reader), mode_(mode), configs_(std::move(configs)), compress_every_(compress_every), rule_(rule) {
   if (compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
 }
 
@@ -267,7 +275,7 @@ void Replayer::select_across_layers(std::vector<ConfigBudget>& budgets, std::int
   }
   for (std::size_t k = 0; k < across.size(); ++k) {
     ConfigBudget& b = budgets[across[k]];
-    b.across_layers = configs_[across[k]].impl->select_across_layers(summaries[k], Budget{b.tokens, configs_[across[k]].budget});
+    b.across_layers = configs_[across[k]].impl->select_across_layers(summaries[k], b.policy_budget());
   }
 }
 
@@ -295,7 +303,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   const int L = g.n_layers, Hq = g.n_q_heads, d = g.head_dim;
   const std::size_t P = configs_.size();
   std::vector<ConfigBudget> budgets(P);
-  for (std::size_t p = 0; p < P; ++p) budgets[p] = config_budget(*configs_[p].impl, configs_[p].budget, c, d);
+  for (std::size_t p = 0; p < P; ++p) budgets[p] = config_budget(*configs_[p].impl, configs_[p].budget, c, d, rule_, configs_[p].label());
   std::vector<Accumulator> acc(P);
   for (auto& a : acc) start_accumulator(a, L, T, c, record_keep_sets_);
 

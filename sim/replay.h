@@ -29,6 +29,9 @@ struct ConfigResult {
   double compressed_bytes = 0;     // K/V + policy state right after compression
   double budget_bytes = 0;         // budget x full fp16 bytes at the compression point
   double peak_bytes = 0, final_bytes = 0;
+  // The most the cache held at any step from the compression point on (a joining token
+  // included): what peak semantics holds within budget_bytes.
+  double decode_peak_bytes = 0;
   double host_bytes = 0;           // peak host-side copies of recoverable tiers (not in the device bytes)
   // Share of (layer, entry) plans whose codec could not hold every token, so the policy kept the
   // sinks and most recent tokens by position instead of by its rule (HeadPlan::position_fallback).
@@ -53,8 +56,9 @@ class Replayer {
  public:
   // compress_every > 0: the policy also cuts the cache back to its budget at every this many
   // prompt tokens where it exceeds it (kvcache/config.h compression_cuts), not only at the end.
+  // `rule`: when each config's byte budget holds (kvcache/budget.h BudgetRule).
   Replayer(const TraceReader& reader, ReplayMode mode, std::vector<ReplayConfig> configs,
-           std::int64_t compress_every = 0);
+           std::int64_t compress_every = 0, BudgetRule rule = {});
   RequestResult replay(const std::string& request_id) const;
   void record_keep_sets(bool on) { record_keep_sets_ = on; }
   const std::vector<ReplayConfig>& configs() const { return configs_; }
@@ -69,6 +73,7 @@ class Replayer {
   ReplayMode mode_;
   std::vector<ReplayConfig> configs_;
   std::int64_t compress_every_ = 0;
+  BudgetRule rule_;
   bool record_keep_sets_ = false;
 };
 

@@ -380,7 +380,10 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
     kvcache::append_token(cache, t);
     if (state.needs_attention()) cache_weights(w, i, cache.tokens, weights, true);
     evict.assign(static_cast<std::size_t>(Hkv), {});
-    state.step(DecodeStep{t, cache.tokens, weights, b.tokens, segment_of(w, t)}, evict);
+    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] { return signals_over(w, cache.tokens, t + 1); };
+    DecodeStep step{t, cache.tokens, weights, b.tokens, segment_of(w, t)};
+    step.signals = &signals;
+    state.step(step, evict);
     bool changed = false;
     kvcache::apply_evictions(cfg.policy, evict, t, -1, cache, nullptr);
     for (const auto& evicted_kv : evict)
@@ -389,7 +392,9 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
         changed = true;
       }
     LayerPlan next;
-    if (state.retier(DecodeStep{t, cache.tokens, {}, b.tokens}, next)) {
+    DecodeStep after{t, cache.tokens, {}, b.tokens};
+    after.signals = &signals;
+    if (state.retier(after, next)) {
       for (std::size_t kv = 0; kv < next.heads.size() && kv < cache.tokens.size(); ++kv) {
         const HeadPlan& hp = next.heads[kv];
         for (std::size_t m = 0; m < hp.codec.size() && m < cache.tokens[kv].size(); ++m)
@@ -398,11 +403,10 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
       kvcache::apply_retier(cfg.policy, next, w.layer, t, codec, head_budget, d, cache, nullptr);
       changed = true;
     }
-    if (changed) {
-      bytes = kvcache::codec_bytes(codec, cache, d);
-      host_peak = std::max(host_peak, bytes.host);
-      if (i + 1 < E) stretches.push_back({i + 1, cache});
-    }
+    // Every step: a streaming codec (KIVI) stores a joining token as its layout says, not fp16.
+    bytes = kvcache::codec_bytes(codec, cache, d);
+    host_peak = std::max(host_peak, bytes.host);
+    if (changed && i + 1 < E) stretches.push_back({i + 1, cache});
     a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(cache.rows());
     a.saving_after_step[static_cast<std::size_t>(i)] += bytes.saving;
   }

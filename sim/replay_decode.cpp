@@ -14,8 +14,9 @@ namespace kvsim::replay_detail {
 // steps with one GEMM per block over the set at the block's start (on the smaller side), then
 // correct each row for the few tokens evicted earlier in the same block. Tokens that join
 // later in the block need no correction: causality already gives them zero weight.
-void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, const LayerPlan& plan,
+void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
                    DecodeState& state, Accumulator& a) {
+  const std::int64_t budget_tokens = b.tokens;
   const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, G = w.g.group(), d = w.g.head_dim;
   const std::int64_t c = w.c, E = w.E;
   if (E != w.T - c)
@@ -48,8 +49,11 @@ void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const La
       const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
       auto& ev = evicted[static_cast<std::size_t>(i)];
       ev.assign(static_cast<std::size_t>(Hkv), {});
-      state.step(DecodeStep{t, walk.tokens, weights, budget_tokens, segment_of(w, t)}, ev);
-      kvcache::apply_evictions(cfg.policy, ev, t, std::max<std::int64_t>(budget_tokens, 0), walk, nullptr);
+      const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] { return signals_over(w, walk.tokens, t + 1); };
+      DecodeStep step{t, walk.tokens, weights, budget_tokens, segment_of(w, t)};
+      step.signals = &signals;
+      state.step(step, ev);
+      kvcache::apply_evictions(cfg.policy, ev, t, b.rows_after_step(), walk, nullptr);
       for (const auto& evicted_kv : ev)
         for (const auto j : evicted_kv) a.mix(static_cast<std::uint64_t>(j) + 1);
       const std::int64_t size = walk.rows();

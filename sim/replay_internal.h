@@ -138,6 +138,20 @@ inline int segment_of(const LayerWork& w, std::int64_t t) {
   return static_cast<std::size_t>(t) < w.tokens.segments.size() ? w.tokens.segments[static_cast<std::size_t>(t)] : -1;
 }
 
+// The layer's signals over a decode-time cache after n tokens (DecodeStep::signals): what a
+// policy re-applied under peak semantics plans from, built like the compression point's.
+inline std::shared_ptr<const LayerSignals> signals_over(const LayerWork& w, const std::vector<std::vector<std::int32_t>>& cache,
+                                                        std::int64_t n) {
+  struct Held {
+    CacheView view;
+    std::optional<CacheSignals> signals;
+  };
+  auto held = std::make_shared<Held>();
+  held->view = gather_view(cache, w.full_k, w.full_v, w.attn, w.g.group());
+  held->signals.emplace(w.where, w.g, w.layer, n, w.tokens, w.q, held->view);
+  return std::shared_ptr<const LayerSignals>(held, &*held->signals);
+}
+
 // Phase A of a layer for one config (replay_shots.cpp): a keep-set for phase B, an encoded plan
 // to score, or neither (the config was replayed, or needs no compression).
 struct Planned {
@@ -147,7 +161,7 @@ struct Planned {
 Planned plan_config(std::size_t index, const ReplayConfig& cfg, const ConfigBudget& budget, const LayerWork& w,
                     Accumulator& a);
 // Decode-time configs (replay_decode.cpp).
-void replay_decode(const ReplayConfig& cfg, std::int64_t budget_tokens, const LayerWork& w, const LayerPlan& plan,
+void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
                    DecodeState& state, Accumulator& a);
 // One-shot plans with encoded tokens (replay_codec.cpp): the memory accounting (phase A), which
 // shots are identical (per shot, the first shot it equals), the scoring and the rows.

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "policies/codec.h"
+#include "kvcache/reapply.h"
 #include "sim/event_queue.h"
 #include "sim/replay_internal.h"
 
@@ -24,7 +25,7 @@ struct LayerDecision {
 LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, Accumulator& a) {
   const int Hkv = w.g.n_kv_heads, G = w.g.group();
   const std::int64_t c = w.c;
-  const Budget budget{b.tokens, cfg.budget};
+  const Budget budget = b.policy_budget();
   const std::vector<std::int64_t> cuts = compression_cuts(c, w.compress_every);
   LayerDecision d;
   if (cuts.size() == 1) {
@@ -97,11 +98,18 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
     a.kept_sets[static_cast<std::size_t>(w.layer)] = std::move(kept.tokens);
   }
   const bool per_query_head = static_cast<int>(plan.heads.size()) != Hkv;
+  // Peak semantics: a one-shot policy re-applies its rule as the cache grows, stepped as a
+  // decode-time policy is.
+  if (!d.state && budget.peak_tokens > 0) {
+    if (per_query_head)
+      throw Error("policy " + cfg.label() + ": per-query-head plans cannot be re-applied under --budget-semantics peak");
+    d.state = kvcache::reapply_state(cfg, budget, plan, c, w.g.head_dim);
+  }
   if (d.state) {
     if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     a.entries = Hkv;
     if (cfg.impl->codec()) replay_codec_decode(cfg, budget, w, plan, *d.state, a);
-    else replay_decode(cfg, budget.tokens, w, plan, *d.state, a);
+    else replay_decode(cfg, budget, w, plan, *d.state, a);
     return {};
   }
   if (std::any_of(plan.heads.begin(), plan.heads.end(), [](const HeadPlan& hp) { return needs_codec(hp); })) {

@@ -29,7 +29,8 @@ const std::vector<std::string> kColumns = {
     "trace",       "request",        "mode",          "policy",     "params",         "budget",
     "budget_tokens", "kept_fraction", "mean_recall",  "mean_kl",    "p95_kl",         "mean_out_err",
     "p95_out_err", "compressed_bytes", "budget_bytes", "peak_bytes", "final_bytes",    "footprint_byte_steps",
-    "host_bytes",  "eval_queries", "rows",          "keep_hash",  "position_fallback"};
+    "host_bytes",  "eval_queries", "rows",          "keep_hash",  "position_fallback", "budget_semantics",
+    "decode_peak_bytes"};
 
 std::string num(double x) {
   std::ostringstream os;
@@ -108,6 +109,7 @@ std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayCon
   j["traces"] = spec.traces;
   j["mode"] = mode_name(spec.mode);
   j["compress_every"] = spec.compress_every;
+  j["budget_semantics"] = spec.budget_rule.name();
   j["budgets"] = spec.budgets;
   nlohmann::json cfgs = nlohmann::json::array();
   for (const auto& c : configs) cfgs.push_back({{"policy", c.label()}, {"budget", c.budget}});
@@ -198,7 +200,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
   std::int64_t done = 0;
   for (std::size_t t = 0; t < readers.size(); ++t) {
     const TraceReader& reader = *readers[t];
-    const Replayer replayer(reader, spec.mode, configs, spec.compress_every);
+    const Replayer replayer(reader, spec.mode, configs, spec.compress_every, spec.budget_rule);
     for (const auto& id : reader.request_ids()) {
       ++done;
       if (state.done.count({spec.traces[t], id})) continue;
@@ -215,7 +217,8 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                          num(r.mean_recall), num(r.mean_kl), num(r.p95_kl), num(r.mean_err), num(r.p95_err),
                          num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
                          num(r.footprint), num(r.host_bytes), std::to_string(res.eval_queries), std::to_string(r.rows),
-                         std::to_string(r.keep_hash), num(r.position_fallback)})
+                         std::to_string(r.keep_hash), num(r.position_fallback), spec.budget_rule.name(),
+                         num(r.decode_peak_bytes)})
             << "\n";
         if (detail.is_open()) {
           detail << nlohmann::json{{"trace", spec.traces[t]},

@@ -16,6 +16,7 @@ struct SweepSpec {
   std::vector<double> budgets;        // fractions of the full fp16 KV bytes, in (0, 1]
   ReplayMode mode = ReplayMode::QueryAware;
   std::int64_t compress_every = 0;    // > 0: the policy also cuts the cache every this many prompt tokens
+  BudgetRule budget_rule;             // when the byte budget holds: at the compression point, or at every step
   std::string out_csv;
   std::string detail_jsonl;           // empty: no per-layer detail
   bool resume = false;                // skip rows already in out_csv (same configuration only)

@@ -181,3 +181,47 @@ TEST_CASE("layer bytes: rows at the budget's token bytes, less what a codec save
   CHECK(kvcache::codec_bytes(*coded.impl->codec(), LayerIndex::prefix(2, 3), d).saving == 0);
   CHECK(kvcache::layer_bytes(cache, cb, coded.impl->codec(), d) == Approx(cache_bytes(cb, 6, 2, 1) - saving));
 }
+
+TEST_CASE("peak-matched budgets leave each kind of policy its headroom below the budget", "[kvcache]") {
+  const int d = 64;
+  const double kv = 4.0 * d;  // fp16 K and V of one token
+  // Point semantics: the budget is what the compression point keeps.
+  const ConfigBudget point = config_budget(*config_of("snapkv", 0.25).impl, 0.25, 1000, d);
+  CHECK(point.tokens == 250);
+  CHECK(point.peak_tokens == 0);
+  CHECK(point.fraction == 0.25);
+  CHECK(point.rows_after_step() == 250);
+  // A one-shot policy compresses `every` tokens below the budget and re-applies when it is full.
+  const BudgetRule rule = parse_budget_rule("peak", 32);
+  CHECK(rule.name() == "peak/32");
+  const ConfigBudget shot = config_budget(*config_of("snapkv", 0.25).impl, 0.25, 1000, d, rule, "snapkv");
+  CHECK(shot.peak_tokens == 250);
+  CHECK(shot.tokens == 218);
+  CHECK(shot.reapply_every == 32);
+  CHECK(shot.peak_entry_bytes == Approx(250 * kv));
+  CHECK(shot.fraction * 1000 * kv == Approx(218 * kv));
+  CHECK(shot.rows_after_step() == -1);  // the layer as a whole is held (budgets may move between heads)
+  // ... at most half the budget.
+  const ConfigBudget tight = config_budget(*config_of("snapkv", 0.02).impl, 0.02, 1000, d, rule, "snapkv");
+  CHECK(tight.peak_tokens == 20);
+  CHECK(tight.tokens == 10);
+  // A policy that evicts every step needs room for the token that joins before it evicts.
+  const ConfigBudget step = config_budget(*config_of("h2o", 0.25).impl, 0.25, 1000, d, rule, "h2o");
+  CHECK(step.tokens == step.peak_tokens - 1);
+  CHECK(step.reapply_every == 0);
+  CHECK(step.rows_after_step() == step.peak_tokens - 1);
+  // QEvict grows by its re-tier interval in fp16 (and its score state counts in every token).
+  const ConfigBudget tiers = config_budget(*config_of("qevict:retier=16", 0.25).impl, 0.25, 1000, d, rule, "qevict");
+  CHECK(tiers.tokens == tiers.peak_tokens - 16);
+  CHECK(tiers.token_bytes > kv);
+  CHECK_THROWS_WITH(config_budget(*config_of("qevict", 0.1).impl, 0.1, 1000, d, rule, "qevict"),
+                    Catch::Contains("qevict:retier="));
+  // The full cache is no config to hold; selections made once for every layer cannot re-apply.
+  CHECK(config_budget(*config_of("full", 1.0).impl, 1.0, 1000, d, rule).peak_tokens == 0);
+  CHECK_THROWS_WITH(config_budget(*config_of("kvzip_proxy", 0.25).impl, 0.25, 1000, d, rule, "kvzip_proxy"),
+                    Catch::Contains("level=layer"));
+  CHECK_THROWS_WITH(config_budget(*config_of("kvzip:level=layer", 0.25).impl, 0.25, 1000, d, rule, "kvzip"),
+                    Catch::Contains("reconstruction pass"));
+  CHECK_THROWS_WITH(parse_budget_rule("always", 32), Catch::Contains("expected point or peak"));
+  CHECK_THROWS_WITH(parse_budget_rule("peak", 0), Catch::Contains("--reapply-every"));
+}

@@ -502,3 +502,67 @@ TEST_CASE("a long prompt's observed attention is visited in row blocks, never n 
   const LayerPlan plan = inst.policy->compress(s, Budget{n / 2, 0.5});
   CHECK(plan.heads[0].kept() == n / 2);
 }
+
+TEST_CASE("peak-matched budgets: no policy's cache exceeds its budget at any step", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
+  auto specs = every_policy();
+  // Selections over every layer and the reconstruction pass cannot re-apply, and say so.
+  std::erase(specs, std::string("kvzip"));
+  std::erase(specs, std::string("qevict"));
+  std::replace(specs.begin(), specs.end(), std::string("kvzip_proxy"), std::string("kvzip_proxy:level=layer"));
+  for (const char* s : {"snapkv:window=8", "qevict:retier=2", "h2o:phase=prefill", "tova:phase=prefill",
+                        "lowrank:sinks=2", "adakv:alpha=0.5"})
+    specs.push_back(s);
+  const BudgetRule rule{true, 3};
+  CHECK_THROWS_WITH(Replayer(reader, mode, configs({"kvzip"}, {0.25}), 0, rule).replay("r0"),
+                    Catch::Contains("selects across layers"));
+  const auto cfgs = configs(specs, {0.1, 0.25, 0.5});
+  // The summary throws when a step exceeds the budget; the bytes are checked here as well.
+  const RequestResult peak = Replayer(reader, mode, cfgs, 0, rule).replay("r0");
+  const RequestResult point = Replayer(reader, mode, cfgs).replay("r0");
+  int reapplied = 0, over_at_point = 0;
+  for (std::size_t p = 0; p < cfgs.size(); ++p) {
+    INFO(mode_name(mode) << " " << cfgs[p].label() << " @ " << cfgs[p].budget);
+    if (cfgs[p].policy == "full") continue;
+    const ConfigResult &r = peak.configs[p], &q = point.configs[p];
+    CHECK(r.decode_peak_bytes <= r.budget_bytes);
+    CHECK(r.compressed_bytes <= r.budget_bytes);
+    CHECK(r.decode_peak_bytes >= r.compressed_bytes);
+    CHECK(r.mean_recall > 0.0);
+    CHECK(r.mean_kl >= 0.0);
+    CHECK(r.budget_bytes == q.budget_bytes);
+    over_at_point += q.decode_peak_bytes > q.budget_bytes;
+    reapplied += r.keep_hash != q.keep_hash;
+  }
+  // Held at the compression point only, the caches outgrow their budgets as tokens join.
+  CHECK(over_at_point > static_cast<int>(cfgs.size()) / 2);
+  CHECK(reapplied > static_cast<int>(cfgs.size()) / 2);
+}
+
+TEST_CASE("peak-matched re-application: a one-shot rule applied again to the grown cache", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const RequestHeader h = reader.header("r0");
+  const ModelGeometry& g = reader.geometry();
+  // Sinks + recent, re-applied, is sinks + recent of the whole sequence at every re-application:
+  // after the last token the cache holds 4 sinks and the newest tokens, at most budget - 1 rows.
+  const auto cfgs = configs({"streamingllm:phase=prefill,sinks=4"}, {0.25});
+  Replayer replayer(reader, ReplayMode::QueryAware, cfgs, 0, BudgetRule{true, 3});
+  const RequestResult r = replayer.replay("r0");
+  const ConfigResult& x = r.configs[0];
+  const std::int64_t peak = static_cast<std::int64_t>(std::floor(0.25 * static_cast<double>(h.n_prompt)));
+  CHECK(x.budget_tokens == peak - 3);
+  const double rows = static_cast<double>(g.n_layers) * g.n_kv_heads;
+  const double kv = 4.0 * g.head_dim;
+  // Right after compression: budget - 3 tokens per head; over the steps the cache grows to the
+  // budget and is cut back to budget - 3 each time it would exceed it.
+  CHECK(x.compressed_bytes == Approx(rows * static_cast<double>(peak - 3) * kv));
+  CHECK(x.decode_peak_bytes == Approx(rows * static_cast<double>(peak) * kv));
+  const std::int64_t steps = h.n_tokens() - h.n_prompt;
+  std::int64_t size = peak - 3;
+  for (std::int64_t i = 0; i < steps; ++i) {
+    ++size;  // joins
+    if (size + 1 > peak) size = peak - 3;  // full: re-applied
+  }
+  CHECK(x.final_bytes == Approx(rows * static_cast<double>(size) * kv));
+}

@@ -372,3 +372,35 @@ TEST_CASE("compression every 256 tokens: live and offline keep the same tokens, 
     CHECK(cut_twice > 10);
   }
 }
+
+TEST_CASE("peak-matched budgets live: held at every step, and at the bytes replay counts", "[verify]") {
+  require_model();
+  const std::string trace = capture_trace(KVSIM_TEST_MODEL, needle_request(), "verify_peak.h5", 8);
+  const TraceReader reader(trace);
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  std::vector<ReplayConfig> configs;
+  for (const std::string spec : {"snapkv", "h2o", "streamingllm:phase=prefill", "pyramidkv", "intn", "qevict:retier=2",
+                                 "keydiff", "kivi", "lowrank"})
+    for (double b : {0.3, 0.6}) configs.push_back(config_of(spec, b));
+  const BudgetRule rule{true, 2};
+  for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
+    VerifyOptions o;
+    o.mode = mode;
+    o.max_new = 8;
+    o.budget_rule = rule;
+    LiveVerifier v(gguf, o);
+    const LiveRequestResult live = v.run(needle_request(), configs);
+    const RequestResult offline = Replayer(reader, mode, configs, 0, rule).replay("needle");
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      INFO(configs[i].label() << " at " << configs[i].budget << ", " << mode_name(mode));
+      const LiveConfigResult& x = live.configs[i];
+      CHECK(x.decode_peak_bytes <= x.budget_bytes);
+      CHECK(x.decode_peak_bytes > x.compressed_bytes);  // tokens joined, up to the budget
+      CHECK(x.compressed_bytes == Approx(offline.configs[i].compressed_bytes).epsilon(1e-12));
+      // Token counts set the bytes of eviction policies: the same steps re-apply live and
+      // offline. (A codec's join is counted as fp16 offline and as stored live: at most that.)
+      if (!configs[i].impl->codec()) CHECK(x.decode_peak_bytes == Approx(offline.configs[i].decode_peak_bytes).epsilon(1e-12));
+      else CHECK(x.decode_peak_bytes <= offline.configs[i].decode_peak_bytes + 1e-6);
+    }
+  }
+}

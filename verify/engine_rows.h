@@ -21,6 +21,7 @@ class EngineRows final : public kvcache::RowSink {
   void keep_originals();
   void drop_originals() { originals_.clear(); }
   bool has_originals() const { return !originals_.empty(); }
+  const std::vector<KvEntry>& originals() const { return originals_; }  // [entry], when kept
   // The newest row of every entry (a decode step's token) joins the host copy.
   void joined();
 

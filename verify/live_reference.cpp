@@ -116,7 +116,7 @@ const std::vector<Mat>& LiveVerifier::Impl::future_attention(Shared& s, int laye
     const Eigen::Map<const Mat> k(e.k.data(), e.rows(), d);
     Mat a = (qh * (1.0f / std::sqrt(static_cast<float>(d)))) * k.transpose();
     kvcache::causal_softmax(a, limit);
-    out[static_cast<std::size_t>(hq)] = a.leftCols(s.c);
+    out[static_cast<std::size_t>(hq)] = std::move(a);  // every token: a re-applied policy holds later ones too
   }
   slot = std::move(out);
   return *slot;

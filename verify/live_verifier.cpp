@@ -36,7 +36,7 @@ void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, C
 LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res) {
   const auto L = static_cast<std::size_t>(g.n_layers);
   Compressed out;
-  out.budget = config_budget(*cfg.impl, cfg.budget, s.c, g.head_dim);
+  out.budget = config_budget(*cfg.impl, cfg.budget, s.c, g.head_dim, opts.budget_rule, cfg.label());
   out.codec = cfg.impl->codec();
   out.entry_budget = cfg.budget * static_cast<double>(s.c) * out.budget.kv_token_bytes;
   out.index.resize(L);
@@ -55,7 +55,7 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
     kvcache::check_no_cuts_across_layers(cfg, cuts.size());
     std::vector<std::shared_ptr<const void>> summaries;
     for (int l = 0; l < g.n_layers; ++l) summaries.push_back(cfg.impl->layer_summary(signals_at(s, l)));
-    out.budget.across_layers = cfg.impl->select_across_layers(summaries, Budget{out.budget.tokens, cfg.budget});
+    out.budget.across_layers = cfg.impl->select_across_layers(summaries, out.budget.policy_budget());
   }
   if (chunked) {
     prefill_with_cuts(s, cfg, out, cuts, compresses);
@@ -63,6 +63,7 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
     model.set_cache(s.at_point);
     for (auto& index : out.index) index = LayerIndex::prefix(g.n_kv_heads, s.c);
   }
+  out.q_index = s.header.q_index;
   for (int l = 0; l < g.n_layers; ++l) {
     const auto li = static_cast<std::size_t>(l);
     if (compresses[li]) compress_layer(s, cfg, out, l, chunked);
@@ -77,6 +78,8 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
     rows += static_cast<double>(index.rows());
   }
   res.compressed_bytes = bytes;
+  out.peak_bytes = bytes;
+  if (out.reapplies && !chunked) out.queries = s.queries;  // the config's own queries join them
   res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
   res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
   res.position_fallback = out.fallback.share();
@@ -97,7 +100,13 @@ void LiveVerifier::Impl::compress_layer(Shared& s, const ReplayConfig& cfg, Comp
   EngineRows& rows = *out.rows[li];
   if (out.codec) rows.keep_originals();
   kvcache::apply_plan(cfg, plan, g, out.index[li], &rows);
-  out.states[li] = cfg.impl->start_decode(signals, plan, Budget{out.budget.tokens, cfg.budget});
+  out.states[li] = cfg.impl->start_decode(signals, plan, out.budget.policy_budget());
+  if (!out.states[li] && out.budget.peak_tokens > 0) {  // peak semantics: a one-shot rule re-applies
+    if (static_cast<int>(plan.heads.size()) != g.n_kv_heads)
+      throw Error("policy " + cfg.label() + ": per-query-head plans cannot be re-applied under --budget-semantics peak");
+    out.states[li] = kvcache::reapply_state(cfg, out.budget, plan, s.c, g.head_dim);
+    out.reapplies = true;
+  }
   if (out.states[li]) {
     if (static_cast<int>(plan.heads.size()) != g.n_kv_heads)
       throw Error("policy " + cfg.policy + ": per-query-head plans with decode-time eviction are not supported");
@@ -125,14 +134,43 @@ void LiveVerifier::Impl::start_rules(Compressed& out) {
   }
 }
 
-std::vector<float> LiveVerifier::Impl::step(std::int32_t token, Compressed& cs, const std::string& label) {
+double LiveVerifier::Impl::held_bytes(const Compressed& cs) const {
+  double bytes = 0;
+  for (const LayerIndex& index : cs.index) bytes += kvcache::layer_bytes(index, cs.budget, cs.codec, g.head_dim);
+  return bytes;
+}
+
+std::shared_ptr<const LayerSignals> LiveVerifier::Impl::signals_now(Shared& s, Compressed& cs, int layer, std::int64_t n) {
+  const EngineRows& rows = *cs.rows[static_cast<std::size_t>(layer)];
+  struct Held {
+    std::unique_ptr<CacheView> view;
+    std::optional<CacheSignals> signals;
+  };
+  auto held = std::make_shared<Held>();
+  held->view = live_view(s, layer, rows.has_originals() ? rows.originals() : std::as_const(model).cache().layers[static_cast<std::size_t>(layer)],
+                         true);
+  held->signals.emplace(s.where, g, layer, n, kvcache::RequestTokens{s.header.positions, s.header.segments, cs.q_index},
+                        cs.queries[static_cast<std::size_t>(layer)], *held->view);
+  return std::shared_ptr<const LayerSignals>(held, &*held->signals);
+}
+
+std::vector<float> LiveVerifier::Impl::step(Shared& s, std::int32_t token, Compressed& cs, const std::string& label) {
   model.record_last_attention(cs.host_weights);
-  std::vector<float> logits = model.step(token);
+  LayerHook hook;
+  if (cs.reapplies) {  // a re-applied rule reads this config's own queries, as a trace records them
+    const auto q_row = static_cast<std::size_t>(g.n_q_heads) * static_cast<std::size_t>(g.head_dim);
+    hook = [&cs, q_row](const LayerActivations& a) {
+      append_rounded(cs.queries[static_cast<std::size_t>(a.layer)], a.q.data(), static_cast<std::size_t>(a.n) * q_row);
+    };
+  }
+  std::vector<float> logits = model.step(token, hook);
   const auto t = static_cast<std::int32_t>(model.cached_tokens() - 1);
   for (LayerIndex& index : cs.index) kvcache::append_token(index, t);
+  if (cs.reapplies) cs.q_index.push_back(t);
+  cs.peak_bytes = std::max(cs.peak_bytes, held_bytes(cs));  // the token has joined; nothing evicted yet
   if (!cs.any_state) return logits;
   // An eviction policy's cache fits its budget after every step (a protected window may not let it).
-  const std::int64_t max_rows = std::max<std::int64_t>(cs.budget.tokens, 0);
+  const std::int64_t max_rows = cs.budget.rows_after_step();
   if (cs.any_in_engine) {
     const auto evicted = model.decode_rule_step(cs.budget.tokens);  // gone from the cache already
     for (int l = 0; l < g.n_layers; ++l)
@@ -157,10 +195,15 @@ std::vector<float> LiveVerifier::Impl::step(std::int32_t token, Compressed& cs, 
     std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(g.n_kv_heads));
     const int segment = static_cast<std::size_t>(t) < cs.segments.size() ? cs.segments[static_cast<std::size_t>(t)]
                                                                           : static_cast<int>(Segment::Generated);
-    state->step(DecodeStep{t, index.tokens, weights, cs.budget.tokens, segment}, evict);
+    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&, l] { return signals_now(s, cs, l, t + 1); };
+    DecodeStep before{t, index.tokens, weights, cs.budget.tokens, segment};
+    before.signals = &signals;
+    state->step(before, evict);
     kvcache::apply_evictions(label, evict, t, tiered ? -1 : max_rows, index, &rows);
     LayerPlan next;
-    if (tiered && state->retier(DecodeStep{t, index.tokens, {}, cs.budget.tokens}, next))
+    DecodeStep after{t, index.tokens, {}, cs.budget.tokens};
+    after.signals = &signals;
+    if (tiered && state->retier(after, next))
       kvcache::apply_retier(label, next, l, t, *cs.codec, cs.entry_budget, g.head_dim, index, &rows);
   }
   return logits;
@@ -168,7 +211,7 @@ std::vector<float> LiveVerifier::Impl::step(std::int32_t token, Compressed& cs, 
 
 std::vector<float> LiveVerifier::Impl::run_question(Shared& s, Compressed& cs, const std::string& label) {
   std::vector<float> logits = cs.prefill_logits;
-  for (std::int64_t t = s.c; t < s.n_prompt; ++t) logits = step(s.p.tokens[static_cast<std::size_t>(t)], cs, label);
+  for (std::int64_t t = s.c; t < s.n_prompt; ++t) logits = step(s, s.p.tokens[static_cast<std::size_t>(t)], cs, label);
   return logits;
 }
 
@@ -197,8 +240,13 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
       if (!same && diverged == len) diverged = j;
       ++res.steps;
     }
-    if (j + 1 < len) logits = step(s.reference[j], cs, cfg.label());
+    if (j + 1 < len) logits = step(s, s.reference[j], cs, cfg.label());
   }
+  res.decode_peak_bytes = cs.peak_bytes;
+  if (cs.budget.peak_tokens > 0 && res.decode_peak_bytes > res.budget_bytes * (1 + 1e-9) + 1e-6)
+    throw Error("policy " + cfg.label() + " held " + std::to_string(res.decode_peak_bytes) + " bytes at a step after the " +
+                "compression point, over its peak budget " + std::to_string(res.budget_bytes) + " in " + s.where +
+                " (a kvsim bug)");
   res.final_rows = std::as_const(model).cache().entries_rows();
   for (int l = 0; l < g.n_layers; ++l) {
     check_mirror(model, l, cs.index[static_cast<std::size_t>(l)], cfg.label());
@@ -220,7 +268,7 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
       const std::int32_t next = argmax(logits);
       generated.push_back(next);
       if (next == tok.eos()) break;
-      if (j + 1 < opts.max_new) logits = step(next, cs, cfg.label());
+      if (j + 1 < opts.max_new) logits = step(s, next, cs, cfg.label());
     }
     for (int l = 0; l < g.n_layers; ++l) check_mirror(model, l, cs.index[static_cast<std::size_t>(l)], cfg.label());
   }

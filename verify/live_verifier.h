@@ -13,6 +13,7 @@
 #include "capture/capture_driver.h"
 #include "model/weight_matrix.h"
 #include "policies/policy.h"
+#include "kvcache/budget.h"
 #include "kvcache/config.h"
 
 namespace kvsim {
@@ -29,6 +30,7 @@ struct VerifyOptions {
   // > 0: the policy also cuts the cache back to its budget every this many prompt tokens
   // (kvcache/config.h compression_cuts), as sweep --compress-every simulates.
   std::int64_t compress_every = 0;
+  BudgetRule budget_rule;  // when the byte budget holds (kvcache/budget.h), as sweep --budget-semantics
   WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
   Device device = Device::Cpu;
   // Decode-time policies whose step is a rule (core/decode_rule.h: H2O, TOVA) step inside the
@@ -48,6 +50,9 @@ struct LiveConfigResult {
   std::string generated;
   double kept_fraction = 1;        // K/V rows after compression / rows of the full cache
   double compressed_bytes = 0, budget_bytes = 0;
+  // The most the cache held at any step of the teacher-forced run from the compression point on
+  // (ConfigResult::decode_peak_bytes).
+  double decode_peak_bytes = 0;
   double position_fallback = 0;    // share of plan entries kept by position (ConfigResult's)
   std::int64_t final_rows = 0;     // K/V rows in the cache after the teacher-forced continuation
   // Where the decode-time policy stepped: "engine" (its rule, inside the engine), "host", or

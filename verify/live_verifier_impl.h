@@ -18,6 +18,7 @@
 #include "kvcache/budget.h"
 #include "kvcache/cache_signals.h"
 #include "kvcache/plan_apply.h"
+#include "kvcache/reapply.h"
 #include "model/engine.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -141,6 +142,11 @@ struct LiveVerifier::Impl {
     // on its own cache: its queries and, query-aware, the last prompt token's logits.
     std::vector<FloatBuffer> queries;  // [layer], as Shared::queries
     std::vector<float> prefill_logits;
+    // Peak semantics: one-shot policies re-apply while decoding (kvcache/reapply.h), on signals
+    // that see this config's own queries since the compression point too.
+    bool reapplies = false;
+    std::vector<std::int32_t> q_index;  // tokens whose queries `queries` holds
+    double peak_bytes = 0;              // the most the cache held at a step (ConfigResult's decode peak)
   };
 
   // The prompt on the full cache up to the compression point, its queries recorded (and KVzip's
@@ -157,7 +163,7 @@ struct LiveVerifier::Impl {
   void reference_run(Shared& s);
 
   // Oracle signal of one layer: the reference run's evaluation queries attending over its full
-  // cache (causally), restricted to the tokens before the compression point, per query head.
+  // cache (causally), per query head, [eval, every token].
   const std::vector<Mat>& future_attention(Shared& s, int layer);
 
   // What policies see of layer `layer` of a cache (its entries): the tokens and a copy of their
@@ -189,7 +195,14 @@ struct LiveVerifier::Impl {
 
   // One token on the compressed cache, then decode-time eviction in every layer that has a
   // state (the token has joined and its query attended, as in replay), through the plan API.
-  std::vector<float> step(std::int32_t token, Compressed& cs, const std::string& label);
+  std::vector<float> step(Shared& s, std::int32_t token, Compressed& cs, const std::string& label);
+
+  // Layer `layer`'s signals over the config's cache as it is after n tokens, from the fp16
+  // originals when the layer keeps them (what a re-applied policy plans from, as in replay).
+  std::shared_ptr<const LayerSignals> signals_now(Shared& s, Compressed& cs, int layer, std::int64_t n);
+
+  // Bytes of the config's cache now, over every layer.
+  double held_bytes(const Compressed& cs) const;
 
   // The question tokens after a query-agnostic compression point; returns the last logits (or
   // the prefill's, query-aware).

@@ -79,9 +79,8 @@ void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv,
   }
 }
 
-// The compression schedule a sweep ran with (its CSV's "# config:" line): compress_every, or
-// prefill_chunk in sweeps written before the flag was renamed (the same schedule).
-std::int64_t sweep_compress_every(const std::string& csv) {
+// A sweep's "# config:" line (an empty object when it has none).
+nlohmann::json sweep_config(const std::string& csv) {
   std::ifstream in(csv);
   std::string line;
   const std::string tag = "# config: ";
@@ -89,13 +88,36 @@ std::int64_t sweep_compress_every(const std::string& csv) {
     if (line.rfind(tag, 0) != 0) continue;
     const auto j = nlohmann::json::parse(line.substr(tag.size()), nullptr, false);
     if (j.is_discarded() || !j.is_object()) throw Error(csv + ": the '# config:' line is not a JSON object");
-    const char* key = j.contains("compress_every") ? "compress_every" : j.contains("prefill_chunk") ? "prefill_chunk" : nullptr;
-    if (!key) return 0;
-    if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
-      throw Error(csv + ": config field '" + key + "' is " + j[key].dump() + ", expected an integer >= 0");
-    return j[key].get<std::int64_t>();
+    return j;
   }
-  return 0;
+  return nlohmann::json::object();
+}
+
+// The compression schedule a sweep ran with: compress_every, or prefill_chunk in sweeps written
+// before the flag was renamed (the same schedule).
+std::int64_t sweep_compress_every(const std::string& csv, const nlohmann::json& j) {
+  const char* key = j.contains("compress_every") ? "compress_every" : j.contains("prefill_chunk") ? "prefill_chunk" : nullptr;
+  if (!key) return 0;
+  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
+    throw Error(csv + ": config field '" + key + "' is " + j[key].dump() + ", expected an integer >= 0");
+  return j[key].get<std::int64_t>();
+}
+
+// The budget semantics a sweep ran with ("point", or "peak/N"; point in sweeps written before).
+BudgetRule sweep_budget_rule(const std::string& csv, const nlohmann::json& j) {
+  if (!j.contains("budget_semantics")) return BudgetRule{};
+  const nlohmann::json& v = j["budget_semantics"];
+  const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+  if (s == "point") return BudgetRule{};
+  if (s.rfind("peak/", 0) == 0) {
+    try {
+      std::size_t used = 0;
+      const std::int64_t every = std::stoll(s.substr(5), &used);
+      if (used == s.size() - 5 && every >= 1) return BudgetRule{true, every};
+    } catch (const std::exception&) {
+    }
+  }
+  throw Error(csv + ": config field 'budget_semantics' is " + v.dump() + ", expected \"point\" or \"peak/N\" (N >= 1)");
 }
 
 }  // namespace
@@ -117,12 +139,19 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
     if (spec.mode_given && mode != live.mode)
       throw Error(offline_csv + ": the sweep ran " + mode_name(mode) + ", but --mode is " + mode_name(live.mode));
     live.mode = mode;
-    const std::int64_t every = sweep_compress_every(offline_csv);
+    const nlohmann::json sweep = sweep_config(offline_csv);
+    const std::int64_t every = sweep_compress_every(offline_csv, sweep);
     if (spec.compress_every_given && every != live.compress_every)
       throw Error(offline_csv + ": the sweep cut the cache every " + std::to_string(every) +
                   " prompt tokens (compress_every in its config), but --compress-every is " +
                   std::to_string(live.compress_every));
     live.compress_every = every;
+    const BudgetRule rule = sweep_budget_rule(offline_csv, sweep);
+    if (spec.budget_rule_given && rule.name() != live.budget_rule.name())
+      throw Error(offline_csv + ": the sweep held its budgets as " + rule.name() +
+                  " (budget_semantics in its config), but --budget-semantics/--reapply-every ask for " +
+                  live.budget_rule.name());
+    live.budget_rule = rule;
     std::set<std::string> ids;
     for (const auto& r : requests) ids.insert(r.id);
     if (std::none_of(offline.begin(), offline.end(), [&](const OfflineRow& r) { return ids.count(r.request) > 0; }))
@@ -150,13 +179,14 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   nlohmann::json cfg{{"tool", "kvsim verify"}, {"model", spec.model_path}, {"tasks", spec.tasks_path},
                      {"mode", mode_name(live.mode)}, {"max_new", live.max_new}, {"weights", weight_format_name(live.weights)},
                      {"queries", live.all_queries ? "all" : "eval"}, {"prefill_chunk", live.prefill_chunk},
-                     {"compress_every", live.compress_every},
+                     {"compress_every", live.compress_every}, {"budget_semantics", live.budget_rule.name()},
                      {"device", verifier.device()}, {"policy_steps", verifier.rules_in_engine() ? "engine" : "host"}};
   csv << "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)\n# config: "
       << cfg.dump() << "\n";
   csv << csv_line({"request", "task", "mode", "policy", "params", "budget", "budget_tokens", "kept_fraction", "compressed_bytes",
                    "budget_bytes", "steps", "live_kl", "max_kl", "top1", "ppl", "reference_ppl", "task_score",
-                   "reference_task_score", "same_tokens", "seconds", "policy_steps", "position_fallback", "generated"})
+                   "reference_task_score", "same_tokens", "seconds", "policy_steps", "position_fallback", "budget_semantics",
+                   "decode_peak_bytes", "generated"})
       << "\n";
   const bool tty = spec.progress && ::isatty(2);
   const auto t0 = std::chrono::steady_clock::now();
@@ -179,7 +209,8 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
                        num(x.kept_fraction), num(x.compressed_bytes), num(x.budget_bytes), std::to_string(x.steps),
                        num(x.mean_kl), num(x.max_kl), num(x.top1), num(x.ppl), num(res.reference_ppl), num(x.task_score),
                        num(res.reference_task_score), x.same_tokens ? "1" : "0", num(x.seconds),
-                       x.policy_steps, num(x.position_fallback), x.generated})
+                       x.policy_steps, num(x.position_fallback), live.budget_rule.name(), num(x.decode_peak_bytes),
+                       x.generated})
           << "\n";
       live_rows.push_back({r.id, c.policy, c.params, c.budget, x.mean_kl, x.top1, x.task_score});
       Mean& m = summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}];

@@ -19,6 +19,7 @@ struct VerifySpec {
   std::string offline_detail;         // that sweep's per-layer detail (optional)
   bool mode_given = false;            // --mode given explicitly (must then match the sweep's)
   bool compress_every_given = false;  // --compress-every given explicitly (the same)
+  bool budget_rule_given = false;     // --budget-semantics / --reapply-every given explicitly (the same)
   VerifyOptions live;
   std::string out_csv = "verify.csv", agreement_csv;
   bool force = false, progress = true;
