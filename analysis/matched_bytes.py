@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tables of the matched-bytes experiment (bench/matched_bytes.sh) and the three seed claims.
 
-usage: matched_bytes.py OUT        (reads OUT/<mode>/sweep*.csv and OUT/<mode>/verify*.csv)
+usage: matched_bytes.py DIR        (reads DIR/<mode>/sweep*.csv and DIR/<mode>/verify*.csv)
 
 Every number is a mean over the experiment's requests of one (mode, policy, budget) config:
 offline = the sweep's teacher-forced per-layer metrics on the trace, live = the model run on the
@@ -14,8 +14,8 @@ import os
 import sys
 from collections import defaultdict
 
-TOKEN_SELECTION = ["streamingllm", "snapkv", "pyramidkv", "adakv", "h2o", "expected_attention", "keydiff", "andpro", "kvzip", "kvzip_proxy",
-                   "structure"]
+TOKEN_SELECTION = ["streamingllm", "snapkv", "pyramidkv", "adakv", "h2o", "tova", "expected_attention", "keydiff", "andpro",
+                   "kvzip", "kvzip_proxy", "structure"]
 KEEP_EVERY_TOKEN = ["intn", "kivi", "lowrank", "varrate"]
 
 
@@ -47,6 +47,7 @@ def mean(xs):
 
 def load(out):
     table = {}  # (mode, label, budget) -> metrics
+    semantics = set()
     modes = []
     for mode in ("query-aware", "query-agnostic"):
         # sweep*.csv / verify*.csv: later runs of extra policies (e.g. sweep_kvzip.csv) join the table.
@@ -67,6 +68,12 @@ def load(out):
             acc[key]["off_err"].append(float(r["mean_out_err"]))
             acc[key]["kept"].append(float(r["kept_fraction"]))
             acc[key]["bytes"].append(float(r["compressed_bytes"]) / float(r["budget_bytes"]))
+            if r.get("decode_peak_bytes"):  # the most held at any step, against the same budget
+                acc[key]["peak"].append(float(r["decode_peak_bytes"]) / float(r["budget_bytes"]))
+            if r.get("est_kl"):
+                acc[key]["est_kl"].append(float(r["est_kl"]))
+            if r.get("budget_semantics"):
+                semantics.add(r["budget_semantics"])
         for r in live:
             key = (mode, names[(r["policy"], r["params"])], float(r["budget"]))
             acc[key]["live_kl"].append(float(r["live_kl"]))
@@ -75,10 +82,10 @@ def load(out):
             acc[key]["ref_task"].append(float(r["reference_task_score"]) if r["reference_task_score"] not in ("", "nan")
                                         else float("nan"))
         for key, m in acc.items():
-            table[key] = {k: float("nan") for k in ("live_kl", "top1", "task", "ref_task")}
+            table[key] = {k: float("nan") for k in ("live_kl", "top1", "task", "ref_task", "peak", "est_kl")}
             table[key].update({k: mean(v) for k, v in m.items()})
             table[key]["n"] = len(m["off_kl"])
-    return modes, table
+    return modes, table, semantics
 
 
 def fmt(x, digits=3):
@@ -88,7 +95,7 @@ def fmt(x, digits=3):
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: matched_bytes.py OUT")
-    modes, t = load(sys.argv[1])
+    modes, t, semantics = load(sys.argv[1])
     if not t:
         sys.exit(f"no sweep*.csv + verify*.csv under {sys.argv[1]}/<mode>/")
     budgets = sorted({b for (_, _, b) in t})
@@ -96,19 +103,23 @@ def main():
     n = max(v["n"] for v in t.values())
     ref = mean([v.get("ref_task", float("nan")) for v in t.values()])
     print(f"# Matched-bytes experiment: {n} requests, budgets {', '.join(map(str, budgets))}, modes {', '.join(modes)}\n")
-    print(f"Full-cache task score (reference): {fmt(ref)}. Byte budgets are fractions of the full fp16 cache at the "
-          "compression point; `bytes` is compressed / budget bytes, `kept` the share of tokens kept in any form.\n")
+    print(f"Budget semantics: {', '.join(sorted(semantics)) or 'point'} (docs/budget_semantics.md). "
+          f"Full-cache task score (reference): {fmt(ref)}. Byte budgets are fractions of the full fp16 cache at the "
+          "compression point; `bytes` is compressed / budget bytes right after compression, `peak` the most the cache "
+          "held at any later step / budget bytes, `kept` the share of tokens kept in any form, `est KL` the calibrated "
+          "offline estimate of live KL (docs/estimator.md).\n")
     for mode in modes:
         print(f"## {mode}\n")
-        print("| policy | budget | kept | bytes | offline KL | offline err | live KL | top-1 | task |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| policy | budget | kept | bytes | peak | offline KL | offline err | est KL | live KL | top-1 | task |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for p in policies:
             for b in budgets:
                 v = t.get((mode, p, b))
                 if not v:
                     continue
-                print(f"| {p} | {b:g} | {fmt(v['kept'], 2)} | {fmt(v['bytes'], 2)} | {fmt(v['off_kl'], 4)} | "
-                      f"{fmt(v['off_err'], 3)} | {fmt(v['live_kl'], 4)} | {fmt(v['top1'], 3)} | {fmt(v['task'], 2)} |")
+                print(f"| {p} | {b:g} | {fmt(v['kept'], 2)} | {fmt(v['bytes'], 2)} | {fmt(v['peak'], 2)} | "
+                      f"{fmt(v['off_kl'], 4)} | {fmt(v['off_err'], 3)} | {fmt(v['est_kl'], 4)} | {fmt(v['live_kl'], 4)} | "
+                      f"{fmt(v['top1'], 3)} | {fmt(v['task'], 2)} |")
         print()
 
     def live(mode, p, b, key="live_kl"):

@@ -14,5 +14,7 @@ int model_command(const Args& args);
 int capture_command(const Args& args);
 int tasks_command(const Args& args);
 int verify_command(const Args& args);
+int calibrate_command(const Args& args);
+int agreement_command(const Args& args);
 
 }  // namespace kvsim::cli

@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
       {"capture", "record kvtrace files from a real GGUF model", kvsim::cli::capture_command},
       {"tasks", "generate capture requests (needle tasks, text windows)", kvsim::cli::tasks_command},
       {"verify", "run configs live on the model's compressed cache; agreement with a sweep", kvsim::cli::verify_command},
+      {"calibrate", "fit the offline estimate of live KL (est_kl) to live runs of a calibration split",
+       kvsim::cli::calibrate_command},
+      {"agreement", "the offline/live agreement report from sweep and verify result files", kvsim::cli::agreement_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

@@ -54,6 +54,8 @@ int sweep_command(const Args& args) {
       "each time the cache reaches the budget again (at most half the budget)")(
       "out,o", po::value(&spec.out_csv)->default_value("sweep.csv"), "result CSV")(
       "detail", po::value(&spec.detail_jsonl), "per-layer metrics as JSON lines (optional)")(
+      "estimator", po::value(&spec.estimator),
+      "a `kvsim calibrate` file: fill the est_kl column, the offline estimate of live KL (docs/estimator.md)")(
       "sweep-file", po::value(&sweep_file), "JSON sweep file: {traces, policies, budgets, mode} (CLI values win)")(
       "resume", "continue an interrupted sweep in --out (same configuration only)")(
       "force", "replace an existing --out")("quiet,q", "no progress line")(

@@ -29,6 +29,9 @@ int verify_command(const Args& args) {
       "top", po::value(&spec.top)->default_value(spec.top), "see --from-sweep")(
       "offline", po::value(&spec.offline_csv), "sweep result CSV to compare with (implied by --from-sweep)")(
       "detail", po::value(&spec.offline_detail), "that sweep's --detail JSONL: adds per-layer offline metrics")(
+      "estimator", po::value(&spec.estimator),
+      "a `kvsim calibrate` file: add its est_kl to the agreement (needs --detail); the requests it was fitted on are left "
+      "out of the agreement")(
       "mode", po::value(&mode)->default_value(mode), "query-aware | query-agnostic (a sweep's own mode wins)")(
       "max-new", po::value(&spec.live.max_new)->default_value(spec.live.max_new), "reference continuation tokens (>= 2)")(
       "queries", po::value(&queries)->default_value(queries),

@@ -3,6 +3,8 @@
 // Rule: per head and observation query i, the anchor u_i is the direction of its attention output
 // o_i = sum_j a_ij v_j; token j scores sum_i a_ij <v_j, u_i>, its contribution along the output
 // the window's queries produce. Keep the window plus the top scorers.
+#include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -19,7 +21,6 @@ class AnDPro : public ScoringPolicy {
   AnDPro(int window, Sign sign, GqaAgg gqa) : window_(window), sign_(sign), gqa_(gqa) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const ModelGeometry& g = s.geometry();
-    const int d = g.head_dim;
     std::vector<HeadScores> per_q(static_cast<std::size_t>(g.n_q_heads));
     for (int q = 0; q < g.n_q_heads; ++q) {
       const int kv = q / g.group();
@@ -27,24 +28,26 @@ class AnDPro : public ScoringPolicy {
       const int w = static_cast<int>(std::min<std::int64_t>(window_, n));
       const MatrixView a = s.window_attention(q, w);  // [w, n]
       const MatrixView v = s.values(kv);              // [n, d]
+      using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      const Eigen::Map<const RowMat> A(a.data, a.rows, a.cols), V(v.data, v.rows, v.cols);
+      // Anchors u_i = o_i / |o_i| (rows of A V), and every token's projection on each: P = V U^T.
+      Eigen::MatrixXd U = A.cast<double>() * V.cast<double>();
+      for (Eigen::Index i = 0; i < U.rows(); ++i) {
+        const double norm = U.row(i).norm();
+        if (norm == 0) U.row(i).setZero();
+        else U.row(i) /= norm;
+      }
+      const Eigen::MatrixXd P = V.cast<double>() * U.transpose();  // [n, w]
       std::vector<float> score(static_cast<std::size_t>(n), 0.0f);
-      std::vector<double> u(static_cast<std::size_t>(d));
-      for (std::int64_t i = 0; i < a.rows; ++i) {
-        std::fill(u.begin(), u.end(), 0.0);
-        for (std::int64_t j = 0; j < n; ++j)
-          for (int x = 0; x < d; ++x) u[static_cast<std::size_t>(x)] += a.at(i, j) * v.at(j, x);
-        double norm = 0;
-        for (double x : u) norm += x * x;
-        norm = std::sqrt(norm);
-        if (norm == 0) continue;
-        for (std::int64_t j = 0; j < n; ++j) {
-          double proj = 0;
-          for (int x = 0; x < d; ++x) proj += v.at(j, x) * u[static_cast<std::size_t>(x)];
-          double c = a.at(i, j) * proj / norm;
+      for (std::int64_t j = 0; j < n; ++j) {
+        float total = 0;  // float sums in window order, as the rule's reference loop
+        for (std::int64_t i = 0; i < a.rows; ++i) {
+          double c = static_cast<double>(a.at(i, j)) * P(j, i);
           if (sign_ == Sign::Clamp) c = std::max(c, 0.0);
           if (sign_ == Sign::Abs) c = std::abs(c);
-          score[static_cast<std::size_t>(j)] += static_cast<float>(c);
+          total += static_cast<float>(c);
         }
+        score[static_cast<std::size_t>(j)] = total;
       }
       per_q[static_cast<std::size_t>(q)].score = std::move(score);
       per_q[static_cast<std::size_t>(q)].protect = protect_ends(n, 0, w);

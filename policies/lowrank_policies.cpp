@@ -133,17 +133,21 @@ void water_fill(HeadPlan& p, std::int64_t spare, const Floors& f, int cap, int d
 int best_cap(const HeadPlan& p, const Floors& f, int r_min, int d, const std::function<std::int64_t(int)>& spare) {
   const std::size_t m = f.floor_gain.size();
   if (m == 0) return r_min;
-  std::vector<std::size_t> order(m), token_of(m);
+  // Sorted as values, not as indices into the arrays: the comparisons stay in cache.
+  struct Entry {
+    double floor_gain;
+    std::size_t token, k;
+  };
+  std::vector<Entry> order(m);
   for (std::size_t t = 0; t < f.tokens.size(); ++t)
-    for (std::size_t k = f.offset[t]; k < f.offset[t + 1]; ++k) token_of[k] = t;
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (f.floor_gain[a] != f.floor_gain[b]) return f.floor_gain[a] > f.floor_gain[b];
-    if (token_of[a] != token_of[b]) return token_of[a] > token_of[b];
-    return a < b;
+    for (std::size_t k = f.offset[t]; k < f.offset[t + 1]; ++k) order[k] = {f.floor_gain[k], t, k};
+  std::sort(order.begin(), order.end(), [](const Entry& a, const Entry& b) {
+    if (a.floor_gain != b.floor_gain) return a.floor_gain > b.floor_gain;
+    if (a.token != b.token) return a.token > b.token;
+    return a.k < b.k;
   });
   std::vector<std::size_t> slot(m);
-  for (std::size_t i = 0; i < m; ++i) slot[order[i]] = i;
+  for (std::size_t i = 0; i < m; ++i) slot[order[i].k] = i;
   std::vector<std::int64_t> count(m + 1, 0);
   std::vector<double> sum(m + 1, 0.0);
   auto insert = [&](std::size_t k) {

@@ -28,6 +28,7 @@ void start_accumulator(Accumulator& a, int L, std::int64_t T, std::int64_t c, bo
   a.layer_recall.assign(static_cast<std::size_t>(L), 0);
   a.layer_kl.assign(static_cast<std::size_t>(L), 0);
   a.layer_err.assign(static_cast<std::size_t>(L), 0);
+  a.layer_out_sq.assign(static_cast<std::size_t>(L), 0);
   a.layer_rows.assign(static_cast<std::size_t>(L), 0);
   a.kl.assign(static_cast<std::size_t>(L), {});
   a.err.assign(static_cast<std::size_t>(L), {});
@@ -54,20 +55,23 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
     r.layer_p95_err.push_back(percentile95(a.err[li]));
   }
   r.rows = static_cast<std::int64_t>(all_kl.size());
-  double sr = 0, sk = 0, se = 0;
+  double sr = 0, sk = 0, se = 0, sq = 0;
   for (int l = 0; l < L; ++l) {
     const auto li = static_cast<std::size_t>(l);
     const double n = static_cast<double>(a.layer_rows[li]);
     sr += a.layer_recall[li];
     sk += a.layer_kl[li];
     se += a.layer_err[li];
+    sq += a.layer_out_sq[li];
     r.layer_recall.push_back(a.layer_recall[li] / n);
     r.layer_kl.push_back(a.layer_kl[li] / n);
     r.layer_err.push_back(a.layer_err[li] / n);
+    r.layer_out_sq.push_back(a.layer_out_sq[li] / n);
   }
   r.mean_recall = sr / static_cast<double>(r.rows);
   r.mean_kl = sk / static_cast<double>(r.rows);
   r.mean_err = se / static_cast<double>(r.rows);
+  r.mean_out_sq = sq / static_cast<double>(r.rows);
   r.p95_kl = percentile95(all_kl);
   r.p95_err = percentile95(all_err);
   const double bpt = b.token_bytes;
@@ -189,7 +193,8 @@ void score_layer(const LayerWork& work, const std::vector<ReplayConfig>& configs
     for (int qh = 0; qh < Hq; ++qh)
       for (std::int64_t i = 0; i < E; ++i)
         acc[shots[k].config].add_row(layer, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
-                                     err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)]);
+                                     err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
+                                     work.out[static_cast<std::size_t>(qh)].row(i).squaredNorm());
 }
 
 // Every config of a layer shares one pass over the trace: the full attention of the evaluation

@@ -23,8 +23,11 @@ struct ConfigResult {
   std::int64_t budget_tokens = 0;  // per (layer, KV head), before per-layer/head reallocation
   std::int64_t rows = 0;           // (layer, query head, evaluation query) rows
   double mean_recall = 0, mean_kl = 0, p95_kl = 0, mean_err = 0, p95_err = 0;
+  double mean_out_sq = 0;          // mean squared absolute output error over the rows (layer_out_sq's)
   std::vector<double> layer_recall, layer_kl, layer_err;  // per-layer means
   std::vector<double> layer_p95_kl, layer_p95_err;        // per-layer tails
+  // Per-layer mean squared absolute output error |o - o'|^2: what the offline estimate weighs.
+  std::vector<double> layer_out_sq;
   double kept_fraction = 1.0;      // kept / cached K/V entries at the compression point (per-query-head copies count)
   double compressed_bytes = 0;     // K/V + policy state right after compression
   double budget_bytes = 0;         // budget x full fp16 bytes at the compression point

@@ -31,6 +31,7 @@ using kvcache::StridedMap;
 struct Accumulator {
   std::vector<std::vector<float>> kl, err;  // [layer][row]
   std::vector<double> layer_recall, layer_kl, layer_err;
+  std::vector<double> layer_out_sq;         // sum of squared absolute output errors, err^2 x |o|^2
   std::vector<std::int64_t> layer_rows;
   std::int64_t kept = 0;                    // right after compression, over layers and heads
   std::int64_t entries = 0;                 // plan entries of one layer (KV or query heads)
@@ -46,16 +47,19 @@ struct Accumulator {
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
   // Eviction only: the compressed row is the full one renormalised over the kept tokens, whose
   // KL(compressed || full) is -log(recall).
-  void add_row(int layer, double recall, double row_err) {
+  // out_norm2: the squared norm of the row's full-cache output, which turns its relative error
+  // into the absolute one the offline estimate (sim/estimator.h) weighs.
+  void add_row(int layer, double recall, double row_err, double out_norm2) {
     recall = std::clamp(recall, 1e-30, 1.0);
-    add_row(layer, recall, -std::log(recall), row_err);
+    add_row(layer, recall, -std::log(recall), row_err, out_norm2);
   }
-  void add_row(int layer, double recall, double kl_row, double row_err) {
+  void add_row(int layer, double recall, double kl_row, double row_err, double out_norm2) {
     kl[static_cast<std::size_t>(layer)].push_back(static_cast<float>(kl_row));
     err[static_cast<std::size_t>(layer)].push_back(static_cast<float>(row_err));
     layer_recall[static_cast<std::size_t>(layer)] += recall;
     layer_kl[static_cast<std::size_t>(layer)] += kl_row;
     layer_err[static_cast<std::size_t>(layer)] += row_err;
+    layer_out_sq[static_cast<std::size_t>(layer)] += row_err * row_err * out_norm2;
     ++layer_rows[static_cast<std::size_t>(layer)];
   }
 };

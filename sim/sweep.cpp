@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -20,6 +21,7 @@
 #include "traces/trace_check.h"
 #include "policies/registry.h"
 #include "sim/csv.h"
+#include "sim/estimator.h"
 
 namespace kvsim {
 
@@ -30,7 +32,7 @@ const std::vector<std::string> kColumns = {
     "budget_tokens", "kept_fraction", "mean_recall",  "mean_kl",    "p95_kl",         "mean_out_err",
     "p95_out_err", "compressed_bytes", "budget_bytes", "peak_bytes", "final_bytes",    "footprint_byte_steps",
     "host_bytes",  "eval_queries", "rows",          "keep_hash",  "position_fallback", "budget_semantics",
-    "decode_peak_bytes"};
+    "decode_peak_bytes", "mean_out_sq", "est_kl"};
 
 std::string num(double x) {
   std::ostringstream os;
@@ -110,6 +112,7 @@ std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayCon
   j["mode"] = mode_name(spec.mode);
   j["compress_every"] = spec.compress_every;
   j["budget_semantics"] = spec.budget_rule.name();
+  if (!spec.estimator.empty()) j["estimator"] = spec.estimator;
   j["budgets"] = spec.budgets;
   nlohmann::json cfgs = nlohmann::json::array();
   for (const auto& c : configs) cfgs.push_back({{"policy", c.label()}, {"budget", c.budget}});
@@ -145,6 +148,15 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     total_requests += static_cast<std::int64_t>(r.request_ids().size());
   }
 
+  std::optional<Estimator> estimator;
+  if (!spec.estimator.empty()) {
+    estimator = read_estimator(spec.estimator);
+    if (estimator->weights.size() != static_cast<std::size_t>(readers.front()->geometry().n_layers))
+      throw Error(spec.estimator + ": " + std::to_string(estimator->weights.size()) + " layer weights, but the traces' model has " +
+                  std::to_string(readers.front()->geometry().n_layers) + " layers (calibrated on another model?)");
+    if (estimator->mode != mode_name(spec.mode))
+      throw Error(spec.estimator + ": calibrated on " + estimator->mode + " runs, but this sweep is " + mode_name(spec.mode));
+  }
   const std::string config_line = "# config: " + sweep_config_json(spec, configs);
   CsvState state;
   const bool exists = std::filesystem::exists(spec.out_csv);
@@ -218,7 +230,8 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                          num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
                          num(r.footprint), num(r.host_bytes), std::to_string(res.eval_queries), std::to_string(r.rows),
                          std::to_string(r.keep_hash), num(r.position_fallback), spec.budget_rule.name(),
-                         num(r.decode_peak_bytes)})
+                         num(r.decode_peak_bytes), num(r.mean_out_sq),
+                         estimator ? num(estimator->predict(r.layer_out_sq, spec.estimator)) : std::string()})
             << "\n";
         if (detail.is_open()) {
           detail << nlohmann::json{{"trace", spec.traces[t]},
@@ -228,6 +241,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                                    {"layer_recall", r.layer_recall},
                                    {"layer_kl", r.layer_kl},
                                    {"layer_out_err", r.layer_err},
+                                   {"layer_out_sq", r.layer_out_sq},
                                    {"layer_p95_kl", r.layer_p95_kl},
                                    {"layer_p95_out_err", r.layer_p95_err}}
                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)

@@ -19,6 +19,7 @@ struct SweepSpec {
   BudgetRule budget_rule;             // when the byte budget holds: at the compression point, or at every step
   std::string out_csv;
   std::string detail_jsonl;           // empty: no per-layer detail
+  std::string estimator;              // a `kvsim calibrate` file: fills the est_kl column (else empty)
   bool resume = false;                // skip rows already in out_csv (same configuration only)
   bool force = false;                 // replace an existing out_csv
   bool progress = true;               // progress line on stderr

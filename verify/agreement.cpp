@@ -88,7 +88,14 @@ double kendall_tau_b(const std::vector<double>& a0, const std::vector<double>& b
 }
 
 AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vector<LiveRow>& live,
-                          const std::vector<std::string>& metrics, int top_k) {
+                          const std::vector<std::string>& all_metrics, int top_k, const std::vector<std::string>& exclude,
+                          int wider_k) {
+  std::vector<std::string> metrics;
+  for (const auto& m : all_metrics)
+    if (std::any_of(offline.begin(), offline.end(), [&](const OfflineRow& r) { return r.metrics.count(m) > 0; }))
+      metrics.push_back(m);
+  const std::set<std::string> skip(exclude.begin(), exclude.end());
+  std::set<std::string> excluded;
   using Key = std::tuple<std::string, std::string, double>;  // policy, params, budget
   std::map<std::pair<Key, std::string>, const OfflineRow*> off;
   for (const auto& r : offline) off[{{r.policy, r.params, r.budget}, r.request}] = &r;
@@ -101,6 +108,10 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
   std::set<std::string> requests;
   for (const auto& l : live) {
     if (!(l.budget < 1.0)) continue;
+    if (skip.count(l.request)) {
+      excluded.insert(l.request);
+      continue;
+    }
     const Key key{l.policy, l.params, l.budget};
     const auto it = off.find({key, l.request});
     if (it == off.end()) continue;
@@ -117,6 +128,9 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
     ++s.n;
     requests.insert(l.request);
   }
+  if (by_config.size() < 3 && !excluded.empty() && requests.empty())
+    throw Error("agreement: every live request was left out (the estimator was fitted on them); give the live "
+                "results of held-out requests");
   if (by_config.size() < 3)
     throw Error("agreement: " + std::to_string(by_config.size()) +
                 " compressed configs were run both offline and live on the same requests; need at least 3 (same request "
@@ -125,19 +139,21 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
   rep.configs = static_cast<int>(by_config.size());
   rep.requests = static_cast<int>(requests.size());
   rep.top_k = std::min<int>(top_k, rep.configs);
+  rep.wider_k = std::min<int>(std::max(wider_k, rep.top_k), rep.configs);
+  rep.excluded.assign(excluded.begin(), excluded.end());
   std::vector<double> live_kl, task, budgets;
   for (const auto& [key, s] : by_config) {
     live_kl.push_back(s.kl / s.n);
     task.push_back(s.n_task ? s.task / s.n_task : kNaN);
     budgets.push_back(std::get<2>(key));
   }
-  auto top = [&](const std::vector<double>& v) {
+  auto top = [&](const std::vector<double>& v, int k) {
     std::vector<std::size_t> idx(v.size());
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return v[a] < v[b]; });
-    return std::set<std::size_t>(idx.begin(), idx.begin() + rep.top_k);
+    return std::set<std::size_t>(idx.begin(), idx.begin() + k);
   };
-  const auto live_top = top(live_kl);
+  const auto live_top = top(live_kl, rep.top_k);
   for (const auto& m : metrics) {
     std::vector<double> x;
     for (const auto& [key, s] : by_config) x.push_back(s.offline.at(m) / s.n);
@@ -147,7 +163,7 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
     row.kendall_kl = kendall_tau_b(x, live_kl);
     row.spearman_task = spearman(x, task);
     row.kendall_task = kendall_tau_b(x, task);
-    double sum = 0;
+    double sum = 0, worst = kNaN;
     int groups = 0;
     for (double b : std::set<double>(budgets.begin(), budgets.end())) {
       std::vector<double> xb, yb;
@@ -160,13 +176,19 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
       if (std::isfinite(r)) {
         sum += r;
         ++groups;
+        worst = std::isfinite(worst) ? std::min(worst, r) : r;
       }
     }
     row.within_budget_spearman_kl = groups ? sum / groups : kNaN;
-    const auto off_top = top(x);
-    int hit = 0;
-    for (auto i : live_top) hit += off_top.count(i) ? 1 : 0;
+    row.within_budget_min_spearman_kl = worst;
+    const auto off_top = top(x, rep.top_k), off_wider = top(x, rep.wider_k);
+    int hit = 0, wide = 0;
+    for (auto i : live_top) {
+      hit += off_top.count(i) ? 1 : 0;
+      wide += off_wider.count(i) ? 1 : 0;
+    }
     row.top_recall = static_cast<double>(hit) / rep.top_k;
+    row.top_in_wider = static_cast<double>(wide) / rep.top_k;
     rep.rows.push_back(row);
   }
   return rep;
@@ -175,13 +197,18 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
 void write_agreement_csv(const AgreementReport& r, const std::string& path) {
   std::ofstream out(path);
   if (!out) throw Error(path + ": cannot write the agreement report");
-  out << "# kvsim verify agreement: " << r.configs << " configs, " << r.requests << " requests\n";
+  out << "# kvsim verify agreement: " << r.configs << " configs, " << r.requests << " requests";
+  if (!r.excluded.empty()) out << " (" << r.excluded.size() << " calibration requests left out)";
+  out << "\n";
+  const std::string k = std::to_string(r.top_k);
   out << csv_line({"offline_metric", "spearman_live_kl", "kendall_live_kl", "within_budget_spearman_live_kl",
-                   "spearman_task_score", "kendall_task_score", "top" + std::to_string(r.top_k) + "_recall"})
+                   "within_budget_min_spearman_live_kl", "spearman_task_score", "kendall_task_score", "top" + k + "_recall",
+                   "top" + k + "_in_top" + std::to_string(r.wider_k)})
       << "\n";
   for (const auto& x : r.rows)
-    out << csv_line({x.metric, num(x.spearman_kl), num(x.kendall_kl), num(x.within_budget_spearman_kl), num(x.spearman_task),
-                     num(x.kendall_task), num(x.top_recall)})
+    out << csv_line({x.metric, num(x.spearman_kl), num(x.kendall_kl), num(x.within_budget_spearman_kl),
+                     num(x.within_budget_min_spearman_kl), num(x.spearman_task), num(x.kendall_task), num(x.top_recall),
+                     num(x.top_in_wider)})
         << "\n";
   if (!out) throw Error(path + ": write failed");
 }
@@ -189,15 +216,19 @@ void write_agreement_csv(const AgreementReport& r, const std::string& path) {
 void print_agreement(const AgreementReport& r, std::ostream& os) {
   char buf[200];
   os << "agreement of the offline ranking with the live one (" << r.configs << " compressed configs, " << r.requests
-     << " requests; offline metrics larger = worse, so a good predictor correlates positively with live KL and "
-        "negatively with the task score)\n";
-  std::snprintf(buf, sizeof buf, "%-16s%12s%12s%16s%12s%12s%10s\n", "offline metric", "rho(KL)", "tau(KL)",
-                "rho(KL)/budget", "rho(task)", "tau(task)", ("top" + std::to_string(r.top_k)).c_str());
+     << " requests";
+  if (!r.excluded.empty()) os << ", held out: the " << r.excluded.size() << " requests the estimator was fitted on left out";
+  os << "; offline metrics larger = worse, so a good predictor correlates positively with live KL and "
+        "negatively with the task score; per budget: mean and worst)\n";
+  const std::string k = std::to_string(r.top_k), wide = "top" + k + "/" + std::to_string(r.wider_k);
+  std::snprintf(buf, sizeof buf, "%-16s%10s%10s%12s%12s%11s%11s%8s%9s\n", "offline metric", "rho(KL)", "tau(KL)",
+                "rho/budget", "worst/bud.", "rho(task)", "tau(task)", ("top" + k).c_str(), wide.c_str());
   os << buf;
   for (const auto& x : r.rows) {
-    std::snprintf(buf, sizeof buf, "%-16s%12s%12s%16s%12s%12s%10s\n", x.metric.c_str(), num(x.spearman_kl).c_str(),
-                  num(x.kendall_kl).c_str(), num(x.within_budget_spearman_kl).c_str(), num(x.spearman_task).c_str(),
-                  num(x.kendall_task).c_str(), num(x.top_recall).c_str());
+    std::snprintf(buf, sizeof buf, "%-16s%10s%10s%12s%12s%11s%11s%8s%9s\n", x.metric.c_str(), num(x.spearman_kl).c_str(),
+                  num(x.kendall_kl).c_str(), num(x.within_budget_spearman_kl).c_str(),
+                  num(x.within_budget_min_spearman_kl).c_str(), num(x.spearman_task).c_str(), num(x.kendall_task).c_str(),
+                  num(x.top_recall).c_str(), num(x.top_in_wider).c_str());
     os << buf;
   }
 }

@@ -11,7 +11,7 @@
 namespace kvsim {
 
 std::vector<std::string> offline_metric_names(bool with_detail) {
-  std::vector<std::string> out = {"recall_loss", "mean_kl", "p95_kl", "mean_out_err", "p95_out_err"};
+  std::vector<std::string> out = {"recall_loss", "mean_kl", "p95_kl", "mean_out_err", "p95_out_err", "mean_out_sq", "est_kl"};
   if (with_detail)
     for (const char* m : {"last_layer_kl", "max_layer_kl", "last_layer_err", "max_layer_err"}) out.push_back(m);
   return out;
@@ -66,6 +66,9 @@ std::vector<OfflineRow> read_sweep_csv(const std::string& path) {
     }
     r.metrics["recall_loss"] = 1.0 - number("mean_recall");
     for (const char* m : {"mean_kl", "p95_kl", "mean_out_err", "p95_out_err"}) r.metrics[m] = number(m);
+    // Columns of newer sweeps: absent or empty (no --estimator) leave the metric out.
+    for (const char* m : {"mean_out_sq", "est_kl"})
+      if (col.count(m) && !f[col.at(m)].empty()) r.metrics[m] = number(m);
     rows.push_back(std::move(r));
   }
   if (rows.empty()) throw FormatError(path + ": no result rows (expected a kvsim sweep result file)");
@@ -99,6 +102,7 @@ void add_sweep_detail(std::vector<OfflineRow>& rows, const std::string& detail_p
     if (it == by_key.end())
       throw FormatError(detail_path + ": no detail for " + label + " at budget " + std::to_string(r.budget) + " of request '" +
                         r.request + "' (the detail file of another sweep?)");
+    if (it->second.contains("layer_out_sq")) r.layer_out_sq = it->second["layer_out_sq"].get<std::vector<double>>();
     const auto kl = it->second["layer_kl"].get<std::vector<double>>();
     const auto err = it->second["layer_out_err"].get<std::vector<double>>();
     if (kl.empty() || err.empty()) continue;

@@ -11,11 +11,13 @@ struct OfflineRow {
   std::string trace, request, mode, policy, params;
   double budget = 0;
   std::map<std::string, double> metrics;  // offline metrics, larger = worse (see offline_metric_names)
+  std::vector<double> layer_out_sq;       // per layer, from the detail file (what the estimator weighs)
   int line = 0;
 };
 
 // The offline metrics the report ranks by, each oriented so that larger is worse: recall_loss
-// (1 - mean recall), mean_kl, p95_kl, mean_out_err, p95_out_err; with a detail file also the
+// (1 - mean recall), mean_kl, p95_kl, mean_out_err, p95_out_err, mean_out_sq (mean squared
+// absolute output error), est_kl (the calibrated estimate, sim/estimator.h); with a detail file also the
 // per-layer aggregates last_layer_kl, max_layer_kl, last_layer_err, max_layer_err.
 std::vector<std::string> offline_metric_names(bool with_detail);
 

@@ -21,6 +21,7 @@
 #include "sim/sweep.h"
 #include "traces/trace_reader.h"
 #include "verify/agreement.h"
+#include "verify/calibrate.h"
 #include "verify/sweep_results.h"
 
 namespace kvsim {
@@ -132,6 +133,10 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   if (!offline_csv.empty()) {
     offline = read_sweep_csv(offline_csv);
     if (!spec.offline_detail.empty()) add_sweep_detail(offline, spec.offline_detail);
+    if (!spec.estimator.empty()) {
+      if (spec.offline_detail.empty()) throw Error("--estimator needs the sweep's --detail file (its per-layer errors)");
+      apply_estimator(offline, read_estimator(spec.estimator), spec.offline_detail);
+    }
     std::set<std::string> modes;
     for (const auto& r : offline) modes.insert(r.mode);
     if (modes.size() != 1) throw Error(offline_csv + ": rows of several modes; verify one mode at a time");
@@ -252,7 +257,9 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   out << spec.out_csv << ": " << requests.size() << " requests x " << configs.size() << " configs, live in " << seconds
       << " s\n";
   if (!offline.empty()) {
-    const AgreementReport rep = agreement(offline, live_rows, offline_metric_names(!spec.offline_detail.empty()));
+    const std::vector<std::string> fitted_on =
+        spec.estimator.empty() ? std::vector<std::string>{} : read_estimator(spec.estimator).requests;
+    const AgreementReport rep = agreement(offline, live_rows, offline_metric_names(!spec.offline_detail.empty()), 5, fitted_on);
     out << "\n";
     print_agreement(rep, out);
     if (!spec.agreement_csv.empty()) write_agreement_csv(rep, spec.agreement_csv);

@@ -17,6 +17,7 @@ struct VerifySpec {
   int top = 8;
   std::string offline_csv;            // sweep results to compare with (from_sweep implies it)
   std::string offline_detail;         // that sweep's per-layer detail (optional)
+  std::string estimator;              // a `kvsim calibrate` file: est_kl from the detail, its requests left out
   bool mode_given = false;            // --mode given explicitly (must then match the sweep's)
   bool compress_every_given = false;  // --compress-every given explicitly (the same)
   bool budget_rule_given = false;     // --budget-semantics / --reapply-every given explicitly (the same)

@@ -1,0 +1,78 @@
+#include "verify/calibrate.h"
+
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace kvsim {
+
+namespace {
+
+using Key = std::tuple<std::string, std::string, std::string, double>;  // request, policy, params, budget
+
+void require_layers(const OfflineRow& r, const std::string& where) {
+  if (r.layer_out_sq.empty())
+    throw Error(where + ": no layer_out_sq for " + r.policy + " at budget " + std::to_string(r.budget) + " of request '" +
+                r.request + "' (give the sweep's --detail file; a sweep from an older kvsim has to be rerun)");
+}
+
+}  // namespace
+
+Estimator calibrate_estimator(const std::vector<OfflineRow>& offline, const LiveResults& live, double smoothness,
+                              const std::string& where) {
+  std::map<Key, const OfflineRow*> off;
+  for (const auto& r : offline) {
+    if (r.mode != live.mode)
+      throw Error(where + ": the sweep ran " + r.mode + ", the live runs " + live.mode + "; calibrate one mode at a time");
+    off[{r.request, r.policy, r.params, r.budget}] = &r;
+  }
+  std::vector<std::vector<double>> features;
+  std::vector<double> targets;
+  std::set<std::string> requests;
+  std::map<std::tuple<std::string, std::string, double>, std::pair<std::vector<double>, std::pair<double, int>>> by_config;
+  for (const LiveRow& l : live.rows) {
+    if (!(l.budget < 1.0)) continue;
+    const auto it = off.find({l.request, l.policy, l.params, l.budget});
+    if (it == off.end()) continue;
+    require_layers(*it->second, where);
+    features.push_back(it->second->layer_out_sq);
+    targets.push_back(l.live_kl);
+    requests.insert(l.request);
+    auto& c = by_config[{l.policy, l.params, l.budget}];
+    if (c.first.empty()) c.first.assign(features.back().size(), 0.0);
+    for (std::size_t i = 0; i < c.first.size() && i < features.back().size(); ++i) c.first[i] += features.back()[i];
+    c.second.first += l.live_kl;
+    ++c.second.second;
+  }
+  if (by_config.size() < 3)
+    throw Error(where + ": " + std::to_string(by_config.size()) +
+                " compressed configs were run both offline and live on the same requests; calibration needs at least 3 "
+                "(same request ids, policy parameters and budgets on both sides)");
+  Estimator e;
+  e.weights = fit_layer_weights(features, targets, smoothness);
+  e.smoothness = smoothness;
+  e.mode = live.mode;
+  e.requests.assign(requests.begin(), requests.end());
+  e.configs = static_cast<int>(by_config.size());
+  e.rows = static_cast<int>(features.size());
+  std::vector<double> est, kl;
+  for (const auto& [key, c] : by_config) {
+    est.push_back(e.predict(c.first, where) / c.second.second);
+    kl.push_back(c.second.first / c.second.second);
+  }
+  e.fit_spearman = spearman(est, kl);
+  return e;
+}
+
+void apply_estimator(std::vector<OfflineRow>& rows, const Estimator& e, const std::string& where) {
+  for (OfflineRow& r : rows) {
+    if (r.mode != e.mode)
+      throw Error(where + ": the estimator was calibrated on " + e.mode + " runs, but the sweep ran " + r.mode);
+    require_layers(r, where);
+    r.metrics["est_kl"] = e.predict(r.layer_out_sq, where);
+  }
+}
+
+}  // namespace kvsim
