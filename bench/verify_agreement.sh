@@ -41,11 +41,15 @@ awk 'NR % 3 != 1' "$OUT/tasks.jsonl" > "$OUT/heldout.jsonl"
 now() { date +%s.%N; }
 repeat=()
 [[ "$POLICIES" == *kvzip* ]] && repeat=(--repeat-pass)  # KVzip's reconstruction pass
-"$KVSIM" capture -m "$MODEL" -r "$OUT/tasks.jsonl" -o "$OUT/trace.h5" --force --queries all --max-new "$MAX_NEW" \
-  "${repeat[@]}"
+if [ "${REUSE_LIVE:-0}" = 1 ] && [ -f "$OUT/trace.h5" ]; then
+  echo "(reusing $OUT/trace.h5)"
+else
+  "$KVSIM" capture -m "$MODEL" -r "$OUT/tasks.jsonl" -o "$OUT/trace.h5" --force --queries all --max-new "$MAX_NEW" \
+    "${repeat[@]}"
+fi
 configs=$(( $(tr ';' '\n' <<< "$POLICIES" | grep -c .) * $(tr ',' '\n' <<< "$BUDGETS" | grep -c .) ))
-# live MODE SPLIT: verify one split live, its wall time beside the CSV. REUSE_LIVE=1 keeps a CSV
-# an earlier run of the same tasks left (its wall time with it).
+# live MODE SPLIT: verify one split live, its wall time beside the CSV. REUSE_LIVE=1 keeps the
+# trace and the live CSVs an earlier run of the same tasks left (their wall times with them).
 live() {
   local d="$OUT/$1" split=$2
   if [ "${REUSE_LIVE:-0}" = 1 ] && [ -f "$d/verify_$split.csv" ] && [ -f "$d/verify_$split.wall" ]; then

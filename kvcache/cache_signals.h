@@ -153,20 +153,7 @@ class CacheSignals final : public LayerSignals {
   static MatrixView view(const Mat& m) { return {m.data(), m.rows(), m.cols()}; }
 
   // Causal attention of observed rows [first, first + count) over the c cached keys.
-  Mat compute_attention(int q_head, std::int64_t first, std::int64_t count) const {
-    const int Hq = g_.n_q_heads, d = g_.head_dim;
-    const StridedMap q(q_.data() + (first * Hq + q_head) * d, count, d, Eigen::OuterStride<>(Hq * d));
-    const auto kv = static_cast<std::size_t>(q_head / g_.group());
-    Mat s = (q * keys_[kv].transpose()) / std::sqrt(static_cast<float>(d));
-    // Row i sees the cached tokens up to its own: the last entry not after it.
-    const auto& tokens = tokens_[kv];
-    std::vector<std::int64_t> limit(static_cast<std::size_t>(count));
-    for (std::int64_t i = 0; i < count; ++i)
-      limit[static_cast<std::size_t>(i)] =
-          (std::upper_bound(tokens.begin(), tokens.end(), observed_[static_cast<std::size_t>(first + i)]) - tokens.begin()) - 1;
-    causal_softmax(s, limit);
-    return s;
-  }
+  Mat compute_attention(int q_head, std::int64_t first, std::int64_t count) const;
   // The same, kept for the layer (small: observation windows). Computed outside the lock so
   // threads do not queue behind one GEMM; a racing duplicate is discarded.
   MatrixView attention(int q_head, std::int64_t first, std::int64_t count, int tag) const {
