@@ -1,5 +1,10 @@
 #include "sim/csv.h"
 
+#include <algorithm>
+#include <fstream>
+
+#include "core/error.h"
+
 namespace kvsim {
 
 std::string csv_field(const std::string& s) {
@@ -41,6 +46,61 @@ std::vector<std::string> parse_csv_line(const std::string& line) {
     }
   }
   return out;
+}
+
+CsvReader::CsvReader(const std::string& path, const std::vector<std::string>& required, const std::string& what)
+    : path_(path), in_(std::make_unique<std::ifstream>(path)) {
+  if (!*in_) throw Error(path + ": cannot open (expected " + what + ")");
+  std::string record;
+  if (!read_record(record)) throw FormatError(path + ": no header line (expected " + what + ")");
+  const auto f = parse_csv_line(record);
+  for (std::size_t i = 0; i < f.size(); ++i) col_[f[i]] = i;
+  for (const auto& r : required)
+    if (!col_.count(r))
+      throw FormatError(where() + ": header has no column '" + r + "' (expected " + what + " with columns " + csv_line(required) +
+                        ", ...)");
+}
+
+CsvReader::~CsvReader() = default;
+
+bool CsvReader::read_record(std::string& record) {
+  record.clear();
+  std::string part;
+  bool any = false;
+  while (std::getline(*in_, part)) {
+    ++line_;
+    if (!any && (part.empty() || part[0] == '#')) continue;
+    record += any ? "\n" + part : part;
+    any = true;
+    if (std::count(record.begin(), record.end(), '"') % 2 == 0) return true;
+  }
+  return any;
+}
+
+bool CsvReader::next() {
+  std::string record;
+  if (!read_record(record)) return false;
+  fields_ = parse_csv_line(record);
+  if (fields_.size() != col_.size())
+    throw FormatError(where() + ": " + std::to_string(fields_.size()) + " fields, expected " + std::to_string(col_.size()));
+  return true;
+}
+
+const std::string& CsvReader::text(const std::string& column) const {
+  const auto it = col_.find(column);
+  if (it == col_.end()) throw FormatError(where() + ": no column '" + column + "'");
+  return fields_[it->second];
+}
+
+double CsvReader::number(const std::string& column) const {
+  const std::string& s = text(column);
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(s, &used);
+    if (used == s.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw FormatError(where() + ": column '" + column + "' is '" + s + "', expected a number");
 }
 
 }  // namespace kvsim

@@ -1,5 +1,8 @@
 #pragma once
 // Minimal RFC 4180 CSV: fields with commas, quotes or newlines are quoted; '#' lines are comments.
+#include <istream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,5 +12,28 @@ std::string csv_field(const std::string& s);
 std::string csv_line(const std::vector<std::string>& fields);
 // Splits one line (no embedded newlines) into fields, undoing the quoting.
 std::vector<std::string> parse_csv_line(const std::string& line);
+
+// Reads a CSV with a header line, record by record: '#' lines are skipped and a quoted field may
+// span lines. Errors name the file, the line and the column (`what` says which file was
+// expected, e.g. "a kvsim sweep result file").
+class CsvReader {
+ public:
+  CsvReader(const std::string& path, const std::vector<std::string>& required, const std::string& what);
+  ~CsvReader();
+  bool next();  // the next record; false at the end of the file
+  bool has(const std::string& column) const { return col_.count(column) > 0; }
+  const std::string& text(const std::string& column) const;
+  double number(const std::string& column) const;  // "nan" reads as NaN
+  int line() const { return line_; }
+  std::string where() const { return path_ + ":" + std::to_string(line_); }
+
+ private:
+  bool read_record(std::string& record);
+  std::string path_;
+  std::unique_ptr<std::istream> in_;
+  std::map<std::string, std::size_t> col_;
+  std::vector<std::string> fields_;
+  int line_ = 0;
+};
 
 }  // namespace kvsim

@@ -18,57 +18,29 @@ std::vector<std::string> offline_metric_names(bool with_detail) {
 }
 
 std::vector<OfflineRow> read_sweep_csv(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open the sweep results");
-  const std::vector<std::string> required = {"trace",  "request",      "mode",         "policy",     "params",     "budget",
-                                             "mean_recall", "mean_kl", "p95_kl", "mean_out_err", "p95_out_err"};
-  std::map<std::string, std::size_t> col;
+  CsvReader csv(path, {"trace", "request", "mode", "policy", "params", "budget", "mean_recall", "mean_kl", "p95_kl",
+                       "mean_out_err", "p95_out_err"},
+                "a kvsim sweep result file");
   std::vector<OfflineRow> rows;
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty() || line[0] == '#') continue;
-    const auto f = parse_csv_line(line);
-    if (col.empty()) {
-      for (std::size_t i = 0; i < f.size(); ++i) col[f[i]] = i;
-      for (const auto& r : required)
-        if (!col.count(r))
-          throw FormatError(path + ":" + std::to_string(n) + ": header has no column '" + r +
-                            "' (expected a kvsim sweep result file with columns " + csv_line(required) + ", ...)");
-      continue;
-    }
-    const std::string where = path + ":" + std::to_string(n);
-    if (f.size() != col.size())
-      throw FormatError(where + ": " + std::to_string(f.size()) + " fields, expected " + std::to_string(col.size()));
-    auto number = [&](const std::string& name) {
-      const std::string& s = f[col.at(name)];
-      try {
-        std::size_t used = 0;
-        const double v = std::stod(s, &used);
-        if (used == s.size()) return v;
-      } catch (const std::exception&) {
-      }
-      throw FormatError(where + ": column '" + name + "' is '" + s + "', expected a number");
-    };
+  while (csv.next()) {
     OfflineRow r;
-    r.line = n;
-    r.trace = f[col.at("trace")];
-    r.request = f[col.at("request")];
-    r.mode = f[col.at("mode")];
-    r.policy = f[col.at("policy")];
-    r.params = f[col.at("params")];
-    r.budget = number("budget");
+    r.line = csv.line();
+    r.trace = csv.text("trace");
+    r.request = csv.text("request");
+    r.mode = csv.text("mode");
+    r.policy = csv.text("policy");
+    r.params = csv.text("params");
+    r.budget = csv.number("budget");
     try {
       PolicyRegistry::instance().create(r.params.empty() ? r.policy : r.policy + ":" + r.params);
     } catch (const Error& e) {
-      throw FormatError(where + ": " + e.what());
+      throw FormatError(csv.where() + ": " + e.what());
     }
-    r.metrics["recall_loss"] = 1.0 - number("mean_recall");
-    for (const char* m : {"mean_kl", "p95_kl", "mean_out_err", "p95_out_err"}) r.metrics[m] = number(m);
+    r.metrics["recall_loss"] = 1.0 - csv.number("mean_recall");
+    for (const char* m : {"mean_kl", "p95_kl", "mean_out_err", "p95_out_err"}) r.metrics[m] = csv.number(m);
     // Columns of newer sweeps: absent or empty (no --estimator) leave the metric out.
     for (const char* m : {"mean_out_sq", "est_kl"})
-      if (col.count(m) && !f[col.at(m)].empty()) r.metrics[m] = number(m);
+      if (csv.has(m) && !csv.text(m).empty()) r.metrics[m] = csv.number(m);
     rows.push_back(std::move(r));
   }
   if (rows.empty()) throw FormatError(path + ": no result rows (expected a kvsim sweep result file)");
