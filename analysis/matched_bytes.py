@@ -70,8 +70,6 @@ def load(out):
             acc[key]["bytes"].append(float(r["compressed_bytes"]) / float(r["budget_bytes"]))
             if r.get("decode_peak_bytes"):  # the most held at any step, against the same budget
                 acc[key]["peak"].append(float(r["decode_peak_bytes"]) / float(r["budget_bytes"]))
-            if r.get("est_kl"):
-                acc[key]["est_kl"].append(float(r["est_kl"]))
             if r.get("budget_semantics"):
                 semantics.add(r["budget_semantics"])
         for r in live:
@@ -82,7 +80,7 @@ def load(out):
             acc[key]["ref_task"].append(float(r["reference_task_score"]) if r["reference_task_score"] not in ("", "nan")
                                         else float("nan"))
         for key, m in acc.items():
-            table[key] = {k: float("nan") for k in ("live_kl", "top1", "task", "ref_task", "peak", "est_kl")}
+            table[key] = {k: float("nan") for k in ("live_kl", "top1", "task", "ref_task", "peak")}
             table[key].update({k: mean(v) for k, v in m.items()})
             table[key]["n"] = len(m["off_kl"])
     return modes, table, semantics
@@ -106,19 +104,18 @@ def main():
     print(f"Budget semantics: {', '.join(sorted(semantics)) or 'point'} (docs/budget_semantics.md). "
           f"Full-cache task score (reference): {fmt(ref)}. Byte budgets are fractions of the full fp16 cache at the "
           "compression point; `bytes` is compressed / budget bytes right after compression, `peak` the most the cache "
-          "held at any later step / budget bytes, `kept` the share of tokens kept in any form, `est KL` the calibrated "
-          "offline estimate of live KL (docs/estimator.md).\n")
+          "held at any later step / budget bytes, `kept` the share of tokens kept in any form.\n")
     for mode in modes:
         print(f"## {mode}\n")
-        print("| policy | budget | kept | bytes | peak | offline KL | offline err | est KL | live KL | top-1 | task |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| policy | budget | kept | bytes | peak | offline KL | offline err | live KL | top-1 | task |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for p in policies:
             for b in budgets:
                 v = t.get((mode, p, b))
                 if not v:
                     continue
                 print(f"| {p} | {b:g} | {fmt(v['kept'], 2)} | {fmt(v['bytes'], 2)} | {fmt(v['peak'], 2)} | "
-                      f"{fmt(v['off_kl'], 4)} | {fmt(v['off_err'], 3)} | {fmt(v['est_kl'], 4)} | {fmt(v['live_kl'], 4)} | "
+                      f"{fmt(v['off_kl'], 4)} | {fmt(v['off_err'], 3)} | {fmt(v['live_kl'], 4)} | "
                       f"{fmt(v['top1'], 3)} | {fmt(v['task'], 2)} |")
         print()
 
