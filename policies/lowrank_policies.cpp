@@ -130,9 +130,9 @@ void water_fill(HeadPlan& p, std::int64_t spare, const Floors& f, int cap, int d
 // gain. Caps are visited in increasing order, their coefficients joining a Fenwick tree over the
 // greedy's order (floor gain descending, larger token first, then rank), so each cap's fill, the
 // `spare(R)` first entries present, is one descent: O(n d log(n d)) for every cap together.
-int best_cap(const HeadPlan& p, const Floors& f, int r_min, int d, const std::function<std::int64_t(int)>& spare) {
+// Each coefficient's position in the greedy's order (best_cap's Fenwick slots).
+std::vector<std::size_t> greedy_slots(const Floors& f) {
   const std::size_t m = f.floor_gain.size();
-  if (m == 0) return r_min;
   // Sorted as values, not as indices into the arrays: the comparisons stay in cache.
   struct Entry {
     double floor_gain;
@@ -148,6 +148,13 @@ int best_cap(const HeadPlan& p, const Floors& f, int r_min, int d, const std::fu
   });
   std::vector<std::size_t> slot(m);
   for (std::size_t i = 0; i < m; ++i) slot[order[i].k] = i;
+  return slot;
+}
+
+int best_cap(const HeadPlan& p, const Floors& f, const std::vector<std::size_t>& slot, int r_min, int d,
+             const std::function<std::int64_t(int)>& spare) {
+  const std::size_t m = f.floor_gain.size();
+  if (m == 0) return r_min;
   std::vector<std::int64_t> count(m + 1, 0);
   std::vector<double> sum(m + 1, 0.0);
   auto insert = [&](std::size_t k) {
@@ -225,14 +232,6 @@ class VarRate : public Policy {
       const auto n = static_cast<std::int64_t>(s.cached(kv).size());
       const double B = head_byte_budget(s, budget);
       HeadPlan p = fit_tokens(n, B, sinks_, r_min, true, d, charge);
-      const std::vector<double> sal = salience(s, kv, n);
-      // Energies of each token's coefficients (K and V together) in the bases.
-      const LowRankFit& fit = *fits[static_cast<std::size_t>(kv)];
-      const std::vector<float>&ck = fit.ck, &cv = fit.cv;
-      auto gain = [&](std::size_t j, int r) {
-        const std::size_t at = j * static_cast<std::size_t>(d) + static_cast<std::size_t>(r);
-        return sal[j] * (static_cast<double>(ck[at]) * ck[at] + static_cast<double>(cv[at]) * cv[at]);
-      };
       // Water-filling over the coefficients left once every kept token has r_min, up to the cap
       // whose bases leave the most useful coefficients.
       const std::int64_t kept = p.kept();
@@ -240,10 +239,16 @@ class VarRate : public Policy {
         const double left = B - lowrank_cost(kept, static_cast<double>(kept) * r_min, true, cap, d, charge);
         return left < 0 ? std::int64_t{-1} : static_cast<std::int64_t>(std::floor(left / 4.0));
       };
-      thread_local Floors floors;  // megabytes per head, every config and layer
-      running_minima(p, gain, d, floors);
-      const int cap = best_cap(p, floors, r_min, d, spare);
-      water_fill(p, spare(cap), floors, cap, d);
+      const Greedy* greedy = nullptr;
+      thread_local Greedy local;  // megabytes per head, every config and layer
+      if (kept == n) {  // every token at r_min: the same greedy at every budget where all fit
+        greedy = &all_kept(s, fits, r_min)[static_cast<std::size_t>(kv)];
+      } else {
+        prepare(s, kv, fits, p, local);
+        greedy = &local;
+      }
+      const int cap = best_cap(p, greedy->floors, greedy->slot, r_min, d, spare);
+      water_fill(p, spare(cap), greedy->floors, cap, d);
       p.data = fits[static_cast<std::size_t>(kv)];
       plan.heads.push_back(std::move(p));
     }
@@ -251,6 +256,40 @@ class VarRate : public Policy {
   }
 
  private:
+  struct Greedy {
+    Floors floors;
+    std::vector<std::size_t> slot;
+  };
+  // The greedy's running minima and order for plan p of head kv.
+  void prepare(const LayerSignals& s, int kv, const std::vector<std::shared_ptr<const LowRankFit>>& fits, const HeadPlan& p,
+               Greedy& out) const {
+    const int d = s.geometry().head_dim;
+    const std::vector<double> sal = salience(s, kv, static_cast<std::int64_t>(s.cached(kv).size()));
+    // Energies of each token's coefficients (K and V together) in the bases.
+    const LowRankFit& fit = *fits[static_cast<std::size_t>(kv)];
+    const std::vector<float>&ck = fit.ck, &cv = fit.cv;
+    auto gain = [&](std::size_t j, int r) {
+      const std::size_t at = j * static_cast<std::size_t>(d) + static_cast<std::size_t>(r);
+      return sal[j] * (static_cast<double>(ck[at]) * ck[at] + static_cast<double>(cv[at]) * cv[at]);
+    };
+    running_minima(p, gain, d, out.floors);
+    out.slot = greedy_slots(out.floors);
+  }
+  // Every head's greedy when every token is kept at r_min, once per layer's signals.
+  const std::vector<Greedy>& all_kept(const LayerSignals& s, const std::vector<std::shared_ptr<const LowRankFit>>& fits,
+                                      int r_min) const {
+    const auto memo = s.memo(this, [&] {
+      auto heads = std::make_shared<std::vector<Greedy>>(static_cast<std::size_t>(s.geometry().n_kv_heads));
+      for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
+        const auto n = static_cast<std::int64_t>(s.cached(kv).size());
+        HeadPlan p = fit_tokens(n, std::numeric_limits<double>::infinity(), sinks_, r_min, true, s.geometry().head_dim,
+                                charge_of(basis_.get()));
+        prepare(s, kv, fits, p, (*heads)[static_cast<std::size_t>(kv)]);
+      }
+      return std::shared_ptr<const void>(std::move(heads));
+    });
+    return *static_cast<const std::vector<Greedy>*>(memo.get());
+  }
   // Window attention summed over the group's query heads, normalised to sum 1.
   std::vector<double> salience(const LayerSignals& s, int kv, std::int64_t n) const {
     const ModelGeometry& g = s.geometry();
