@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <future>
 #include <mutex>
 #include <span>
 #include <string>
@@ -138,15 +139,31 @@ class CacheSignals final : public LayerSignals {
   }
   std::shared_ptr<const void> memo(const void* owner,
                                    const std::function<std::shared_ptr<const void>()>& make) const override {
+    // The first caller computes, outside the lock (make() may need the signals); callers that
+    // arrive meanwhile (the same policy at another budget, on another thread) wait for it
+    // instead of computing it again.
+    std::promise<std::shared_ptr<const void>> promise;
+    std::shared_future<std::shared_ptr<const void>> value;
+    bool mine = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const auto it = memo_.find(owner);
-      if (it != memo_.end()) return it->second;
+      if (it != memo_.end()) {
+        value = it->second;
+      } else {
+        value = promise.get_future().share();
+        memo_.emplace(owner, value);
+        mine = true;
+      }
     }
-    // Computed outside the lock (it may need the signals); a racing duplicate is discarded.
-    auto value = make();
-    std::lock_guard<std::mutex> lock(mu_);
-    return memo_.emplace(owner, std::move(value)).first->second;
+    if (mine) {
+      try {
+        promise.set_value(make());
+      } catch (...) {
+        promise.set_exception(std::current_exception());
+      }
+    }
+    return value.get();
   }
 
  private:
@@ -182,7 +199,7 @@ class CacheSignals final : public LayerSignals {
   std::vector<std::int32_t> observed_;
   mutable std::mutex mu_;
   mutable std::map<std::pair<int, int>, Mat> cache_;
-  mutable std::map<const void*, std::shared_ptr<const void>> memo_;
+  mutable std::map<const void*, std::shared_future<std::shared_ptr<const void>>> memo_;
 };
 
 }  // namespace kvsim::kvcache
