@@ -44,15 +44,19 @@ int agreement_command(const Args& args) {
     fitted_on = e.requests;
   }
   std::vector<LiveRow> live_rows;
-  std::string mode;
+  std::string mode, semantics;
   for (const auto& path : live) {
     LiveResults r = read_verify_csv(path);
     if (!mode.empty() && r.mode != mode) throw Error(path + ": mode " + r.mode + ", the other live files' is " + mode);
     mode = r.mode;
+    if (!semantics.empty() && !r.semantics.empty() && r.semantics != semantics)
+      throw Error(path + ": budget_semantics " + r.semantics + ", the other live files' is " + semantics);
+    if (semantics.empty()) semantics = r.semantics;
     live_rows.insert(live_rows.end(), r.rows.begin(), r.rows.end());
   }
   for (const auto& r : rows)
     if (r.mode != mode) throw Error(offline + ": the sweep ran " + r.mode + ", the live runs " + mode);
+  for (const auto& r : rows) require_same_semantics(r.semantics, semantics, offline);
   const AgreementReport rep = agreement(rows, live_rows, offline_metric_names(!detail.empty()), top, fitted_on, wider);
   print_agreement(rep, std::cout);
   if (!out.empty()) write_agreement_csv(rep, out);

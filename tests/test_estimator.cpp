@@ -154,7 +154,8 @@ TEST_CASE("calibration on some requests predicts the others; agreement leaves th
   const std::vector<double> w = {0.2, 0.0, 1.0, 3.0};
   Planted p = planted(w, 6, 24, 0.2, 11);
   // Calibrate on requests r0 and r1 only.
-  LiveResults cal{p.live.mode, {}};
+  LiveResults cal;
+  cal.mode = p.live.mode;
   for (const auto& l : p.live.rows)
     if (l.request == "r0" || l.request == "r1") cal.rows.push_back(l);
   const Estimator e = calibrate_estimator(p.offline, cal, 0.1, "sweep.csv");
@@ -180,8 +181,18 @@ TEST_CASE("calibration on some requests predicts the others; agreement leaves th
   std::vector<OfflineRow> bare = p.offline;
   for (auto& o : bare) o.layer_out_sq.clear();
   CHECK_THROWS_WITH(calibrate_estimator(bare, cal, 0.1, "sweep.csv"), Contains("no layer_out_sq"));
-  LiveResults few{cal.mode, {cal.rows[0]}};
+  LiveResults few = cal;
+  few.rows.resize(1);
   CHECK_THROWS_WITH(calibrate_estimator(p.offline, few, 0.1, "sweep.csv"), Contains("at least 3"));
+  // Budgets held under different semantics on the two sides, or one request twice: refused.
+  std::vector<OfflineRow> peak = p.offline;
+  for (auto& o : peak) o.semantics = "peak/64";
+  LiveResults point = cal;
+  point.semantics = "point";
+  CHECK_THROWS_WITH(calibrate_estimator(peak, point, 0.1, "sweep.csv"), Contains("budget_semantics"));
+  std::vector<OfflineRow> twice = p.offline;
+  twice.push_back(p.offline.front());
+  CHECK_THROWS_WITH(calibrate_estimator(twice, cal, 0.1, "sweep.csv"), Contains("two rows"));
   Estimator wrong = e;
   wrong.weights.push_back(1.0);
   CHECK_THROWS_WITH(apply_estimator(p.offline, wrong, "sweep.jsonl"), Contains("5 layer weights"));

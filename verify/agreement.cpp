@@ -150,7 +150,10 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
   auto top = [&](const std::vector<double>& v, int k) {
     std::vector<std::size_t> idx(v.size());
     std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return v[a] < v[b]; });
+    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+      if (std::isnan(v[a]) || std::isnan(v[b])) return !std::isnan(v[a]) && std::isnan(v[b]);  // NaN last
+      return v[a] < v[b];
+    });
     return std::set<std::size_t>(idx.begin(), idx.begin() + k);
   };
   const auto live_top = top(live_kl, rep.top_k);

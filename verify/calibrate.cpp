@@ -20,13 +20,22 @@ void require_layers(const OfflineRow& r, const std::string& where) {
 
 }  // namespace
 
+void require_same_semantics(const std::string& offline, const std::string& live, const std::string& where) {
+  if (!offline.empty() && !live.empty() && offline != live)
+    throw Error(where + ": the sweep held its budgets as " + offline + ", the live runs as " + live +
+                " (budget_semantics); compare runs of one budget semantics");
+}
+
 Estimator calibrate_estimator(const std::vector<OfflineRow>& offline, const LiveResults& live, double smoothness,
                               const std::string& where) {
   std::map<Key, const OfflineRow*> off;
   for (const auto& r : offline) {
     if (r.mode != live.mode)
       throw Error(where + ": the sweep ran " + r.mode + ", the live runs " + live.mode + "; calibrate one mode at a time");
-    off[{r.request, r.policy, r.params, r.budget}] = &r;
+    require_same_semantics(r.semantics, live.semantics, where);
+    if (!off.emplace(Key{r.request, r.policy, r.params, r.budget}, &r).second)
+      throw Error(where + ": request '" + r.request + "' has two rows for " + r.policy + " at budget " + std::to_string(r.budget) +
+                  " (several traces with the same request ids?); calibrate on one sweep of distinct requests");
   }
   std::vector<std::vector<double>> features;
   std::vector<double> targets;

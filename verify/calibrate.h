@@ -16,6 +16,9 @@ namespace kvsim {
 Estimator calibrate_estimator(const std::vector<OfflineRow>& offline, const LiveResults& live, double smoothness,
                               const std::string& where);
 
+// Throws naming `where` when both budget semantics are known and differ.
+void require_same_semantics(const std::string& offline, const std::string& live, const std::string& where);
+
 // Sets metrics["est_kl"] of every row from its layer_out_sq; throws naming `where` when a row
 // has none (a detail file from an older sweep) or the layer count or mode differs.
 void apply_estimator(std::vector<OfflineRow>& rows, const Estimator& e, const std::string& where);

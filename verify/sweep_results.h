@@ -12,6 +12,7 @@ struct OfflineRow {
   double budget = 0;
   std::map<std::string, double> metrics;  // offline metrics, larger = worse (see offline_metric_names)
   std::vector<double> layer_out_sq;       // per layer, from the detail file (what the estimator weighs)
+  std::string semantics;                  // budget_semantics ("point", "peak/64"; empty in older files)
   int line = 0;
 };
 

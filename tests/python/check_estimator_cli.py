@@ -62,6 +62,8 @@ def main() -> int:
     fitted = json.load(open(est))
     if fitted["calibration"]["requests"] != requests[:2]:
         failures.append(f"calibration requests {fitted['calibration']['requests']}")
+    if len(fitted["weights"]) != len(weights):
+        failures.append(f"{len(fitted['weights'])} weights for {len(weights)} layers")
     for got, want in zip(fitted["weights"], weights):
         if abs(got - want * 1.005) > 0.05 * max(want, 0.1):
             failures.append(f"weights {fitted['weights']} vs planted {weights}")
@@ -83,14 +85,18 @@ def main() -> int:
     # sweep --estimator writes the same estimate per row.
     swept = os.path.join(work, "est_sweep2.csv")
     run([kvsim, "sweep", trace, "-p", policies, "-b", "0.2,0.4,0.6", "-o", swept, "--estimator", est, "--force", "-q"])
+    compared = 0
     for r in rows(swept):
         label = r["policy"] + (":" + r["params"] if r["params"] else "")
         key = (r["request"], label, float(r["budget"]))
         if key in layers:
             want = sum(w * x for w, x in zip(fitted["weights"], layers[key]))
+            compared += 1
             if abs(float(r["est_kl"]) - want) > 1e-6 * max(1.0, want):
                 failures.append(f"sweep est_kl {r['est_kl']} vs {want} for {key}")
                 break
+    if compared == 0:
+        failures.append("sweep --estimator: no row compared")
     # A bad estimator file names itself and the field.
     bad = os.path.join(work, "est_bad.json")
     with open(bad, "w") as f:
