@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -92,7 +93,10 @@ std::vector<double> fit_layer_weights(const std::vector<std::vector<double>>& fe
   }
   for (double y : targets) v += y * y;
   v = std::sqrt(v / n);
-  if (!(u > 0) || !(v > 0)) return std::vector<double>(static_cast<std::size_t>(L), 0.0);  // nothing to fit
+  if (!(u > 0))
+    throw Error("calibrate: every per-layer output error is zero (budgets of 1.0, or configs that keep everything); "
+                "nothing to fit the layer weights to");
+  if (!(v > 0)) throw Error("calibrate: every live KL is zero; nothing to fit the layer weights to");
   const int penalty = smoothness > 0 && L > 2 ? L - 2 : 0;
   const int rows = n + penalty;
   std::vector<double> A(static_cast<std::size_t>(rows) * static_cast<std::size_t>(L), 0.0), b(static_cast<std::size_t>(rows), 0.0);
@@ -149,21 +153,27 @@ Estimator read_estimator(const std::string& path) {
   if (!version.is_number_integer() || version.get<int>() != Estimator::kVersion)
     throw FormatError(path + ": field 'kvsim_estimator' is " + version.dump() + ", expected " +
                       std::to_string(Estimator::kVersion));
+  // Each field read on its own, so a wrong type names the field and what it should hold.
+  auto read = [&](const nlohmann::json& parent, const char* name, const char* expected, auto& out) {
+    if (!parent.is_object() || !parent.contains(name))
+      throw FormatError(path + ": no field '" + name + "' (expected a `kvsim calibrate` estimator)");
+    try {
+      out = parent[name].get<std::decay_t<decltype(out)>>();
+    } catch (const nlohmann::json::exception&) {
+      throw FormatError(path + ": field '" + name + "' is " + parent[name].dump() + ", expected " + expected);
+    }
+  };
   Estimator e;
-  try {
-    e.feature = field("feature").get<std::string>();
-    e.target = field("target").get<std::string>();
-    e.weights = field("weights").get<std::vector<double>>();
-    e.smoothness = field("smoothness").get<double>();
-    e.mode = field("mode").get<std::string>();
-    const auto& c = field("calibration");
-    e.requests = c.at("requests").get<std::vector<std::string>>();
-    e.configs = c.at("configs").get<int>();
-    e.rows = c.at("rows").get<int>();
-    e.fit_spearman = c.at("fit_spearman").is_number() ? c.at("fit_spearman").get<double>() : std::nan("");
-  } catch (const nlohmann::json::exception& ex) {
-    throw FormatError(path + ": malformed field (" + std::string(ex.what()) + ")");
-  }
+  read(j, "feature", "a string", e.feature);
+  read(j, "target", "a string", e.target);
+  read(j, "weights", "an array of numbers, one per layer", e.weights);
+  read(j, "smoothness", "a number", e.smoothness);
+  read(j, "mode", "a string", e.mode);
+  const auto& c = field("calibration");
+  read(c, "requests", "an array of request ids", e.requests);
+  read(c, "configs", "an integer", e.configs);
+  read(c, "rows", "an integer", e.rows);
+  e.fit_spearman = c.contains("fit_spearman") && c["fit_spearman"].is_number() ? c["fit_spearman"].get<double>() : std::nan("");
   if (e.feature != "layer_out_sq")
     throw FormatError(path + ": field 'feature' is '" + e.feature + "', expected 'layer_out_sq'");
   if (e.weights.empty()) throw FormatError(path + ": field 'weights' is empty, expected one weight per layer");

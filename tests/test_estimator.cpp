@@ -94,6 +94,8 @@ TEST_CASE("layer weights: planted non-negative weights are recovered; smoothness
   CHECK(curvature(smooth) < 0.1 * curvature(fit));
   for (double x : smooth) CHECK(x >= 0.0);
   CHECK_THROWS_WITH(fit_layer_weights(X, {1.0}, 0.1), Contains("targets"));
+  const std::vector<std::vector<double>> zeros(4, std::vector<double>(3, 0.0));
+  CHECK_THROWS_WITH(fit_layer_weights(zeros, {1, 2, 3, 4}, 0.1), Contains("output error is zero"));
 }
 
 TEST_CASE("estimator files round-trip; a bad file names the field and what was expected", "[estimator]") {
@@ -125,6 +127,8 @@ TEST_CASE("estimator files round-trip; a bad file names the field and what was e
                  "smoothness": 0, "mode": "query-aware", "calibration": {"requests": [], "configs": 1, "rows": 1,
                  "fit_spearman": null}})");
   CHECK_THROWS_WITH(read_estimator(bad.string()), Contains("'weights'") && Contains(">= 0"));
+  write(bad, R"({"kvsim_estimator": 1, "feature": "layer_out_sq", "target": "live_kl", "weights": "x"})");
+  CHECK_THROWS_WITH(read_estimator(bad.string()), Contains("'weights' is \"x\"") && Contains("an array of numbers"));
   write(bad, "not json");
   CHECK_THROWS_WITH(read_estimator(bad.string()), Contains("not valid JSON"));
 }
