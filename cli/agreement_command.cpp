@@ -36,13 +36,7 @@ int agreement_command(const Args& args) {
     throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
   std::vector<OfflineRow> rows = read_sweep_csv(offline);
   if (!detail.empty()) add_sweep_detail(rows, detail);
-  std::vector<std::string> fitted_on;
-  if (!estimator.empty()) {
-    if (detail.empty()) throw Error("--estimator needs the sweep's --detail file (its per-layer errors)");
-    const Estimator e = read_estimator(estimator);
-    apply_estimator(rows, e, detail);
-    fitted_on = e.requests;
-  }
+  const std::vector<std::string> fitted_on = apply_estimator_file(rows, estimator, detail);
   std::vector<LiveRow> live_rows;
   std::string mode, semantics;
   for (const auto& path : live) {

@@ -40,7 +40,7 @@ Estimator calibrate_estimator(const std::vector<OfflineRow>& offline, const Live
   std::vector<std::vector<double>> features;
   std::vector<double> targets;
   std::set<std::string> requests;
-  std::map<std::tuple<std::string, std::string, double>, std::pair<std::vector<double>, std::pair<double, int>>> by_config;
+  std::map<std::tuple<std::string, std::string, double>, std::vector<std::size_t>> by_config;  // its rows
   for (const LiveRow& l : live.rows) {
     if (!(l.budget < 1.0)) continue;
     const auto it = off.find({l.request, l.policy, l.params, l.budget});
@@ -49,11 +49,7 @@ Estimator calibrate_estimator(const std::vector<OfflineRow>& offline, const Live
     features.push_back(it->second->layer_out_sq);
     targets.push_back(l.live_kl);
     requests.insert(l.request);
-    auto& c = by_config[{l.policy, l.params, l.budget}];
-    if (c.first.empty()) c.first.assign(features.back().size(), 0.0);
-    for (std::size_t i = 0; i < c.first.size() && i < features.back().size(); ++i) c.first[i] += features.back()[i];
-    c.second.first += l.live_kl;
-    ++c.second.second;
+    by_config[{l.policy, l.params, l.budget}].push_back(features.size() - 1);
   }
   if (by_config.size() < 3)
     throw Error(where + ": " + std::to_string(by_config.size()) +
@@ -66,13 +62,27 @@ Estimator calibrate_estimator(const std::vector<OfflineRow>& offline, const Live
   e.requests.assign(requests.begin(), requests.end());
   e.configs = static_cast<int>(by_config.size());
   e.rows = static_cast<int>(features.size());
-  std::vector<double> est, kl;
-  for (const auto& [key, c] : by_config) {
-    est.push_back(e.predict(c.first, where) / c.second.second);
-    kl.push_back(c.second.first / c.second.second);
+  std::vector<double> est, kl;  // per config, means over its requests
+  for (const auto& [key, rows] : by_config) {
+    double sum_est = 0, sum_kl = 0;
+    for (std::size_t i : rows) {
+      sum_est += e.predict(features[i], where);
+      sum_kl += targets[i];
+    }
+    est.push_back(sum_est / static_cast<double>(rows.size()));
+    kl.push_back(sum_kl / static_cast<double>(rows.size()));
   }
   e.fit_spearman = spearman(est, kl);
   return e;
+}
+
+std::vector<std::string> apply_estimator_file(std::vector<OfflineRow>& rows, const std::string& estimator,
+                                              const std::string& detail) {
+  if (estimator.empty()) return {};
+  if (detail.empty()) throw Error("--estimator needs the sweep's --detail file (its per-layer errors)");
+  const Estimator e = read_estimator(estimator);
+  apply_estimator(rows, e, detail);
+  return e.requests;
 }
 
 void apply_estimator(std::vector<OfflineRow>& rows, const Estimator& e, const std::string& where) {

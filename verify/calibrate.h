@@ -23,4 +23,10 @@ void require_same_semantics(const std::string& offline, const std::string& live,
 // has none (a detail file from an older sweep) or the layer count or mode differs.
 void apply_estimator(std::vector<OfflineRow>& rows, const Estimator& e, const std::string& where);
 
+// --estimator FILE of verify and agreement: reads it and applies it to rows carrying the sweep's
+// --detail (required with it); returns the requests it was fitted on, which the agreement leaves
+// out (none without an estimator).
+std::vector<std::string> apply_estimator_file(std::vector<OfflineRow>& rows, const std::string& estimator,
+                                              const std::string& detail);
+
 }  // namespace kvsim

@@ -129,14 +129,12 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   const auto requests = read_capture_requests(spec.tasks_path);
   VerifyOptions live = spec.live;
   std::vector<OfflineRow> offline;
+  std::vector<std::string> fitted_on;  // the estimator's calibration requests, left out of the agreement
   const std::string offline_csv = spec.from_sweep.empty() ? spec.offline_csv : spec.from_sweep;
   if (!offline_csv.empty()) {
     offline = read_sweep_csv(offline_csv);
     if (!spec.offline_detail.empty()) add_sweep_detail(offline, spec.offline_detail);
-    if (!spec.estimator.empty()) {
-      if (spec.offline_detail.empty()) throw Error("--estimator needs the sweep's --detail file (its per-layer errors)");
-      apply_estimator(offline, read_estimator(spec.estimator), spec.offline_detail);
-    }
+    fitted_on = apply_estimator_file(offline, spec.estimator, spec.offline_detail);
     std::set<std::string> modes;
     for (const auto& r : offline) modes.insert(r.mode);
     if (modes.size() != 1) throw Error(offline_csv + ": rows of several modes; verify one mode at a time");
@@ -257,8 +255,6 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   out << spec.out_csv << ": " << requests.size() << " requests x " << configs.size() << " configs, live in " << seconds
       << " s\n";
   if (!offline.empty()) {
-    const std::vector<std::string> fitted_on =
-        spec.estimator.empty() ? std::vector<std::string>{} : read_estimator(spec.estimator).requests;
     const AgreementReport rep = agreement(offline, live_rows, offline_metric_names(!spec.offline_detail.empty()), 5, fitted_on);
     out << "\n";
     print_agreement(rep, out);
