@@ -54,12 +54,12 @@ class ExpectedAttention : public ScoringPolicy {
     const ModelGeometry& g = s.geometry();
     const int d = g.head_dim;
     const std::int64_t seen = s.n_tokens();
-    const auto rows = s.observed_rows();
     const auto positions = s.positions();
     RopeSpec rope = g.rope;
     rope.head_dim = d;
     if (o_.all_queries) require_all_prompt_queries(s, o_.sinks, "expected_attention");
     const Mat rbar = mean_rotation(rope, positions[static_cast<std::size_t>(seen - 1)] + 1, o_.future);
+    RopeTable table(rope);  // one sin/cos per position for every head of the layer
     std::vector<HeadScores> out(static_cast<std::size_t>(g.n_kv_heads));
     for (int kv = 0; kv < g.n_kv_heads; ++kv) {
       const MatrixView keys = s.keys(kv), values = s.values(kv);
@@ -70,26 +70,7 @@ class ExpectedAttention : public ScoringPolicy {
       std::vector<std::vector<float>> per_q;
       for (int r = 0; r < g.group(); ++r) {
         const int qh = kv * g.group() + r;
-        const MatrixView q = s.observed_queries(qh);
-        // Pre-RoPE statistics of the prompt queries past the sinks.
-        std::vector<float> x(static_cast<std::size_t>(d));
-        Eigen::VectorXd mu = Eigen::VectorXd::Zero(d);
-        Mat sigma = Mat::Zero(d, d);
-        std::vector<Eigen::VectorXd> pre;
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-          if (rows[i] < o_.sinks) continue;
-          std::copy(q.row(static_cast<std::int64_t>(i)), q.row(static_cast<std::int64_t>(i)) + d, x.begin());
-          apply_rope(rope, x.data(), 1, positions[static_cast<std::size_t>(rows[i])], true);
-          pre.push_back(Eigen::Map<const Eigen::VectorXf>(x.data(), d).cast<double>());
-          mu += pre.back();
-        }
-        if (pre.empty())
-          throw Error("policy expected_attention: no recorded prompt queries past the " + std::to_string(o_.sinks) +
-                      " sinks to fit the query distribution");
-        mu /= static_cast<double>(pre.size());
-        if (o_.covariance)
-          for (const auto& v : pre) sigma += (v - mu) * (v - mu).transpose();
-        sigma /= static_cast<double>(pre.size());
+        const auto [mu, sigma] = query_statistics(s, qh, table);
         const Eigen::VectorXd mu_r = rbar * mu;
         const Mat sigma_r = rbar * sigma * rbar.transpose();
         // log E[exp(q.k / sqrt d)] for Gaussian q, softmax over the non-sink keys; the
@@ -126,6 +107,33 @@ class ExpectedAttention : public ScoringPolicy {
   }
 
  private:
+  // Mean and covariance of the pre-RoPE prompt queries of one head past the sinks.
+  std::pair<Eigen::VectorXd, Mat> query_statistics(const LayerSignals& s, int qh, RopeTable& table) const {
+    const int d = s.geometry().head_dim;
+    const auto rows = s.observed_rows();
+    const auto positions = s.positions();
+    const MatrixView q = s.observed_queries(qh);
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor> pre(d, static_cast<Eigen::Index>(rows.size()));
+    Eigen::Index n = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < o_.sinks) continue;
+      float* x = pre.col(n++).data();
+      std::copy(q.row(static_cast<std::int64_t>(i)), q.row(static_cast<std::int64_t>(i)) + d, x);
+      table.apply(x, 1, positions[static_cast<std::size_t>(rows[i])], true);
+    }
+    if (n == 0)
+      throw Error("policy expected_attention: no recorded prompt queries past the " + std::to_string(o_.sinks) +
+                  " sinks to fit the query distribution");
+    const Mat x = pre.leftCols(n).cast<double>();
+    const Eigen::VectorXd mu = x.rowwise().mean();
+    Mat sigma = Mat::Zero(d, d);
+    if (o_.covariance) {
+      const Mat centred = x.colwise() - mu;
+      sigma = centred * centred.transpose() / static_cast<double>(n);
+    }
+    return {mu, sigma};
+  }
+
   Options o_;
 };
 
