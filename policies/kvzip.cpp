@@ -10,6 +10,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 
 #include "core/error.h"
@@ -89,6 +90,42 @@ std::vector<std::uint8_t> outside_context(std::span<const std::int32_t> cached, 
   return p;
 }
 
+// The keys one chunk's repeat rows attend to: the sinks, the chunk's own cached tokens, then the
+// repeat rows' own keys.
+RowMat chunk_keys(const MatrixView& K, const std::vector<std::size_t>& sinks, const std::vector<std::size_t>& own,
+                  const float* repeat_k, std::int64_t rows, std::int64_t stride) {
+  const auto d = static_cast<Eigen::Index>(K.cols);
+  const auto ns = static_cast<Eigen::Index>(sinks.size()), no = static_cast<Eigen::Index>(own.size());
+  RowMat keys(ns + no + rows, d);
+  auto key = [&](std::size_t m) { return Eigen::Map<const Eigen::RowVectorXf>(K.row(static_cast<std::int64_t>(m)), d); };
+  for (Eigen::Index i = 0; i < ns; ++i) keys.row(i) = key(sinks[static_cast<std::size_t>(i)]);
+  for (Eigen::Index i = 0; i < no; ++i) keys.row(ns + i) = key(own[static_cast<std::size_t>(i)]);
+  for (Eigen::Index r = 0; r < rows; ++r) keys.row(ns + no + r) = Eigen::Map<const Eigen::RowVectorXf>(repeat_k + r * stride, d);
+  return keys;
+}
+
+// The largest softmax weight one query head's repeat rows give each of the `no` own tokens: rows
+// attend to the sinks, the own tokens and the repeat rows up to themselves. Row blocks stop at
+// their causal edge, so the repeat rows' upper triangle is never computed.
+Eigen::RowVectorXf max_attention(const RowMat& keys, Eigen::Index ns, Eigen::Index no, const float* q0, Eigen::Index rows,
+                                 Eigen::Index stride, float scale) {
+  constexpr Eigen::Index kBlock = 128;
+  const auto d = keys.cols();
+  Eigen::RowVectorXf best = Eigen::RowVectorXf::Zero(no);
+  RowMat a;
+  for (Eigen::Index first = 0; first < rows; first += kBlock) {
+    const Eigen::Index count = std::min(kBlock, rows - first), cols = ns + no + first + count;
+    const Eigen::Map<const RowMat, 0, Eigen::OuterStride<>> q(q0 + first * stride, count, d, Eigen::OuterStride<>(stride));
+    a.noalias() = (q * scale) * keys.topRows(cols).transpose();
+    for (Eigen::Index r = 0; r < count; ++r) {
+      auto row = a.row(r).head(ns + no + first + r + 1);
+      row = (row.array() - row.maxCoeff()).exp();
+      best = best.cwiseMax(row.segment(ns, no) / row.sum());
+    }
+  }
+  return best;
+}
+
 class KvzipBase : public ScoringPolicy {
  public:
   explicit KvzipBase(Level level) : level_(level) {}
@@ -133,42 +170,48 @@ class Kvzip : public KvzipBase {
     if (rp->chunks.empty()) throw Error("policy kvzip: the reconstruction pass has no chunks");
     const std::int64_t ctx_begin = rp->chunks.front().begin, ctx_end = rp->chunks.back().end;
     std::vector<HeadScores> out(static_cast<std::size_t>(Hkv));
+    std::vector<std::vector<std::size_t>> sinks(out.size());
     for (int kv = 0; kv < Hkv; ++kv) {
       const auto cached = s.cached(kv);
-      const MatrixView K = s.keys(kv);
       HeadScores& hs = out[static_cast<std::size_t>(kv)];
       hs.score.assign(cached.size(), 0.0f);
       hs.protect = outside_context(cached, ctx_begin, ctx_end);
       // The sinks every chunk's rows attend to: the cached tokens before the context.
-      std::vector<std::size_t> sinks;
-      for (std::size_t m = 0; m < cached.size() && cached[m] < ctx_begin; ++m) sinks.push_back(m);
-      for (const auto& ch : rp->chunks) {
-        std::vector<std::size_t> own;  // cached entries of this chunk's context tokens
+      for (std::size_t m = 0; m < cached.size() && cached[m] < ctx_begin; ++m) sinks[static_cast<std::size_t>(kv)].push_back(m);
+    }
+    for (const auto& ch : rp->chunks) {
+      std::vector<std::vector<std::size_t>> own(out.size());  // cached entries of this chunk's context tokens
+      std::vector<RowMat> keys(out.size());                   // sinks, own tokens, repeat rows
+      for (int kv = 0; kv < Hkv; ++kv) {
+        const auto cached = s.cached(kv);
         for (std::size_t m = 0; m < cached.size(); ++m)
-          if (cached[m] >= ch.begin && cached[m] < ch.end) own.push_back(m);
-        const auto rows = static_cast<Eigen::Index>(ch.row_end - ch.row_begin);
-        const auto ns = static_cast<Eigen::Index>(sinks.size()), no = static_cast<Eigen::Index>(own.size());
-        RowMat keys(ns + no + rows, d);
-        for (Eigen::Index i = 0; i < ns; ++i) keys.row(i) = Eigen::Map<const Eigen::RowVectorXf>(K.row(static_cast<std::int64_t>(sinks[static_cast<std::size_t>(i)])), d);
-        for (Eigen::Index i = 0; i < no; ++i) keys.row(ns + i) = Eigen::Map<const Eigen::RowVectorXf>(K.row(static_cast<std::int64_t>(own[static_cast<std::size_t>(i)])), d);
-        for (Eigen::Index r = 0; r < rows; ++r)
-          keys.row(ns + no + r) = Eigen::Map<const Eigen::RowVectorXf>(rp->k + ((ch.row_begin + r) * Hkv + kv) * d, d);
-        for (int h = 0; h < G; ++h) {
-          const int qh = kv * G + h;
-          const Eigen::Map<const RowMat, 0, Eigen::OuterStride<>> q(rp->q + (ch.row_begin * Hq + qh) * d, rows, d,
-                                                                     Eigen::OuterStride<>(Hq * d));
-          RowMat a = (q * scale) * keys.transpose();
-          for (Eigen::Index r = 0; r < rows; ++r) {
-            auto row = a.row(r);
-            const Eigen::Index seen = ns + no + r + 1;  // causal among the repeat rows
-            const float mx = row.head(seen).maxCoeff();
-            row.head(seen) = (row.head(seen).array() - mx).exp();
-            row.head(seen) /= row.head(seen).sum();
-            for (Eigen::Index i = 0; i < no; ++i) {
-              float& sc = hs.score[own[static_cast<std::size_t>(i)]];
-              sc = std::max(sc, row(ns + i));
-            }
-          }
+          if (cached[m] >= ch.begin && cached[m] < ch.end) own[static_cast<std::size_t>(kv)].push_back(m);
+        keys[static_cast<std::size_t>(kv)] = chunk_keys(s.keys(kv), sinks[static_cast<std::size_t>(kv)], own[static_cast<std::size_t>(kv)],
+                                                        rp->k + (ch.row_begin * Hkv + kv) * d, ch.row_end - ch.row_begin, Hkv * d);
+      }
+      // Every query head on its own (a thread each where the caller is not threaded), then the
+      // group's maximum.
+      const auto rows = static_cast<Eigen::Index>(ch.row_end - ch.row_begin);
+      std::vector<Eigen::RowVectorXf> best(static_cast<std::size_t>(Hq));
+      std::exception_ptr failure;  // (bad_alloc) must not leave the OpenMP region
+#pragma omp parallel for schedule(dynamic)
+      for (int qh = 0; qh < Hq; ++qh) {
+        const auto kv = static_cast<std::size_t>(qh / G);
+        try {
+          best[static_cast<std::size_t>(qh)] = max_attention(keys[kv], static_cast<Eigen::Index>(sinks[kv].size()),
+                                                             static_cast<Eigen::Index>(own[kv].size()),
+                                                             rp->q + (ch.row_begin * Hq + qh) * d, rows, Hq * d, scale);
+        } catch (...) {
+#pragma omp critical(kvsim_kvzip_failure)
+          if (!failure) failure = std::current_exception();
+        }
+      }
+      if (failure) std::rethrow_exception(failure);
+      for (int qh = 0; qh < Hq; ++qh) {
+        const auto kv = static_cast<std::size_t>(qh / G);
+        for (std::size_t i = 0; i < own[kv].size(); ++i) {
+          float& sc = out[kv].score[own[kv][i]];
+          sc = std::max(sc, best[static_cast<std::size_t>(qh)](static_cast<Eigen::Index>(i)));
         }
       }
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -337,11 +338,18 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     prefix.repeat = &repeat;
   }
   // Phase A hands out the configs with a codec first (their plans fit bases; decode-time ones
-  // replay to the end there), so the phase does not end on one of them running alone.
+  // replay to the end there), so the phase does not end on one of them running alone; and each
+  // policy's first budget before any second one, so a thread rarely waits on a score (the layer's
+  // memo) that another thread is still computing.
+  std::vector<std::size_t> repeat_rank(P);
+  std::map<const Policy*, std::size_t> seen_impl;
+  for (std::size_t p = 0; p < P; ++p) repeat_rank[p] = seen_impl[configs_[p].impl.get()]++;
   std::vector<std::size_t> heavy_first(P);
   std::iota(heavy_first.begin(), heavy_first.end(), std::size_t{0});
-  std::stable_partition(heavy_first.begin(), heavy_first.end(),
-                        [&](std::size_t p) { return configs_[p].impl->codec() != nullptr; });
+  std::stable_sort(heavy_first.begin(), heavy_first.end(), [&](std::size_t a, std::size_t b) {
+    const bool ca = configs_[a].impl->codec() != nullptr, cb = configs_[b].impl->codec() != nullptr;
+    return ca != cb ? ca : repeat_rank[a] < repeat_rank[b];
+  });
   // One layer of the trace read, and (for the scoring pass) its shared attention computed.
   auto load_layer = [&](int layer, bool attention) {
     auto t0 = Clock::now();
