@@ -258,8 +258,12 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
     CHECK(g.final_rows == w.final_rows);
     // The backend attends over the packed form's fp16 read-back where the CPU engine keeps the
     // codec's float reconstruction: the same up to fp16 rounding.
-    // (Measured: relative differences of 2e-3 or less.)
-    CHECK(g.mean_kl == Approx(w.mean_kl).margin(1e-4).epsilon(5e-3));
+    // (Measured: relative differences of 2e-3 or less.) A 4-bit codec is the exception: a
+    // value rounding the other way crosses a quantization level, and the CPU engine's own KL moves
+    // between machines (0.02328 here, 0.02294 on a CI machine, with the backend's at 0.02324 on
+    // both), so quantized configs get 2e-2; a wrong bit width or group moves it by far more.
+    const bool quantized = configs[i].policy == "intn" || configs[i].policy == "qevict";
+    CHECK(g.mean_kl == Approx(w.mean_kl).margin(1e-4).epsilon(quantized ? 2e-2 : 5e-3));
     CHECK(g.top1 == w.top1);
   }
 }
