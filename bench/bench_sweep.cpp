@@ -2,7 +2,9 @@
 // ratios measured in this one run: one pass against one config at a time (target >= 8x), the
 // shared attention's GFLOP/s against an Eigen GEMM's (>= 0.3), peak RSS (< 1 GB), and the
 // per-config cost of 16 quantized and low-rank configs against eviction configs' (< 4x), best
-// of three alternating runs each. README.md, "Benchmarks".
+// of three alternating runs each; and a learned policy's replay (foresight, an untrained network of
+// the shipped size) against SnapKV's on the same trace (target: <= 20% added). README.md,
+// "Benchmarks".
 #include <sys/resource.h>
 
 #include <Eigen/Dense>
@@ -13,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "learned/features.h"
+#include "learned/model_file.h"
 #include "policies/registry.h"
 #include "sim/replay.h"
 #include "traces/synth_trace.h"
@@ -23,26 +27,48 @@
 using namespace kvsim;
 using namespace kvsim::bench;
 
+namespace {
+
+// A foresight model file of the size `kvsim train foresight` writes by default (19-32-32-1).
+std::string learned_model(const std::string& dir, const ModelGeometry& g) {
+  learned::LearnedModel m;
+  m.method = "foresight";
+  m.feature_set = learned::kFeatureSet;
+  m.feature_version = learned::kFeatureVersion;
+  m.features = learned::feature_names();
+  m.geometry = g;
+  m.network = learned::Mlp({learned::kFeatureCount, 32, 32, 1}, learned::Activation::Tanh, 1);
+  m.norm_mean.assign(learned::kFeatureCount, 0.0);
+  m.norm_std.assign(learned::kFeatureCount, 1.0);
+  m.curve.metric = "none";
+  const std::string path = dir + "/bench_foresight.h5";
+  learned::write_learned_model(m, path);
+  return path;
+}
+
+}  // namespace
+
 
 int main(int argc, char** argv) {
   keep_freed_memory_for_reuse();  // as the kvsim command does
   std::string dir = "out/bench";
   int requests = 4;
   bool factor_only = false;  // only the codec-vs-eviction factor (the quick loop when tuning replay)
+  bool learned_only = false;  // only the learned-vs-SnapKV line
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--codec-factor-only") {
-      factor_only = true;
+    if (a == "--codec-factor-only" || a == "--learned-only") {
+      (a == "--learned-only" ? learned_only : factor_only) = true;
       continue;
     }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only]\n");
+      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only | --learned-only]\n");
       return 2;
     }
     if (a == "--dir") dir = argv[++i];
     else if (a == "--requests") requests = std::stoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only]\n");
+      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only | --learned-only]\n");
       return 2;
     }
   }
@@ -126,6 +152,35 @@ int main(int argc, char** argv) {
                 alone, alone / per_evict);
   };
 
+  // A learned policy's replay against SnapKV's, each alone at the four budgets, best of three
+  // alternating: what the learned scoring (features + network) adds.
+  auto report_learned = [&] {
+    const std::string model = learned_model(dir, cfg.geometry);
+    auto alone = [&](const std::string& spec) {
+      PolicyInstance inst = PolicyRegistry::instance().create(spec);
+      std::shared_ptr<const Policy> impl(std::move(inst.policy));
+      std::vector<ReplayConfig> cs;
+      for (double b : budgets) cs.push_back({inst.name, inst.params, impl, b});
+      return cs;
+    };
+    const auto snap = alone("snapkv"), learned = alone("foresight:model=" + model);
+    SweepCost snap_cost, learned_cost;
+    for (int rep = 0; rep < 3; ++rep) {
+      sweep_cost(snap, snap_cost);
+      sweep_cost(learned, learned_cost);
+    }
+    const double a = snap_cost.config + snap_cost.shared, b = learned_cost.config + learned_cost.shared;
+    std::printf("learned policy (foresight 19-32-32-1) replay %.3f s vs SnapKV %.3f s (%zu budgets) | added %.1f%% "
+                "(target <= 20%%) %s\n",
+                b, a, budgets.size(), 100.0 * (b - a) / a, b <= 1.2 * a ? "OK" : "ABOVE TARGET");
+    std::filesystem::remove(model);
+  };
+  if (learned_only) {
+    report_learned();
+    std::filesystem::remove(trace);
+    return 0;
+  }
+
   if (factor_only) {
     measure_factor();
     report_factor();
@@ -170,6 +225,7 @@ int main(int argc, char** argv) {
               attn_gflops, gemm, attn_gflops / gemm, attn_gflops / gemm >= 0.3 ? "OK" : "BELOW TARGET");
   std::printf("peak RSS of the sweep        %8.1f MB (target < 1024 MB) %s\n", rss_mb, rss_mb < 1024 ? "OK" : "OVER");
   report_factor();
+  report_learned();
   std::filesystem::remove(trace);
   return 0;
 }

@@ -16,5 +16,6 @@ int tasks_command(const Args& args);
 int verify_command(const Args& args);
 int calibrate_command(const Args& args);
 int agreement_command(const Args& args);
+int train_command(const Args& args);
 
 }  // namespace kvsim::cli

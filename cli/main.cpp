@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
       {"calibrate", "fit the offline estimate of live KL (est_kl) to live runs of a calibration split",
        kvsim::cli::calibrate_command},
       {"agreement", "the offline/live agreement report from sweep and verify result files", kvsim::cli::agreement_command},
+      {"train", "train a learned policy (foresight) on captured traces", kvsim::cli::train_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

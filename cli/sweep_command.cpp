@@ -59,6 +59,7 @@ int sweep_command(const Args& args) {
       "sweep-file", po::value(&sweep_file), "JSON sweep file: {traces, policies, budgets, mode} (CLI values win)")(
       "resume", "continue an interrupted sweep in --out (same configuration only)")(
       "force", "replace an existing --out")("quiet,q", "no progress line")(
+      "allow-training-requests", "let learned policies run on the prompts they were trained on")(
       "list-policies", "list every policy with its rule, citation and parameters, then exit");
   po::positional_options_description pos;
   pos.add("trace", -1);
@@ -111,6 +112,7 @@ int sweep_command(const Args& args) {
   spec.budget_rule = parse_budget_rule(semantics, reapply_every);
   spec.resume = vm.count("resume") > 0;
   spec.force = vm.count("force") > 0;
+  spec.allow_training_requests = vm.count("allow-training-requests") > 0;
   spec.progress = vm.count("quiet") == 0;
   if (spec.traces.empty()) throw Error("no trace files given (kvsim sweep TRACE... or \"traces\" in --sweep-file)");
   const auto rows = run_sweep(spec, std::cerr);

@@ -55,7 +55,8 @@ int verify_command(const Args& args) {
       "attention weights to the host), on the host otherwise. Both evict the same tokens")(
       "out,o", po::value(&spec.out_csv)->default_value(spec.out_csv), "per request x config results (CSV)")(
       "agreement", po::value(&spec.agreement_csv), "write the agreement table as CSV too")(
-      "force", "replace an existing --out file")("quiet,q", "no progress lines");
+      "force", "replace an existing --out file")("quiet,q", "no progress lines")(
+      "allow-training-requests", "let learned policies run on the prompts they were trained on");
   po::variables_map vm;
   if (!parse_options(args, desc, po::positional_options_description(), vm,
                      "kvsim verify --model M.gguf --tasks T.jsonl (--policies P --budgets B | --from-sweep S.csv --top N) "
@@ -79,6 +80,7 @@ int verify_command(const Args& args) {
   spec.live.device = parse_device(device);
   require_device(spec.live.device);
   spec.force = vm.count("force") > 0;
+  spec.live.allow_training_requests = vm.count("allow-training-requests") > 0;
   spec.progress = vm.count("quiet") == 0;
   run_verify(spec, std::cout, std::cerr);
   return 0;

@@ -229,6 +229,9 @@ class Policy {
   // (1: it evicts at every step; QEvict: its re-tier interval); 0 for one-shot policies. A
   // peak-matched budget leaves this much headroom below the byte budget (kvcache/budget.h).
   virtual std::int64_t decode_growth() const { return 0; }
+  // Learned policies: the fingerprints (core/fingerprint.h) of the prompts they were trained on;
+  // sweep and verify refuse to evaluate them on those unless asked.
+  virtual std::span<const std::uint64_t> training_prompts() const { return {}; }
 };
 
 }  // namespace kvsim

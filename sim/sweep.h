@@ -23,6 +23,7 @@ struct SweepSpec {
   bool resume = false;                // skip rows already in out_csv (same configuration only)
   bool force = false;                 // replace an existing out_csv
   bool progress = true;               // progress line on stderr
+  bool allow_training_requests = false;  // learned policies may be evaluated on their training prompts
 };
 
 // The configs a spec expands to: `full` once at budget 1.0, every other policy at every budget.

@@ -14,6 +14,7 @@
 #include "policies/registry.h"
 #include "kvcache/cache_signals.h"
 #include "sim/replay.h"
+#include "learned_fixtures.h"
 #include "trace_fixtures.h"
 
 using namespace kvsim;
@@ -47,9 +48,9 @@ std::vector<ReplayConfig> configs(const std::vector<std::string>& specs, const s
 }
 
 // Every registered policy, with parameters that fit the small trace's recorded queries.
-std::vector<std::string> every_policy() {
+std::vector<std::string> every_policy(const ModelGeometry& g) {
   std::vector<std::string> specs;
-  for (const PolicyInfo* p : PolicyRegistry::instance().all()) specs.push_back(p->name);
+  for (const PolicyInfo* p : PolicyRegistry::instance().all()) specs.push_back(test::runnable_spec(p->name, g));
   return specs;
 }
 
@@ -187,7 +188,7 @@ TEST_CASE("replay properties hold for every policy", "[replay]") {
   // Every policy with its defaults, plus the one-shot forms of the decode-time ones: the
   // future oracle bounds one-shot keep-sets of the same size (decode-time policies keep fewer
   // tokens at each step and are only checked for the general properties).
-  auto specs = every_policy();
+  auto specs = every_policy(reader.geometry());
   for (const char* p : {"h2o:phase=prefill", "tova:phase=prefill", "streamingllm:phase=prefill",
                         "snapkv:gqa=per_query_head", "adakv:base=snapkv/gqa=per_query_head"})
     specs.push_back(p);
@@ -255,12 +256,12 @@ TEST_CASE("query-agnostic compression hurts SnapKV on a needle task", "[replay]"
 
 TEST_CASE("golden keep-sets: every policy x 3 budgets", "[replay][golden]") {
   const TraceReader reader(replay_trace());
-  const auto cfgs = configs(every_policy(), {0.1, 0.25, 0.5});
+  const auto cfgs = configs(every_policy(reader.geometry()), {0.1, 0.25, 0.5});
   std::ostringstream table;
   for (const auto mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
     const RequestResult res = Replayer(reader, mode, cfgs).replay("r0");
     for (std::size_t p = 0; p < cfgs.size(); ++p)
-      table << mode_name(mode) << " " << cfgs[p].label() << " " << cfgs[p].budget << " " << res.configs[p].keep_hash
+      table << mode_name(mode) << " " << test::stable_label(cfgs[p].label()) << " " << cfgs[p].budget << " " << res.configs[p].keep_hash
             << " " << static_cast<std::int64_t>(res.configs[p].compressed_bytes) << "\n";
   }
   const std::string golden_path = std::string(KVSIM_TEST_SOURCE_DIR) + "/golden/replay_keepsets.txt";
@@ -304,7 +305,7 @@ TEST_CASE("compress-every: same result when one cut holds the prompt, bounded pe
 TEST_CASE("every policy runs on caches thinned at every compression cut", "[replay]") {
   const TraceReader reader(replay_trace());
   const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
-  auto specs = every_policy();
+  auto specs = every_policy(reader.geometry());
   // KVzip's reconstruction pass repeats the whole context: compression cuts get no signal, and
   // say so. By default kvzip and kvzip_proxy select over every layer at once (KVzip's one
   // threshold), which a cut taken layer by layer cannot: they compress once, and say so.
@@ -506,7 +507,7 @@ TEST_CASE("a long prompt's observed attention is visited in row blocks, never n 
 TEST_CASE("peak-matched budgets: no policy's cache exceeds its budget at any step", "[replay]") {
   const TraceReader reader(replay_trace());
   const ReplayMode mode = GENERATE(ReplayMode::QueryAware, ReplayMode::QueryAgnostic);
-  auto specs = every_policy();
+  auto specs = every_policy(reader.geometry());
   // Selections over every layer and the reconstruction pass cannot re-apply, and say so.
   std::erase(specs, std::string("kvzip"));
   std::erase(specs, std::string("qevict"));

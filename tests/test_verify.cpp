@@ -19,6 +19,7 @@
 #include "traces/trace_reader.h"
 #include "counting_backend.h"
 #include "gguf_fixtures.h"
+#include "learned_fixtures.h"
 #include "trace_fixtures.h"
 #include "verify/live_verifier.h"
 
@@ -40,10 +41,11 @@ CaptureRequest needle_request() {
 }
 
 // Every registered policy with its defaults, at `budgets` (full once).
-std::vector<ReplayConfig> all_configs(const std::vector<double>& budgets) {
+// Learned policies get a seeded model file for `g` (the test model's geometry by default).
+std::vector<ReplayConfig> all_configs(const std::vector<double>& budgets, const ModelGeometry& g = smollm2_135m_geometry()) {
   std::vector<ReplayConfig> out;
   for (const PolicyInfo* info : PolicyRegistry::instance().all()) {
-    PolicyInstance inst = PolicyRegistry::instance().create(info->name);
+    PolicyInstance inst = PolicyRegistry::instance().create(test::runnable_spec(info->name, g));
     std::shared_ptr<const Policy> impl(std::move(inst.policy));
     if (!impl->respects_budget()) {
       out.push_back({inst.name, inst.params, impl, 1.0});
@@ -343,7 +345,7 @@ TEST_CASE("compression every 256 tokens: live and offline keep the same tokens, 
     // KVzip's signal (the whole context repeated) is not handed out at compression cuts: both
     // sides refuse it alike.
     std::vector<ReplayConfig> configs;
-    for (const ReplayConfig& c : all_configs({0.15, 0.4}))
+    for (const ReplayConfig& c : all_configs({0.15, 0.4}, model_config(gguf)))
       if (!c.impl->needs_repeat_pass()) configs.push_back(c);
     const ReplayConfig kvzip_layer = config_of("kvzip:level=layer", 0.15);
     CHECK_THROWS_WITH(v.run(request, {kvzip_layer}), Catch::Contains("not handed out at compression cuts"));

@@ -1,6 +1,7 @@
 // Each config of a live verify: its cache compressed through kvcache/'s plan API (cuts
 // included), stepped with decode-time eviction, and scored against the full-cache run.
 #include "verify/live_verifier_impl.h"
+#include "kvcache/training_prompts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -308,6 +309,7 @@ LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::ve
   Impl::Shared s = impl_->prefill(request, std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) {
     return c.impl->needs_repeat_pass();
   }));
+  kvcache::check_training_prompts(configs, s.p.tokens, s.where, impl_->opts.allow_training_requests);
   s.with_future = std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) { return c.impl->reads_future(); });
   impl_->reference_run(s);
   LiveRequestResult out;

@@ -37,6 +37,7 @@ struct VerifyOptions {
   // engine when it runs rules (the CUDA backend: on the GPU, no weights or rows to the host);
   // false steps every policy on the host. Both evict the same tokens.
   bool rules_in_engine = true;
+  bool allow_training_requests = false;  // learned policies may run on their training prompts
 };
 
 struct LiveConfigResult {

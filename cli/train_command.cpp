@@ -1,0 +1,93 @@
+// `kvsim train METHOD TRACE... -o MODEL.h5`: train a learned policy on captured traces.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "train/foresight_trainer.h"
+
+namespace po = boost::program_options;
+
+namespace kvsim::cli {
+
+namespace {
+
+constexpr const char* kMethods = "foresight";
+
+std::vector<int> parse_hidden(const std::string& s) {
+  std::vector<int> out;
+  for (const auto& part : split(s, ',')) {
+    try {
+      std::size_t used = 0;
+      const int v = std::stoi(part, &used);
+      if (used != part.size() || v < 1) throw std::invalid_argument(part);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw Error("--hidden: '" + part + "' is not a positive layer size (expected e.g. 32,32)");
+    }
+  }
+  if (out.empty()) throw Error("--hidden: expected at least one hidden layer size (e.g. 32,32)");
+  return out;
+}
+
+}  // namespace
+
+int train_command(const Args& args) {
+  std::string method, out, mode = "query-aware", requests, hidden = "32,32", activation = "tanh";
+  std::vector<std::string> traces;
+  train::ForesightOptions fo;
+  po::options_description desc(
+      "kvsim train: fit a learned KV-cache policy to captured traces and write its model file (HDF5), which the\n"
+      "policy of the same name reads (e.g. --policies foresight:model=MODEL.h5). Methods: " + std::string(kMethods) +
+      ".\n  foresight: a per-token scorer over the token features (docs/learned.md), pairwise hinge loss against\n"
+      "  oracle_golden's golden eviction label (ForesightKV's supervised stage)");
+  desc.add_options()("help,h", "show this help")("method", po::value(&method), "training method")(
+      "trace", po::value(&traces)->multitoken(), "trace files to learn from")(
+      "out,o", po::value(&out)->required(), "model file to write (HDF5)")(
+      "mode", po::value(&mode)->default_value(mode), "compression point: query-aware | query-agnostic")(
+      "requests", po::value(&requests), "comma-separated request ids to train on (default: every complete request)")(
+      "hidden", po::value(&hidden)->default_value(hidden), "hidden layer sizes")(
+      "activation", po::value(&activation)->default_value(activation), "hidden activation: tanh | relu")(
+      "steps", po::value(&fo.steps)->default_value(fo.steps), "Adam steps")(
+      "lr", po::value(&fo.lr)->default_value(fo.lr), "Adam learning rate")(
+      "heads-per-step", po::value(&fo.heads_per_step)->default_value(fo.heads_per_step),
+      "(request, layer, KV head) samples per step")(
+      "pairs", po::value(&fo.pairs_per_head)->default_value(fo.pairs_per_head), "token pairs per head sample")(
+      "margin", po::value(&fo.margin)->default_value(fo.margin), "hinge margin")(
+      "top-share", po::value(&fo.top_share)->default_value(fo.top_share),
+      "the better token of each pair is drawn from this top share by golden label")(
+      "seed", po::value(&fo.seed)->default_value(fo.seed), "random seed (same seed, same machine: same model)")(
+      "force", "replace an existing --out file");
+  po::positional_options_description pos;
+  pos.add("method", 1).add("trace", -1);
+  po::variables_map vm;
+  if (!parse_options(args, desc, pos, vm, "kvsim train METHOD TRACE... -o MODEL.h5 [options]")) return 0;
+  if (method.empty()) throw Error(std::string("no training method given; expected one of: ") + kMethods);
+  if (method != "foresight") throw Error("unknown training method '" + method + "'; expected one of: " + kMethods);
+  if (traces.empty()) throw Error("no trace files given (kvsim train " + method + " TRACE... -o MODEL.h5)");
+  if (!vm.count("force") && std::filesystem::exists(out))
+    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  fo.hidden = parse_hidden(hidden);
+  fo.activation = learned::parse_activation(activation, "--activation");
+  fo.tty = ::isatty(2) != 0;
+
+  train::TrainingInputs in;
+  in.traces = traces;
+  in.mode = parse_mode(mode);
+  if (!requests.empty()) in.requests = split(requests, ',');
+  const train::TrainingSet set = train::load_training_set(in, std::cerr);
+  std::cerr << "train: " << set.requests << " requests, " << set.heads.size() << " (layer, KV head) samples\n";
+  const learned::LearnedModel m = train::train_foresight(set, fo, std::cerr);
+  learned::write_learned_model(m, out);
+  std::printf("%s: %s model, %zu parameters, trained on %d requests (%s); use it as --policies %s:model=%s\n",
+              out.c_str(), m.method.c_str(), m.network.params().size(), set.requests, mode_name(in.mode),
+              m.method.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace kvsim::cli

@@ -1,0 +1,175 @@
+#include "learned/features.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace kvsim::learned {
+
+namespace {
+
+constexpr int kWindows[] = {8, 16, 32, 128};
+constexpr int kEntropyWindow = 32;
+constexpr int kSinks = 4;
+// Attention is scaled by the cache size (1 = uniform attention) before the log, so the features
+// mean the same at 200 tokens as at 8000; kFloor keeps log finite for ignored tokens.
+constexpr double kFloor = 1e-3;
+
+enum Column {
+  kMean8,
+  kMean16,
+  kMean32,
+  kMean128,
+  kLast,
+  kMax,
+  kEntropy,
+  kKeyNorm,
+  kValueNorm,
+  kKeyCos,
+  kPosRelative,
+  kDistFromEnd,
+  kSink,
+  kSegSystem,
+  kSegContext,
+  kSegQuestion,
+  kSegGenerated,
+  kLayerFrac,
+  kHeadFrac,
+  kColumns
+};
+static_assert(kColumns == kFeatureCount);
+
+double scaled_log(double a, std::int64_t n) { return std::log(kFloor + a * static_cast<double>(n)); }
+
+// Per-token attention statistics of one KV head's group over the last W recorded queries.
+struct WindowStats {
+  std::vector<std::vector<double>> mean;  // [windows][n]
+  std::vector<double> last, max, entropy;
+};
+
+WindowStats window_stats(const LayerSignals& s, int kv, int W, std::int64_t n) {
+  const int G = s.geometry().group();
+  WindowStats st;
+  st.mean.assign(std::size(kWindows), std::vector<double>(static_cast<std::size_t>(n), 0.0));
+  st.last.assign(static_cast<std::size_t>(n), 0.0);
+  st.max.assign(static_cast<std::size_t>(n), 0.0);
+  st.entropy.assign(static_cast<std::size_t>(n), 0.0);
+  const int we = std::min(kEntropyWindow, W);
+  for (int r = 0; r < G; ++r) {
+    const MatrixView a = s.window_attention(kv * G + r, W);  // [W, n], the newest query last
+    for (std::int64_t i = 0; i < a.rows; ++i) {
+      const std::int64_t age = a.rows - 1 - i;  // 0 = the last query
+      const float* row = a.row(i);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double v = row[j];
+        for (std::size_t w = 0; w < std::size(kWindows); ++w)
+          if (age < std::min(kWindows[w], W)) st.mean[w][static_cast<std::size_t>(j)] += v;
+        st.max[static_cast<std::size_t>(j)] = std::max(st.max[static_cast<std::size_t>(j)], v);
+        if (age == 0) st.last[static_cast<std::size_t>(j)] += v;
+        if (age < we && v > 0) st.entropy[static_cast<std::size_t>(j)] -= v * std::log(v);
+      }
+    }
+  }
+  for (std::size_t w = 0; w < std::size(kWindows); ++w)
+    for (double& v : st.mean[w]) v /= static_cast<double>(G) * std::min(kWindows[w], W);
+  for (double& v : st.last) v /= G;
+  for (double& v : st.entropy) v /= static_cast<double>(G) * we;
+  return st;
+}
+
+double norm(const float* x, int d) {
+  double s = 0;
+  for (int i = 0; i < d; ++i) s += static_cast<double>(x[i]) * x[i];
+  return std::sqrt(s);
+}
+
+// log(|x_j| / mean |x|) per row of m.
+std::vector<double> relative_log_norms(const MatrixView& m) {
+  std::vector<double> out(static_cast<std::size_t>(m.rows));
+  double mean = 0;
+  for (std::int64_t j = 0; j < m.rows; ++j) mean += out[static_cast<std::size_t>(j)] = norm(m.row(j), static_cast<int>(m.cols));
+  mean /= static_cast<double>(std::max<std::int64_t>(1, m.rows));
+  for (double& v : out) v = std::log((v + 1e-6) / (mean + 1e-6));
+  return out;
+}
+
+std::vector<double> cosine_to_mean(const MatrixView& k) {
+  std::vector<double> mean(static_cast<std::size_t>(k.cols), 0.0), out(static_cast<std::size_t>(k.rows));
+  for (std::int64_t j = 0; j < k.rows; ++j)
+    for (std::int64_t c = 0; c < k.cols; ++c) mean[static_cast<std::size_t>(c)] += k.at(j, c);
+  double mn = 0;
+  for (double& v : mean) {
+    v /= static_cast<double>(std::max<std::int64_t>(1, k.rows));
+    mn += v * v;
+  }
+  mn = std::sqrt(mn);
+  for (std::int64_t j = 0; j < k.rows; ++j) {
+    double dot = 0;
+    for (std::int64_t c = 0; c < k.cols; ++c) dot += k.at(j, c) * mean[static_cast<std::size_t>(c)];
+    out[static_cast<std::size_t>(j)] = dot / (norm(k.row(j), static_cast<int>(k.cols)) * mn + 1e-12);
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& feature_names() {
+  static const std::vector<std::string> names = {
+      "attn_mean_8", "attn_mean_16", "attn_mean_32",   "attn_mean_128", "attn_last",   "attn_max_128",
+      "attn_entropy_32", "key_norm", "value_norm",     "key_cos_mean",  "pos_relative", "dist_from_end",
+      "is_sink",     "seg_system",   "seg_context",    "seg_question",  "seg_generated", "layer_frac",
+      "head_frac"};
+  return names;
+}
+
+int feature_window(const LayerSignals& s) {
+  const auto rows = s.observed_rows();
+  const std::int64_t c = s.n_tokens();
+  int w = 0;
+  while (w < kMaxFeatureWindow && w < static_cast<int>(rows.size()) &&
+         rows[rows.size() - 1 - static_cast<std::size_t>(w)] == c - 1 - w)
+    ++w;
+  return w;
+}
+
+HeadFeatures extract_features(const LayerSignals& s, int kv) {
+  const ModelGeometry& g = s.geometry();
+  const auto cached = s.cached(kv);
+  const auto n = static_cast<std::int64_t>(cached.size());
+  const int W = feature_window(s);
+  if (W == 0)
+    throw Error("learned features, layer " + std::to_string(s.layer()) + ": need the query of the last token before " +
+                "the compression point (token " + std::to_string(s.n_tokens() - 1) + "), which was not recorded");
+  const WindowStats st = window_stats(s, kv, W, n);
+  const std::vector<double> kn = relative_log_norms(s.keys(kv)), vn = relative_log_norms(s.values(kv));
+  const std::vector<double> kc = cosine_to_mean(s.keys(kv));
+  const auto positions = s.positions();
+  const auto segments = s.segments();
+  const double last_pos = std::max<double>(1.0, positions[static_cast<std::size_t>(s.n_tokens() - 1)]);
+  HeadFeatures f;
+  f.tokens = n;
+  f.x.assign(static_cast<std::size_t>(n * kFeatureCount), 0.0f);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    const std::int32_t t = cached[u];
+    float* x = f.x.data() + j * kFeatureCount;
+    for (std::size_t w = 0; w < std::size(kWindows); ++w) x[kMean8 + w] = static_cast<float>(scaled_log(st.mean[w][u], n));
+    x[kLast] = static_cast<float>(scaled_log(st.last[u], n));
+    x[kMax] = static_cast<float>(scaled_log(st.max[u], n));
+    x[kEntropy] = static_cast<float>(scaled_log(st.entropy[u] / std::log(std::max<double>(2.0, static_cast<double>(n))), n));
+    x[kKeyNorm] = static_cast<float>(kn[u]);
+    x[kValueNorm] = static_cast<float>(vn[u]);
+    x[kKeyCos] = static_cast<float>(kc[u]);
+    x[kPosRelative] = static_cast<float>(positions[static_cast<std::size_t>(t)] / last_pos);
+    x[kDistFromEnd] = static_cast<float>(std::log1p(static_cast<double>(s.n_tokens() - 1 - t)));
+    x[kSink] = t < kSinks ? 1.0f : 0.0f;
+    const int seg = segments[static_cast<std::size_t>(t)];
+    if (seg >= 0 && seg < 4) x[kSegSystem + seg] = 1.0f;
+    x[kLayerFrac] = g.n_layers > 1 ? static_cast<float>(s.layer()) / static_cast<float>(g.n_layers - 1) : 0.0f;
+    x[kHeadFrac] = g.n_kv_heads > 1 ? static_cast<float>(kv) / static_cast<float>(g.n_kv_heads - 1) : 0.0f;
+  }
+  return f;
+}
+
+}  // namespace kvsim::learned

@@ -1,0 +1,79 @@
+#include "train/training_set.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <ostream>
+#include <set>
+
+#include "core/error.h"
+#include "core/fingerprint.h"
+#include "core/sha256.h"
+#include "learned/features.h"
+
+namespace kvsim::train {
+
+TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress) {
+  if (in.traces.empty()) throw Error("train: no trace files given");
+  TrainingSet set;
+  set.labeler = in.labeler;
+  std::set<std::string> wanted(in.requests.begin(), in.requests.end()), found;
+  for (std::size_t t = 0; t < in.traces.size(); ++t) {
+    const TraceReader reader(in.traces[t]);
+    if (t == 0) set.geometry = reader.geometry();
+    else if (!(reader.geometry() == set.geometry))
+      throw Error(in.traces[t] + ": model geometry differs from " + in.traces.front() + "'s; train on one model's traces");
+    set.provenance.traces.emplace_back(in.traces[t], sha256_file_hex(in.traces[t]));
+    for (const std::string& id : reader.request_ids()) {
+      if (!wanted.empty() && !wanted.count(id)) continue;
+      found.insert(id);
+      const RequestHeader h = reader.header(id);
+      const auto prompt = std::span<const std::int32_t>(h.tokens).first(static_cast<std::size_t>(h.n_prompt));
+      progress << "train: reading " << in.traces[t] << " " << id << " (" << h.n_tokens() << " tokens)\n" << std::flush;
+      std::vector<HeadSample> heads = collect_head_samples(reader, id, in.mode, in.labeler, set.requests);
+      for (auto& s : heads) set.heads.push_back(std::move(s));
+      set.provenance.requests.push_back({static_cast<int>(t), id, prompt_fingerprint(prompt)});
+      ++set.requests;
+    }
+  }
+  for (const std::string& id : wanted)
+    if (!found.count(id)) throw Error("train: request '" + id + "' is in none of the traces given");
+  if (set.requests == 0) throw Error("train: no complete requests in the traces given");
+  return set;
+}
+
+void feature_moments(const std::vector<HeadSample>& heads, std::vector<double>& mean, std::vector<double>& std_dev) {
+  const int F = learned::kFeatureCount;
+  std::vector<double> s(F, 0.0), sq(F, 0.0);
+  double n = 0;
+  for (const HeadSample& h : heads)
+    for (std::int64_t i = 0; i < h.tokens; ++i) {
+      for (int c = 0; c < F; ++c) {
+        const double v = h.x[static_cast<std::size_t>(i * F + c)];
+        s[static_cast<std::size_t>(c)] += v;
+        sq[static_cast<std::size_t>(c)] += v * v;
+      }
+      n += 1;
+    }
+  mean.assign(F, 0.0);
+  std_dev.assign(F, 1.0);
+  if (n == 0) return;
+  for (int c = 0; c < F; ++c) {
+    const auto u = static_cast<std::size_t>(c);
+    mean[u] = s[u] / n;
+    const double var = std::max(0.0, sq[u] / n - mean[u] * mean[u]);
+    std_dev[u] = var > 1e-12 ? std::sqrt(var) : 1.0;
+  }
+}
+
+std::string utc_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace kvsim::train
