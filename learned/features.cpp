@@ -1,5 +1,6 @@
 #include "learned/features.h"
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 
@@ -42,39 +43,39 @@ static_assert(kColumns == kFeatureCount);
 
 double scaled_log(double a, std::int64_t n) { return std::log(kFloor + a * static_cast<double>(n)); }
 
-// Per-token attention statistics of one KV head's group over the last W recorded queries.
+// Per-token attention statistics of one KV head's group over the last W recorded queries, row by
+// row (each row contiguous, so Eigen vectorises the sums, maxima and logs).
 struct WindowStats {
-  std::vector<std::vector<double>> mean;  // [windows][n]
-  std::vector<double> last, max, entropy;
+  std::vector<Eigen::ArrayXf> mean;  // [windows] (n)
+  Eigen::ArrayXf last, max, entropy;
 };
 
 WindowStats window_stats(const LayerSignals& s, int kv, int W, std::int64_t n) {
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int G = s.geometry().group();
+  const auto N = static_cast<Eigen::Index>(n);
   WindowStats st;
-  st.mean.assign(std::size(kWindows), std::vector<double>(static_cast<std::size_t>(n), 0.0));
-  st.last.assign(static_cast<std::size_t>(n), 0.0);
-  st.max.assign(static_cast<std::size_t>(n), 0.0);
-  st.entropy.assign(static_cast<std::size_t>(n), 0.0);
+  st.mean.assign(std::size(kWindows), Eigen::ArrayXf::Zero(N));
+  st.last = st.max = st.entropy = Eigen::ArrayXf::Zero(N);
   const int we = std::min(kEntropyWindow, W);
+  Eigen::ArrayXf run(N);
   for (int r = 0; r < G; ++r) {
-    const MatrixView a = s.window_attention(kv * G + r, W);  // [W, n], the newest query last
-    for (std::int64_t i = 0; i < a.rows; ++i) {
-      const std::int64_t age = a.rows - 1 - i;  // 0 = the last query
-      const float* row = a.row(i);
-      for (std::int64_t j = 0; j < n; ++j) {
-        const double v = row[j];
-        for (std::size_t w = 0; w < std::size(kWindows); ++w)
-          if (age < std::min(kWindows[w], W)) st.mean[w][static_cast<std::size_t>(j)] += v;
-        st.max[static_cast<std::size_t>(j)] = std::max(st.max[static_cast<std::size_t>(j)], v);
-        if (age == 0) st.last[static_cast<std::size_t>(j)] += v;
-        if (age < we && v > 0) st.entropy[static_cast<std::size_t>(j)] -= v * std::log(v);
-      }
+    const MatrixView view = s.window_attention(kv * G + r, W);  // [W, n], the newest query last
+    const Eigen::Map<const RowMat> a(view.data, view.rows, N);
+    run.setZero();
+    for (Eigen::Index age = 0; age < a.rows(); ++age) {
+      const auto row = a.row(a.rows() - 1 - age).array().transpose();
+      run += row;
+      st.max = st.max.max(row);
+      if (age == 0) st.last += row;
+      if (age < we) st.entropy -= row * row.max(1e-30f).log();
+      for (std::size_t w = 0; w < std::size(kWindows); ++w)
+        if (age + 1 == std::min<Eigen::Index>(kWindows[w], a.rows())) st.mean[w] += run;
     }
   }
-  for (std::size_t w = 0; w < std::size(kWindows); ++w)
-    for (double& v : st.mean[w]) v /= static_cast<double>(G) * std::min(kWindows[w], W);
-  for (double& v : st.last) v /= G;
-  for (double& v : st.entropy) v /= static_cast<double>(G) * we;
+  for (std::size_t w = 0; w < std::size(kWindows); ++w) st.mean[w] /= static_cast<float>(G * std::min(kWindows[w], W));
+  st.last /= static_cast<float>(G);
+  st.entropy /= static_cast<float>(G * we);
   return st;
 }
 
@@ -154,10 +155,10 @@ HeadFeatures extract_features(const LayerSignals& s, int kv) {
     const auto u = static_cast<std::size_t>(j);
     const std::int32_t t = cached[u];
     float* x = f.x.data() + j * kFeatureCount;
-    for (std::size_t w = 0; w < std::size(kWindows); ++w) x[kMean8 + w] = static_cast<float>(scaled_log(st.mean[w][u], n));
-    x[kLast] = static_cast<float>(scaled_log(st.last[u], n));
-    x[kMax] = static_cast<float>(scaled_log(st.max[u], n));
-    x[kEntropy] = static_cast<float>(scaled_log(st.entropy[u] / std::log(std::max<double>(2.0, static_cast<double>(n))), n));
+    for (std::size_t w = 0; w < std::size(kWindows); ++w) x[kMean8 + w] = static_cast<float>(scaled_log(st.mean[w][j], n));
+    x[kLast] = static_cast<float>(scaled_log(st.last[j], n));
+    x[kMax] = static_cast<float>(scaled_log(st.max[j], n));
+    x[kEntropy] = static_cast<float>(scaled_log(st.entropy[j] / std::log(std::max<double>(2.0, static_cast<double>(n))), n));
     x[kKeyNorm] = static_cast<float>(kn[u]);
     x[kValueNorm] = static_cast<float>(vn[u]);
     x[kKeyCos] = static_cast<float>(kc[u]);
