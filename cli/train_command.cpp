@@ -5,11 +5,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
 #include "train/foresight_trainer.h"
+#include "train/rlkv_trainer.h"
+#include "traces/trace_reader.h"
 
 namespace po = boost::program_options;
 
@@ -17,7 +20,7 @@ namespace kvsim::cli {
 
 namespace {
 
-constexpr const char* kMethods = "foresight";
+constexpr const char* kMethods = "foresight, rlkv";
 
 std::vector<int> parse_hidden(const std::string& s) {
   std::vector<int> out;
@@ -38,14 +41,18 @@ std::vector<int> parse_hidden(const std::string& s) {
 }  // namespace
 
 int train_command(const Args& args) {
-  std::string method, out, mode = "query-aware", requests, hidden = "32,32", activation = "tanh";
+  std::string method, out, mode = "query-aware", requests, hidden = "32,32", activation = "tanh", import;
   std::vector<std::string> traces;
   train::ForesightOptions fo;
+  train::RlkvOptions ro;
+  train::StreamingWindow window;
   po::options_description desc(
       "kvsim train: fit a learned KV-cache policy to captured traces and write its model file (HDF5), which the\n"
       "policy of the same name reads (e.g. --policies foresight:model=MODEL.h5). Methods: " + std::string(kMethods) +
       ".\n  foresight: a per-token scorer over the token features (docs/learned.md), pairwise hinge loss against\n"
-      "  oracle_golden's golden eviction label (ForesightKV's supervised stage)");
+      "  oracle_golden's golden eviction label (ForesightKV's supervised stage)\n"
+      "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, fitted to each head's streaming error\n"
+      "  with a sparsity term; or --import RLKV's adapter_weights.tsv (the trace gives the model geometry)");
   desc.add_options()("help,h", "show this help")("method", po::value(&method), "training method")(
       "trace", po::value(&traces)->multitoken(), "trace files to learn from")(
       "out,o", po::value(&out)->required(), "model file to write (HDF5)")(
@@ -62,30 +69,62 @@ int train_command(const Args& args) {
       "top-share", po::value(&fo.top_share)->default_value(fo.top_share),
       "the better token of each pair is drawn from this top share by golden label")(
       "seed", po::value(&fo.seed)->default_value(fo.seed), "random seed (same seed, same machine: same model)")(
+      "sparsity", po::value(&ro.sparsity)->default_value(ro.sparsity),
+      "rlkv: a head keeps its whole cache when its streaming error exceeds this x the mean error")(
+      "requests-per-step", po::value(&ro.requests_per_step)->default_value(ro.requests_per_step),
+      "rlkv: requests per Adam step")(
+      "sinks", po::value(&window.sinks)->default_value(window.sinks), "rlkv: the streaming window's sink tokens")(
+      "recent", po::value(&window.recent)->default_value(window.recent), "rlkv: the streaming window's recent tokens")(
+      "import", po::value(&import), "rlkv: import RLKV's adapter_weights.tsv instead of training")(
       "force", "replace an existing --out file");
   po::positional_options_description pos;
   pos.add("method", 1).add("trace", -1);
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim train METHOD TRACE... -o MODEL.h5 [options]")) return 0;
   if (method.empty()) throw Error(std::string("no training method given; expected one of: ") + kMethods);
-  if (method != "foresight") throw Error("unknown training method '" + method + "'; expected one of: " + kMethods);
+  if (method != "foresight" && method != "rlkv")
+    throw Error("unknown training method '" + method + "'; expected one of: " + kMethods);
   if (traces.empty()) throw Error("no trace files given (kvsim train " + method + " TRACE... -o MODEL.h5)");
   if (!vm.count("force") && std::filesystem::exists(out))
     throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
-  fo.hidden = parse_hidden(hidden);
-  fo.activation = learned::parse_activation(activation, "--activation");
-  fo.tty = ::isatty(2) != 0;
+  if (!import.empty() && method != "rlkv") throw Error("--import reads RLKV's gate files: kvsim train rlkv --import FILE");
+  const bool tty = ::isatty(2) != 0;
 
-  train::TrainingInputs in;
-  in.traces = traces;
-  in.mode = parse_mode(mode);
-  if (!requests.empty()) in.requests = split(requests, ',');
-  const train::TrainingSet set = train::load_training_set(in, std::cerr);
-  std::cerr << "train: " << set.requests << " requests, " << set.heads.size() << " (layer, KV head) samples\n";
-  const learned::LearnedModel m = train::train_foresight(set, fo, std::cerr);
+  learned::LearnedModel m;
+  if (!import.empty()) {
+    m = train::import_rlkv_tsv(import, TraceReader(traces.front()).geometry(), traces.front());
+  } else {
+    train::TrainingInputs in;
+    in.traces = traces;
+    in.mode = parse_mode(mode);
+    in.window = window;
+    if (!requests.empty()) in.requests = split(requests, ',');
+    const train::TrainingSet set = train::load_training_set(in, std::cerr);
+    std::cerr << "train: " << set.requests << " requests, " << set.heads.size() << " (layer, KV head) samples\n";
+    if (method == "foresight") {
+      fo.hidden = parse_hidden(hidden);
+      fo.activation = learned::parse_activation(activation, "--activation");
+      fo.tty = tty;
+      m = train::train_foresight(set, fo, std::cerr);
+    } else {
+      ro.steps = vm["steps"].defaulted() ? ro.steps : fo.steps;
+      ro.lr = vm["lr"].defaulted() ? ro.lr : fo.lr;
+      ro.seed = fo.seed;
+      ro.tty = tty;
+      m = train::train_rlkv(set, ro, std::cerr);
+      nlohmann::json h = nlohmann::json::parse(m.provenance.hyperparameters);
+      h["sinks"] = window.sinks;
+      h["recent"] = window.recent;
+      h["mode"] = mode_name(in.mode);
+      m.provenance.hyperparameters = h.dump();
+    }
+  }
   learned::write_learned_model(m, out);
-  std::printf("%s: %s model, %zu parameters, trained on %d requests (%s); use it as --policies %s:model=%s\n",
-              out.c_str(), m.method.c_str(), m.network.params().size(), set.requests, mode_name(in.mode),
+  std::printf("%s: %s model, %zu %s, %s; use it as --policies %s:model=%s\n", out.c_str(), m.method.c_str(),
+              m.has_network() ? m.network.params().size() : m.head_gates.size(),
+              m.has_network() ? "parameters" : "head gates",
+              import.empty() ? ("trained on " + std::to_string(m.provenance.requests.size()) + " requests").c_str()
+                             : ("imported from " + import).c_str(),
               m.method.c_str(), out.c_str());
   return 0;
 }

@@ -161,7 +161,7 @@ void write_learned_model(const LearnedModel& m, const std::string& path) {
     h5::write_attr_string(f.get(), "features", nlohmann::json(m.features).dump());
     h5::write_attr_string(f.get(), "results", m.results.empty() ? "{}" : m.results);
     write_geometry(f.get(), m.geometry);
-    write_network(f.get(), m);
+    if (m.has_network()) write_network(f.get(), m);
     write_f64(f.get(), "head_gates", m.head_gates);
     Handle c = make_group(f.get(), "curve");
     h5::write_attr_string(c.get(), "metric", m.curve.metric);
@@ -198,7 +198,7 @@ LearnedModel read_learned_model(const std::string& path) {
   }
   m.results = h5::read_attr_string(f.get(), "results", ctx);
   m.geometry = read_geometry(f.get(), path);
-  read_network(f.get(), path, m);
+  if (h5::link_exists(f.get(), "network")) read_network(f.get(), path, m);
   m.head_gates = read_f64(f.get(), "head_gates", path);
   Handle c = open_group(f.get(), "curve", path);
   m.curve.metric = h5::read_attr_string(c.get(), "metric", path + ": /curve");
@@ -208,7 +208,7 @@ LearnedModel read_learned_model(const std::string& path) {
     throw FormatError(path + ": /curve step and value differ in length (" + std::to_string(m.curve.step.size()) + " vs " +
                       std::to_string(m.curve.value.size()) + ")");
   m.provenance = read_provenance(f.get(), path);
-  if (static_cast<int>(m.features.size()) != m.network.inputs())
+  if (m.has_network() && static_cast<int>(m.features.size()) != m.network.inputs())
     throw FormatError(path + ": " + std::to_string(m.features.size()) + " feature names for a network of " +
                       std::to_string(m.network.inputs()) + " inputs");
   if (!m.head_gates.empty() && m.head_gates.size() != static_cast<std::size_t>(m.geometry.n_layers) * m.geometry.n_kv_heads)
@@ -223,10 +223,12 @@ void check_learned_model(const LearnedModel& m, const std::string& path, const s
     throw Error(path + ": " + field + " is " + has + "; expected " + want);
   };
   if (m.method != method) refuse("attribute 'method'", "'" + m.method + "'", "'" + method + "' (train it with kvsim train " + method + ")");
-  if (m.feature_set != kFeatureSet || m.feature_version != kFeatureVersion)
-    refuse("feature set", m.feature_set + " v" + std::to_string(m.feature_version),
-           std::string(kFeatureSet) + " v" + std::to_string(kFeatureVersion) + " (retrain with this kvsim)");
-  if (m.features != feature_names()) refuse("attribute 'features'", "a different list", "this kvsim's feature names");
+  if (m.has_network()) {  // per-head gates alone read no token features
+    if (m.feature_set != kFeatureSet || m.feature_version != kFeatureVersion)
+      refuse("feature set", m.feature_set + " v" + std::to_string(m.feature_version),
+             std::string(kFeatureSet) + " v" + std::to_string(kFeatureVersion) + " (retrain with this kvsim)");
+    if (m.features != feature_names()) refuse("attribute 'features'", "a different list", "this kvsim's feature names");
+  }
   const ModelGeometry& t = m.geometry;
   auto shape = [](const ModelGeometry& x) {
     return std::to_string(x.n_layers) + " layers, " + std::to_string(x.n_q_heads) + "/" + std::to_string(x.n_kv_heads) +

@@ -41,12 +41,13 @@ struct LearnedModel {
   int feature_version = 0;
   std::vector<std::string> features;
   ModelGeometry geometry;  // name, arch, layers, heads, head size (RoPE and windows are not compared)
-  Mlp network;
+  Mlp network;  // empty (no sizes) for methods without one (rlkv: per-head gates only)
   std::vector<double> norm_mean, norm_std;  // [inputs]: x' = (x - mean) / std before the network
   std::vector<double> head_gates;           // [n_layers * n_kv_heads] or empty
   TrainingCurve curve;
   Provenance provenance;
   std::string results;  // JSON object: what training measured (e.g. the soft-to-hard gap)
+  bool has_network() const { return !network.sizes().empty(); }
 };
 
 // Writes to `path` through a temporary file renamed into place (an existing file is replaced:

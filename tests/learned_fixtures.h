@@ -22,9 +22,14 @@ inline std::string seeded_model_file(const std::string& method, const ModelGeome
   m.feature_version = learned::kFeatureVersion;
   m.features = learned::feature_names();
   m.geometry = g;
-  m.network = learned::Mlp({learned::kFeatureCount, 8, 1}, learned::Activation::Tanh, 11);
-  m.norm_mean.assign(learned::kFeatureCount, 0.0);
-  m.norm_std.assign(learned::kFeatureCount, 1.0);
+  if (method == "rlkv") {  // per-head gates only: a fixed pattern with every layer's heads ranked differently
+    for (int l = 0; l < g.n_layers; ++l)
+      for (int h = 0; h < g.n_kv_heads; ++h) m.head_gates.push_back(((l * 7 + h * 3) % 10) / 10.0);
+  } else {
+    m.network = learned::Mlp({learned::kFeatureCount, 8, 1}, learned::Activation::Tanh, 11);
+    m.norm_mean.assign(learned::kFeatureCount, 0.0);
+    m.norm_std.assign(learned::kFeatureCount, 1.0);
+  }
   m.curve.metric = "none";
   m.provenance.created = "seeded by the tests";
   learned::write_learned_model(m, path);

@@ -1,5 +1,6 @@
 // train/: training sets from traces, the foresight trainer, and its model run as a policy.
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -10,7 +11,9 @@
 #include "sim/replay.h"
 #include "sim/sweep.h"
 #include "trace_fixtures.h"
+#include "fake_signals.h"
 #include "train/foresight_trainer.h"
+#include "train/rlkv_trainer.h"
 
 using namespace kvsim;
 
@@ -127,4 +130,82 @@ TEST_CASE("a foresight model replays as a policy, held out from its training pro
   spec.traces = {test::write_small_trace("train_wide.h5", wide)};
   CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains(model) && Catch::Contains("/geometry"));
   CHECK_THROWS_WITH(PolicyRegistry::instance().create("foresight"), Catch::Contains("'model' is required"));
+}
+
+TEST_CASE("the streaming error of a head, by hand", "[train]") {
+  test::FakeSignals s(1, 1, 4);
+  s.values_[0] = {{1, 0}, {0, 1}, {2, 0}, {0, 2}};
+  s.future_[0] = {{0.1f, 0.2f, 0.3f, 0.4f}};
+  // Window: token 0 (a sink) and token 3 (the most recent).
+  const double full0 = (0.1 * 1 + 0.3 * 2) / 1.0, full1 = (0.2 * 1 + 0.4 * 2) / 1.0;
+  const double st0 = 0.1 * 1 / 0.5, st1 = 0.4 * 2 / 0.5;
+  const double want = ((st0 - full0) * (st0 - full0) + (st1 - full1) * (st1 - full1)) / (full0 * full0 + full1 * full1);
+  CHECK(train::streaming_error(s, 0, {1, 1}) == Approx(want).epsilon(1e-6));
+  CHECK(train::streaming_error(s, 0, {0, 4}) == Approx(0.0).margin(1e-12));  // the window holds everything
+}
+
+TEST_CASE("rlkv gates open on the heads whose streaming window errs most", "[train]") {
+  // The small trace's prompts are ~60 tokens: a window of 2 sinks + 8 recent leaves some out.
+  train::TrainingInputs in;
+  in.traces = {training_trace()};
+  in.window = {2, 8};
+  std::ostringstream quiet;
+  const train::TrainingSet set = train::load_training_set(in, quiet);
+  train::RlkvOptions o;
+  o.steps = 300;
+  std::ostringstream log;
+  const learned::LearnedModel m = train::train_rlkv(set, o, log);
+  const learned::LearnedModel again = train::train_rlkv(set, o, log);
+  CHECK(m.head_gates == again.head_gates);
+  const ModelGeometry& g = set.geometry;
+  REQUIRE(m.head_gates.size() == static_cast<std::size_t>(g.n_layers * g.n_kv_heads));
+  std::vector<double> err(m.head_gates.size(), 0.0);
+  for (const train::HeadSample& h : set.heads)
+    err[static_cast<std::size_t>(h.layer * g.n_kv_heads + h.kv_head)] += h.streaming_error / set.requests;
+  double mean = 0;
+  for (double e : err) mean += e / static_cast<double>(err.size());
+  int decided = 0;
+  for (std::size_t i = 0; i < err.size(); ++i) {
+    INFO("head " << i << " error " << err[i] << " (mean " << mean << "), gate " << m.head_gates[i]);
+    if (err[i] > 2 * mean) {
+      CHECK(m.head_gates[i] > 0.5);
+      ++decided;
+    }
+    if (err[i] < 0.5 * mean) {
+      CHECK(m.head_gates[i] < 0.5);
+      ++decided;
+    }
+  }
+  CHECK(decided > 0);
+  CHECK(log.str().find("heads gated to the whole cache") != std::string::npos);
+  // Written and read back, it replays as a policy at a budget.
+  const std::string path = test::scratch_file("rlkv_trained.h5");
+  learned::write_learned_model(m, path);
+  SweepSpec spec;
+  spec.traces = {test::write_small_trace("train_c.h5", training_config(10))};
+  spec.policies = {"rlkv:model=" + path + ",sinks=4,recent=8"};
+  spec.budgets = {0.5};
+  spec.out_csv = test::scratch_file("rlkv_sweep.csv");
+  spec.progress = false;
+  spec.force = true;
+  const auto rows = run_sweep(spec, std::cerr);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].kept_fraction <= 0.5 + 1e-9);
+  CHECK(rows[0].kept_fraction > 0.4);
+}
+
+TEST_CASE("RLKV's adapter_weights.tsv imports for the trace's geometry, and bad files are named", "[train]") {
+  const ModelGeometry g = training_config(7).geometry;  // 4 layers x 2 KV heads
+  const std::string path = test::scratch_file("adapter_weights.tsv");
+  std::ofstream(path) << "2.5e-01\t9.0e-01\n-3.5e-03\t8.4e-01\n1.0\t0.0\n0.5\t0.25\n";
+  const learned::LearnedModel m = train::import_rlkv_tsv(path, g, "t.h5");
+  CHECK(m.method == "rlkv");
+  CHECK(m.head_gates == std::vector<double>{0.25, 0.9, -0.0035, 0.84, 1.0, 0.0, 0.5, 0.25});
+  CHECK(m.provenance.traces.at(0).second == sha256_file_hex(path));
+  std::ofstream(path) << "0.1\t0.2\n0.3\n";
+  CHECK_THROWS_WITH(train::import_rlkv_tsv(path, g, "t.h5"), Catch::Contains("line 2 has 1 gates; expected 2"));
+  std::ofstream(path) << "0.1\t0.2\n0.3\tx\n";
+  CHECK_THROWS_WITH(train::import_rlkv_tsv(path, g, "t.h5"), Catch::Contains("line 2, column 2: 'x' is not a number"));
+  std::ofstream(path) << "0.1\t0.2\n0.3\t0.4\n";
+  CHECK_THROWS_WITH(train::import_rlkv_tsv(path, g, "t.h5"), Catch::Contains("2 lines of gates; expected 4"));
 }

@@ -16,7 +16,8 @@ namespace {
 // saw on the way.
 class Recorder : public Policy {
  public:
-  Recorder(std::shared_ptr<const ScoringPolicy> labeler, int request) : labeler_(std::move(labeler)), request_(request) {}
+  Recorder(std::shared_ptr<const ScoringPolicy> labeler, int request, StreamingWindow window)
+      : labeler_(std::move(labeler)), request_(request), window_(window) {}
   bool reads_future() const override { return labeler_->reads_future(); }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const std::vector<HeadScores> labels = labeler_->score(s);
@@ -25,7 +26,8 @@ class Recorder : public Policy {
     std::vector<HeadSample> here;
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
       learned::HeadFeatures f = learned::extract_features(s, kv);
-      here.push_back({request_, s.layer(), kv, f.tokens, std::move(f.x), labels[static_cast<std::size_t>(kv)].score});
+      here.push_back({request_, s.layer(), kv, f.tokens, std::move(f.x), labels[static_cast<std::size_t>(kv)].score,
+                      streaming_error(s, kv, window_)});
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -41,19 +43,62 @@ class Recorder : public Policy {
  private:
   std::shared_ptr<const ScoringPolicy> labeler_;
   int request_;
+  StreamingWindow window_;
   mutable std::mutex mu_;
   mutable std::vector<HeadSample> samples_;
 };
 
 }  // namespace
 
+double streaming_error(const LayerSignals& s, int kv, const StreamingWindow& window) {
+  const ModelGeometry& g = s.geometry();
+  const auto cached = s.cached(kv);
+  const auto n = static_cast<std::int64_t>(cached.size());
+  std::vector<std::uint8_t> in(static_cast<std::size_t>(n), 0);
+  for (std::int64_t j = 0; j < n; ++j)
+    in[static_cast<std::size_t>(j)] = cached[static_cast<std::size_t>(j)] < window.sinks || j >= n - window.recent;
+  const MatrixView v = s.values(kv);
+  const auto d = static_cast<std::size_t>(v.cols);
+  double sum = 0;
+  std::int64_t rows = 0;
+  std::vector<double> full(d), stream(d);
+  for (int r = 0; r < g.group(); ++r) {
+    const MatrixView a = s.future_attention(kv * g.group() + r);  // [E, n]
+    for (std::int64_t i = 0; i < a.rows; ++i) {
+      std::fill(full.begin(), full.end(), 0.0);
+      std::fill(stream.begin(), stream.end(), 0.0);
+      double mass = 0, stream_mass = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double w = a.at(i, j);
+        if (w == 0) continue;
+        const float* vj = v.row(j);
+        mass += w;
+        for (std::size_t c = 0; c < d; ++c) full[c] += w * vj[c];
+        if (!in[static_cast<std::size_t>(j)]) continue;
+        stream_mass += w;
+        for (std::size_t c = 0; c < d; ++c) stream[c] += w * vj[c];
+      }
+      if (mass <= 0) continue;
+      double diff = 0, norm = 0;
+      for (std::size_t c = 0; c < d; ++c) {
+        const double f = full[c] / mass, st = stream_mass > 0 ? stream[c] / stream_mass : 0.0;
+        diff += (st - f) * (st - f);
+        norm += f * f;
+      }
+      sum += diff / (norm + 1e-12);
+      ++rows;
+    }
+  }
+  return rows ? sum / static_cast<double>(rows) : 0.0;
+}
+
 std::vector<HeadSample> collect_head_samples(const TraceReader& reader, const std::string& request_id, ReplayMode mode,
-                                             const std::string& labeler, int request) {
+                                             const std::string& labeler, int request, const StreamingWindow& window) {
   PolicyInstance inst = PolicyRegistry::instance().create(labeler);
   std::shared_ptr<const ScoringPolicy> scorer(dynamic_cast<const ScoringPolicy*>(inst.policy.get()));
   if (!scorer) throw Error("train: labelling policy '" + labeler + "' does not score tokens");
   inst.policy.release();
-  auto recorder = std::make_shared<const Recorder>(scorer, request);
+  auto recorder = std::make_shared<const Recorder>(scorer, request, window);
   // Any budget below 1 makes the replay compress; the samples do not depend on it.
   const Replayer replayer(reader, mode, {ReplayConfig{"train-recorder", inst.params, recorder, 0.5}});
   replayer.replay(request_id);

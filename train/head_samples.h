@@ -18,11 +18,22 @@ struct HeadSample {
   std::int64_t tokens = 0;
   std::vector<float> x;      // [tokens, kFeatureCount], raw (not standardised)
   std::vector<float> label;  // [tokens], higher = keep
+  // Relative squared error of the evaluation queries' attention output (over the cached tokens)
+  // when this head keeps only its streaming window instead of everything: rlkv's per-head proxy.
+  double streaming_error = 0;
+};
+
+// The streaming window the per-head proxy assumes (rlkv's defaults: RLKV's s16r64).
+struct StreamingWindow {
+  std::int64_t sinks = 16, recent = 64;
 };
 
 // Samples of every layer and KV head of one request; `labeler` is a registry spec of a scoring
 // policy (e.g. "oracle_golden"). `request` is stored in every sample.
 std::vector<HeadSample> collect_head_samples(const TraceReader& reader, const std::string& request_id, ReplayMode mode,
-                                             const std::string& labeler, int request);
+                                             const std::string& labeler, int request, const StreamingWindow& window = {});
+
+// The streaming_error of KV head kv over its signals (needs the evaluation queries' attention).
+double streaming_error(const LayerSignals& s, int kv, const StreamingWindow& window);
 
 }  // namespace kvsim::train

@@ -31,7 +31,7 @@ TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress) 
       const RequestHeader h = reader.header(id);
       const auto prompt = std::span<const std::int32_t>(h.tokens).first(static_cast<std::size_t>(h.n_prompt));
       progress << "train: reading " << in.traces[t] << " " << id << " (" << h.n_tokens() << " tokens)\n" << std::flush;
-      std::vector<HeadSample> heads = collect_head_samples(reader, id, in.mode, in.labeler, set.requests);
+      std::vector<HeadSample> heads = collect_head_samples(reader, id, in.mode, in.labeler, set.requests, in.window);
       for (auto& s : heads) set.heads.push_back(std::move(s));
       set.provenance.requests.push_back({static_cast<int>(t), id, prompt_fingerprint(prompt)});
       ++set.requests;

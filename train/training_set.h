@@ -16,6 +16,7 @@ struct TrainingInputs {
   std::vector<std::string> requests;  // request ids to train on; empty: every complete request
   ReplayMode mode = ReplayMode::QueryAware;
   std::string labeler = "oracle_golden";
+  StreamingWindow window;  // rlkv's per-head proxy
 };
 
 struct TrainingSet {

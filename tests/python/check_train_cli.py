@@ -38,6 +38,24 @@ def main():
         sys.exit(f"train cli: evaluating on training prompts was not refused clearly:\n{p.stderr}")
     run(kvsim, "sweep", a, "--policies", f"foresight:model={model}", "--budgets", "0.25", "-o", csv, "--force", "-q",
         "--allow-training-requests")
+    # rlkv: trained on the per-head proxy (a window that leaves tokens out of these short prompts),
+    # and imported from RLKV's gate file layout.
+    gates = os.path.join(work, "rlkv.h5")
+    p = run(kvsim, "train", "rlkv", a, "-o", gates, "--force", "--steps", "50", "--sinks", "2", "--recent", "8")
+    if "heads gated to the whole cache" not in p.stderr or "head gates" not in p.stdout:
+        sys.exit(f"train cli: rlkv printed no gate summary:\n{p.stdout}{p.stderr}")
+    tsv = os.path.join(work, "adapter_weights.tsv")
+    with open(tsv, "w") as f:
+        f.write("0.9\t0.1\n0.2\t0.8\n0.5\t0.4\n")
+    imported = os.path.join(work, "rlkv_imported.h5")
+    run(kvsim, "train", "rlkv", "--import", tsv, a, "-o", imported, "--force")
+    run(kvsim, "sweep", b, "--policies", f"rlkv:model={gates};rlkv:model={imported}", "--budgets", "0.5", "-o", csv,
+        "--force", "-q")
+    with open(tsv, "a") as f:
+        f.write("0.3\n")
+    p = run(kvsim, "train", "rlkv", "--import", tsv, a, "-o", imported, "--force", ok=False)
+    if "line 4 has 1 gates; expected 2" not in p.stderr:
+        sys.exit(f"train cli: a malformed gate file was not named:\n{p.stderr}")
     p = run(kvsim, "train", "bogus", a, "-o", model, ok=False)
     if "unknown training method 'bogus'" not in p.stderr:
         sys.exit(f"train cli: an unknown method was not named:\n{p.stderr}")

@@ -1,0 +1,78 @@
+// RLKV — "Which Heads Matter for Reasoning? RL-Guided KV Cache Compression" (Kurt232/RLKV:
+// one gate per (layer, KV head), full cache vs sink + recent, shipped as adapter_weights.tsv;
+// the deployment is DuoAttention's). Rule: in each layer the heads with the highest gates keep
+// their whole cache as far as the byte budget allows, the others sinks + recent tokens.
+#include <algorithm>
+
+#include "core/error.h"
+#include "learned/head_allocation.h"
+#include "learned/model_file.h"
+#include "policies/registry.h"
+#include "policies/selection.h"
+
+namespace kvsim::learned {
+namespace {
+
+class Rlkv : public Policy {
+ public:
+  Rlkv(std::string path, std::int64_t sinks, std::int64_t recent)
+      : path_(std::move(path)), model_(read_learned_model(path_)), sinks_(sinks), recent_(recent) {
+    if (model_.method != "rlkv")
+      throw Error(path_ + ": attribute 'method' is '" + model_.method + "'; expected 'rlkv' (train it with kvsim train rlkv)");
+    if (model_.head_gates.empty()) throw Error(path_ + ": dataset 'head_gates' is empty; an rlkv model needs one gate per (layer, KV head)");
+    prompts_ = learned::training_prompts(model_);
+  }
+  LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
+    const ModelGeometry& g = s.geometry();
+    check_learned_model(model_, path_, "rlkv", g);
+    const auto H = static_cast<std::size_t>(g.n_kv_heads);
+    std::vector<double> gates(H);
+    std::vector<std::int64_t> n(H);
+    for (std::size_t h = 0; h < H; ++h) {
+      gates[h] = model_.head_gates[static_cast<std::size_t>(s.layer()) * H + h];
+      n[h] = cache_size(s, static_cast<int>(h));
+    }
+    const HeadAllocation a = allocate_heads(gates, n, budget.tokens * static_cast<std::int64_t>(H), sinks_, recent_);
+    LayerPlan plan;
+    for (std::size_t h = 0; h < H; ++h) {
+      // Sinks first, then the most recent tokens: a streaming head's cache.
+      const auto cached = s.cached(static_cast<int>(h));
+      std::vector<std::uint8_t> keep(cached.size(), 0);
+      const std::int64_t sink = std::min(sinks_, a.keep[h]);
+      std::int64_t kept = 0;
+      for (std::size_t j = 0; j < cached.size() && kept < sink; ++j)
+        if (cached[j] < sinks_) keep[j] = 1, ++kept;
+      for (std::size_t j = cached.size(); j-- > 0 && kept < a.keep[h];)
+        if (!keep[j]) keep[j] = 1, ++kept;
+      plan.heads.push_back(plan_from_mask(keep));
+    }
+    return plan;
+  }
+  double state_bytes_per_head() const override { return 4.0; }  // heads differ in length: a length table
+  std::span<const std::uint64_t> training_prompts() const override { return prompts_; }
+
+ private:
+  std::string path_;
+  LearnedModel model_;
+  std::int64_t sinks_, recent_;
+  std::vector<std::uint64_t> prompts_;
+};
+
+}  // namespace
+
+KVSIM_REGISTER_POLICY(PolicyInfo{
+    "rlkv",
+    "per-head gates: the highest-gated heads of a layer keep their whole cache within the budget, the rest sinks + recent",
+    "RLKV (Kurt232/RLKV adapter_weights.tsv; DuoAttention's deployment); model from kvsim train rlkv",
+    {{"model", "", "model file written by kvsim train rlkv (trained, or imported from adapter_weights.tsv)"},
+     {"sinks", "16", "first tokens a streaming head keeps (RLKV: 16)"},
+     {"recent", "64", "recent tokens a streaming head keeps at least (RLKV: 64); more when the budget allows"}},
+    [](const Params& p) -> std::unique_ptr<Policy> {
+      const std::string path = p.text("model");
+      if (path.empty()) throw Error("policy rlkv: parameter 'model' is required (a file from kvsim train rlkv)");
+      if (p.integer("sinks") < 0 || p.integer("recent") < 0)
+        throw Error("policy rlkv: parameters 'sinks' and 'recent' must be >= 0");
+      return std::make_unique<Rlkv>(path, p.integer("sinks"), p.integer("recent"));
+    }});
+
+}  // namespace kvsim::learned
