@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "train/foresight_trainer.h"
 #include "train/rlkv_trainer.h"
+#include "train/sigmoid_gate_trainer.h"
 #include "traces/trace_reader.h"
 
 namespace po = boost::program_options;
@@ -20,7 +21,7 @@ namespace kvsim::cli {
 
 namespace {
 
-constexpr const char* kMethods = "foresight, rlkv";
+constexpr const char* kMethods = "foresight, sigmoid_gate, rlkv";
 
 std::vector<int> parse_hidden(const std::string& s) {
   std::vector<int> out;
@@ -45,12 +46,16 @@ int train_command(const Args& args) {
   std::vector<std::string> traces;
   train::ForesightOptions fo;
   train::RlkvOptions ro;
+  train::SigmoidGateOptions so;
+  std::int64_t rows = 8;
   train::StreamingWindow window;
   po::options_description desc(
       "kvsim train: fit a learned KV-cache policy to captured traces and write its model file (HDF5), which the\n"
       "policy of the same name reads (e.g. --policies foresight:model=MODEL.h5). Methods: " + std::string(kMethods) +
       ".\n  foresight: a per-token scorer over the token features (docs/learned.md), pairwise hinge loss against\n"
       "  oracle_golden's golden eviction label (ForesightKV's supervised stage)\n"
+      "  sigmoid_gate: per-token gates sigmoid(MLP(features)) trained soft (log g added to the attention logits,\n"
+      "  attention-output error + a capacity penalty), deployed hard; reports the soft-to-hard gap\n"
       "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, fitted to each head's streaming error\n"
       "  with a sparsity term; or --import RLKV's adapter_weights.tsv (the trace gives the model geometry)");
   desc.add_options()("help,h", "show this help")("method", po::value(&method), "training method")(
@@ -69,6 +74,11 @@ int train_command(const Args& args) {
       "top-share", po::value(&fo.top_share)->default_value(fo.top_share),
       "the better token of each pair is drawn from this top share by golden label")(
       "seed", po::value(&fo.seed)->default_value(fo.seed), "random seed (same seed, same machine: same model)")(
+      "capacity", po::value(&so.capacity)->default_value(so.capacity),
+      "sigmoid_gate: the mean gate allowed without penalty")(
+      "penalty", po::value(&so.penalty)->default_value(so.penalty), "sigmoid_gate: weight of the capacity penalty")(
+      "rows", po::value(&rows)->default_value(rows),
+      "sigmoid_gate: evaluation rows per query head kept for the loss (evenly spaced)")(
       "sparsity", po::value(&ro.sparsity)->default_value(ro.sparsity),
       "rlkv: a head keeps its whole cache when its streaming error exceeds this x the mean error")(
       "requests-per-step", po::value(&ro.requests_per_step)->default_value(ro.requests_per_step),
@@ -82,7 +92,7 @@ int train_command(const Args& args) {
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim train METHOD TRACE... -o MODEL.h5 [options]")) return 0;
   if (method.empty()) throw Error(std::string("no training method given; expected one of: ") + kMethods);
-  if (method != "foresight" && method != "rlkv")
+  if (method != "foresight" && method != "rlkv" && method != "sigmoid_gate")
     throw Error("unknown training method '" + method + "'; expected one of: " + kMethods);
   if (traces.empty()) throw Error("no trace files given (kvsim train " + method + " TRACE... -o MODEL.h5)");
   if (!vm.count("force") && std::filesystem::exists(out))
@@ -97,8 +107,12 @@ int train_command(const Args& args) {
     train::TrainingInputs in;
     in.traces = traces;
     in.mode = parse_mode(mode);
-    in.window = window;
+    in.samples.window = window;
     if (!requests.empty()) in.requests = split(requests, ',');
+    if (method == "sigmoid_gate") {
+      if (rows < 1) throw Error("--rows must be >= 1");
+      in.samples.output_rows = rows;
+    }
     const train::TrainingSet set = train::load_training_set(in, std::cerr);
     std::cerr << "train: " << set.requests << " requests, " << set.heads.size() << " (layer, KV head) samples\n";
     if (method == "foresight") {
@@ -106,6 +120,15 @@ int train_command(const Args& args) {
       fo.activation = learned::parse_activation(activation, "--activation");
       fo.tty = tty;
       m = train::train_foresight(set, fo, std::cerr);
+    } else if (method == "sigmoid_gate") {
+      so.hidden = parse_hidden(hidden);
+      so.activation = learned::parse_activation(activation, "--activation");
+      so.steps = fo.steps;
+      so.lr = fo.lr;
+      so.heads_per_step = fo.heads_per_step;
+      so.seed = fo.seed;
+      so.tty = tty;
+      m = train::train_sigmoid_gate(set, so, std::cerr);
     } else {
       ro.steps = vm["steps"].defaulted() ? ro.steps : fo.steps;
       ro.lr = vm["lr"].defaulted() ? ro.lr : fo.lr;

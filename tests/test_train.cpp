@@ -14,6 +14,8 @@
 #include "fake_signals.h"
 #include "train/foresight_trainer.h"
 #include "train/rlkv_trainer.h"
+#include "train/sigmoid_gate_trainer.h"
+#include <nlohmann/json.hpp>
 
 using namespace kvsim;
 
@@ -148,7 +150,7 @@ TEST_CASE("rlkv gates open on the heads whose streaming window errs most", "[tra
   // The small trace's prompts are ~60 tokens: a window of 2 sinks + 8 recent leaves some out.
   train::TrainingInputs in;
   in.traces = {training_trace()};
-  in.window = {2, 8};
+  in.samples.window = {2, 8};
   std::ostringstream quiet;
   const train::TrainingSet set = train::load_training_set(in, quiet);
   train::RlkvOptions o;
@@ -208,4 +210,66 @@ TEST_CASE("RLKV's adapter_weights.tsv imports for the trace's geometry, and bad 
   CHECK_THROWS_WITH(train::import_rlkv_tsv(path, g, "t.h5"), Catch::Contains("line 2, column 2: 'x' is not a number"));
   std::ofstream(path) << "0.1\t0.2\n0.3\t0.4\n";
   CHECK_THROWS_WITH(train::import_rlkv_tsv(path, g, "t.h5"), Catch::Contains("2 lines of gates; expected 4"));
+}
+
+TEST_CASE("the gated attention output and its gradient", "[train]") {
+  train::HeadSample h;
+  h.tokens = 4;
+  h.values = {1, 0, 0, 1, 2, 0, 0, 2};
+  h.attn = {0.1f, 0.2f, 0.3f, 0.4f, 0.4f, 0.3f, 0.2f, 0.1f};  // two rows
+  h.rows = 2;
+  const std::vector<double> open(4, 1.0);
+  CHECK(train::gated_output_error(h, open) == Approx(0.0).margin(1e-15));
+  // Closing token 2 of the first row by hand: o = (0.7, 1.0), o' = (0.1, 1.0) / 0.7.
+  const std::vector<double> one_shut = {1, 1, 0, 1};
+  const double o0 = 0.7, o1 = 1.0, p0 = 0.1 / 0.7, p1 = 1.0 / 0.7;
+  const double row0 = ((p0 - o0) * (p0 - o0) + (p1 - o1) * (p1 - o1)) / (o0 * o0 + o1 * o1);
+  const double q0 = 0.8, q1 = 0.5, r0 = 0.4 / 0.8, r1 = 0.5 / 0.8;  // second row: o = (0.8, 0.5), o' over 0.8 mass
+  const double row1 = ((r0 - q0) * (r0 - q0) + (r1 - q1) * (r1 - q1)) / (q0 * q0 + q1 * q1);
+  CHECK(train::gated_output_error(h, one_shut) == Approx((row0 + row1) / 2).epsilon(1e-6));
+  // dError/dgate against central differences at a soft point.
+  const std::vector<double> g = {0.9, 0.3, 0.6, 0.2};
+  std::vector<double> grad(4, 0.0);
+  train::gated_output_error(h, g, &grad);
+  for (std::size_t j = 0; j < 4; ++j) {
+    std::vector<double> up = g, down = g;
+    up[j] += 1e-6;
+    down[j] -= 1e-6;
+    const double fd = (train::gated_output_error(h, up) - train::gated_output_error(h, down)) / 2e-6;
+    INFO("gate " << j);
+    CHECK(grad[j] == Approx(fd).epsilon(1e-5).margin(1e-9));
+  }
+}
+
+TEST_CASE("sigmoid gates train soft within their capacity and report the soft-to-hard gap", "[train]") {
+  train::TrainingInputs in;
+  in.traces = {training_trace()};
+  in.samples.output_rows = 4;
+  std::ostringstream log;
+  const train::TrainingSet set = train::load_training_set(in, log);
+  REQUIRE(set.heads.front().attn.size() ==
+          static_cast<std::size_t>(4 * set.geometry.group() * set.heads.front().tokens));
+  train::SigmoidGateOptions o;
+  o.steps = 150;
+  o.hidden = {8};
+  o.heads_per_step = 4;
+  const learned::LearnedModel m = train::train_sigmoid_gate(set, o, log);
+  CHECK(m.method == "sigmoid_gate");
+  const auto r = nlohmann::json::parse(m.results);
+  INFO(m.results);
+  // Starting from open gates, the penalty pulls the mean gate down towards the capacity.
+  CHECK(r.at("soft_capacity").get<double>() < 0.5);
+  CHECK(r.at("soft_error").get<double>() >= 0);
+  CHECK(r.at("hard_error_25").get<double>() > 0);
+  CHECK(r.at("soft_to_hard_gap").get<double>() ==
+        Approx(r.at("hard_error_at_capacity").get<double>() - r.at("soft_error").get<double>()));
+  // Deleting more costs more, and training lowered its objective.
+  CHECK(r.at("hard_error_50").get<double>() < r.at("hard_error_25").get<double>());
+  CHECK(r.at("hard_error_25").get<double>() < r.at("hard_error_10").get<double>());
+  REQUIRE(m.curve.value.size() == 150);
+  CHECK(m.curve.value.back() < m.curve.value.front());
+  CHECK(log.str().find("soft-to-hard gap") != std::string::npos);
+  const std::string path = test::scratch_file("sigmoid_gate.h5");
+  learned::write_learned_model(m, path);
+  CHECK(PolicyRegistry::instance().create("sigmoid_gate:model=" + path).params.find("model=") == 0);
 }

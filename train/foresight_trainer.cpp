@@ -27,13 +27,6 @@ std::vector<std::int64_t> top_indices(const std::vector<float>& v, std::int64_t 
   return idx;
 }
 
-// Training heads and validation heads: the last fifth of the requests validate when there are
-// at least five, so the reported overlap is on requests the scorer never saw.
-void split_heads(const TrainingSet& set, std::vector<const HeadSample*>& fit, std::vector<const HeadSample*>& held) {
-  const int held_requests = set.requests >= 5 ? std::max(1, set.requests / 5) : 0;
-  for (const HeadSample& h : set.heads) (h.request >= set.requests - held_requests ? held : fit).push_back(&h);
-}
-
 std::vector<std::vector<float>> score_heads(const learned::Mlp& net, const std::vector<const HeadSample*>& heads,
                                             const std::vector<double>& mean, const std::vector<double>& sd) {
   std::vector<std::vector<float>> out;
@@ -109,11 +102,10 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
   if (o.steps < 1 || o.heads_per_step < 1 || o.pairs_per_head < 1 || !(o.lr > 0) || !(o.top_share > 0 && o.top_share <= 1))
     throw Error("train foresight: --steps, --heads-per-step, --pairs must be >= 1, --lr > 0, --top-share in (0, 1]");
   std::vector<const HeadSample*> fit, held;
-  split_heads(set, fit, held);
+  split_held_out(set, fit, held);
   if (fit.empty()) throw Error("train foresight: no samples to fit");
-  const std::vector<HeadSample> fit_copy = copies(fit);
   std::vector<double> mean, sd;
-  feature_moments(fit_copy, mean, sd);
+  feature_moments(fit, mean, sd);
   std::vector<std::vector<std::int64_t>> order;
   for (const HeadSample* h : fit) order.push_back(top_indices(h->label, h->tokens));
 

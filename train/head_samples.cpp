@@ -12,12 +12,29 @@ namespace kvsim::train {
 
 namespace {
 
+// Evenly spaced evaluation rows of every query head of KV head kv's group, and its values.
+void keep_outputs(const LayerSignals& s, int kv, std::int64_t max_rows, HeadSample& out) {
+  const int G = s.geometry().group();
+  const MatrixView first = s.future_attention(kv * G);
+  const std::int64_t rows = std::min(max_rows, first.rows);
+  out.rows = rows;
+  for (int r = 0; r < G; ++r) {
+    const MatrixView a = s.future_attention(kv * G + r);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t src = rows == 1 ? a.rows - 1 : i * (a.rows - 1) / (rows - 1);
+      out.attn.insert(out.attn.end(), a.row(src), a.row(src) + a.cols);
+    }
+  }
+  const MatrixView v = s.values(kv);
+  out.values.assign(v.data, v.data + v.rows * v.cols);
+}
+
 // A policy that plans like the labeller (so the replay runs a real config) and records what it
 // saw on the way.
 class Recorder : public Policy {
  public:
-  Recorder(std::shared_ptr<const ScoringPolicy> labeler, int request, StreamingWindow window)
-      : labeler_(std::move(labeler)), request_(request), window_(window) {}
+  Recorder(std::shared_ptr<const ScoringPolicy> labeler, int request, SampleOptions o)
+      : labeler_(std::move(labeler)), request_(request), o_(std::move(o)) {}
   bool reads_future() const override { return labeler_->reads_future(); }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const std::vector<HeadScores> labels = labeler_->score(s);
@@ -27,7 +44,8 @@ class Recorder : public Policy {
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
       learned::HeadFeatures f = learned::extract_features(s, kv);
       here.push_back({request_, s.layer(), kv, f.tokens, std::move(f.x), labels[static_cast<std::size_t>(kv)].score,
-                      streaming_error(s, kv, window_)});
+                      streaming_error(s, kv, o_.window), 0, {}, {}});
+      if (o_.output_rows > 0) keep_outputs(s, kv, o_.output_rows, here.back());
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -43,7 +61,7 @@ class Recorder : public Policy {
  private:
   std::shared_ptr<const ScoringPolicy> labeler_;
   int request_;
-  StreamingWindow window_;
+  SampleOptions o_;
   mutable std::mutex mu_;
   mutable std::vector<HeadSample> samples_;
 };
@@ -93,12 +111,13 @@ double streaming_error(const LayerSignals& s, int kv, const StreamingWindow& win
 }
 
 std::vector<HeadSample> collect_head_samples(const TraceReader& reader, const std::string& request_id, ReplayMode mode,
-                                             const std::string& labeler, int request, const StreamingWindow& window) {
+                                             int request, const SampleOptions& o) {
+  const std::string& labeler = o.labeler;
   PolicyInstance inst = PolicyRegistry::instance().create(labeler);
   std::shared_ptr<const ScoringPolicy> scorer(dynamic_cast<const ScoringPolicy*>(inst.policy.get()));
   if (!scorer) throw Error("train: labelling policy '" + labeler + "' does not score tokens");
   inst.policy.release();
-  auto recorder = std::make_shared<const Recorder>(scorer, request, window);
+  auto recorder = std::make_shared<const Recorder>(scorer, request, o);
   // Any budget below 1 makes the replay compress; the samples do not depend on it.
   const Replayer replayer(reader, mode, {ReplayConfig{"train-recorder", inst.params, recorder, 0.5}});
   replayer.replay(request_id);

@@ -21,6 +21,11 @@ struct HeadSample {
   // Relative squared error of the evaluation queries' attention output (over the cached tokens)
   // when this head keeps only its streaming window instead of everything: rlkv's per-head proxy.
   double streaming_error = 0;
+  // With SampleOptions::output_rows: up to that many evaluation rows per query head of the group
+  // (evenly spaced), their attention over the cached tokens [group * rows, tokens], and the
+  // head's values [tokens, head_dim] (sigmoid_gate's loss).
+  std::int64_t rows = 0;  // per query head
+  std::vector<float> attn, values;
 };
 
 // The streaming window the per-head proxy assumes (rlkv's defaults: RLKV's s16r64).
@@ -28,10 +33,15 @@ struct StreamingWindow {
   std::int64_t sinks = 16, recent = 64;
 };
 
-// Samples of every layer and KV head of one request; `labeler` is a registry spec of a scoring
-// policy (e.g. "oracle_golden"). `request` is stored in every sample.
+struct SampleOptions {
+  std::string labeler = "oracle_golden";  // a registry spec of a scoring policy
+  StreamingWindow window;
+  std::int64_t output_rows = 0;           // > 0: keep attention rows and values (HeadSample::attn)
+};
+
+// Samples of every layer and KV head of one request; `request` is stored in every sample.
 std::vector<HeadSample> collect_head_samples(const TraceReader& reader, const std::string& request_id, ReplayMode mode,
-                                             const std::string& labeler, int request, const StreamingWindow& window = {});
+                                             int request, const SampleOptions& o = {});
 
 // The streaming_error of KV head kv over its signals (needs the evaluation queries' attention).
 double streaming_error(const LayerSignals& s, int kv, const StreamingWindow& window);

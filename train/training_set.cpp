@@ -17,7 +17,7 @@ namespace kvsim::train {
 TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress) {
   if (in.traces.empty()) throw Error("train: no trace files given");
   TrainingSet set;
-  set.labeler = in.labeler;
+  set.labeler = in.samples.labeler;
   std::set<std::string> wanted(in.requests.begin(), in.requests.end()), found;
   for (std::size_t t = 0; t < in.traces.size(); ++t) {
     const TraceReader reader(in.traces[t]);
@@ -31,7 +31,7 @@ TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress) 
       const RequestHeader h = reader.header(id);
       const auto prompt = std::span<const std::int32_t>(h.tokens).first(static_cast<std::size_t>(h.n_prompt));
       progress << "train: reading " << in.traces[t] << " " << id << " (" << h.n_tokens() << " tokens)\n" << std::flush;
-      std::vector<HeadSample> heads = collect_head_samples(reader, id, in.mode, in.labeler, set.requests, in.window);
+      std::vector<HeadSample> heads = collect_head_samples(reader, id, in.mode, set.requests, in.samples);
       for (auto& s : heads) set.heads.push_back(std::move(s));
       set.provenance.requests.push_back({static_cast<int>(t), id, prompt_fingerprint(prompt)});
       ++set.requests;
@@ -43,14 +43,19 @@ TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress) 
   return set;
 }
 
-void feature_moments(const std::vector<HeadSample>& heads, std::vector<double>& mean, std::vector<double>& std_dev) {
+void split_held_out(const TrainingSet& set, std::vector<const HeadSample*>& fit, std::vector<const HeadSample*>& held) {
+  const int held_requests = set.requests >= 5 ? std::max(1, set.requests / 5) : 0;
+  for (const HeadSample& h : set.heads) (h.request >= set.requests - held_requests ? held : fit).push_back(&h);
+}
+
+void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<double>& mean, std::vector<double>& std_dev) {
   const int F = learned::kFeatureCount;
   std::vector<double> s(F, 0.0), sq(F, 0.0);
   double n = 0;
-  for (const HeadSample& h : heads)
-    for (std::int64_t i = 0; i < h.tokens; ++i) {
+  for (const HeadSample* h : heads)
+    for (std::int64_t i = 0; i < h->tokens; ++i) {
       for (int c = 0; c < F; ++c) {
-        const double v = h.x[static_cast<std::size_t>(i * F + c)];
+        const double v = h->x[static_cast<std::size_t>(i * F + c)];
         s[static_cast<std::size_t>(c)] += v;
         sq[static_cast<std::size_t>(c)] += v * v;
       }

@@ -15,8 +15,7 @@ struct TrainingInputs {
   std::vector<std::string> traces;
   std::vector<std::string> requests;  // request ids to train on; empty: every complete request
   ReplayMode mode = ReplayMode::QueryAware;
-  std::string labeler = "oracle_golden";
-  StreamingWindow window;  // rlkv's per-head proxy
+  SampleOptions samples;  // the label, rlkv's streaming window, sigmoid_gate's attention rows
 };
 
 struct TrainingSet {
@@ -33,7 +32,11 @@ TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress);
 
 // Per-feature mean and standard deviation over every token of every sample (a constant feature
 // gets std 1).
-void feature_moments(const std::vector<HeadSample>& heads, std::vector<double>& mean, std::vector<double>& std_dev);
+void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<double>& mean, std::vector<double>& std_dev);
+
+// Samples to fit and samples held out: with at least five requests the last fifth of them are
+// held out (for the figures a trainer prints), else none.
+void split_held_out(const TrainingSet& set, std::vector<const HeadSample*>& fit, std::vector<const HeadSample*>& held);
 
 // UTC now, ISO 8601.
 std::string utc_now();

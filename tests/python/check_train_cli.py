@@ -38,6 +38,11 @@ def main():
         sys.exit(f"train cli: evaluating on training prompts was not refused clearly:\n{p.stderr}")
     run(kvsim, "sweep", a, "--policies", f"foresight:model={model}", "--budgets", "0.25", "-o", csv, "--force", "-q",
         "--allow-training-requests")
+    gate = os.path.join(work, "sigmoid_gate.h5")
+    p = run(kvsim, "train", "sigmoid_gate", a, "-o", gate, "--force", "--steps", "30", "--hidden", "8", "--rows", "4")
+    if "soft-to-hard gap" not in p.stderr:
+        sys.exit(f"train cli: sigmoid_gate printed no soft-to-hard gap:\n{p.stderr}")
+    run(kvsim, "sweep", b, "--policies", f"sigmoid_gate:model={gate}", "--budgets", "0.25", "-o", csv, "--force", "-q")
     # rlkv: trained on the per-head proxy (a window that leaves tokens out of these short prompts),
     # and imported from RLKV's gate file layout.
     gates = os.path.join(work, "rlkv.h5")

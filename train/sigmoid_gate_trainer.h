@@ -1,0 +1,35 @@
+#pragma once
+// `kvsim train sigmoid_gate`: per-token gates g = sigmoid(MLP(token features)) trained soft: log g
+// is added to the attention logits of the evaluation queries, the loss is the relative squared
+// attention-output error against the full cache plus a capacity penalty on the mean gate. Deployed
+// hard (the policy keeps the top tokens by g), so training also reports the soft-to-hard gap.
+#include <cstdint>
+#include <iosfwd>
+#include <span>
+#include <vector>
+
+#include "learned/model_file.h"
+#include "train/training_set.h"
+
+namespace kvsim::train {
+
+struct SigmoidGateOptions {
+  std::vector<int> hidden = {32, 32};
+  learned::Activation activation = learned::Activation::Tanh;
+  std::int64_t steps = 400;
+  double lr = 3e-3;
+  int heads_per_step = 8;
+  double capacity = 0.25;  // the mean gate the penalty allows without cost
+  double penalty = 10.0;   // weight of max(0, mean(g) - capacity)^2
+  std::uint64_t seed = 1;
+  bool tty = false;
+};
+
+// Relative squared error of a sample's attention output when token j's attention is scaled by
+// gate[j] and renormalised over the cached tokens, mean over its rows (|o'-o|^2 / |o|^2). With
+// grad: dError/dgate (size tokens), added to.
+double gated_output_error(const HeadSample& h, std::span<const double> gate, std::vector<double>* grad = nullptr);
+
+learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const SigmoidGateOptions& o, std::ostream& progress);
+
+}  // namespace kvsim::train
