@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "train/distillcache_trainer.h"
 #include "train/foresight_trainer.h"
 #include "train/rlkv_trainer.h"
 #include "train/sigmoid_gate_trainer.h"
@@ -21,7 +22,7 @@ namespace kvsim::cli {
 
 namespace {
 
-constexpr const char* kMethods = "foresight, sigmoid_gate, rlkv";
+constexpr const char* kMethods = "foresight, sigmoid_gate, distillcache, rlkv";
 
 std::vector<int> parse_hidden(const std::string& s) {
   std::vector<int> out;
@@ -47,6 +48,8 @@ int train_command(const Args& args) {
   train::ForesightOptions fo;
   train::RlkvOptions ro;
   train::SigmoidGateOptions so;
+  train::DistillCacheOptions dco;
+  std::string train_budgets = "0.1,0.25,0.5";
   std::int64_t rows = 8;
   train::StreamingWindow window;
   po::options_description desc(
@@ -56,6 +59,8 @@ int train_command(const Args& args) {
       "  oracle_golden's golden eviction label (ForesightKV's supervised stage)\n"
       "  sigmoid_gate: per-token gates sigmoid(MLP(features)) trained soft (log g added to the attention logits,\n"
       "  attention-output error + a capacity penalty), deployed hard; reports the soft-to-hard gap\n"
+      "  distillcache: REINFORCE over Plackett-Luce evictions from a token scorer, reward -KL(full || compressed)\n"
+      "  per (request, budget) episode: the trace's offline estimate (--reward trace) or the live model (--reward live)\n"
       "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, fitted to each head's streaming error\n"
       "  with a sparsity term; or --import RLKV's adapter_weights.tsv (the trace gives the model geometry)");
   desc.add_options()("help,h", "show this help")("method", po::value(&method), "training method")(
@@ -79,6 +84,17 @@ int train_command(const Args& args) {
       "penalty", po::value(&so.penalty)->default_value(so.penalty), "sigmoid_gate: weight of the capacity penalty")(
       "rows", po::value(&rows)->default_value(rows),
       "sigmoid_gate: evaluation rows per query head kept for the loss (evenly spaced)")(
+      "episodes", po::value(&dco.episodes)->default_value(dco.episodes), "distillcache: (request, budget) episodes")(
+      "samples", po::value(&dco.samples)->default_value(dco.samples),
+      "distillcache: sampled evictions per episode (each one's baseline is the others' mean reward)")(
+      "temperature", po::value(&dco.temperature)->default_value(dco.temperature), "distillcache: Plackett-Luce temperature")(
+      "budgets", po::value(&train_budgets)->default_value(train_budgets), "distillcache: budgets the episodes draw from")(
+      "reward", po::value(&dco.reward)->default_value(dco.reward), "distillcache: trace | live")(
+      "estimator", po::value(&dco.estimator), "distillcache: kvsim calibrate file weighting the trace reward's layers")(
+      "init", po::value(&dco.init), "distillcache: start from this foresight or distillcache model")(
+      "model,m", po::value(&dco.model), "distillcache --reward live: the GGUF model the traces were captured from")(
+      "tasks,t", po::value(&dco.tasks), "distillcache --reward live: the task file of the traces' requests")(
+      "max-new", po::value(&dco.max_new)->default_value(dco.max_new), "distillcache --reward live: continuation length")(
       "sparsity", po::value(&ro.sparsity)->default_value(ro.sparsity),
       "rlkv: a head keeps its whole cache when its streaming error exceeds this x the mean error")(
       "requests-per-step", po::value(&ro.requests_per_step)->default_value(ro.requests_per_step),
@@ -92,7 +108,7 @@ int train_command(const Args& args) {
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim train METHOD TRACE... -o MODEL.h5 [options]")) return 0;
   if (method.empty()) throw Error(std::string("no training method given; expected one of: ") + kMethods);
-  if (method != "foresight" && method != "rlkv" && method != "sigmoid_gate")
+  if (method != "foresight" && method != "rlkv" && method != "sigmoid_gate" && method != "distillcache")
     throw Error("unknown training method '" + method + "'; expected one of: " + kMethods);
   if (traces.empty()) throw Error("no trace files given (kvsim train " + method + " TRACE... -o MODEL.h5)");
   if (!vm.count("force") && std::filesystem::exists(out))
@@ -120,6 +136,14 @@ int train_command(const Args& args) {
       fo.activation = learned::parse_activation(activation, "--activation");
       fo.tty = tty;
       m = train::train_foresight(set, fo, std::cerr);
+    } else if (method == "distillcache") {
+      dco.hidden = parse_hidden(hidden);
+      dco.activation = learned::parse_activation(activation, "--activation");
+      dco.budgets = parse_budgets(train_budgets);
+      dco.lr = fo.lr;
+      dco.seed = fo.seed;
+      dco.tty = tty;
+      m = train::train_distillcache(set, in, dco, std::cerr);
     } else if (method == "sigmoid_gate") {
       so.hidden = parse_hidden(hidden);
       so.activation = learned::parse_activation(activation, "--activation");

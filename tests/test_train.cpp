@@ -1,5 +1,6 @@
 // train/: training sets from traces, the foresight trainer, and its model run as a policy.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -12,7 +13,12 @@
 #include "sim/sweep.h"
 #include "trace_fixtures.h"
 #include "fake_signals.h"
+#include "capture/capture_driver.h"
+#include "capture/task_gen.h"
+#include "train/distillcache_trainer.h"
 #include "train/foresight_trainer.h"
+#include "train/plackett_luce.h"
+#include "learned_fixtures.h"
 #include "train/rlkv_trainer.h"
 #include "train/sigmoid_gate_trainer.h"
 #include <nlohmann/json.hpp>
@@ -272,4 +278,118 @@ TEST_CASE("sigmoid gates train soft within their capacity and report the soft-to
   const std::string path = test::scratch_file("sigmoid_gate.h5");
   learned::write_learned_model(m, path);
   CHECK(PolicyRegistry::instance().create("sigmoid_gate:model=" + path).params.find("model=") == 0);
+}
+
+TEST_CASE("Plackett-Luce: the log-probability's gradient, and draws follow the softmax", "[train]") {
+  const std::vector<double> s = {0.3, -1.2, 2.0, 0.7, 0.0};
+  const std::vector<std::int64_t> chosen = {2, 0, 4};
+  for (double tau : {1.0, 0.5}) {
+    std::vector<double> grad;
+    train::pl_log_prob(s, chosen, tau, &grad);
+    for (std::size_t j = 0; j < s.size(); ++j) {
+      std::vector<double> up = s, down = s;
+      up[j] += 1e-6;
+      down[j] -= 1e-6;
+      const double fd = (train::pl_log_prob(up, chosen, tau, nullptr) - train::pl_log_prob(down, chosen, tau, nullptr)) / 2e-6;
+      INFO("tau " << tau << " score " << j);
+      CHECK(grad[j] == Approx(fd).epsilon(1e-5).margin(1e-8));
+    }
+  }
+  // By hand: the first pick of 2 from exp(s) / Z.
+  double z = 0;
+  for (double x : s) z += std::exp(x);
+  CHECK(train::pl_log_prob(s, std::vector<std::int64_t>{2}, 1.0, nullptr) == Approx(2.0 - std::log(z)));
+  // 20000 single draws: frequencies within 0.01 of the softmax.
+  Rng rng(3);
+  std::vector<double> count(s.size(), 0.0);
+  for (int i = 0; i < 20000; ++i) count[static_cast<std::size_t>(train::sample_top_k(s, 1, 1.0, rng)[0])] += 1.0 / 20000;
+  for (std::size_t j = 0; j < s.size(); ++j) CHECK(count[j] == Approx(std::exp(s[j]) / z).margin(0.01));
+  CHECK(train::sample_top_k(s, 3, 1e-9, rng) == std::vector<std::int64_t>{2, 3, 0});  // cold: the top, in order
+}
+
+TEST_CASE("distillcache trains by REINFORCE on the trace's reward, reproducibly", "[train]") {
+  train::TrainingInputs in;
+  in.traces = {training_trace()};
+  const train::TrainingSet& set = training_set();
+  train::DistillCacheOptions o;
+  o.episodes = 12;
+  o.samples = 3;
+  o.hidden = {8};
+  o.budgets = {0.25, 0.5};
+  std::ostringstream log;
+  const learned::LearnedModel a = train::train_distillcache(set, in, o, log);
+  const learned::LearnedModel b = train::train_distillcache(set, in, o, log);
+  CHECK(a.network.params() == b.network.params());
+  CHECK(a.method == "distillcache");
+  REQUIRE(a.curve.value.size() == 12);
+  for (double r : a.curve.value) CHECK(r <= 0);  // minus an error
+  const auto r = nlohmann::json::parse(a.results);
+  INFO(a.results);
+  CHECK(r.at("evaluated_on").get<std::string>() == "held-out requests");
+  CHECK(r.at("estimate_final_25").get<double>() > 0);
+  CHECK(r.at("estimate_final_25").get<double>() > r.at("estimate_final_50").get<double>());
+  // Training moved the network, and it deploys as a policy.
+  const learned::Mlp fresh({learned::kFeatureCount, 8, 1}, learned::Activation::Tanh, o.seed);
+  CHECK(a.network.params() != fresh.params());
+  const std::string path = test::scratch_file("distillcache.h5");
+  learned::write_learned_model(a, path);
+  // Bad options are named.
+  o.reward = "magic";
+  CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("expected trace or live"));
+  o.reward = "live";
+  CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("needs --model"));
+  o.reward = "trace";
+  o.init = path;
+  o.episodes = 2;
+  CHECK_NOTHROW(train::train_distillcache(set, in, o, log));  // warm start from a model of its own
+  o.init = test::seeded_model_file("rlkv", set.geometry);
+  CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("--init takes a foresight or distillcache"));
+}
+
+TEST_CASE("distillcache's live reward: the engine runs each sampled cache", "[train][live]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  std::vector<CaptureRequest> requests(2);
+  const char* codes[] = {"4817", "2290"};
+  for (int i = 0; i < 2; ++i) {
+    CaptureRequest& r = requests[static_cast<std::size_t>(i)];
+    r.id = "vault-" + std::to_string(i);
+    r.line = i + 1;
+    r.context = std::string("The archive held many letters about the weather, the harvest and the price of grain. ") +
+                "One letter said: the secret code of the vault is " + codes[i] +
+                ". The rest spoke of roads washed out by rain and of a bridge rebuilt twice in one summer.";
+    r.question = "What is the secret code of the vault?";
+    r.expected = std::string("[\"") + codes[i] + "\"]";
+  }
+  const std::string tasks = test::scratch_file("vault_tasks.jsonl");
+  write_requests_jsonl(requests, tasks, true);
+  CaptureOptions co;
+  co.model_path = KVSIM_TEST_MODEL;
+  co.out_path = test::scratch_file("vault.h5");
+  co.overwrite = true;
+  co.all_queries = true;
+  co.max_new = 3;
+  run_capture(requests, co);
+  train::TrainingInputs in;
+  in.traces = {co.out_path};
+  std::ostringstream log;
+  const train::TrainingSet set = train::load_training_set(in, log);
+  train::DistillCacheOptions o;
+  o.reward = "live";
+  o.model = KVSIM_TEST_MODEL;
+  o.tasks = tasks;
+  o.max_new = 3;
+  o.episodes = 2;
+  o.samples = 2;
+  o.hidden = {4};
+  o.budgets = {0.3};
+  const learned::LearnedModel m = train::train_distillcache(set, in, o, log);
+  CHECK(m.curve.metric == "reward_live");
+  REQUIRE(m.curve.value.size() == 2);
+  for (double r : m.curve.value) CHECK(r < 0);  // minus a live KL: compression at 0.3 changes the outputs
+  // A task file without the traces' requests is refused by name.
+  const std::string other = test::scratch_file("other_tasks.jsonl");
+  requests[0].id = "elsewhere";
+  write_requests_jsonl({requests[0]}, other, true);
+  o.tasks = other;
+  CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("no task 'vault-0'"));
 }

@@ -43,6 +43,14 @@ def main():
     if "soft-to-hard gap" not in p.stderr:
         sys.exit(f"train cli: sigmoid_gate printed no soft-to-hard gap:\n{p.stderr}")
     run(kvsim, "sweep", b, "--policies", f"sigmoid_gate:model={gate}", "--budgets", "0.25", "-o", csv, "--force", "-q")
+    rl = os.path.join(work, "distillcache.h5")
+    p = run(kvsim, "train", "distillcache", a, "-o", rl, "--force", "--episodes", "6", "--samples", "2", "--hidden", "8",
+            "--budgets", "0.25", "--init", model)
+    if "episode" not in p.stderr and "step 6/6" not in p.stderr:
+        sys.exit(f"train cli: distillcache printed no progress:\n{p.stderr}")
+    if "offline estimate" not in p.stderr:
+        sys.exit(f"train cli: distillcache printed no held-out estimate:\n{p.stderr}")
+    run(kvsim, "sweep", b, "--policies", f"distillcache:model={rl}", "--budgets", "0.25", "-o", csv, "--force", "-q")
     # rlkv: trained on the per-head proxy (a window that leaves tokens out of these short prompts),
     # and imported from RLKV's gate file layout.
     gates = os.path.join(work, "rlkv.h5")

@@ -1,0 +1,289 @@
+#include "train/distillcache_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "capture/capture_driver.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "learned/features.h"
+#include "learned/token_scorer.h"
+#include "model/gguf.h"
+#include "policies/selection.h"
+#include "sim/estimator.h"
+#include "sim/replay.h"
+#include "train/plackett_luce.h"
+#include "train/progress.h"
+#include "verify/live_verifier.h"
+
+namespace kvsim::train {
+
+namespace {
+
+// The network and its input standardisation, as the policy will run them.
+struct Scorer {
+  learned::Mlp net;
+  std::vector<double> mean, sd;
+  std::vector<double> inputs(const LayerSignals& s, int kv, std::int64_t& n) const {
+    const learned::HeadFeatures f = learned::extract_features(s, kv);
+    n = f.tokens;
+    std::vector<double> x(f.x.size());
+    for (std::int64_t i = 0; i < n; ++i)
+      for (int c = 0; c < learned::kFeatureCount; ++c) {
+        const auto k = static_cast<std::size_t>(i * learned::kFeatureCount + c);
+        x[k] = (f.x[k] - mean[static_cast<std::size_t>(c)]) / sd[static_cast<std::size_t>(c)];
+      }
+    return x;
+  }
+};
+
+// One sampled choice in one (layer, KV head): its standardised inputs and the ordered picks.
+struct Action {
+  int layer = 0, kv = 0;
+  std::int64_t tokens = 0;
+  std::vector<double> x;
+  std::vector<std::int64_t> chosen;
+};
+
+// A policy drawing each head's kept tokens from Plackett-Luce over the network's scores (or, with
+// greedy, its top tokens), recording its actions. Draws depend on (seed, layer, head) only, so
+// they do not depend on which thread runs the layer.
+class SampledPolicy : public Policy {
+ public:
+  SampledPolicy(std::shared_ptr<const Scorer> scorer, double tau, std::uint64_t seed, bool greedy)
+      : scorer_(std::move(scorer)), tau_(tau), seed_(seed), greedy_(greedy) {}
+  LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
+    LayerPlan plan;
+    for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
+      Action a{s.layer(), kv, 0, {}, {}};
+      a.x = scorer_->inputs(s, kv, a.tokens);
+      const std::vector<double> score = scorer_->net.forward(a.x.data(), a.tokens);
+      std::vector<std::uint8_t> keep(static_cast<std::size_t>(a.tokens), 0);
+      if (budget.tokens >= a.tokens) {
+        std::fill(keep.begin(), keep.end(), 1);
+      } else {
+        Rng rng(seed_, static_cast<std::uint64_t>(s.layer()), static_cast<std::uint64_t>(kv));
+        a.chosen = greedy_ ? sample_top_k(score, budget.tokens, 1e-9, rng) : sample_top_k(score, budget.tokens, tau_, rng);
+        for (std::int64_t j : a.chosen) keep[static_cast<std::size_t>(j)] = 1;
+      }
+      plan.heads.push_back(plan_from_mask(keep));
+      if (!greedy_ && !a.chosen.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        actions_.push_back(std::move(a));
+      }
+    }
+    return plan;
+  }
+  std::vector<Action> take() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::sort(actions_.begin(), actions_.end(), [](const Action& a, const Action& b) {
+      return a.layer != b.layer ? a.layer < b.layer : a.kv < b.kv;
+    });
+    return std::move(actions_);
+  }
+
+ private:
+  std::shared_ptr<const Scorer> scorer_;
+  double tau_;
+  std::uint64_t seed_;
+  bool greedy_;
+  mutable std::mutex mu_;
+  mutable std::vector<Action> actions_;
+};
+
+std::vector<double> layer_weights(const std::string& estimator, int layers) {
+  if (estimator.empty()) return std::vector<double>(static_cast<std::size_t>(layers), 1.0 / layers);
+  const Estimator e = read_estimator(estimator);
+  if (static_cast<int>(e.weights.size()) != layers)
+    throw Error(estimator + ": " + std::to_string(e.weights.size()) + " layer weights; the traces' model has " +
+                std::to_string(layers) + " layers");
+  return e.weights;
+}
+
+// Where the training requests live: reader per trace, and the live task of each request.
+struct Requests {
+  std::vector<std::unique_ptr<TraceReader>> readers;
+  std::map<std::string, CaptureRequest> tasks;  // by id (live reward)
+};
+
+}  // namespace
+
+learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
+                                         std::ostream& progress) {
+  if (o.reward != "trace" && o.reward != "live") throw Error("train distillcache: --reward is '" + o.reward + "'; expected trace or live");
+  if (o.episodes < 1 || o.samples < 2 || !(o.lr > 0) || !(o.temperature > 0) || o.budgets.empty())
+    throw Error("train distillcache: --episodes >= 1, --samples >= 2 (the baseline is the other samples), --lr and "
+                "--temperature > 0, at least one budget");
+  for (double b : o.budgets)
+    if (!(b > 0 && b < 1)) throw Error("train distillcache: budget " + std::to_string(b) + " is not in (0, 1)");
+  if (o.reward == "live" && (o.model.empty() || o.tasks.empty()))
+    throw Error("train distillcache: --reward live needs --model (the GGUF the traces were captured from) and --tasks "
+                "(the task file of their requests)");
+  const ModelGeometry& g = set.geometry;
+  std::vector<const HeadSample*> fit, held;
+  split_held_out(set, fit, held);
+  auto scorer = std::make_shared<Scorer>();
+  if (!o.init.empty()) {
+    learned::LearnedModel init = learned::read_learned_model(o.init);
+    if (init.method != "foresight" && init.method != "distillcache")
+      throw Error(o.init + ": attribute 'method' is '" + init.method + "'; --init takes a foresight or distillcache model");
+    learned::check_learned_model(init, o.init, init.method, g);
+    scorer->net = std::move(init.network);
+    scorer->mean = init.norm_mean;
+    scorer->sd = init.norm_std;
+  } else {
+    feature_moments(fit, scorer->mean, scorer->sd);
+    std::vector<int> sizes = {learned::kFeatureCount};
+    sizes.insert(sizes.end(), o.hidden.begin(), o.hidden.end());
+    sizes.push_back(1);
+    scorer->net = learned::Mlp(sizes, o.activation, o.seed);
+  }
+  const auto initial = std::make_shared<const Scorer>(*scorer);
+  std::vector<int> fit_requests, held_requests;
+  for (const HeadSample* h : fit)
+    if (fit_requests.empty() || fit_requests.back() != h->request) fit_requests.push_back(h->request);
+  for (const HeadSample* h : held)
+    if (held_requests.empty() || held_requests.back() != h->request) held_requests.push_back(h->request);
+
+  std::vector<std::unique_ptr<TraceReader>> readers;
+  for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
+  const std::vector<double> weights = layer_weights(o.estimator, g.n_layers);
+  std::unique_ptr<GgufFile> gguf;
+  std::unique_ptr<LiveVerifier> live;
+  std::map<std::string, CaptureRequest> tasks;
+  if (o.reward == "live") {
+    gguf = std::make_unique<GgufFile>(o.model);
+    VerifyOptions vo;
+    vo.mode = in.mode;
+    vo.max_new = o.max_new;
+    vo.allow_training_requests = true;  // training runs on its own requests
+    live = std::make_unique<LiveVerifier>(*gguf, vo);
+    for (CaptureRequest& r : read_capture_requests(o.tasks)) tasks.emplace(r.id, std::move(r));
+    for (int r : fit_requests)
+      if (!tasks.count(set.provenance.requests[static_cast<std::size_t>(r)].id))
+        throw Error(o.tasks + ": no task '" + set.provenance.requests[static_cast<std::size_t>(r)].id +
+                    "' (a training request of the traces); give the task file the traces were captured from");
+  }
+
+  // Per sample and layer, the reward of one (request, budget) episode.
+  auto run_samples = [&](int r, double budget, const std::vector<std::shared_ptr<const SampledPolicy>>& policies) {
+    const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
+    std::vector<ReplayConfig> configs;
+    for (const auto& p : policies) configs.push_back({"distillcache-sample", "", p, budget});
+    std::vector<std::vector<double>> reward(policies.size(), std::vector<double>(static_cast<std::size_t>(g.n_layers), 0.0));
+    if (o.reward == "trace") {
+      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs).replay(req.id);
+      for (std::size_t k = 0; k < policies.size(); ++k)
+        for (int l = 0; l < g.n_layers; ++l)
+          reward[k][static_cast<std::size_t>(l)] = -weights[static_cast<std::size_t>(l)] * res.configs[k].layer_out_sq[static_cast<std::size_t>(l)];
+    } else {
+      const LiveRequestResult res = live->run(tasks.at(req.id), configs);
+      for (std::size_t k = 0; k < policies.size(); ++k)
+        std::fill(reward[k].begin(), reward[k].end(), -res.configs[k].mean_kl / g.n_layers);
+    }
+    return reward;
+  };
+
+  learned::Adam adam(scorer->net.params().size(), o.lr);
+  adam.clip_norm = 10.0;
+  Rng rng(o.seed, 0x64697374);
+  learned::TrainingCurve curve{o.reward == "trace" ? "reward_trace" : "reward_live", {}, {}};
+  Progress bar(progress, "train distillcache", o.episodes, o.tty);
+  std::vector<int> order = fit_requests;
+  std::vector<double> grad;
+  for (std::int64_t ep = 1; ep <= o.episodes; ++ep) {
+    const auto pos = static_cast<std::size_t>((ep - 1) % static_cast<std::int64_t>(order.size()));
+    if (pos == 0)  // a new pass over the requests, in a new order
+      for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+    const double budget = o.budgets[rng.below(o.budgets.size())];
+    std::vector<std::shared_ptr<const SampledPolicy>> policies;
+    const std::shared_ptr<const Scorer> now = std::make_shared<const Scorer>(*scorer);
+    for (int k = 0; k < o.samples; ++k)
+      policies.push_back(std::make_shared<const SampledPolicy>(now, o.temperature, splitmix64(o.seed ^ splitmix64(static_cast<std::uint64_t>(ep * 64 + k))), false));
+    const auto reward = run_samples(order[pos], budget, policies);
+    grad.assign(scorer->net.params().size(), 0.0);
+    double mean_reward = 0;
+    for (std::size_t k = 0; k < policies.size(); ++k) {
+      for (double x : reward[k]) mean_reward += x / static_cast<double>(policies.size());
+      for (const Action& a : policies[k]->take()) {
+        double others = 0;  // leave-one-out baseline: the other samples' reward for this layer
+        for (std::size_t m = 0; m < policies.size(); ++m)
+          if (m != k) others += reward[m][static_cast<std::size_t>(a.layer)];
+        const double adv = reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
+        if (adv == 0) continue;
+        learned::Mlp::Tape tape;
+        const std::vector<double> s = scorer->net.forward(a.x.data(), a.tokens, &tape);
+        std::vector<double> dlp;
+        pl_log_prob(s, a.chosen, o.temperature, &dlp);
+        for (double& v : dlp) v *= -adv / static_cast<double>(policies.size());  // minimise -A log pi
+        scorer->net.backward(tape, dlp.data(), grad);
+      }
+    }
+    adam.step(scorer->net.params(), grad);
+    curve.step.push_back(static_cast<double>(ep));
+    curve.value.push_back(mean_reward);
+    bar.update(ep, "reward", mean_reward);
+  }
+
+  // Held-out check with the trace's estimate: the greedy policy (top tokens by score) before and
+  // after training, at every budget.
+  nlohmann::json results;
+  results["reward"] = o.reward;
+  results["evaluated_on"] = held_requests.empty() ? "training requests (fewer than 5 requests: none held out)" : "held-out requests";
+  const std::vector<int>& eval = held_requests.empty() ? fit_requests : held_requests;
+  const auto final_scorer = std::make_shared<const Scorer>(*scorer);
+  for (double b : o.budgets) {
+    double before = 0, after = 0;
+    for (int r : eval) {
+      const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
+      const std::vector<ReplayConfig> configs = {
+          {"distillcache-initial", "", std::make_shared<const SampledPolicy>(initial, 1.0, 0, true), b},
+          {"distillcache-final", "", std::make_shared<const SampledPolicy>(final_scorer, 1.0, 0, true), b}};
+      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs).replay(req.id);
+      for (int l = 0; l < g.n_layers; ++l) {
+        before += weights[static_cast<std::size_t>(l)] * res.configs[0].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
+        after += weights[static_cast<std::size_t>(l)] * res.configs[1].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
+      }
+    }
+    const std::string k = std::to_string(static_cast<int>(std::lround(b * 100)));
+    results["estimate_initial_" + k] = before;
+    results["estimate_final_" + k] = after;
+    progress << "train distillcache: budget " << b << ", offline estimate " << before << " before training, " << after
+             << " after (" << results["evaluated_on"].get<std::string>() << ")\n";
+  }
+  results["train_seconds"] = bar.elapsed();
+
+  learned::LearnedModel m;
+  m.method = "distillcache";
+  m.feature_set = learned::kFeatureSet;
+  m.feature_version = learned::kFeatureVersion;
+  m.features = learned::feature_names();
+  m.geometry = g;
+  m.network = scorer->net;
+  m.norm_mean = scorer->mean;
+  m.norm_std = scorer->sd;
+  m.curve = std::move(curve);
+  m.provenance = set.provenance;
+  m.provenance.seed = o.seed;
+  m.provenance.created = utc_now();
+  m.provenance.hyperparameters = nlohmann::json{{"hidden", m.network.sizes()},
+                                                {"episodes", o.episodes},
+                                                {"samples", o.samples},
+                                                {"lr", o.lr},
+                                                {"temperature", o.temperature},
+                                                {"budgets", o.budgets},
+                                                {"reward", o.reward},
+                                                {"estimator", o.estimator},
+                                                {"init", o.init},
+                                                {"max_new", o.max_new}}
+                                     .dump();
+  m.results = results.dump();
+  return m;
+}
+
+}  // namespace kvsim::train

@@ -1,0 +1,41 @@
+#pragma once
+// `kvsim train distillcache`: eviction as a sequential decision problem (DistillCache), learned by
+// REINFORCE. The policy network scores tokens from their features; an action is the budget's
+// tokens drawn by Plackett-Luce from those scores (plackett_luce.h) in every (layer, KV head) at
+// the compression point; the reward is minus the KL between full and compressed outputs:
+//   --reward trace: the offline estimate from a replay of the sampled plans (est_kl's per-layer
+//                   weights on the squared attention-output errors with --estimator, else their
+//                   mean), credited per layer;
+//   --reward live:  the live engine runs the sampled cache and measures the next-token KL per step.
+// The baseline is the other samples' mean reward for the same request and budget (leave one out).
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "learned/model_file.h"
+#include "train/training_set.h"
+
+namespace kvsim::train {
+
+struct DistillCacheOptions {
+  std::vector<int> hidden = {32, 32};
+  learned::Activation activation = learned::Activation::Tanh;
+  std::int64_t episodes = 200;  // (request, budget) draws; each runs `samples` sampled plans
+  int samples = 4;
+  double lr = 3e-3;
+  double temperature = 1.0;
+  std::vector<double> budgets = {0.1, 0.25, 0.5};
+  std::string reward = "trace";   // trace | live
+  std::string estimator;          // trace: a kvsim calibrate file (else the mean over layers)
+  std::string init;               // a foresight or distillcache model to start from
+  std::string model, tasks;       // live: the GGUF model and the task file of the traces' requests
+  int max_new = 16;               // live: continuation length
+  std::uint64_t seed = 1;
+  bool tty = false;
+};
+
+learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
+                                         std::ostream& progress);
+
+}  // namespace kvsim::train
