@@ -2,8 +2,9 @@
 # The learned-policy experiment (issue 25, docs/experiments/learned.md): learned policies against
 # the heuristics and oracle_golden on SmolLM2 requests they were not trained on. Training requests
 # (needle tasks of the four kinds + long-text windows) and held-out requests come from different
-# seeds and text offsets. Per mode: train each learned method on the training trace, sweep the
-# held-out trace offline, verify it live, and print both summaries.
+# seeds and text offsets. Per mode: train foresight, sigmoid_gate, distillcache (trace reward,
+# warm-started from foresight; with LIVE_RL=1 also live reward) and rlkv on the training trace,
+# sweep the held-out trace offline, verify it live, and print both summaries.
 #   bench/learned_experiment.sh                                   (after scripts/setup.sh; ~30 min)
 #   TRAIN_NEEDLES=2 HELD_NEEDLES=1 MODES=query-aware bench/learned_experiment.sh   (a quick look)
 set -euo pipefail
@@ -20,6 +21,8 @@ HELD_NEEDLES=${HELD_NEEDLES:-4}
 HELD_TEXTS=${HELD_TEXTS:-4}
 BUDGETS=${BUDGETS:-0.1,0.25,0.5}
 STEPS=${STEPS:-600}
+EPISODES=${EPISODES:-150}
+LIVE_EPISODES=${LIVE_EPISODES:-60}
 BASELINES=${BASELINES:-"h2o;snapkv;adakv;tova;keydiff;oracle_golden"}
 mkdir -p "$OUT"
 # Text windows are consecutive, so the two splits take different windows of one long text.
@@ -55,9 +58,23 @@ echo "train: $(wc -l < "$OUT/train.jsonl") requests; held out: $(wc -l < "$OUT/h
 for mode in $MODES; do
   d="$OUT/$mode"
   mkdir -p "$d"
-  "$KVSIM" train foresight "$OUT/train.h5" --mode "$mode" --steps "$STEPS" -o "$d/foresight.h5" --force 2>&1 |
-    tee "$d/train_foresight.txt" | grep -v "^train: reading"
-  policies="foresight:model=$d/foresight.h5;$BASELINES"
+  train() {  # METHOD OUT [options]: train one method, its log beside the model
+    local method=$1 model=$2; shift 2
+    "$KVSIM" train "$method" "$OUT/train.h5" --mode "$mode" -o "$model" --force "$@" 2>&1 |
+      tee "${model%.h5}.txt" | grep -v "^train: reading"
+  }
+  train foresight "$d/foresight.h5" --steps "$STEPS"
+  train sigmoid_gate "$d/sigmoid_gate.h5" --steps "$STEPS"
+  train distillcache "$d/distillcache.h5" --episodes "$EPISODES" --init "$d/foresight.h5"
+  train rlkv "$d/rlkv.h5"
+  policies="foresight:model=$d/foresight.h5;sigmoid_gate:model=$d/sigmoid_gate.h5;distillcache:model=$d/distillcache.h5"
+  policies="$policies;rlkv:model=$d/rlkv.h5"
+  if [ "${LIVE_RL:-0}" = 1 ]; then
+    train distillcache "$d/distillcache_live.h5" --episodes "$LIVE_EPISODES" --init "$d/foresight.h5" --reward live \
+      -m "$MODEL" -t "$OUT/train.jsonl" --max-new "$MAX_NEW"
+    policies="$policies;distillcache:model=$d/distillcache_live.h5"
+  fi
+  policies="$policies;$BASELINES"
   "$KVSIM" sweep "$OUT/heldout.h5" -p "$policies" -b "$BUDGETS" --mode "$mode" -o "$d/sweep.csv" --force -q |
     tee "$d/sweep.txt"
   "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "${policies//;oracle_golden/}" -b "$BUDGETS" --mode "$mode" \
