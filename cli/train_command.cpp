@@ -114,6 +114,15 @@ int train_command(const Args& args) {
   if (!vm.count("force") && std::filesystem::exists(out))
     throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
   if (!import.empty() && method != "rlkv") throw Error("--import reads RLKV's gate files: kvsim train rlkv --import FILE");
+  // Refuse what cannot work before any training time is spent.
+  const std::filesystem::path folder = std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
+  if (!std::filesystem::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)
+    throw Error(out + ": folder '" + folder.string() + "' does not exist or is not writable");
+  if (window.sinks < 0 || window.recent < 0)
+    throw Error("--sinks and --recent: got " + std::to_string(window.sinks) + " and " + std::to_string(window.recent) +
+                "; expected >= 0");
+  if (!(fo.margin > 0)) throw Error("--margin: got " + std::to_string(fo.margin) + "; expected > 0");
+  if (dco.max_new < 1) throw Error("--max-new: got " + std::to_string(dco.max_new) + "; expected >= 1");
   const bool tty = ::isatty(2) != 0;
 
   learned::LearnedModel m;

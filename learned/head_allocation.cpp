@@ -22,14 +22,15 @@ HeadAllocation allocate_heads(const std::vector<double>& gates, const std::vecto
     a.full[order[k]] = 1;
     ++k;
   }
+  std::int64_t left = total;
   if (used > total) {  // not even the streaming windows fit: split the budget evenly
-    for (std::size_t h = 0; h < H; ++h) a.keep[h] = std::min(n[h], total / static_cast<std::int64_t>(H));
-    return a;
+    for (std::size_t h = 0; h < H; ++h) left -= a.keep[h] = std::min(n[h], total / static_cast<std::int64_t>(H));
+  } else {
+    for (std::size_t h = 0; h < H; ++h) a.keep[h] = a.full[h] ? n[h] : stream[h];
+    left = total - used;
   }
   // The rest of the budget widens the streaming heads' windows, one token at a time round robin
-  // (heads already holding everything are skipped).
-  std::int64_t left = total - used;
-  for (std::size_t h = 0; h < H; ++h) a.keep[h] = a.full[h] ? n[h] : stream[h];
+  // in gate order (heads already holding everything are skipped).
   bool grew = true;
   while (left > 0 && grew) {
     grew = false;

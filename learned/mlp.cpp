@@ -145,6 +145,10 @@ void Adam::step(std::vector<double>& params, const std::vector<double>& grad) {
   if (params.size() != m_.size() || grad.size() != m_.size())
     throw Error("adam: " + std::to_string(m_.size()) + " parameters expected, got " + std::to_string(params.size()) +
                 " and " + std::to_string(grad.size()) + " gradients");
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    if (!std::isfinite(grad[i]))
+      throw Error("adam: gradient entry " + std::to_string(i) + " of step " + std::to_string(t_ + 1) +
+                  " is not finite; the loss overflowed (a lower --lr or --temperature may help)");
   double scale = 1.0;
   if (clip_norm > 0) {
     double sq = 0;

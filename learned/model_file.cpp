@@ -1,5 +1,6 @@
 #include "learned/model_file.h"
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,12 @@ void write_f64(hid_t loc, const std::string& name, const std::vector<double>& v)
   if (!v.empty()) check_status(H5Dwrite(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "write " + name);
 }
 
+// Every value must be finite: a NaN weight or gate would order tokens or heads arbitrarily.
+void require_finite(const std::vector<double>& v, const std::string& ctx) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i])) throw FormatError(ctx + ": value " + std::to_string(i) + " is not finite");
+}
+
 std::vector<double> read_f64(hid_t loc, const std::string& name, const std::string& path) {
   const std::string ctx = path + ": dataset '" + name + "'";
   if (!h5::link_exists(loc, name)) throw FormatError(ctx + " is missing");
@@ -33,6 +40,7 @@ std::vector<double> read_f64(hid_t loc, const std::string& name, const std::stri
   if (shape.size() != 1) throw FormatError(ctx + ": shape " + h5::shape_string(shape) + "; expected one dimension");
   std::vector<double> v(static_cast<std::size_t>(shape[0]));
   if (!v.empty()) check_status(H5Dread(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), ctx);
+  require_finite(v, ctx);
   return v;
 }
 
@@ -73,15 +81,28 @@ Provenance read_provenance(hid_t root, const std::string& path) {
   Provenance p;
   const nlohmann::json traces = parse_json(h5::read_attr_string(g.get(), "traces", ctx), ctx + " attribute 'traces'");
   const nlohmann::json requests = parse_json(h5::read_attr_string(g.get(), "requests", ctx), ctx + " attribute 'requests'");
+  auto unsigned_of = [&](const std::string& text, const std::string& field) {
+    if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+      throw FormatError(ctx + " " + field + ": '" + text + "' is not an unsigned integer");
+    try {
+      return static_cast<std::uint64_t>(std::stoull(text));
+    } catch (const std::exception&) {
+      throw FormatError(ctx + " " + field + ": '" + text + "' is out of range");
+    }
+  };
   try {
     for (const auto& t : traces) p.traces.emplace_back(t.at("path").get<std::string>(), t.at("sha256").get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(ctx + " attribute 'traces': expected a list of {path, sha256} (" + e.what() + ")");
+  }
+  try {
     for (const auto& r : requests)
       p.requests.push_back({r.at("trace").get<int>(), r.at("id").get<std::string>(),
-                            std::stoull(r.at("prompt").get<std::string>())});
-    p.seed = std::stoull(h5::read_attr_string(g.get(), "seed", ctx));
-  } catch (const std::exception& e) {
-    throw FormatError(ctx + ": traces, requests or seed malformed (" + e.what() + ")");
+                            unsigned_of(r.at("prompt").get<std::string>(), "attribute 'requests' field 'prompt'")});
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(ctx + " attribute 'requests': expected a list of {trace, id, prompt} (" + e.what() + ")");
   }
+  p.seed = unsigned_of(h5::read_attr_string(g.get(), "seed", ctx), "attribute 'seed'");
   p.hyperparameters = h5::read_attr_string(g.get(), "hyperparameters", ctx);
   p.created = h5::read_attr_string(g.get(), "created", ctx);
   return p;
@@ -223,9 +244,16 @@ void check_learned_model(const LearnedModel& m, const std::string& path, const s
     throw Error(path + ": " + field + " is " + has + "; expected " + want);
   };
   if (m.method != method) refuse("attribute 'method'", "'" + m.method + "'", "'" + method + "' (train it with kvsim train " + method + ")");
+  if (method != "rlkv") {  // every other method scores tokens with its network
+    if (!m.has_network()) refuse("group '/network'", "missing", "a network (a " + method + " model scores tokens with one)");
+    if (m.network.inputs() != kFeatureCount || m.network.outputs() < 1)
+      refuse("/network attribute 'sizes'", std::to_string(m.network.inputs()) + " inputs, " +
+                 std::to_string(m.network.outputs()) + " outputs",
+             std::to_string(kFeatureCount) + " inputs (one per token feature) and at least one output");
+  }
   if (m.has_network()) {  // per-head gates alone read no token features
     if (m.feature_set != kFeatureSet || m.feature_version != kFeatureVersion)
-      refuse("feature set", m.feature_set + " v" + std::to_string(m.feature_version),
+      refuse("attributes 'feature_set'/'feature_version'", m.feature_set + " v" + std::to_string(m.feature_version),
              std::string(kFeatureSet) + " v" + std::to_string(kFeatureVersion) + " (retrain with this kvsim)");
     if (m.features != feature_names()) refuse("attribute 'features'", "a different list", "this kvsim's feature names");
   }

@@ -18,6 +18,8 @@ TokenScorer::TokenScorer(std::string path, std::string method)
   if (model_.method != method_)
     throw Error(path_ + ": attribute 'method' is '" + model_.method + "'; expected '" + method_ +
                 "' (train it with kvsim train " + method_ + ")");
+  // What a file can be checked for before a run hands it a geometry: it must carry a network.
+  check_learned_model(model_, path_, method_, model_.geometry);
 }
 
 std::vector<float> TokenScorer::score(const LayerSignals& s, int kv) const {

@@ -29,6 +29,9 @@ TEST_CASE("rlkv: the highest gates keep everything, the rest share what is left"
   a = allocate_heads(gates, n, 60, 4, 16);
   CHECK(a.full == std::vector<std::uint8_t>{0, 0, 0, 0});
   CHECK(a.keep == std::vector<std::int64_t>{15, 15, 15, 15});
+  // 62: 15 each, and the 2 left go to the highest gates.
+  a = allocate_heads(gates, n, 62, 4, 16);
+  CHECK(a.keep == std::vector<std::int64_t>{15, 16, 15, 16});
   // Everything fits.
   a = allocate_heads(gates, n, 400, 4, 16);
   CHECK(a.keep == std::vector<std::int64_t>(4, 100));

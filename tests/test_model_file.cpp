@@ -1,5 +1,6 @@
 // learned/model_file.h: learned-policy model files round-trip, and what does not fit is refused.
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "core/sha256.h"
 #include "learned/features.h"
@@ -83,7 +84,10 @@ TEST_CASE("a model that does not fit the run is refused naming the file and fiel
                     Catch::Contains("/geometry") && Catch::Contains("4 layers") && Catch::Contains("30 layers"));
   LearnedModel old = r;
   old.feature_version = kFeatureVersion + 1;
-  CHECK_THROWS_WITH(check_learned_model(old, path, "foresight", g), Catch::Contains("feature set"));
+  CHECK_THROWS_WITH(check_learned_model(old, path, "foresight", g), Catch::Contains("'feature_version'"));
+  LearnedModel bare = r;
+  bare.network = Mlp();
+  CHECK_THROWS_WITH(check_learned_model(bare, path, "foresight", g), Catch::Contains("group '/network' is missing"));
 
   CHECK_THROWS_WITH(read_learned_model(test::scratch_file("no_such_model.h5")), Catch::Contains("not found"));
   const std::string trace = test::write_small_trace("not_a_model.h5");
@@ -91,6 +95,10 @@ TEST_CASE("a model that does not fit the run is refused naming the file and fiel
   m.head_gates.assign(5, 1.0);
   write_learned_model(m, path);
   CHECK_THROWS_WITH(read_learned_model(path), Catch::Contains("'head_gates'") && Catch::Contains("4 layers x 2 KV heads"));
+  m = small_model(g);
+  m.head_gates[2] = std::nan("");
+  write_learned_model(m, path);
+  CHECK_THROWS_WITH(read_learned_model(path), Catch::Contains("head_gates") && Catch::Contains("value 2 is not finite"));
   m = small_model(g);
   m.norm_std[3] = 0;
   write_learned_model(m, path);

@@ -305,6 +305,14 @@ TEST_CASE("Plackett-Luce: the log-probability's gradient, and draws follow the s
   for (int i = 0; i < 20000; ++i) count[static_cast<std::size_t>(train::sample_top_k(s, 1, 1.0, rng)[0])] += 1.0 / 20000;
   for (std::size_t j = 0; j < s.size(); ++j) CHECK(count[j] == Approx(std::exp(s[j]) / z).margin(0.01));
   CHECK(train::sample_top_k(s, 3, 1e-9, rng) == std::vector<std::int64_t>{2, 3, 0});  // cold: the top, in order
+  // Far-apart scores: the picks hold all the weight, and the log-probability stays finite.
+  const std::vector<double> sharp = {40, 0, 0, 0, -30};
+  std::vector<double> g;
+  const double lp = train::pl_log_prob(sharp, std::vector<std::int64_t>{0, 1}, 1.0, &g);
+  CHECK(lp == Approx(-std::log(3.0 + std::exp(-30.0))).epsilon(1e-9));
+  for (double x : g) CHECK(std::isfinite(x));
+  CHECK(g[0] == Approx(0.0).margin(1e-12));  // certain to be picked first
+  CHECK(train::pl_log_prob(sharp, std::vector<std::int64_t>{}, 1.0, &g) == 0.0);
 }
 
 TEST_CASE("distillcache trains by REINFORCE on the trace's reward, reproducibly", "[train]") {

@@ -9,6 +9,9 @@
 #include <ostream>
 
 #include "capture/capture_driver.h"
+#include "capture/prompt.h"
+#include "core/fingerprint.h"
+#include "model/tokenizer.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "learned/features.h"
@@ -29,24 +32,23 @@ namespace {
 struct Scorer {
   learned::Mlp net;
   std::vector<double> mean, sd;
-  std::vector<double> inputs(const LayerSignals& s, int kv, std::int64_t& n) const {
-    const learned::HeadFeatures f = learned::extract_features(s, kv);
-    n = f.tokens;
-    std::vector<double> x(f.x.size());
+  std::vector<double> standardized(const std::vector<float>& raw, std::int64_t n) const {
+    std::vector<double> x(raw.size());
     for (std::int64_t i = 0; i < n; ++i)
       for (int c = 0; c < learned::kFeatureCount; ++c) {
         const auto k = static_cast<std::size_t>(i * learned::kFeatureCount + c);
-        x[k] = (f.x[k] - mean[static_cast<std::size_t>(c)]) / sd[static_cast<std::size_t>(c)];
+        x[k] = (raw[k] - mean[static_cast<std::size_t>(c)]) / sd[static_cast<std::size_t>(c)];
       }
     return x;
   }
 };
 
-// One sampled choice in one (layer, KV head): its standardised inputs and the ordered picks.
+// One sampled choice in one (layer, KV head): its raw features (float: a long prompt's actions
+// are the episode's largest memory) and the ordered picks.
 struct Action {
   int layer = 0, kv = 0;
   std::int64_t tokens = 0;
-  std::vector<double> x;
+  std::vector<float> raw;
   std::vector<std::int64_t> chosen;
 };
 
@@ -60,9 +62,10 @@ class SampledPolicy : public Policy {
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     LayerPlan plan;
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
-      Action a{s.layer(), kv, 0, {}, {}};
-      a.x = scorer_->inputs(s, kv, a.tokens);
-      const std::vector<double> score = scorer_->net.forward(a.x.data(), a.tokens);
+      learned::HeadFeatures f = learned::extract_features(s, kv);
+      Action a{s.layer(), kv, f.tokens, std::move(f.x), {}};
+      const std::vector<double> x = scorer_->standardized(a.raw, a.tokens);
+      const std::vector<double> score = scorer_->net.forward(x.data(), a.tokens);
       std::vector<std::uint8_t> keep(static_cast<std::size_t>(a.tokens), 0);
       if (budget.tokens >= a.tokens) {
         std::fill(keep.begin(), keep.end(), 1);
@@ -96,9 +99,12 @@ class SampledPolicy : public Policy {
   mutable std::vector<Action> actions_;
 };
 
-std::vector<double> layer_weights(const std::string& estimator, int layers) {
+std::vector<double> layer_weights(const std::string& estimator, int layers, ReplayMode mode) {
   if (estimator.empty()) return std::vector<double>(static_cast<std::size_t>(layers), 1.0 / layers);
   const Estimator e = read_estimator(estimator);
+  if (e.mode != mode_name(mode))
+    throw Error(estimator + ": field 'mode' is " + e.mode + "; this training runs " + mode_name(mode) +
+                " (calibrate an estimator in that mode)");
   if (static_cast<int>(e.weights.size()) != layers)
     throw Error(estimator + ": " + std::to_string(e.weights.size()) + " layer weights; the traces' model has " +
                 std::to_string(layers) + " layers");
@@ -150,9 +156,10 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   for (const HeadSample* h : held)
     if (held_requests.empty() || held_requests.back() != h->request) held_requests.push_back(h->request);
 
+  if (fit_requests.empty()) throw Error("train distillcache: no requests to train on");
   std::vector<std::unique_ptr<TraceReader>> readers;
   for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
-  const std::vector<double> weights = layer_weights(o.estimator, g.n_layers);
+  const std::vector<double> weights = layer_weights(o.estimator, g.n_layers, in.mode);
   std::unique_ptr<GgufFile> gguf;
   std::unique_ptr<LiveVerifier> live;
   std::map<std::string, CaptureRequest> tasks;
@@ -163,11 +170,26 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     vo.max_new = o.max_new;
     vo.allow_training_requests = true;  // training runs on its own requests
     live = std::make_unique<LiveVerifier>(*gguf, vo);
+    const ModelGeometry lg = live->geometry();
+    if (lg.n_layers != g.n_layers || lg.n_q_heads != g.n_q_heads || lg.n_kv_heads != g.n_kv_heads || lg.head_dim != g.head_dim)
+      throw Error(o.model + ": a " + std::to_string(lg.n_layers) + "-layer model with " + std::to_string(lg.n_q_heads) + "/" +
+                  std::to_string(lg.n_kv_heads) + " heads of " + std::to_string(lg.head_dim) + "; the traces were captured from " +
+                  g.name + " (" + std::to_string(g.n_layers) + " layers, " + std::to_string(g.n_q_heads) + "/" +
+                  std::to_string(g.n_kv_heads) + " heads of " + std::to_string(g.head_dim) + ")");
     for (CaptureRequest& r : read_capture_requests(o.tasks)) tasks.emplace(r.id, std::move(r));
-    for (int r : fit_requests)
-      if (!tasks.count(set.provenance.requests[static_cast<std::size_t>(r)].id))
-        throw Error(o.tasks + ": no task '" + set.provenance.requests[static_cast<std::size_t>(r)].id +
-                    "' (a training request of the traces); give the task file the traces were captured from");
+    const Tokenizer tok(*gguf);
+    const std::string system = default_system_prompt(*gguf);
+    for (int r : fit_requests) {
+      const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
+      const auto it = tasks.find(req.id);
+      if (it == tasks.end())
+        throw Error(o.tasks + ": no task '" + req.id + "' (a training request of the traces); give the task file the "
+                    "traces were captured from");
+      if (prompt_fingerprint(build_prompt(tok, it->second, system).tokens) != req.prompt)
+        throw Error(o.tasks + ": task '" + req.id + "' (line " + std::to_string(it->second.line) +
+                    ") tokenizes to another prompt than the trace's request of that id; give the task file the traces "
+                    "were captured from");
+    }
   }
 
   // Per sample and layer, the reward of one (request, budget) episode.
@@ -204,7 +226,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     std::vector<std::shared_ptr<const SampledPolicy>> policies;
     const std::shared_ptr<const Scorer> now = std::make_shared<const Scorer>(*scorer);
     for (int k = 0; k < o.samples; ++k)
-      policies.push_back(std::make_shared<const SampledPolicy>(now, o.temperature, splitmix64(o.seed ^ splitmix64(static_cast<std::uint64_t>(ep * 64 + k))), false));
+      policies.push_back(std::make_shared<const SampledPolicy>(now, o.temperature, splitmix64(o.seed ^ splitmix64(static_cast<std::uint64_t>(ep)) ^ splitmix64(~static_cast<std::uint64_t>(k))), false));
     const auto reward = run_samples(order[pos], budget, policies);
     grad.assign(scorer->net.params().size(), 0.0);
     double mean_reward = 0;
@@ -217,7 +239,8 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
         const double adv = reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
         if (adv == 0) continue;
         learned::Mlp::Tape tape;
-        const std::vector<double> s = scorer->net.forward(a.x.data(), a.tokens, &tape);
+        const std::vector<double> x = scorer->standardized(a.raw, a.tokens);
+        const std::vector<double> s = scorer->net.forward(x.data(), a.tokens, &tape);
         std::vector<double> dlp;
         pl_log_prob(s, a.chosen, o.temperature, &dlp);
         for (double& v : dlp) v *= -adv / static_cast<double>(policies.size());  // minimise -A log pi

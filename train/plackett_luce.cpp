@@ -2,9 +2,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace kvsim::train {
+
+namespace {
+
+double logaddexp(double a, double b) {
+  if (a == -std::numeric_limits<double>::infinity()) return b;
+  if (b == -std::numeric_limits<double>::infinity()) return a;
+  const double m = std::max(a, b);
+  return m + std::log1p(std::exp(-std::abs(a - b)));
+}
+
+}  // namespace
 
 std::vector<std::int64_t> sample_top_k(std::span<const double> s, std::int64_t k, double tau, Rng& rng) {
   const auto n = static_cast<std::int64_t>(s.size());
@@ -16,7 +28,7 @@ std::vector<std::int64_t> sample_top_k(std::span<const double> s, std::int64_t k
   }
   std::vector<std::int64_t> idx(s.size());
   std::iota(idx.begin(), idx.end(), std::int64_t{0});
-  k = std::min(k, n);
+  k = std::clamp<std::int64_t>(k, 0, n);
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](std::int64_t a, std::int64_t b) {
     return key[static_cast<std::size_t>(a)] != key[static_cast<std::size_t>(b)] ? key[static_cast<std::size_t>(a)] > key[static_cast<std::size_t>(b)]
                                                                                : a > b;
@@ -25,32 +37,32 @@ std::vector<std::int64_t> sample_top_k(std::span<const double> s, std::int64_t k
   return idx;
 }
 
+// In log space throughout: a running total of exp(s / tau) minus the picked tokens' terms loses
+// every digit once the picks hold nearly all the weight (score gaps of ~37 tau).
 double pl_log_prob(std::span<const double> s, std::span<const std::int64_t> chosen, double tau, std::vector<double>* grad) {
-  const std::size_t n = s.size();
-  const double top = *std::max_element(s.begin(), s.end()) / tau;
-  std::vector<double> e(n);
-  double z = 0;
-  for (std::size_t j = 0; j < n; ++j) z += e[j] = std::exp(s[j] / tau - top);
-  // Step t picks chosen[t] from what remains; inv[t] = sum over steps <= t of 1 / Z_step.
-  std::vector<double> inv(chosen.size());
+  const std::size_t n = s.size(), k = chosen.size();
+  if (grad) grad->assign(n, 0.0);
+  if (n == 0 || k == 0) return 0.0;
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   std::vector<std::int64_t> step_of(n, -1);
-  double lp = 0, acc = 0;
-  for (std::size_t t = 0; t < chosen.size(); ++t) {
-    const auto j = static_cast<std::size_t>(chosen[t]);
-    lp += s[j] / tau - top - std::log(z);
-    acc += 1.0 / z;
-    inv[t] = acc;
-    step_of[j] = static_cast<std::int64_t>(t);
-    z -= e[j];
-    if (z < 0) z = 0;  // rounding, at the last token
-  }
+  for (std::size_t t = 0; t < k; ++t) step_of[static_cast<std::size_t>(chosen[t])] = static_cast<std::int64_t>(t);
+  // log Z_t: the normaliser before pick t, from the tokens never picked backwards.
+  std::vector<double> log_z(k + 1, kNegInf);
+  for (std::size_t j = 0; j < n; ++j)
+    if (step_of[j] < 0) log_z[k] = logaddexp(log_z[k], s[j] / tau);
+  for (std::size_t t = k; t-- > 0;) log_z[t] = logaddexp(log_z[t + 1], s[static_cast<std::size_t>(chosen[t])] / tau);
+  double lp = 0;
+  for (std::size_t t = 0; t < k; ++t) lp += s[static_cast<std::size_t>(chosen[t])] / tau - log_z[t];
   if (grad) {
-    grad->assign(n, 0.0);
-    // d lp / d s_j = (1/tau) [1{chosen} - e_j * sum over the steps at which j remained of 1/Z].
+    // d lp / d s_j = (1/tau) [1{chosen} - sum over the picks at which j remained of exp(s_j/tau) / Z_t];
+    // log_inv[t] = log sum_{m <= t} 1 / Z_m.
+    std::vector<double> log_inv(k);
+    double acc = kNegInf;
+    for (std::size_t t = 0; t < k; ++t) log_inv[t] = acc = logaddexp(acc, -log_z[t]);
     for (std::size_t j = 0; j < n; ++j) {
       const std::int64_t t = step_of[j];
-      const double remained = chosen.empty() ? 0.0 : (t >= 0 ? inv[static_cast<std::size_t>(t)] : inv.back());
-      (*grad)[j] = ((t >= 0 ? 1.0 : 0.0) - e[j] * remained) / tau;
+      const double remained = std::exp(s[j] / tau + log_inv[t >= 0 ? static_cast<std::size_t>(t) : k - 1]);
+      (*grad)[j] = ((t >= 0 ? 1.0 : 0.0) - remained) / tau;
     }
   }
   return lp;

@@ -98,20 +98,21 @@ learned::LearnedModel import_rlkv_tsv(const std::string& path, const ModelGeomet
   if (!in) throw Error(path + ": cannot open the gate file");
   std::vector<double> gates;
   std::string line;
-  int row = 0;
+  int row = 0, line_no = 0;  // layers read; physical line (blank lines are skipped, not layers)
   while (std::getline(in, line)) {
+    ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     ++row;
     const std::vector<std::string> cells = split(line, '\t');
     if (static_cast<int>(cells.size()) != g.n_kv_heads)
-      throw Error(path + ": line " + std::to_string(row) + " has " + std::to_string(cells.size()) + " gates; expected " +
+      throw Error(path + ": line " + std::to_string(line_no) + " has " + std::to_string(cells.size()) + " gates; expected " +
                   std::to_string(g.n_kv_heads) + " (one per KV head of " + g.name + ")");
     for (std::size_t c = 0; c < cells.size(); ++c) {
       char* end = nullptr;
       const double v = std::strtod(cells[c].c_str(), &end);
       if (cells[c].empty() || *end != '\0' || !std::isfinite(v))
-        throw Error(path + ": line " + std::to_string(row) + ", column " + std::to_string(c + 1) + ": '" + cells[c] +
+        throw Error(path + ": line " + std::to_string(line_no) + ", column " + std::to_string(c + 1) + ": '" + cells[c] +
                     "' is not a number");
       gates.push_back(v);
     }

@@ -67,7 +67,11 @@ double gated_output_error(const HeadSample& h, std::span<const double> gate, std
       gmass += wg;
       for (std::int64_t c = 0; c < d; ++c) full[static_cast<std::size_t>(c)] += w * v[c], soft[static_cast<std::size_t>(c)] += wg * v[c];
     }
-    if (mass <= 0 || gmass <= 0) continue;
+    if (mass <= 0) continue;
+    if (gmass <= 0) {  // every token this row attends to is gated shut: o' = 0, a relative error of 1
+      total += 1.0 / static_cast<double>(rows);
+      continue;
+    }
     double diff = 0, norm = 0;
     for (std::int64_t c = 0; c < d; ++c) {
       auto u = static_cast<std::size_t>(c);
