@@ -75,6 +75,16 @@ std::string PolicyRegistry::compact_label(const std::string& name, const std::st
   return changed.empty() ? name : name + ":" + changed;
 }
 
+std::string table_label(const std::string& label) {
+  std::string out = label;
+  for (auto at = out.find("model="); at != std::string::npos; at = out.find("model=", at + 6)) {
+    const auto start = at + 6, end = std::min(out.find(',', start), out.size());
+    const auto slash = out.rfind('/', end - 1);
+    if (slash != std::string::npos && slash >= start) out.erase(start, slash + 1 - start);
+  }
+  return out;
+}
+
 PolicyInstance PolicyRegistry::create(const std::string& spec) const {
   auto [name, given] = split_policy_spec(spec);
   const PolicyInfo& info = find(name);

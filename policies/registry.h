@@ -51,6 +51,9 @@ class PolicyRegistry {
   std::vector<std::pair<std::string, std::string>> aliases_;  // (alias, canonical name)
 };
 
+// A label as tables print it: a `model=` file (learned policies) by its file name, the rest as is.
+std::string table_label(const std::string& label);
+
 }  // namespace kvsim
 
 #define KVSIM_POLICY_CONCAT_(a, b) a##b

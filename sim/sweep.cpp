@@ -306,7 +306,8 @@ void print_summary(const std::vector<SweepSummaryRow>& rows, std::ostream& os) {
   for (const auto& r : rows) {
     if (r.budget != last && last >= 0) os << "\n";
     last = r.budget;
-    std::string label = r.label.size() > 42 ? r.label.substr(0, 39) + "..." : r.label;
+    std::string label = table_label(r.label);
+    if (label.size() > 42) label = label.substr(0, 39) + "...";
     char buf[160];
     std::snprintf(buf, sizeof buf, "%-8.3g%-44s%10.3f%10.4f%10.4f%10.4f%10.4f%6d", r.budget, label.c_str(),
                   r.kept_fraction, r.mean_recall, r.mean_kl, r.p95_kl, r.mean_err, r.requests);

@@ -189,6 +189,12 @@ TEST_CASE("the registry rejects unknown policies and parameters, naming the vali
   }
 }
 
+TEST_CASE("tables name a learned policy's model file by its file name", "[policy]") {
+  CHECK(table_label("foresight:model=out/a/query-aware/f.h5,sinks=2") == "foresight:model=f.h5,sinks=2");
+  CHECK(table_label("rlkv:model=r.h5") == "rlkv:model=r.h5");
+  CHECK(table_label("snapkv:window=64") == "snapkv:window=64");
+}
+
 TEST_CASE("a policy alias selects the policy under its canonical name", "[policy]") {
   auto& reg = PolicyRegistry::instance();
   const PolicyInstance inst = reg.create("lowrank_uniform:sinks=2");

@@ -247,7 +247,8 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   for (const auto& [key, m] : rows) {
     if (key.first != last && last >= 0) out << "\n";
     last = key.first;
-    const std::string label = key.second.size() > 42 ? key.second.substr(0, 39) + "..." : key.second;
+    std::string label = table_label(key.second);
+    if (label.size() > 42) label = label.substr(0, 39) + "...";
     std::snprintf(buf, sizeof buf, "%-8.3g%-44s%8.3f%10.4f%8.3f%10.4f%8s%6d\n", key.first, label.c_str(), m.kept / m.n,
                   m.kl / m.n, m.top1 / m.n, m.ppl_ratio / m.n, m.n_task ? num(m.task / m.n_task).substr(0, 6).c_str() : "-", m.n);
     out << buf;
