@@ -10,6 +10,9 @@
 
 namespace kvsim::kvcache {
 
+// Whether any of `configs` is a learned policy that knows its training prompts.
+bool any_training_prompts(const std::vector<ReplayConfig>& configs);
+
 // Throws naming `where` (the trace or task file and request) and the config when one of
 // `configs` was trained on `prompt`, unless `allowed`.
 void check_training_prompts(const std::vector<ReplayConfig>& configs, std::span<const std::int32_t> prompt,

@@ -124,6 +124,13 @@ const std::vector<std::string>& feature_names() {
   return names;
 }
 
+int feature_index(const std::string& name) {
+  const auto& names = feature_names();
+  const auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) throw Error("learned features: no feature '" + name + "'");
+  return static_cast<int>(it - names.begin());
+}
+
 int feature_window(const LayerSignals& s) {
   const auto rows = s.observed_rows();
   const std::int64_t c = s.n_tokens();

@@ -20,6 +20,8 @@ inline constexpr int kMaxFeatureWindow = 128;
 
 // Feature names in column order (kFeatureCount of them).
 const std::vector<std::string>& feature_names();
+// The column of a named feature; throws naming it when there is none.
+int feature_index(const std::string& name);
 
 // One KV head's features: row-major [tokens, kFeatureCount], tokens in cached() order.
 struct HeadFeatures {

@@ -257,13 +257,18 @@ void check_learned_model(const LearnedModel& m, const std::string& path, const s
              std::string(kFeatureSet) + " v" + std::to_string(kFeatureVersion) + " (retrain with this kvsim)");
     if (m.features != feature_names()) refuse("attribute 'features'", "a different list", "this kvsim's feature names");
   }
+  check_learned_geometry(m, path, g);
+}
+
+void check_learned_geometry(const LearnedModel& m, const std::string& path, const ModelGeometry& g) {
   const ModelGeometry& t = m.geometry;
   auto shape = [](const ModelGeometry& x) {
     return std::to_string(x.n_layers) + " layers, " + std::to_string(x.n_q_heads) + "/" + std::to_string(x.n_kv_heads) +
            " query/KV heads, head_dim " + std::to_string(x.head_dim);
   };
   if (t.n_layers != g.n_layers || t.n_q_heads != g.n_q_heads || t.n_kv_heads != g.n_kv_heads || t.head_dim != g.head_dim)
-    refuse("/geometry", shape(t) + " (" + t.name + ")", shape(g) + " (" + g.name + "), the model this run replays");
+    throw Error(path + ": /geometry is " + shape(t) + " (" + t.name + "); expected " + shape(g) + " (" + g.name +
+                "), the model this run replays");
 }
 
 std::vector<std::uint64_t> training_prompts(const LearnedModel& m) {

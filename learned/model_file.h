@@ -58,6 +58,8 @@ LearnedModel read_learned_model(const std::string& path);
 // version, or model geometry (layers, query/KV heads, head size).
 void check_learned_model(const LearnedModel& m, const std::string& path, const std::string& method,
                          const ModelGeometry& g);
+// Its geometry part alone: what a policy checks per layer once the file was checked on loading.
+void check_learned_geometry(const LearnedModel& m, const std::string& path, const ModelGeometry& g);
 // The prompt fingerprints of its training requests.
 std::vector<std::uint64_t> training_prompts(const LearnedModel& m);
 

@@ -17,14 +17,14 @@ class Rlkv : public Policy {
  public:
   Rlkv(std::string path, std::int64_t sinks, std::int64_t recent)
       : path_(std::move(path)), model_(read_learned_model(path_)), sinks_(sinks), recent_(recent) {
-    if (model_.method != "rlkv")
-      throw Error(path_ + ": attribute 'method' is '" + model_.method + "'; expected 'rlkv' (train it with kvsim train rlkv)");
+    // Method and geometry are checked here once; each layer then checks only the run's geometry.
+    check_learned_model(model_, path_, "rlkv", model_.geometry);
     if (model_.head_gates.empty()) throw Error(path_ + ": dataset 'head_gates' is empty; an rlkv model needs one gate per (layer, KV head)");
     prompts_ = learned::training_prompts(model_);
   }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const ModelGeometry& g = s.geometry();
-    check_learned_model(model_, path_, "rlkv", g);
+    check_learned_geometry(model_, path_, g);
     const auto H = static_cast<std::size_t>(g.n_kv_heads);
     std::vector<double> gates(H);
     std::vector<std::int64_t> n(H);

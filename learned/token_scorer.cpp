@@ -1,6 +1,5 @@
 #include "learned/token_scorer.h"
 
-#include "core/error.h"
 
 namespace kvsim::learned {
 
@@ -15,15 +14,13 @@ void standardize(std::vector<float>& x, std::int64_t rows, const std::vector<dou
 
 TokenScorer::TokenScorer(std::string path, std::string method)
     : path_(std::move(path)), method_(std::move(method)), model_(read_learned_model(path_)) {
-  if (model_.method != method_)
-    throw Error(path_ + ": attribute 'method' is '" + model_.method + "'; expected '" + method_ +
-                "' (train it with kvsim train " + method_ + ")");
-  // What a file can be checked for before a run hands it a geometry: it must carry a network.
+  // Method, network and features are checked here once; each layer then checks only the run's
+  // geometry.
   check_learned_model(model_, path_, method_, model_.geometry);
 }
 
 std::vector<float> TokenScorer::score(const LayerSignals& s, int kv) const {
-  check_learned_model(model_, path_, method_, s.geometry());
+  check_learned_geometry(model_, path_, s.geometry());
   HeadFeatures f = extract_features(s, kv);
   standardize(f.x, f.tokens, model_.norm_mean, model_.norm_std);
   std::vector<float> y = model_.network.forward(f.x.data(), f.tokens);

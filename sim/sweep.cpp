@@ -148,11 +148,12 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                   spec.traces.front() + " (" + geometry_string(readers.front()->geometry()) +
                   "); one sweep compares configs on one model");
     total_requests += static_cast<std::int64_t>(r.request_ids().size());
-    for (const auto& id : r.request_ids()) {
-      const RequestHeader h = r.header(id);
-      kvcache::check_training_prompts(configs, std::span<const std::int32_t>(h.tokens).first(static_cast<std::size_t>(h.n_prompt)),
-                                      path + ": request '" + id + "'", spec.allow_training_requests);
-    }
+    if (!spec.allow_training_requests && kvcache::any_training_prompts(configs))  // else no header to read
+      for (const auto& id : r.request_ids()) {
+        const RequestHeader h = r.header(id);
+        kvcache::check_training_prompts(configs, std::span<const std::int32_t>(h.tokens).first(static_cast<std::size_t>(h.n_prompt)),
+                                        path + ": request '" + id + "'", false);
+      }
   }
 
   std::optional<Estimator> estimator;

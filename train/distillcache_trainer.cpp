@@ -32,24 +32,21 @@ namespace {
 struct Scorer {
   learned::Mlp net;
   std::vector<double> mean, sd;
-  std::vector<double> standardized(const std::vector<float>& raw, std::int64_t n) const {
-    std::vector<double> x(raw.size());
-    for (std::int64_t i = 0; i < n; ++i)
-      for (int c = 0; c < learned::kFeatureCount; ++c) {
-        const auto k = static_cast<std::size_t>(i * learned::kFeatureCount + c);
-        x[k] = (raw[k] - mean[static_cast<std::size_t>(c)]) / sd[static_cast<std::size_t>(c)];
-      }
-    return x;
-  }
 };
 
-// One sampled choice in one (layer, KV head): its raw features (float: a long prompt's actions
-// are the episode's largest memory) and the ordered picks.
+// Every KV head's raw features and scores in one layer. An episode's samples share one Scorer,
+// so they share this through the layer's memo: extracted and scored once, not once per sample.
+struct LayerScores {
+  std::vector<learned::HeadFeatures> features;  // [n_kv_heads]
+  std::vector<std::vector<double>> scores;      // [n_kv_heads][tokens]
+};
+
+// One sampled choice in one (layer, KV head): the layer's shared features and the ordered picks.
 struct Action {
   int layer = 0, kv = 0;
-  std::int64_t tokens = 0;
-  std::vector<float> raw;
+  std::shared_ptr<const LayerScores> inputs;
   std::vector<std::int64_t> chosen;
+  const learned::HeadFeatures& features() const { return inputs->features[static_cast<std::size_t>(kv)]; }
 };
 
 // A policy drawing each head's kept tokens from Plackett-Luce over the network's scores (or, with
@@ -60,14 +57,23 @@ class SampledPolicy : public Policy {
   SampledPolicy(std::shared_ptr<const Scorer> scorer, double tau, std::uint64_t seed, bool greedy)
       : scorer_(std::move(scorer)), tau_(tau), seed_(seed), greedy_(greedy) {}
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
+    const auto inputs = std::static_pointer_cast<const LayerScores>(s.memo(scorer_.get(), [&] {
+      auto out = std::make_shared<LayerScores>();
+      for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
+        out->features.push_back(learned::extract_features(s, kv));
+        const learned::HeadFeatures& f = out->features.back();
+        const std::vector<double> x = standardized(f.x, f.tokens, scorer_->mean, scorer_->sd);
+        out->scores.push_back(scorer_->net.forward(x.data(), f.tokens));
+      }
+      return std::shared_ptr<const void>(std::move(out));
+    }));
     LayerPlan plan;
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
-      learned::HeadFeatures f = learned::extract_features(s, kv);
-      Action a{s.layer(), kv, f.tokens, std::move(f.x), {}};
-      const std::vector<double> x = scorer_->standardized(a.raw, a.tokens);
-      const std::vector<double> score = scorer_->net.forward(x.data(), a.tokens);
-      std::vector<std::uint8_t> keep(static_cast<std::size_t>(a.tokens), 0);
-      if (budget.tokens >= a.tokens) {
+      Action a{s.layer(), kv, inputs, {}};
+      const std::int64_t tokens = a.features().tokens;
+      const std::vector<double>& score = inputs->scores[static_cast<std::size_t>(kv)];
+      std::vector<std::uint8_t> keep(static_cast<std::size_t>(tokens), 0);
+      if (budget.tokens >= tokens) {
         std::fill(keep.begin(), keep.end(), 1);
       } else {
         Rng rng(seed_, static_cast<std::uint64_t>(s.layer()), static_cast<std::uint64_t>(kv));
@@ -144,10 +150,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     scorer->sd = init.norm_std;
   } else {
     feature_moments(fit, scorer->mean, scorer->sd);
-    std::vector<int> sizes = {learned::kFeatureCount};
-    sizes.insert(sizes.end(), o.hidden.begin(), o.hidden.end());
-    sizes.push_back(1);
-    scorer->net = learned::Mlp(sizes, o.activation, o.seed);
+    scorer->net = learned::Mlp(scorer_sizes(o.hidden), o.activation, o.seed);
   }
   const auto initial = std::make_shared<const Scorer>(*scorer);
   std::vector<int> fit_requests, held_requests;
@@ -239,8 +242,9 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
         const double adv = reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
         if (adv == 0) continue;
         learned::Mlp::Tape tape;
-        const std::vector<double> x = scorer->standardized(a.raw, a.tokens);
-        const std::vector<double> s = scorer->net.forward(x.data(), a.tokens, &tape);
+        const learned::HeadFeatures& f = a.features();
+        const std::vector<double> x = standardized(f.x, f.tokens, scorer->mean, scorer->sd);
+        const std::vector<double> s = scorer->net.forward(x.data(), f.tokens, &tape);
         std::vector<double> dlp;
         pl_log_prob(s, a.chosen, o.temperature, &dlp);
         for (double& v : dlp) v *= -adv / static_cast<double>(policies.size());  // minimise -A log pi
@@ -257,7 +261,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   // after training, at every budget.
   nlohmann::json results;
   results["reward"] = o.reward;
-  results["evaluated_on"] = held_requests.empty() ? "training requests (fewer than 5 requests: none held out)" : "held-out requests";
+  results["evaluated_on"] = evaluated_on(!held_requests.empty());
   const std::vector<int>& eval = held_requests.empty() ? fit_requests : held_requests;
   const auto final_scorer = std::make_shared<const Scorer>(*scorer);
   for (double b : o.budgets) {
@@ -281,19 +285,8 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   }
   results["train_seconds"] = bar.elapsed();
 
-  learned::LearnedModel m;
-  m.method = "distillcache";
-  m.feature_set = learned::kFeatureSet;
-  m.feature_version = learned::kFeatureVersion;
-  m.features = learned::feature_names();
-  m.geometry = g;
-  m.network = scorer->net;
-  m.norm_mean = scorer->mean;
-  m.norm_std = scorer->sd;
-  m.curve = std::move(curve);
-  m.provenance = set.provenance;
-  m.provenance.seed = o.seed;
-  m.provenance.created = utc_now();
+  learned::LearnedModel m =
+      scorer_model("distillcache", set, scorer->net, scorer->mean, scorer->sd, std::move(curve), o.seed);
   m.provenance.hyperparameters = nlohmann::json{{"hidden", m.network.sizes()},
                                                 {"episodes", o.episodes},
                                                 {"samples", o.samples},

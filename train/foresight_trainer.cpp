@@ -8,43 +8,21 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "learned/features.h"
+#include "learned/token_scorer.h"
 #include "train/progress.h"
 
 namespace kvsim::train {
 
 namespace {
 
-// Indices of the k largest values (ties: the higher index, as top_k_mask).
-std::vector<std::int64_t> top_indices(const std::vector<float>& v, std::int64_t k) {
-  std::vector<std::int64_t> idx(v.size());
-  std::iota(idx.begin(), idx.end(), std::int64_t{0});
-  auto better = [&](std::int64_t a, std::int64_t b) {
-    return v[static_cast<std::size_t>(a)] != v[static_cast<std::size_t>(b)] ? v[static_cast<std::size_t>(a)] > v[static_cast<std::size_t>(b)] : a > b;
-  };
-  k = std::min<std::int64_t>(k, static_cast<std::int64_t>(v.size()));
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
-  idx.resize(static_cast<std::size_t>(k));
-  return idx;
-}
-
 std::vector<std::vector<float>> score_heads(const learned::Mlp& net, const std::vector<const HeadSample*>& heads,
                                             const std::vector<double>& mean, const std::vector<double>& sd) {
   std::vector<std::vector<float>> out;
   for (const HeadSample* h : heads) {
-    std::vector<float> x = h->x;
-    for (std::int64_t i = 0; i < h->tokens; ++i)
-      for (int c = 0; c < learned::kFeatureCount; ++c) {
-        float& v = x[static_cast<std::size_t>(i * learned::kFeatureCount + c)];
-        v = static_cast<float>((v - mean[static_cast<std::size_t>(c)]) / sd[static_cast<std::size_t>(c)]);
-      }
+    std::vector<float> x = h->x;  // in float, as the policy scores
+    learned::standardize(x, h->tokens, mean, sd);
     out.push_back(net.forward(x.data(), h->tokens));
   }
-  return out;
-}
-
-std::vector<HeadSample> copies(const std::vector<const HeadSample*>& heads) {
-  std::vector<HeadSample> out;
-  for (const HeadSample* h : heads) out.push_back(*h);
   return out;
 }
 
@@ -84,11 +62,11 @@ Batch sample_batch(const std::vector<const HeadSample*>& fit, const std::vector<
 
 }  // namespace
 
-double top_overlap(const std::vector<HeadSample>& heads, const std::vector<std::vector<float>>& scores, double share) {
+double top_overlap(const std::vector<const HeadSample*>& heads, const std::vector<std::vector<float>>& scores, double share) {
   double sum = 0;
   for (std::size_t i = 0; i < heads.size(); ++i) {
-    const auto k = std::max<std::int64_t>(1, static_cast<std::int64_t>(share * static_cast<double>(heads[i].tokens)));
-    auto want = top_indices(heads[i].label, k), got = top_indices(scores[i], k);
+    const auto k = std::max<std::int64_t>(1, static_cast<std::int64_t>(share * static_cast<double>(heads[i]->tokens)));
+    auto want = top_indices(heads[i]->label, k), got = top_indices(scores[i], k);
     std::sort(want.begin(), want.end());
     std::sort(got.begin(), got.end());
     std::vector<std::int64_t> both;
@@ -109,10 +87,7 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
   std::vector<std::vector<std::int64_t>> order;
   for (const HeadSample* h : fit) order.push_back(top_indices(h->label, h->tokens));
 
-  std::vector<int> sizes = {learned::kFeatureCount};
-  sizes.insert(sizes.end(), o.hidden.begin(), o.hidden.end());
-  sizes.push_back(1);
-  learned::Mlp net(sizes, o.activation, o.seed);
+  learned::Mlp net(scorer_sizes(o.hidden), o.activation, o.seed);
   learned::Adam adam(net.params().size(), o.lr);
   adam.clip_norm = 10.0;
   Rng rng(o.seed, 0x666f7265);
@@ -143,39 +118,27 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
   }
 
   const auto& eval = held.empty() ? fit : held;
-  const std::vector<HeadSample> eval_copy = copies(eval);
   const auto learned_scores = score_heads(net, eval, mean, sd);
   std::vector<std::vector<float>> window_scores;  // SnapKV-like baseline: mean attention of the last 32 queries
-  for (const HeadSample& h : eval_copy) {
-    std::vector<float> s(static_cast<std::size_t>(h.tokens));
-    for (std::int64_t i = 0; i < h.tokens; ++i) s[static_cast<std::size_t>(i)] = h.x[static_cast<std::size_t>(i * learned::kFeatureCount + 2)];
+  const int window = learned::feature_index("attn_mean_32");
+  for (const HeadSample* h : eval) {
+    std::vector<float> s(static_cast<std::size_t>(h->tokens));
+    for (std::int64_t i = 0; i < h->tokens; ++i) s[static_cast<std::size_t>(i)] = h->x[static_cast<std::size_t>(i * learned::kFeatureCount + window)];
     window_scores.push_back(std::move(s));
   }
   nlohmann::json results;
-  results["evaluated_on"] = held.empty() ? "training requests (fewer than 5 requests: none held out)" : "held-out requests";
+  results["evaluated_on"] = evaluated_on(!held.empty());
   for (double share : {0.1, 0.25, 0.5}) {
     const std::string key = std::to_string(static_cast<int>(share * 100));
-    results["golden_overlap_" + key] = top_overlap(eval_copy, learned_scores, share);
-    results["window32_overlap_" + key] = top_overlap(eval_copy, window_scores, share);
+    results["golden_overlap_" + key] = top_overlap(eval, learned_scores, share);
+    results["window32_overlap_" + key] = top_overlap(eval, window_scores, share);
   }
   results["train_seconds"] = bar.elapsed();
   progress << "train foresight: golden top-25% overlap " << results["golden_overlap_25"].get<double>()
            << " (window-32 attention alone: " << results["window32_overlap_25"].get<double>() << ") on "
            << results["evaluated_on"].get<std::string>() << "\n";
 
-  learned::LearnedModel m;
-  m.method = "foresight";
-  m.feature_set = learned::kFeatureSet;
-  m.feature_version = learned::kFeatureVersion;
-  m.features = learned::feature_names();
-  m.geometry = set.geometry;
-  m.network = std::move(net);
-  m.norm_mean = mean;
-  m.norm_std = sd;
-  m.curve = std::move(curve);
-  m.provenance = set.provenance;
-  m.provenance.seed = o.seed;
-  m.provenance.created = utc_now();
+  learned::LearnedModel m = scorer_model("foresight", set, std::move(net), mean, sd, std::move(curve), o.seed);
   m.provenance.hyperparameters = nlohmann::json{{"hidden", o.hidden},
                                                 {"activation", learned::activation_name(o.activation)},
                                                 {"steps", o.steps},

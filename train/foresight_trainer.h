@@ -24,7 +24,7 @@ struct ForesightOptions {
 };
 
 // Mean share of each head's golden top-`share` tokens that a scorer's top-`share` also holds.
-double top_overlap(const std::vector<HeadSample>& heads, const std::vector<std::vector<float>>& scores, double share);
+double top_overlap(const std::vector<const HeadSample*>& heads, const std::vector<std::vector<float>>& scores, double share);
 
 learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOptions& o, std::ostream& progress);
 

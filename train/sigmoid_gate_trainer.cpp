@@ -16,30 +16,12 @@ namespace kvsim::train {
 
 namespace {
 
-std::vector<double> standardized(const HeadSample& h, const std::vector<double>& mean, const std::vector<double>& sd) {
-  const int F = learned::kFeatureCount;
-  std::vector<double> x(h.x.size());
-  for (std::int64_t i = 0; i < h.tokens; ++i)
-    for (int c = 0; c < F; ++c) {
-      const auto k = static_cast<std::size_t>(i * F + c);
-      x[k] = (h.x[k] - mean[static_cast<std::size_t>(c)]) / sd[static_cast<std::size_t>(c)];
-    }
-  return x;
-}
-
-// 1 for the top `share` of tokens by score (ties: the later token), else 0.
-std::vector<double> hard_gate(std::span<const double> score, double share) {
+// 1 for the top `share` of tokens by score (at least one; ties: the later token), else 0.
+std::vector<double> hard_gate(const std::vector<double>& score, double share) {
   const auto n = static_cast<std::int64_t>(score.size());
-  const auto k = std::max<std::int64_t>(1, static_cast<std::int64_t>(share * static_cast<double>(n)));
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(n));
-  std::iota(idx.begin(), idx.end(), std::int64_t{0});
-  std::partial_sort(idx.begin(), idx.begin() + std::min(k, n), idx.end(), [&](std::int64_t a, std::int64_t b) {
-    return score[static_cast<std::size_t>(a)] != score[static_cast<std::size_t>(b)]
-               ? score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)]
-               : a > b;
-  });
-  std::vector<double> g(static_cast<std::size_t>(n), 0.0);
-  for (std::int64_t i = 0; i < std::min(k, n); ++i) g[static_cast<std::size_t>(idx[static_cast<std::size_t>(i)])] = 1.0;
+  std::vector<double> g(score.size(), 0.0);
+  for (std::int64_t j : top_indices(score, std::max<std::int64_t>(1, static_cast<std::int64_t>(share * static_cast<double>(n)))))
+    g[static_cast<std::size_t>(j)] = 1.0;
   return g;
 }
 
@@ -101,7 +83,7 @@ namespace {
 // Scores (gate logits) of every token of a sample.
 std::vector<double> logits(const learned::Mlp& net, const HeadSample& h, const std::vector<double>& mean,
                            const std::vector<double>& sd) {
-  const std::vector<double> x = standardized(h, mean, sd);
+  const std::vector<double> x = standardized(h.x, h.tokens, mean, sd);
   return net.forward(x.data(), h.tokens);
 }
 
@@ -111,6 +93,7 @@ nlohmann::json evaluate(const learned::Mlp& net, const std::vector<const HeadSam
                         const std::vector<double>& mean, const std::vector<double>& sd) {
   double soft = 0, capacity = 0;
   std::map<std::string, double> hard;
+  const int window_column = learned::feature_index("attn_mean_32");
   for (const HeadSample* h : heads) {
     const std::vector<double> s = logits(net, *h, mean, sd);
     std::vector<double> g(s.size());
@@ -118,7 +101,8 @@ nlohmann::json evaluate(const learned::Mlp& net, const std::vector<const HeadSam
     soft += gated_output_error(*h, g);
     capacity += std::accumulate(g.begin(), g.end(), 0.0) / static_cast<double>(g.size());
     std::vector<double> golden(h->label.begin(), h->label.end()), window(static_cast<std::size_t>(h->tokens));
-    for (std::int64_t i = 0; i < h->tokens; ++i) window[static_cast<std::size_t>(i)] = h->x[static_cast<std::size_t>(i * learned::kFeatureCount + 2)];
+    for (std::int64_t i = 0; i < h->tokens; ++i)
+      window[static_cast<std::size_t>(i)] = h->x[static_cast<std::size_t>(i * learned::kFeatureCount + window_column)];
     for (double share : {0.1, 0.25, 0.5}) {
       const std::string k = std::to_string(static_cast<int>(share * 100));
       hard["hard_error_" + k] += gated_output_error(*h, hard_gate(s, share));
@@ -147,9 +131,7 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const SigmoidGa
   if (fit.empty()) throw Error("train sigmoid_gate: no samples to fit");
   std::vector<double> mean, sd;
   feature_moments(fit, mean, sd);
-  std::vector<int> sizes = {learned::kFeatureCount};
-  sizes.insert(sizes.end(), o.hidden.begin(), o.hidden.end());
-  sizes.push_back(1);
+  const std::vector<int> sizes = scorer_sizes(o.hidden);
   learned::Mlp net(sizes, o.activation, o.seed);
   // Start with every gate open (bias of the output ~ +2): the soft run begins at the full cache.
   net.params()[net.bias_offset(static_cast<int>(sizes.size()) - 2)] = 2.0;
@@ -164,7 +146,7 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const SigmoidGa
     double loss = 0;
     for (int k = 0; k < o.heads_per_step; ++k) {
       const HeadSample& h = *fit[rng.below(fit.size())];
-      const std::vector<double> x = standardized(h, mean, sd);
+      const std::vector<double> x = standardized(h.x, h.tokens, mean, sd);
       learned::Mlp::Tape tape;
       const std::vector<double> s = net.forward(x.data(), h.tokens, &tape);
       std::vector<double> g(s.size()), dg(s.size(), 0.0);
@@ -183,26 +165,14 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const SigmoidGa
     bar.update(step, "loss", loss);
   }
   nlohmann::json results = evaluate(net, held.empty() ? fit : held, mean, sd);
-  results["evaluated_on"] = held.empty() ? "training requests (fewer than 5 requests: none held out)" : "held-out requests";
+  results["evaluated_on"] = evaluated_on(!held.empty());
   results["train_seconds"] = bar.elapsed();
   progress << "train sigmoid_gate: soft-gated output error " << results["soft_error"].get<double>() << " at mean gate "
            << results["soft_capacity"].get<double>() << "; hard top by gate at that share "
            << results["hard_error_at_capacity"].get<double>() << " (soft-to-hard gap "
            << results["soft_to_hard_gap"].get<double>() << "), on " << results["evaluated_on"].get<std::string>() << "\n";
 
-  learned::LearnedModel m;
-  m.method = "sigmoid_gate";
-  m.feature_set = learned::kFeatureSet;
-  m.feature_version = learned::kFeatureVersion;
-  m.features = learned::feature_names();
-  m.geometry = set.geometry;
-  m.network = std::move(net);
-  m.norm_mean = mean;
-  m.norm_std = sd;
-  m.curve = std::move(curve);
-  m.provenance = set.provenance;
-  m.provenance.seed = o.seed;
-  m.provenance.created = utc_now();
+  learned::LearnedModel m = scorer_model("sigmoid_gate", set, std::move(net), mean, sd, std::move(curve), o.seed);
   m.provenance.hyperparameters = nlohmann::json{{"hidden", o.hidden},
                                                 {"activation", learned::activation_name(o.activation)},
                                                 {"steps", o.steps},

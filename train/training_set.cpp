@@ -11,6 +11,7 @@
 #include "core/fingerprint.h"
 #include "core/sha256.h"
 #include "learned/features.h"
+#include "learned/mlp.h"
 
 namespace kvsim::train {
 
@@ -70,6 +71,48 @@ void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<do
     const double var = std::max(0.0, sq[u] / n - mean[u] * mean[u]);
     std_dev[u] = var > 1e-12 ? std::sqrt(var) : 1.0;
   }
+}
+
+const char* evaluated_on(bool held_out) {
+  return held_out ? "held-out requests" : "training requests (fewer than 5 requests: none held out)";
+}
+
+std::vector<int> scorer_sizes(const std::vector<int>& hidden) {
+  std::vector<int> sizes = {learned::kFeatureCount};
+  sizes.insert(sizes.end(), hidden.begin(), hidden.end());
+  sizes.push_back(1);
+  return sizes;
+}
+
+std::vector<double> standardized(const std::vector<float>& raw, std::int64_t rows, const std::vector<double>& mean,
+                                 const std::vector<double>& std_dev) {
+  const int F = learned::kFeatureCount;
+  std::vector<double> x(raw.size());
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (int c = 0; c < F; ++c) {
+      const auto k = static_cast<std::size_t>(i * F + c);
+      x[k] = (raw[k] - mean[static_cast<std::size_t>(c)]) / std_dev[static_cast<std::size_t>(c)];
+    }
+  return x;
+}
+
+learned::LearnedModel scorer_model(const std::string& method, const TrainingSet& set, learned::Mlp net,
+                                   std::vector<double> mean, std::vector<double> std_dev, learned::TrainingCurve curve,
+                                   std::uint64_t seed) {
+  learned::LearnedModel m;
+  m.method = method;
+  m.feature_set = learned::kFeatureSet;
+  m.feature_version = learned::kFeatureVersion;
+  m.features = learned::feature_names();
+  m.geometry = set.geometry;
+  m.network = std::move(net);
+  m.norm_mean = std::move(mean);
+  m.norm_std = std::move(std_dev);
+  m.curve = std::move(curve);
+  m.provenance = set.provenance;
+  m.provenance.seed = seed;
+  m.provenance.created = utc_now();
+  return m;
 }
 
 std::string utc_now() {

@@ -1,7 +1,10 @@
 #pragma once
 // The requests a trainer learns from: head samples (head_samples.h) of every chosen request of
 // every trace, the model geometry they share, and the provenance the model file records.
+#include <algorithm>
+#include <cstdint>
 #include <iosfwd>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -40,5 +43,38 @@ void split_held_out(const TrainingSet& set, std::vector<const HeadSample*>& fit,
 
 // UTC now, ISO 8601.
 std::string utc_now();
+
+// What a trainer's held-out figures were measured on (split_held_out's held part, or, when it
+// held none out, the training requests).
+const char* evaluated_on(bool held_out);
+
+// The network sizes of a token scorer: the features, `hidden`, one score.
+std::vector<int> scorer_sizes(const std::vector<int>& hidden);
+
+// Raw features [rows, kFeatureCount] standardised with a model's mean and std, in double (the
+// training precision; learned::standardize is the policies' float form).
+std::vector<double> standardized(const std::vector<float>& raw, std::int64_t rows, const std::vector<double>& mean,
+                                 const std::vector<double>& std_dev);
+
+// A token-scoring model of `method` (foresight, sigmoid_gate, distillcache) complete but for its
+// hyperparameters and results: features, the training set's geometry and provenance, the seed.
+learned::LearnedModel scorer_model(const std::string& method, const TrainingSet& set, learned::Mlp net,
+                                   std::vector<double> mean, std::vector<double> std_dev, learned::TrainingCurve curve,
+                                   std::uint64_t seed);
+
+// Indices of the k largest values, largest first (ties: the higher index, top_k_mask's rule);
+// k is clamped to the size.
+template <typename T>
+std::vector<std::int64_t> top_indices(const std::vector<T>& v, std::int64_t k) {
+  std::vector<std::int64_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), std::int64_t{0});
+  k = std::clamp<std::int64_t>(k, 0, static_cast<std::int64_t>(v.size()));
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](std::int64_t a, std::int64_t b) {
+    const T x = v[static_cast<std::size_t>(a)], y = v[static_cast<std::size_t>(b)];
+    return x != y ? x > y : a > b;
+  });
+  idx.resize(static_cast<std::size_t>(k));
+  return idx;
+}
 
 }  // namespace kvsim::train
