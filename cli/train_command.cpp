@@ -50,6 +50,8 @@ int train_command(const Args& args) {
   train::SigmoidGateOptions so;
   train::DistillCacheOptions dco;
   std::string train_budgets = "0.1,0.25,0.5";
+  std::string semantics = "point";
+  std::int64_t reapply_every = BudgetRule{}.every;
   std::int64_t rows = 8;
   train::StreamingWindow window;
   po::options_description desc(
@@ -95,6 +97,11 @@ int train_command(const Args& args) {
       "model,m", po::value(&dco.model), "distillcache --reward live: the GGUF model the traces were captured from")(
       "tasks,t", po::value(&dco.tasks), "distillcache --reward live: the task file of the traces' requests")(
       "max-new", po::value(&dco.max_new)->default_value(dco.max_new), "distillcache --reward live: continuation length")(
+      "budget-semantics", po::value(&semantics)->default_value(semantics),
+      "distillcache: point (actions at the compression point) | peak (also at every decode step where the rule "
+      "re-applies to hold the budget, as sweep --budget-semantics peak)")(
+      "reapply-every", po::value(&reapply_every)->default_value(reapply_every),
+      "distillcache, peak: the re-application cadence in tokens, as sweep --reapply-every")(
       "sparsity", po::value(&ro.sparsity)->default_value(ro.sparsity),
       "rlkv: a head keeps its whole cache when its streaming error exceeds this x the mean error")(
       "requests-per-step", po::value(&ro.requests_per_step)->default_value(ro.requests_per_step),
@@ -149,6 +156,7 @@ int train_command(const Args& args) {
       dco.hidden = parse_hidden(hidden);
       dco.activation = learned::parse_activation(activation, "--activation");
       dco.budgets = parse_budgets(train_budgets);
+      dco.rule = parse_budget_rule(semantics, reapply_every);
       dco.lr = fo.lr;
       dco.seed = fo.seed;
       dco.tty = tty;

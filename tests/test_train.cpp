@@ -354,6 +354,33 @@ TEST_CASE("distillcache trains by REINFORCE on the trace's reward, reproducibly"
   CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("--init takes a foresight or distillcache"));
 }
 
+TEST_CASE("distillcache under peak semantics also acts at decode steps", "[train]") {
+  train::TrainingInputs in;
+  in.traces = {training_trace()};
+  const train::TrainingSet& set = training_set();
+  train::DistillCacheOptions o;
+  o.episodes = 6;
+  o.samples = 2;
+  o.hidden = {8};
+  o.budgets = {0.5};
+  std::ostringstream log;
+  const auto count = [&](const learned::LearnedModel& m, const char* key) {
+    return nlohmann::json::parse(m.results).at(key).get<std::int64_t>();
+  };
+  const learned::LearnedModel point = train::train_distillcache(set, in, o, log);
+  CHECK(count(point, "actions") > 0);
+  CHECK(count(point, "decode_step_actions") == 0);
+  o.rule = parse_budget_rule("peak", 2);
+  const learned::LearnedModel peak = train::train_distillcache(set, in, o, log);
+  const learned::LearnedModel again = train::train_distillcache(set, in, o, log);
+  INFO(peak.results);
+  CHECK(count(peak, "decode_step_actions") > 0);
+  CHECK(count(peak, "actions") > count(point, "actions"));
+  CHECK(peak.network.params() == again.network.params());
+  CHECK(peak.network.params() != point.network.params());
+  CHECK(nlohmann::json::parse(peak.results).at("budget_semantics").get<std::string>() == "peak/2");
+}
+
 TEST_CASE("distillcache's live reward: the engine runs each sampled cache", "[train][live]") {
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   std::vector<CaptureRequest> requests(2);

@@ -41,17 +41,19 @@ struct LayerScores {
   std::vector<std::vector<double>> scores;      // [n_kv_heads][tokens]
 };
 
-// One sampled choice in one (layer, KV head): the layer's shared features and the ordered picks.
+// One sampled choice in one (layer, KV head) at one point (`tokens` cached tokens: the compression
+// point, or a decode step where the rule re-applies): the layer's shared features and the picks.
 struct Action {
   int layer = 0, kv = 0;
+  std::int64_t tokens = 0;
   std::shared_ptr<const LayerScores> inputs;
   std::vector<std::int64_t> chosen;
   const learned::HeadFeatures& features() const { return inputs->features[static_cast<std::size_t>(kv)]; }
 };
 
 // A policy drawing each head's kept tokens from Plackett-Luce over the network's scores (or, with
-// greedy, its top tokens), recording its actions. Draws depend on (seed, layer, head) only, so
-// they do not depend on which thread runs the layer.
+// greedy, its top tokens), recording its actions. Draws depend on (seed, layer, head, point) only,
+// so they do not depend on which thread runs the layer.
 class SampledPolicy : public Policy {
  public:
   SampledPolicy(std::shared_ptr<const Scorer> scorer, double tau, std::uint64_t seed, bool greedy)
@@ -69,14 +71,14 @@ class SampledPolicy : public Policy {
     }));
     LayerPlan plan;
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
-      Action a{s.layer(), kv, inputs, {}};
+      Action a{s.layer(), kv, s.n_tokens(), inputs, {}};
       const std::int64_t tokens = a.features().tokens;
       const std::vector<double>& score = inputs->scores[static_cast<std::size_t>(kv)];
       std::vector<std::uint8_t> keep(static_cast<std::size_t>(tokens), 0);
       if (budget.tokens >= tokens) {
         std::fill(keep.begin(), keep.end(), 1);
       } else {
-        Rng rng(seed_, static_cast<std::uint64_t>(s.layer()), static_cast<std::uint64_t>(kv));
+        Rng rng(seed_, static_cast<std::uint64_t>(s.layer()), static_cast<std::uint64_t>(kv), static_cast<std::uint64_t>(s.n_tokens()));
         a.chosen = greedy_ ? sample_top_k(score, budget.tokens, 1e-9, rng) : sample_top_k(score, budget.tokens, tau_, rng);
         for (std::int64_t j : a.chosen) keep[static_cast<std::size_t>(j)] = 1;
       }
@@ -91,7 +93,7 @@ class SampledPolicy : public Policy {
   std::vector<Action> take() const {
     std::lock_guard<std::mutex> lock(mu_);
     std::sort(actions_.begin(), actions_.end(), [](const Action& a, const Action& b) {
-      return a.layer != b.layer ? a.layer < b.layer : a.kv < b.kv;
+      return a.layer != b.layer ? a.layer < b.layer : a.tokens != b.tokens ? a.tokens < b.tokens : a.kv < b.kv;
     });
     return std::move(actions_);
   }
@@ -171,6 +173,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     VerifyOptions vo;
     vo.mode = in.mode;
     vo.max_new = o.max_new;
+    vo.budget_rule = o.rule;
     vo.allow_training_requests = true;  // training runs on its own requests
     live = std::make_unique<LiveVerifier>(*gguf, vo);
     const ModelGeometry lg = live->geometry();
@@ -202,7 +205,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     for (const auto& p : policies) configs.push_back({"distillcache-sample", "", p, budget});
     std::vector<std::vector<double>> reward(policies.size(), std::vector<double>(static_cast<std::size_t>(g.n_layers), 0.0));
     if (o.reward == "trace") {
-      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs).replay(req.id);
+      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
       for (std::size_t k = 0; k < policies.size(); ++k)
         for (int l = 0; l < g.n_layers; ++l)
           reward[k][static_cast<std::size_t>(l)] = -weights[static_cast<std::size_t>(l)] * res.configs[k].layer_out_sq[static_cast<std::size_t>(l)];
@@ -221,6 +224,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   Progress bar(progress, "train distillcache", o.episodes, o.tty);
   std::vector<int> order = fit_requests;
   std::vector<double> grad;
+  std::int64_t actions = 0, decode_actions = 0;  // all sampled (layer, head) actions; those after the compression point
   for (std::int64_t ep = 1; ep <= o.episodes; ++ep) {
     const auto pos = static_cast<std::size_t>((ep - 1) % static_cast<std::int64_t>(order.size()));
     if (pos == 0)  // a new pass over the requests, in a new order
@@ -235,7 +239,12 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     double mean_reward = 0;
     for (std::size_t k = 0; k < policies.size(); ++k) {
       for (double x : reward[k]) mean_reward += x / static_cast<double>(policies.size());
-      for (const Action& a : policies[k]->take()) {
+      const std::vector<Action> taken = policies[k]->take();
+      std::map<int, std::int64_t> point;  // per layer, the compression point: its earliest action
+      for (const Action& a : taken) point.emplace(a.layer, a.tokens);  // sorted by (layer, tokens)
+      for (const Action& a : taken) {
+        ++actions;
+        if (a.tokens > point.at(a.layer)) ++decode_actions;
         double others = 0;  // leave-one-out baseline: the other samples' reward for this layer
         for (std::size_t m = 0; m < policies.size(); ++m)
           if (m != k) others += reward[m][static_cast<std::size_t>(a.layer)];
@@ -261,6 +270,11 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   // after training, at every budget.
   nlohmann::json results;
   results["reward"] = o.reward;
+  results["budget_semantics"] = o.rule.name();
+  results["actions"] = actions;
+  results["decode_step_actions"] = decode_actions;
+  progress << "train distillcache: " << actions << " sampled (layer, KV head) actions, " << decode_actions
+           << " of them at decode steps (" << o.rule.name() << ")\n";
   results["evaluated_on"] = evaluated_on(!held_requests.empty());
   const std::vector<int>& eval = held_requests.empty() ? fit_requests : held_requests;
   const auto final_scorer = std::make_shared<const Scorer>(*scorer);
@@ -271,7 +285,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
       const std::vector<ReplayConfig> configs = {
           {"distillcache-initial", "", std::make_shared<const SampledPolicy>(initial, 1.0, 0, true), b},
           {"distillcache-final", "", std::make_shared<const SampledPolicy>(final_scorer, 1.0, 0, true), b}};
-      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs).replay(req.id);
+      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
       for (int l = 0; l < g.n_layers; ++l) {
         before += weights[static_cast<std::size_t>(l)] * res.configs[0].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
         after += weights[static_cast<std::size_t>(l)] * res.configs[1].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
@@ -296,7 +310,8 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
                                                 {"reward", o.reward},
                                                 {"estimator", o.estimator},
                                                 {"init", o.init},
-                                                {"max_new", o.max_new}}
+                                                {"max_new", o.max_new},
+                                                {"budget_semantics", o.rule.name()}}
                                      .dump();
   m.results = results.dump();
   return m;

@@ -2,7 +2,8 @@
 // `kvsim train distillcache`: eviction as a sequential decision problem (DistillCache), learned by
 // REINFORCE. The policy network scores tokens from their features; an action is the budget's
 // tokens drawn by Plackett-Luce from those scores (plackett_luce.h) in every (layer, KV head) at
-// the compression point; the reward is minus the KL between full and compressed outputs:
+// the compression point and, under peak semantics (`rule`), at every decode step where the policy
+// re-applies its rule to stay within the budget; the reward is minus the KL between full and compressed outputs:
 //   --reward trace: the offline estimate from a replay of the sampled plans (est_kl's per-layer
 //                   weights on the squared attention-output errors with --estimator, else their
 //                   mean), credited per layer;
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/budget.h"
 #include "learned/model_file.h"
 #include "train/training_set.h"
 
@@ -31,6 +33,7 @@ struct DistillCacheOptions {
   std::string init;               // a foresight or distillcache model to start from
   std::string model, tasks;       // live: the GGUF model and the task file of the traces' requests
   int max_new = 16;               // live: continuation length
+  BudgetRule rule;                // peak: actions at decode steps too (re-applied every rule.every tokens)
   std::uint64_t seed = 1;
   bool tty = false;
 };
