@@ -64,7 +64,8 @@ for mode in $MODES; do
       tee "${model%.h5}.txt" | grep -v "^train: reading"
   }
   train foresight "$d/foresight.h5" --steps "$STEPS"
-  train sigmoid_gate "$d/sigmoid_gate.h5" --steps "$STEPS"
+  # The live soft-to-hard gap runs on the training trace's held-out fifth, whose tasks are in train.jsonl.
+  train sigmoid_gate "$d/sigmoid_gate.h5" --steps "$STEPS" -m "$MODEL" -t "$OUT/train.jsonl" --max-new "$MAX_NEW"
   train distillcache "$d/distillcache.h5" --episodes "$EPISODES" --init "$d/foresight.h5"
   train rlkv "$d/rlkv.h5"
   policies="foresight:model=$d/foresight.h5;sigmoid_gate:model=$d/sigmoid_gate.h5;distillcache:model=$d/distillcache.h5"

@@ -94,9 +94,10 @@ int train_command(const Args& args) {
       "reward", po::value(&dco.reward)->default_value(dco.reward), "distillcache: trace | live")(
       "estimator", po::value(&dco.estimator), "distillcache: kvsim calibrate file weighting the trace reward's layers")(
       "init", po::value(&dco.init), "distillcache: start from this foresight or distillcache model")(
-      "model,m", po::value(&dco.model), "distillcache --reward live: the GGUF model the traces were captured from")(
-      "tasks,t", po::value(&dco.tasks), "distillcache --reward live: the task file of the traces' requests")(
-      "max-new", po::value(&dco.max_new)->default_value(dco.max_new), "distillcache --reward live: continuation length")(
+      "model,m", po::value(&dco.model),
+      "distillcache --reward live, sigmoid_gate's live soft-to-hard gap: the GGUF model the traces were captured from")(
+      "tasks,t", po::value(&dco.tasks), "with --model: the task file of the traces' requests")(
+      "max-new", po::value(&dco.max_new)->default_value(dco.max_new), "with --model: continuation length")(
       "budget-semantics", po::value(&semantics)->default_value(semantics),
       "distillcache: point (actions at the compression point) | peak (also at every decode step where the rule "
       "re-applies to hold the budget, as sweep --budget-semantics peak)")(
@@ -169,7 +170,10 @@ int train_command(const Args& args) {
       so.heads_per_step = fo.heads_per_step;
       so.seed = fo.seed;
       so.tty = tty;
-      m = train::train_sigmoid_gate(set, so, std::cerr);
+      so.model = dco.model;
+      so.tasks = dco.tasks;
+      so.max_new = dco.max_new;
+      m = train::train_sigmoid_gate(set, in, so, std::cerr);
     } else {
       ro.steps = vm["steps"].defaulted() ? ro.steps : fo.steps;
       ro.lr = vm["lr"].defaulted() ? ro.lr : fo.lr;

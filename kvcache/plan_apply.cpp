@@ -55,6 +55,10 @@ bool check_plan(const ReplayConfig& cfg, const LayerPlan& plan, const std::vecto
     if (static_cast<std::int64_t>(hp.codec.size()) != expect)
       throw Error("policy " + cfg.policy + ": plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
                   std::to_string(expect));
+    if (!hp.logit_bias.empty() && (hp.logit_bias.size() != hp.codec.size() || per_query_head || cfg.impl->codec()))
+      throw Error("policy " + cfg.policy + ": plan has " + std::to_string(hp.logit_bias.size()) +
+                  " logit biases; expected one per token it covers (" + std::to_string(hp.codec.size()) +
+                  "), one entry per KV head and no codec");
     for (TokenCodec codec : hp.codec)
       if (!codec_supported(codec) && !cfg.impl->codec())
         throw Error("policy " + cfg.policy + ": plan encodes tokens as " + codec_name(codec) +
@@ -113,12 +117,33 @@ void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeome
     next.tokens.push_back(kept_tokens(hp, held));
     next.encoding.push_back(next.listed ? hp : HeadPlan{});
   }
+  if (!rows) refuse_logit_bias_offline(cfg, plan);
   if (rows) {
     rows->keep(next.tokens);
-    for (std::size_t e = 0; e < plan.heads.size(); ++e)
-      if (needs_codec(plan.heads[e])) rows->encode(static_cast<int>(e), plan.heads[e]);
+    for (std::size_t e = 0; e < plan.heads.size(); ++e) {
+      const HeadPlan& hp = plan.heads[e];
+      if (needs_codec(hp)) rows->encode(static_cast<int>(e), hp);
+      if (hp.logit_bias.empty()) continue;
+      std::vector<float> bias;
+      for (std::size_t j = 0; j < hp.codec.size(); ++j)
+        if (hp.codec[j] != TokenCodec::Drop) bias.push_back(hp.logit_bias[j]);
+      rows->bias(static_cast<int>(e), std::move(bias));
+    }
   }
   cache = std::move(next);
+}
+
+bool has_logit_bias(const LayerPlan& plan) {
+  for (const HeadPlan& hp : plan.heads)
+    if (!hp.logit_bias.empty()) return true;
+  return false;
+}
+
+void refuse_logit_bias_offline(const ReplayConfig& cfg, const LayerPlan& plan) {
+  if (has_logit_bias(plan))
+    throw Error("policy " + cfg.label() + ": its plan biases attention logits (a soft-gated run), which offline replay "
+                "does not score; run it live (kvsim verify, CPU engine). kvsim train sigmoid_gate reports its offline "
+                "soft error");
 }
 
 LayerPlan drops_only(const LayerPlan& plan) {

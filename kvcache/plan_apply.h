@@ -41,7 +41,16 @@ class RowSink {
   // Entry `entry`'s rows now read back as `plan` stores them, re-encoded from the original fp16
   // rows (plan's non-Drop entries line up with the tokens the entry holds).
   virtual void encode(int entry, const HeadPlan& plan) = 0;
+  // Entry `entry`'s rows get these attention-logit biases, one per row (HeadPlan::logit_bias of
+  // the tokens it keeps). A cache that cannot hold them throws.
+  virtual void bias(int entry, std::vector<float> bias) = 0;
 };
+
+// Whether some entry of the plan biases attention logits (HeadPlan::logit_bias): a soft-gated
+// run, which only a live engine can hold.
+bool has_logit_bias(const LayerPlan& plan);
+// Offline replay's check: throws, naming the policy and the way out, when the plan has logit biases.
+void refuse_logit_bias_offline(const ReplayConfig& cfg, const LayerPlan& plan);
 
 // Checks a plan against the cache it was made for: one entry per KV head or per query head,
 // each covering its head's cached tokens, every encoding one the policy can store. Throws
@@ -73,7 +82,8 @@ LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerS
                     const std::vector<std::int64_t>& cached, bool one_entry_per_kv_head = false);
 
 // Applies a plan to `cache` (checking it first): each entry keeps its non-Drop tokens, encoded as
-// planned (per-query-head plans give each query head its own entry); `rows` mirrors it. The
+// planned (per-query-head plans give each query head its own entry); `rows` mirrors it, logit
+// biases included (without `rows`, a plan with logit biases is refused). The
 // encoding is kept as the policy made it when the policy has a codec, else left implicit (fp16).
 void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeometry& g, LayerIndex& cache, RowSink* rows);
 

@@ -107,6 +107,9 @@ class Reapply final : public DecodeState {
 
 std::unique_ptr<DecodeState> reapply_state(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& initial,
                                            std::int64_t c, int head_dim) {
+  if (has_logit_bias(initial))
+    throw Error("policy " + cfg.label() + ": a soft-gated plan holds the whole cache, so it cannot be held to a peak "
+                "budget; run it with --budget-semantics point");
   return std::make_unique<Reapply>(cfg, b, initial, c, head_dim);
 }
 

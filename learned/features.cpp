@@ -15,7 +15,7 @@ constexpr int kEntropyWindow = 32;
 constexpr int kSinks = 4;
 // Attention is scaled by the cache size (1 = uniform attention) before the log, so the features
 // mean the same at 200 tokens as at 8000; kFloor keeps log finite for ignored tokens.
-constexpr double kFloor = 1e-3;
+constexpr float kFloor = 1e-3f;
 
 enum Column {
   kMean8,
@@ -40,8 +40,6 @@ enum Column {
   kColumns
 };
 static_assert(kColumns == kFeatureCount);
-
-double scaled_log(double a, std::int64_t n) { return std::log(kFloor + a * static_cast<double>(n)); }
 
 // Per-token attention statistics of one KV head's group over the last W recorded queries, row by
 // row (each row contiguous, so Eigen vectorises the sums, maxima and logs).
@@ -79,36 +77,22 @@ WindowStats window_stats(const LayerSignals& s, int kv, int W, std::int64_t n) {
   return st;
 }
 
-double norm(const float* x, int d) {
-  double s = 0;
-  for (int i = 0; i < d; ++i) s += static_cast<double>(x[i]) * x[i];
-  return std::sqrt(s);
-}
+using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// log(|x_j| / mean |x|) per row of m.
-std::vector<double> relative_log_norms(const MatrixView& m) {
-  std::vector<double> out(static_cast<std::size_t>(m.rows));
-  double mean = 0;
-  for (std::int64_t j = 0; j < m.rows; ++j) mean += out[static_cast<std::size_t>(j)] = norm(m.row(j), static_cast<int>(m.cols));
-  mean /= static_cast<double>(std::max<std::int64_t>(1, m.rows));
-  for (double& v : out) v = std::log((v + 1e-6) / (mean + 1e-6));
-  return out;
-}
+// Per row of m: log(|x_j| / mean |x|), and the cosine between x_j and the mean row.
+struct RowShape {
+  Eigen::ArrayXf log_norm, cos_mean;
+};
 
-std::vector<double> cosine_to_mean(const MatrixView& k) {
-  std::vector<double> mean(static_cast<std::size_t>(k.cols), 0.0), out(static_cast<std::size_t>(k.rows));
-  for (std::int64_t j = 0; j < k.rows; ++j)
-    for (std::int64_t c = 0; c < k.cols; ++c) mean[static_cast<std::size_t>(c)] += k.at(j, c);
-  double mn = 0;
-  for (double& v : mean) {
-    v /= static_cast<double>(std::max<std::int64_t>(1, k.rows));
-    mn += v * v;
-  }
-  mn = std::sqrt(mn);
-  for (std::int64_t j = 0; j < k.rows; ++j) {
-    double dot = 0;
-    for (std::int64_t c = 0; c < k.cols; ++c) dot += k.at(j, c) * mean[static_cast<std::size_t>(c)];
-    out[static_cast<std::size_t>(j)] = dot / (norm(k.row(j), static_cast<int>(k.cols)) * mn + 1e-12);
+RowShape row_shape(const MatrixView& m, bool with_cosine) {
+  const Eigen::Map<const RowMatF> x(m.data, m.rows, m.cols);
+  RowShape out;
+  const Eigen::ArrayXf norms = x.rowwise().norm().array();
+  const float mean = m.rows > 0 ? norms.mean() : 0.0f;
+  out.log_norm = ((norms + 1e-6f) / (mean + 1e-6f)).log();
+  if (with_cosine) {
+    const Eigen::RowVectorXf centre = x.colwise().mean();
+    out.cos_mean = (x * centre.transpose()).array() / (norms * centre.norm() + 1e-12f);
   }
   return out;
 }
@@ -150,33 +134,37 @@ HeadFeatures extract_features(const LayerSignals& s, int kv) {
     throw Error("learned features, layer " + std::to_string(s.layer()) + ": need the query of the last token before " +
                 "the compression point (token " + std::to_string(s.n_tokens() - 1) + "), which was not recorded");
   const WindowStats st = window_stats(s, kv, W, n);
-  const std::vector<double> kn = relative_log_norms(s.keys(kv)), vn = relative_log_norms(s.values(kv));
-  const std::vector<double> kc = cosine_to_mean(s.keys(kv));
+  const RowShape keys = row_shape(s.keys(kv), true), values = row_shape(s.values(kv), false);
   const auto positions = s.positions();
   const auto segments = s.segments();
-  const double last_pos = std::max<double>(1.0, positions[static_cast<std::size_t>(s.n_tokens() - 1)]);
+  const float last_pos = static_cast<float>(std::max<double>(1.0, positions[static_cast<std::size_t>(s.n_tokens() - 1)]));
   HeadFeatures f;
   f.tokens = n;
   f.x.assign(static_cast<std::size_t>(n * kFeatureCount), 0.0f);
+  // Column by column, each vectorised over the tokens.
+  Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, kFeatureCount, Eigen::RowMajor>> x(f.x.data(), n, kFeatureCount);
+  const auto scaled_log = [n](const Eigen::ArrayXf& a) -> Eigen::ArrayXf { return (kFloor + a * static_cast<float>(n)).log(); };
+  for (std::size_t w = 0; w < std::size(kWindows); ++w) x.col(kMean8 + static_cast<int>(w)) = scaled_log(st.mean[w]).matrix();
+  x.col(kLast) = scaled_log(st.last).matrix();
+  x.col(kMax) = scaled_log(st.max).matrix();
+  x.col(kEntropy) = scaled_log(st.entropy / static_cast<float>(std::log(std::max<double>(2.0, static_cast<double>(n))))).matrix();
+  x.col(kKeyNorm) = keys.log_norm.matrix();
+  x.col(kValueNorm) = values.log_norm.matrix();
+  x.col(kKeyCos) = keys.cos_mean.matrix();
+  Eigen::ArrayXf since(n);
+  const float layer_frac = g.n_layers > 1 ? static_cast<float>(s.layer()) / static_cast<float>(g.n_layers - 1) : 0.0f;
+  const float head_frac = g.n_kv_heads > 1 ? static_cast<float>(kv) / static_cast<float>(g.n_kv_heads - 1) : 0.0f;
   for (std::int64_t j = 0; j < n; ++j) {
-    const auto u = static_cast<std::size_t>(j);
-    const std::int32_t t = cached[u];
-    float* x = f.x.data() + j * kFeatureCount;
-    for (std::size_t w = 0; w < std::size(kWindows); ++w) x[kMean8 + w] = static_cast<float>(scaled_log(st.mean[w][j], n));
-    x[kLast] = static_cast<float>(scaled_log(st.last[j], n));
-    x[kMax] = static_cast<float>(scaled_log(st.max[j], n));
-    x[kEntropy] = static_cast<float>(scaled_log(st.entropy[j] / std::log(std::max<double>(2.0, static_cast<double>(n))), n));
-    x[kKeyNorm] = static_cast<float>(kn[u]);
-    x[kValueNorm] = static_cast<float>(vn[u]);
-    x[kKeyCos] = static_cast<float>(kc[u]);
-    x[kPosRelative] = static_cast<float>(positions[static_cast<std::size_t>(t)] / last_pos);
-    x[kDistFromEnd] = static_cast<float>(std::log1p(static_cast<double>(s.n_tokens() - 1 - t)));
-    x[kSink] = t < kSinks ? 1.0f : 0.0f;
+    const std::int32_t t = cached[static_cast<std::size_t>(j)];
+    since[j] = static_cast<float>(s.n_tokens() - 1 - t);
+    x(j, kPosRelative) = static_cast<float>(positions[static_cast<std::size_t>(t)]) / last_pos;
+    x(j, kSink) = t < kSinks ? 1.0f : 0.0f;
     const int seg = segments[static_cast<std::size_t>(t)];
-    if (seg >= 0 && seg < 4) x[kSegSystem + seg] = 1.0f;
-    x[kLayerFrac] = g.n_layers > 1 ? static_cast<float>(s.layer()) / static_cast<float>(g.n_layers - 1) : 0.0f;
-    x[kHeadFrac] = g.n_kv_heads > 1 ? static_cast<float>(kv) / static_cast<float>(g.n_kv_heads - 1) : 0.0f;
+    if (seg >= 0 && seg < 4) x(j, kSegSystem + seg) = 1.0f;
+    x(j, kLayerFrac) = layer_frac;
+    x(j, kHeadFrac) = head_frac;
   }
+  x.col(kDistFromEnd) = since.log1p().matrix();
   return f;
 }
 

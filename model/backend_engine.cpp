@@ -129,6 +129,9 @@ void BackendEngine::load_backend() {
   for (int l = 0; l < cfg_.n_layers; ++l) {
     std::vector<gpu::HostEntry> entries;
     for (KvEntry& e : cache_.layers[static_cast<std::size_t>(l)]) {
+      if (!e.bias.empty())
+        throw Error("KV cache layer " + std::to_string(l) + ": soft-gated rows (logit biases) run on the CPU engine only; "
+                    "verify a soft-gated config with --device cpu");
       // The backend's cache is fp16: rows a codec rebuilt are rounded here too, so the mirror
       // stays what the backend holds (the CPU engine keeps them unrounded).
       round_to_half(e.k.data(), e.k.size());

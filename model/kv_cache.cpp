@@ -27,6 +27,7 @@ KvEntry select_rows(const KvEntry& src, const std::vector<std::int32_t>& want, i
     const auto row = static_cast<std::ptrdiff_t>(at * static_cast<std::size_t>(d));
     out.k.insert(out.k.end(), src.k.begin() + row, src.k.begin() + row + d);
     out.v.insert(out.v.end(), src.v.begin() + row, src.v.begin() + row + d);
+    if (!src.bias.empty()) out.bias.push_back(src.bias[at]);
     ++at;
   }
   return out;
@@ -67,12 +68,14 @@ void KvCache::evict(int layer, int entry, std::span<const std::int32_t> tokens) 
     if (j < drop.size() && drop[j] == e.tokens[r]) continue;
     if (out != r) {
       e.tokens[out] = e.tokens[r];
+      if (!e.bias.empty()) e.bias[out] = e.bias[r];
       std::copy_n(e.k.begin() + static_cast<std::ptrdiff_t>(r * d), d, e.k.begin() + static_cast<std::ptrdiff_t>(out * d));
       std::copy_n(e.v.begin() + static_cast<std::ptrdiff_t>(r * d), d, e.v.begin() + static_cast<std::ptrdiff_t>(out * d));
     }
     ++out;
   }
   e.tokens.resize(out);
+  if (!e.bias.empty()) e.bias.resize(out);
   e.k.resize(out * d);
   e.v.resize(out * d);
   e.packed = nullptr;  // an edit that removes rows drops the packed form

@@ -20,6 +20,9 @@ struct KvEntry {
   // packed->rows() rows (k and v hold their read-back). A backend that holds packed entries keeps
   // this instead of those rows; rows appended later are fp16. Any edit that removes rows drops it.
   std::shared_ptr<const PackedEntry> packed;
+  // Soft gating (a sigmoid_gate:soft=1 run): a bias added to each row's attention logit, log g of
+  // its gate; rows appended later get 0. Empty: none. Keep and evict carry it with the rows.
+  std::vector<float> bias;
   std::int64_t rows() const { return static_cast<std::int64_t>(tokens.size()); }
 };
 

@@ -195,6 +195,7 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
         const auto col = static_cast<std::ptrdiff_t>(hk) * d;
         entry.k.insert(entry.k.end(), k.row(i).data() + col, k.row(i).data() + col + d);
         entry.v.insert(entry.v.end(), v.row(i).data() + col, v.row(i).data() + col + d);
+        if (!entry.bias.empty()) entry.bias.push_back(0.0f);
       }
     }
     if (impl_->record_attention) impl_->last_attention.resize(static_cast<std::size_t>(c.n_layers));
@@ -209,6 +210,7 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
       const Eigen::Map<const Mat> kh(entry.k.data(), total, d), vh(entry.v.data(), total, d);
       Mat s(n, total);  // [n, total]
       s.noalias() = (qh * kh.transpose()) * scale;
+      if (!entry.bias.empty()) s.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(entry.bias.data(), total);
       for (Eigen::Index i = 0; i < n; ++i) {
         const Eigen::Index last = past + i;  // causal: itself and everything cached before it
         auto row = s.row(i);

@@ -114,6 +114,9 @@ struct HeadPlan {
   // The codec could not hold every token, and the policy kept the sinks and most recent tokens by
   // position instead of by its rule (reported per config as position_fallback).
   bool position_fallback = false;
+  // [cached] or empty: a bias added to each kept token's attention logit (a soft-gated run, whose
+  // gates scale attention instead of dropping tokens). Live engines only: replay refuses it.
+  std::vector<float> logit_bias;
   std::int64_t kept() const;      // tokens not dropped
 };
 

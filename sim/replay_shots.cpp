@@ -92,6 +92,7 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
   const int G = w.g.group();
   LayerDecision d = decide(cfg, budget, w, a);
   const LayerPlan& plan = d.plan;
+  kvcache::refuse_logit_bias_offline(cfg, plan);
   if (w.record_keep_sets) {
     kvcache::LayerIndex kept = kvcache::LayerIndex::prefix(Hkv, c);
     kvcache::apply_plan(cfg, plan, w.g, kept, nullptr);

@@ -393,3 +393,43 @@ TEST_CASE("KV cache eviction compacts an entry in place, any order and repeats a
   CHECK(e.tokens.empty());
   CHECK(e.k.empty());
 }
+
+TEST_CASE("soft gating: logit biases scale attention on the CPU engine; the backend refuses them", "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649};
+  LlamaModel plain(gguf, WeightFormat::F32), biased(gguf, WeightFormat::F32), evicted(gguf, WeightFormat::F32);
+  for (LlamaModel* m : {&plain, &biased, &evicted}) m->prefill(prompt);
+  const int layers = plain.config().n_layers, kv_heads = plain.config().n_kv_heads;
+  const auto n = prompt.size();
+  // A very negative bias on token 3 is its eviction; a bias of 0 changes nothing. Rows appended
+  // later join with bias 0.
+  for (int l = 0; l < layers; ++l)
+    for (int e = 0; e < kv_heads; ++e) {
+      std::vector<float> bias(n, 0.0f);
+      bias[3] = -1e4f;
+      biased.cache().layers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)].bias = bias;
+      const std::int32_t t = 3;
+      evicted.evict(l, e, {&t, 1});
+    }
+  const std::vector<float> want = evicted.step(42);
+  CHECK(nmse(biased.step(42), want) < 1e-6);
+  CHECK(nmse(plain.step(42), want) > 1e-6);  // the test can fail: token 3 matters
+  const KvEntry& entry = biased.cache().layers[0][0];
+  REQUIRE(entry.bias.size() == n + 1);
+  CHECK(entry.bias.back() == 0.0f);
+  // Keep and evict carry the biases with their rows.
+  KvCache copy = biased.cache();
+  copy.evict(0, 0, std::vector<std::int32_t>{0, 3});
+  CHECK(copy.layers[0][0].bias.size() == n - 1);
+  CHECK(copy.layers[0][0].bias[0] == 0.0f);
+  copy.layers[1][0].bias[2] = 0.5f;
+  copy.keep(1, {{1, 2, 12}, {3}, {4}}, plain.config().n_q_heads);
+  CHECK(copy.layers[1][0].bias == std::vector<float>{0.0f, 0.5f, 0.0f});
+  CHECK(copy.layers[1][1].bias == std::vector<float>{-1e4f});
+  // The backend engine refuses a biased cache, naming the way out.
+  BackendEngine eng(gguf, reference_backend(gguf));
+  eng.prefill(prompt);
+  eng.cache().layers[2][1].bias.assign(n, 0.0f);
+  CHECK_THROWS_WITH(eng.step(42), Catch::Contains("run on the CPU engine only"));
+}

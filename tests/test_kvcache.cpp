@@ -39,6 +39,8 @@ struct RecordingRows final : kvcache::RowSink {
   void keep(const std::vector<std::vector<std::int32_t>>& k) override { keeps.push_back(k); }
   void evict(int entry, std::span<const std::int32_t> t) override { evictions.emplace_back(entry, std::vector(t.begin(), t.end())); }
   void encode(int entry, const HeadPlan&) override { encoded.push_back(entry); }
+  std::vector<std::pair<int, std::vector<float>>> biases;
+  void bias(int entry, std::vector<float> b) override { biases.emplace_back(entry, std::move(b)); }
 };
 
 using Tokens = std::vector<std::int32_t>;
@@ -99,6 +101,21 @@ TEST_CASE("applying a plan keeps each entry's tokens and mirrors it onto the row
     CHECK(cache.tokens == std::vector<Tokens>{{0, 2}, {0, 1, 2}});
     CHECK(cache.encoding[0].codec.size() == 3);  // as planned, its Drop included
     CHECK(rows.encoded == std::vector<int>{0});
+  }
+  SECTION("logit biases (a soft-gated run): the kept tokens' biases reach the rows; offline they are refused") {
+    LayerIndex cache = LayerIndex::prefix(2, 3);
+    LayerPlan plan{{plan_of("f.f"), plan_of("fff")}};
+    plan.heads[0].logit_bias = {-0.5f, -9.0f, -0.1f};
+    kvcache::apply_plan(config_of("streamingllm", 0.5), plan, g, cache, &rows);
+    REQUIRE(rows.biases.size() == 1);
+    CHECK(rows.biases[0].first == 0);
+    CHECK(rows.biases[0].second == std::vector<float>{-0.5f, -0.1f});  // the dropped token's bias left out
+    LayerIndex offline = LayerIndex::prefix(2, 3);
+    CHECK_THROWS_WITH(kvcache::apply_plan(config_of("streamingllm", 0.5), plan, g, offline, nullptr),
+                      Catch::Contains("offline replay does not score"));
+    plan.heads[1].logit_bias = {0.0f};
+    CHECK_THROWS_WITH(kvcache::check_plan(config_of("streamingllm", 0.5), plan, {3, 3}, g),
+                      Catch::Contains("1 logit biases; expected one per token"));
   }
 }
 

@@ -259,7 +259,7 @@ TEST_CASE("sigmoid gates train soft within their capacity and report the soft-to
   o.steps = 150;
   o.hidden = {8};
   o.heads_per_step = 4;
-  const learned::LearnedModel m = train::train_sigmoid_gate(set, o, log);
+  const learned::LearnedModel m = train::train_sigmoid_gate(set, in, o, log);
   CHECK(m.method == "sigmoid_gate");
   const auto r = nlohmann::json::parse(m.results);
   INFO(m.results);
@@ -381,31 +381,54 @@ TEST_CASE("distillcache under peak semantics also acts at decode steps", "[train
   CHECK(nlohmann::json::parse(peak.results).at("budget_semantics").get<std::string>() == "peak/2");
 }
 
+namespace {
+
+// Two short needle requests captured from SmolLM2 (every query kept, so sigmoid_gate's samples
+// have their rows), and their task file.
+struct VaultCapture {
+  std::vector<CaptureRequest> requests;
+  std::string tasks, trace;
+};
+
+const VaultCapture& vault_capture() {
+  static const VaultCapture v = [] {
+    VaultCapture out;
+    std::vector<CaptureRequest>& requests = out.requests;
+    requests.resize(2);
+    const char* codes[] = {"4817", "2290"};
+    for (int i = 0; i < 2; ++i) {
+      CaptureRequest& r = requests[static_cast<std::size_t>(i)];
+      r.id = "vault-" + std::to_string(i);
+      r.line = i + 1;
+      r.context = std::string("The archive held many letters about the weather, the harvest and the price of grain. ") +
+                  "One letter said: the secret code of the vault is " + codes[i] +
+                  ". The rest spoke of roads washed out by rain and of a bridge rebuilt twice in one summer.";
+      r.question = "What is the secret code of the vault?";
+      r.expected = std::string("[\"") + codes[i] + "\"]";
+    }
+    out.tasks = test::scratch_file("vault_tasks.jsonl");
+    write_requests_jsonl(requests, out.tasks, true);
+    CaptureOptions co;
+    co.model_path = KVSIM_TEST_MODEL;
+    co.out_path = out.trace = test::scratch_file("vault.h5");
+    co.overwrite = true;
+    co.all_queries = true;
+    co.max_new = 3;
+    run_capture(requests, co);
+    return out;
+  }();
+  return v;
+}
+
+}  // namespace
+
 TEST_CASE("distillcache's live reward: the engine runs each sampled cache", "[train][live]") {
   if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
-  std::vector<CaptureRequest> requests(2);
-  const char* codes[] = {"4817", "2290"};
-  for (int i = 0; i < 2; ++i) {
-    CaptureRequest& r = requests[static_cast<std::size_t>(i)];
-    r.id = "vault-" + std::to_string(i);
-    r.line = i + 1;
-    r.context = std::string("The archive held many letters about the weather, the harvest and the price of grain. ") +
-                "One letter said: the secret code of the vault is " + codes[i] +
-                ". The rest spoke of roads washed out by rain and of a bridge rebuilt twice in one summer.";
-    r.question = "What is the secret code of the vault?";
-    r.expected = std::string("[\"") + codes[i] + "\"]";
-  }
-  const std::string tasks = test::scratch_file("vault_tasks.jsonl");
-  write_requests_jsonl(requests, tasks, true);
-  CaptureOptions co;
-  co.model_path = KVSIM_TEST_MODEL;
-  co.out_path = test::scratch_file("vault.h5");
-  co.overwrite = true;
-  co.all_queries = true;
-  co.max_new = 3;
-  run_capture(requests, co);
+  const VaultCapture& vault = vault_capture();
+  const std::string& tasks = vault.tasks;
+  std::vector<CaptureRequest> requests = vault.requests;
   train::TrainingInputs in;
-  in.traces = {co.out_path};
+  in.traces = {vault.trace};
   std::ostringstream log;
   const train::TrainingSet set = train::load_training_set(in, log);
   train::DistillCacheOptions o;
@@ -427,4 +450,33 @@ TEST_CASE("distillcache's live reward: the engine runs each sampled cache", "[tr
   write_requests_jsonl({requests[0]}, other, true);
   o.tasks = other;
   CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("no task 'vault-0'"));
+}
+
+TEST_CASE("sigmoid_gate's live soft-to-hard gap: the engine runs the soft-gated cache", "[train][live]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const VaultCapture& vault = vault_capture();
+  train::TrainingInputs in;
+  in.traces = {vault.trace};
+  in.samples.output_rows = 4;
+  std::ostringstream log;
+  const train::TrainingSet set = train::load_training_set(in, log);
+  train::SigmoidGateOptions o;
+  o.steps = 30;
+  o.hidden = {4};
+  o.heads_per_step = 4;
+  o.model = KVSIM_TEST_MODEL;
+  o.tasks = vault.tasks;
+  o.max_new = 3;
+  const learned::LearnedModel m = train::train_sigmoid_gate(set, in, o, log);
+  const auto r = nlohmann::json::parse(m.results);
+  INFO(m.results);
+  CHECK(r.at("live_requests").get<int>() == 2);
+  // Gates below 1 that differ between tokens move the live outputs, and so does hard deletion.
+  CHECK(r.at("live_kl_soft").get<double>() > 0);
+  CHECK(r.at("live_kl_hard_at_capacity").get<double>() > 0);
+  CHECK(r.at("live_soft_to_hard_gap").get<double>() ==
+        Approx(r.at("live_kl_hard_at_capacity").get<double>() - r.at("live_kl_soft").get<double>()));
+  CHECK(log.str().find("live, 2 requests") != std::string::npos);
+  o.tasks.clear();
+  CHECK_THROWS_WITH(train::train_sigmoid_gate(set, in, o, log), Catch::Contains("needs both --model"));
 }

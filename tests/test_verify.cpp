@@ -410,3 +410,27 @@ TEST_CASE("peak-matched budgets live: held at every step, and at the bytes repla
     }
   }
 }
+
+TEST_CASE("a soft-gated cache runs live on the CPU engine; replay and the backend refuse it", "[verify]") {
+  require_model();
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  const ModelGeometry g = smollm2_135m_geometry();
+  const std::string model = test::seeded_model_file("sigmoid_gate", g);
+  const std::vector<ReplayConfig> configs = {config_of("sigmoid_gate:soft=1,model=" + model, 0.3),
+                                             config_of("sigmoid_gate:model=" + model, 0.3)};
+  VerifyOptions o;
+  o.max_new = 4;
+  LiveVerifier v(gguf, o);
+  const LiveRequestResult res = v.run(needle_request(), configs);
+  // Soft: every token held, attention reweighted (so the outputs move); hard: 30% held.
+  CHECK(res.configs[0].kept_fraction == 1.0);
+  CHECK(res.configs[0].mean_kl > 0);
+  CHECK(res.configs[1].kept_fraction < 0.35);
+  const TraceReader reader(capture_trace(KVSIM_TEST_MODEL, needle_request(), "verify_soft.h5", 4));
+  CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, {configs[0]}).replay("needle"),
+                    Catch::Contains("offline replay does not score"));
+  LiveVerifier on_backend(
+      gguf, o, std::make_unique<BackendEngine>(gguf, std::make_unique<test::CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32)));
+  CHECK_THROWS_WITH(on_backend.run(needle_request(), {configs[0]}), Catch::Contains("CPU engine only"));
+  CHECK_THROWS_WITH(config_of("sigmoid_gate:soft=2,model=" + model, 0.3), Catch::Contains("'soft' must be 0 or 1"));
+}

@@ -8,21 +8,16 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 
-#include "capture/capture_driver.h"
-#include "capture/prompt.h"
-#include "core/fingerprint.h"
-#include "model/tokenizer.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "learned/features.h"
 #include "learned/token_scorer.h"
-#include "model/gguf.h"
 #include "policies/selection.h"
 #include "sim/estimator.h"
 #include "sim/replay.h"
+#include "train/live_tasks.h"
 #include "train/plackett_luce.h"
 #include "train/progress.h"
-#include "verify/live_verifier.h"
 
 namespace kvsim::train {
 
@@ -119,12 +114,6 @@ std::vector<double> layer_weights(const std::string& estimator, int layers, Repl
   return e.weights;
 }
 
-// Where the training requests live: reader per trace, and the live task of each request.
-struct Requests {
-  std::vector<std::unique_ptr<TraceReader>> readers;
-  std::map<std::string, CaptureRequest> tasks;  // by id (live reward)
-};
-
 }  // namespace
 
 learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
@@ -165,37 +154,13 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   std::vector<std::unique_ptr<TraceReader>> readers;
   for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
   const std::vector<double> weights = layer_weights(o.estimator, g.n_layers, in.mode);
-  std::unique_ptr<GgufFile> gguf;
-  std::unique_ptr<LiveVerifier> live;
-  std::map<std::string, CaptureRequest> tasks;
+  LiveTasks live;
   if (o.reward == "live") {
-    gguf = std::make_unique<GgufFile>(o.model);
     VerifyOptions vo;
     vo.mode = in.mode;
     vo.max_new = o.max_new;
     vo.budget_rule = o.rule;
-    vo.allow_training_requests = true;  // training runs on its own requests
-    live = std::make_unique<LiveVerifier>(*gguf, vo);
-    const ModelGeometry lg = live->geometry();
-    if (lg.n_layers != g.n_layers || lg.n_q_heads != g.n_q_heads || lg.n_kv_heads != g.n_kv_heads || lg.head_dim != g.head_dim)
-      throw Error(o.model + ": a " + std::to_string(lg.n_layers) + "-layer model with " + std::to_string(lg.n_q_heads) + "/" +
-                  std::to_string(lg.n_kv_heads) + " heads of " + std::to_string(lg.head_dim) + "; the traces were captured from " +
-                  g.name + " (" + std::to_string(g.n_layers) + " layers, " + std::to_string(g.n_q_heads) + "/" +
-                  std::to_string(g.n_kv_heads) + " heads of " + std::to_string(g.head_dim) + ")");
-    for (CaptureRequest& r : read_capture_requests(o.tasks)) tasks.emplace(r.id, std::move(r));
-    const Tokenizer tok(*gguf);
-    const std::string system = default_system_prompt(*gguf);
-    for (int r : fit_requests) {
-      const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
-      const auto it = tasks.find(req.id);
-      if (it == tasks.end())
-        throw Error(o.tasks + ": no task '" + req.id + "' (a training request of the traces); give the task file the "
-                    "traces were captured from");
-      if (prompt_fingerprint(build_prompt(tok, it->second, system).tokens) != req.prompt)
-        throw Error(o.tasks + ": task '" + req.id + "' (line " + std::to_string(it->second.line) +
-                    ") tokenizes to another prompt than the trace's request of that id; give the task file the traces "
-                    "were captured from");
-    }
+    live = open_live_tasks("train distillcache", set, fit_requests, o.model, o.tasks, vo);
   }
 
   // Per sample and layer, the reward of one (request, budget) episode.
@@ -210,7 +175,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
         for (int l = 0; l < g.n_layers; ++l)
           reward[k][static_cast<std::size_t>(l)] = -weights[static_cast<std::size_t>(l)] * res.configs[k].layer_out_sq[static_cast<std::size_t>(l)];
     } else {
-      const LiveRequestResult res = live->run(tasks.at(req.id), configs);
+      const LiveRequestResult res = live.verifier->run(live.task(set, r), configs);
       for (std::size_t k = 0; k < policies.size(); ++k)
         std::fill(reward[k].begin(), reward[k].end(), -res.configs[k].mean_kl / g.n_layers);
     }

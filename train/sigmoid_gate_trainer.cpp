@@ -7,9 +7,14 @@
 #include <numeric>
 #include <ostream>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "learned/features.h"
+#include "policies/registry.h"
+#include "train/live_tasks.h"
 #include "train/progress.h"
 
 namespace kvsim::train {
@@ -26,6 +31,47 @@ std::vector<double> hard_gate(const std::vector<double>& score, double share) {
 }
 
 double sigmoid(double s) { return 1.0 / (1.0 + std::exp(-s)); }
+
+// The live soft-to-hard gap on `requests`: the engine runs the soft-gated cache (every token kept,
+// log g added to its attention logits) and the hard one (each head's top tokens by g at the soft
+// run's mean gate), and each is compared with the full cache over the continuation.
+void live_gap(const learned::LearnedModel& m, const TrainingSet& set, const TrainingInputs& in,
+              const std::vector<int>& requests, const SigmoidGateOptions& o, nlohmann::json& results,
+              std::ostream& progress) {
+  VerifyOptions vo;
+  vo.mode = in.mode;
+  vo.max_new = o.max_new;
+  const LiveTasks live = open_live_tasks("train sigmoid_gate", set, requests, o.model, o.tasks, vo);
+  // The policies read a model file: this one lives as long as the check.
+  struct Scratch {
+    std::string path = (std::filesystem::temp_directory_path() / ("kvsim-gate-" + std::to_string(::getpid()) + ".h5")).string();
+    ~Scratch() { std::filesystem::remove(path); }
+  } scratch;
+  learned::write_learned_model(m, scratch.path);
+  const double capacity = results.at("soft_capacity").get<double>();
+  std::vector<ReplayConfig> configs;
+  for (const std::string spec : {"sigmoid_gate:soft=1,model=" + scratch.path, "sigmoid_gate:model=" + scratch.path}) {
+    PolicyInstance p = PolicyRegistry::instance().create(spec);
+    configs.push_back({p.name, p.params, std::shared_ptr<const Policy>(std::move(p.policy)), capacity});
+  }
+  double kl[2] = {0, 0}, top1[2] = {0, 0};
+  for (int r : requests) {
+    const LiveRequestResult res = live.verifier->run(live.task(set, r), configs);
+    for (int k = 0; k < 2; ++k) {
+      kl[k] += res.configs[static_cast<std::size_t>(k)].mean_kl / static_cast<double>(requests.size());
+      top1[k] += res.configs[static_cast<std::size_t>(k)].top1 / static_cast<double>(requests.size());
+    }
+  }
+  results["live_requests"] = requests.size();
+  results["live_kl_soft"] = kl[0];
+  results["live_kl_hard_at_capacity"] = kl[1];
+  results["live_top1_soft"] = top1[0];
+  results["live_top1_hard_at_capacity"] = top1[1];
+  results["live_soft_to_hard_gap"] = kl[1] - kl[0];
+  progress << "train sigmoid_gate: live, " << requests.size() << " requests: next-token KL " << kl[0] << " soft-gated, "
+           << kl[1] << " hard at mean gate " << capacity << " (soft-to-hard gap " << kl[1] - kl[0] << "); top-1 "
+           << top1[0] << " / " << top1[1] << "\n";
+}
 
 }  // namespace
 
@@ -123,7 +169,11 @@ nlohmann::json evaluate(const learned::Mlp& net, const std::vector<const HeadSam
 
 }  // namespace
 
-learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const SigmoidGateOptions& o, std::ostream& progress) {
+learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const TrainingInputs& in, const SigmoidGateOptions& o,
+                                         std::ostream& progress) {
+  if (o.model.empty() != o.tasks.empty())
+    throw Error("train sigmoid_gate: the live gap needs both --model (the GGUF the traces were captured from) and --tasks "
+                "(their task file)");
   if (o.steps < 1 || o.heads_per_step < 1 || !(o.lr > 0) || !(o.capacity > 0 && o.capacity <= 1) || !(o.penalty >= 0))
     throw Error("train sigmoid_gate: --steps, --heads-per-step >= 1, --lr > 0, --capacity in (0, 1], --penalty >= 0");
   std::vector<const HeadSample*> fit, held;
@@ -181,6 +231,12 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const SigmoidGa
                                                 {"capacity", o.capacity},
                                                 {"penalty", o.penalty}}
                                      .dump();
+  if (!o.model.empty()) {
+    std::vector<int> requests;
+    for (const HeadSample* h : held.empty() ? fit : held)
+      if (requests.empty() || requests.back() != h->request) requests.push_back(h->request);
+    live_gap(m, set, in, requests, o, results, progress);
+  }
   m.results = results.dump();
   return m;
 }

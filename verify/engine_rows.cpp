@@ -74,6 +74,14 @@ void EngineRows::encode(int entry, const HeadPlan& plan) {
   codec_->reconstruct(plan, g_, positions, e.k, e.v);
 }
 
+void EngineRows::bias(int entry, std::vector<float> bias) {
+  KvEntry& e = model_.cache().layers[static_cast<std::size_t>(layer_)].at(static_cast<std::size_t>(entry));
+  if (static_cast<std::int64_t>(bias.size()) != e.rows())
+    throw Error("layer " + std::to_string(layer_) + ", entry " + std::to_string(entry) + ": " + std::to_string(bias.size()) +
+                " logit biases for " + std::to_string(e.rows()) + " cached rows");
+  e.bias = std::move(bias);
+}
+
 void check_mirror(const Engine& model, int layer, const kvcache::LayerIndex& index, const std::string& label) {
   const auto& entries = model.cache().layers[static_cast<std::size_t>(layer)];
   bool same = entries.size() == index.tokens.size();

@@ -28,6 +28,7 @@ class EngineRows final : public kvcache::RowSink {
   void keep(const std::vector<std::vector<std::int32_t>>& keep) override;
   void evict(int entry, std::span<const std::int32_t> tokens) override;
   void encode(int entry, const HeadPlan& plan) override;
+  void bias(int entry, std::vector<float> bias) override;
 
  private:
   Engine& model_;
