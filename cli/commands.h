@@ -17,5 +17,6 @@ int verify_command(const Args& args);
 int calibrate_command(const Args& args);
 int agreement_command(const Args& args);
 int train_command(const Args& args);
+int serve_command(const Args& args);
 
 }  // namespace kvsim::cli

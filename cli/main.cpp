@@ -1,4 +1,4 @@
-// kvsim: one CLI, one subcommand per job (serve and report come later).
+// kvsim: one CLI, one subcommand per job (report comes later).
 #include <iostream>
 #include <string>
 #include <vector>
@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
       {"calibrate", "fit the offline estimate of live KL (est_kl) to live runs of a calibration split",
        kvsim::cli::calibrate_command},
       {"agreement", "the offline/live agreement report from sweep and verify result files", kvsim::cli::agreement_command},
-      {"train", "train a learned policy (foresight) on captured traces", kvsim::cli::train_command},
+      {"train", "train a learned policy (foresight, sigmoid_gate, distillcache, rlkv) on captured traces",
+       kvsim::cli::train_command},
+      {"serve", "serving simulation of request traces: prefix-cache hit rates", kvsim::cli::serve_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

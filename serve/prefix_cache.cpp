@@ -1,0 +1,177 @@
+#include "serve/prefix_cache.h"
+
+#include <algorithm>
+#include <queue>
+
+#include "core/error.h"
+
+namespace kvsim::serve {
+
+namespace {
+
+const std::vector<std::string> kNames = {"lru", "lfu", "slru", "hits_per_token", "rppc"};
+
+// A leaf's place in the eviction order: the smallest (first, second) goes first, then the deeper
+// block, then the higher id. `version` tells a current entry from one a later touch replaced.
+struct Candidate {
+  double first, second;
+  std::int32_t depth, block;
+  std::uint32_t version;
+  bool operator<(const Candidate& o) const {  // "evicted later than": the heap's top is the victim
+    if (first != o.first) return first > o.first;
+    if (second != o.second) return second > o.second;
+    if (depth != o.depth) return depth < o.depth;
+    return block < o.block;
+  }
+};
+
+}  // namespace
+
+Eviction parse_eviction(const std::string& name) {
+  for (std::size_t i = 0; i < kNames.size(); ++i)
+    if (name == kNames[i]) return static_cast<Eviction>(i);
+  std::string all;
+  for (const auto& n : kNames) all += (all.empty() ? "" : ", ") + n;
+  throw Error("eviction policy '" + name + "' is unknown; expected one of: " + all);
+}
+
+std::string eviction_name(Eviction e) { return kNames.at(static_cast<std::size_t>(e)); }
+const std::vector<std::string>& eviction_names() { return kNames; }
+
+struct PrefixCache::Impl {
+  const BlockTree& tree;
+  const RequestTrace& trace;
+  EvictionOptions o;
+  std::vector<std::uint8_t> cached, prot;
+  std::vector<std::int32_t> cached_children;
+  std::vector<std::int64_t> last, hits;
+  std::vector<std::uint32_t> version, prot_version;
+  std::priority_queue<Candidate> leaves;
+  // SLRU's protected segment by last use: (last, block, version), oldest on top.
+  using ProtEntry = std::tuple<std::int64_t, std::int32_t, std::uint32_t>;
+  std::priority_queue<ProtEntry, std::vector<ProtEntry>, std::greater<>> protected_lru;
+  std::int64_t protected_count = 0, protected_cap = 0;
+
+  Impl(const BlockTree& bt, EvictionOptions opts) : tree(bt), trace(bt.trace()), o(opts) {
+    const std::size_t n = trace.blocks();
+    cached.assign(n, 0);
+    prot.assign(n, 0);
+    cached_children.assign(n, 0);
+    last.assign(n, -1);
+    hits.assign(n, 0);
+    version.assign(n, 0);
+    prot_version.assign(n, 0);
+  }
+
+  Candidate candidate(std::int32_t b) const {
+    const auto u = static_cast<std::size_t>(b);
+    const auto l = static_cast<double>(last[u]), h = static_cast<double>(hits[u]), t = static_cast<double>(trace.tokens[u]);
+    Candidate c{0, 0, trace.depth[u], b, version[u]};
+    switch (o.kind) {
+      case Eviction::Lru: c.first = l; break;
+      case Eviction::Lfu: c = {h, l, c.depth, b, c.version}; break;
+      case Eviction::Slru: c = {static_cast<double>(prot[u]), l, c.depth, b, c.version}; break;
+      case Eviction::HitsPerToken: c = {h / t, l, c.depth, b, c.version}; break;
+      case Eviction::Rppc: {
+        // Value = frequency x latency benefit / footprint; the benefit is what a hit saves
+        // against recomputing the block after its cached prefix.
+        const double recompute = o.cost.recompute_ms(static_cast<std::int64_t>(trace.depth[u]) * trace.block_size, trace.tokens[u]);
+        c = {h * std::max(0.0, recompute - o.load_ms_per_token * t) / t, l, c.depth, b, c.version};
+        break;
+      }
+    }
+    return c;
+  }
+
+  bool is_leaf(std::int32_t b) const { return cached[static_cast<std::size_t>(b)] && cached_children[static_cast<std::size_t>(b)] == 0; }
+  void offer(std::int32_t b) {  // b's key changed, or b became a leaf
+    ++version[static_cast<std::size_t>(b)];
+    if (is_leaf(b)) leaves.push(candidate(b));
+  }
+
+  void protect(std::int32_t b) {
+    const auto u = static_cast<std::size_t>(b);
+    if (!prot[u]) {
+      prot[u] = 1;
+      ++protected_count;
+    }
+    protected_lru.emplace(last[u], b, ++prot_version[u]);
+    while (protected_count > protected_cap && !protected_lru.empty()) {
+      const auto [l, v, ver] = protected_lru.top();
+      protected_lru.pop();
+      const auto w = static_cast<std::size_t>(v);
+      if (!cached[w] || !prot[w] || ver != prot_version[w]) continue;
+      prot[w] = 0;  // demoted to the probationary segment
+      --protected_count;
+      offer(v);
+    }
+  }
+};
+
+PrefixCache::PrefixCache(const BlockTree& tree, std::int64_t capacity, EvictionOptions options)
+    : impl_(std::make_unique<Impl>(tree, options)), capacity_(capacity) {
+  if (capacity < 1) throw Error("prefix cache: capacity " + std::to_string(capacity) + " blocks; expected >= 1");
+  if (!(options.slru_protected > 0 && options.slru_protected <= 1))
+    throw Error("prefix cache: SLRU protected share " + std::to_string(options.slru_protected) + "; expected (0, 1]");
+  impl_->protected_cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(options.slru_protected * static_cast<double>(capacity)));
+}
+
+PrefixCache::~PrefixCache() = default;
+
+bool PrefixCache::cached(std::int32_t block) const { return impl_->cached.at(static_cast<std::size_t>(block)) != 0; }
+
+std::size_t PrefixCache::cached_prefix(const ServeRequest& r) const {
+  std::size_t i = 0;
+  while (i < r.blocks.size() && impl_->cached[static_cast<std::size_t>(r.blocks[i])]) ++i;
+  return i;
+}
+
+std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
+  Impl& m = *impl_;
+  std::int64_t inserted = 0;
+  std::vector<Candidate> pinned;  // leaves of r itself met while looking for a victim
+  for (const std::int32_t b : r.blocks) {
+    const auto u = static_cast<std::size_t>(b);
+    if (m.cached[u]) {
+      ++m.hits[u];
+      m.last[u] = now;
+      if (m.o.kind == Eviction::Slru) m.protect(b);  // a hit promotes (or refreshes) it
+      m.offer(b);
+      continue;
+    }
+    while (size_ >= capacity_ && !m.leaves.empty()) {
+      const Candidate c = m.leaves.top();
+      m.leaves.pop();
+      const auto v = static_cast<std::size_t>(c.block);
+      if (!m.is_leaf(c.block) || c.version != m.version[v]) continue;  // stale
+      if (m.last[v] == now) {
+        pinned.push_back(c);
+        continue;
+      }
+      m.cached[v] = 0;
+      m.hits[v] = 0;
+      if (m.prot[v]) {
+        m.prot[v] = 0;
+        --m.protected_count;
+      }
+      --size_;
+      ++evictions_;
+      if (record_) evicted_.push_back(c.block);
+      if (const std::int32_t p = m.tree.parent(c.block); p >= 0 && --m.cached_children[static_cast<std::size_t>(p)] == 0) m.offer(p);
+    }
+    for (const Candidate& c : pinned) m.leaves.push(c);
+    pinned.clear();
+    if (size_ >= capacity_) break;  // every cached block is r's: the rest of r stays uncached
+    m.cached[u] = 1;
+    m.hits[u] = 1;
+    m.last[u] = now;
+    ++size_;
+    ++inserted;
+    if (const std::int32_t p = m.trace.parent[u]; p >= 0 && m.cached_children[static_cast<std::size_t>(p)]++ == 0)
+      ++m.version[static_cast<std::size_t>(p)];  // no longer a leaf: its heap entry goes stale
+    m.offer(b);
+  }
+  return inserted;
+}
+
+}  // namespace kvsim::serve
