@@ -4,6 +4,7 @@
 // prefix is a path from a root). Built once per trace and shared by every cache simulated on it.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "serve/request_trace.h"
 
@@ -14,7 +15,7 @@ class BlockTree {
   explicit BlockTree(const RequestTrace& trace);
   ~BlockTree();
   const RequestTrace& trace() const { return trace_; }
-  std::int32_t parent(std::int32_t block) const;      // -1 for a root
+  std::int32_t parent(std::int32_t block) const { return parent_[static_cast<std::size_t>(block)]; }  // -1: a root
   std::int64_t children(std::int32_t block) const;    // blocks that follow it anywhere
   std::size_t blocks() const { return trace_.blocks(); }
   // The Boost.Graph itself (boost::adjacency_list<vecS, vecS, bidirectionalS>), for algorithms.
@@ -24,6 +25,7 @@ class BlockTree {
  private:
   const RequestTrace& trace_;
   std::unique_ptr<Graph> graph_;
+  std::vector<std::int32_t> parent_;  // read from the graph once: parent() is on the replay's hot path
 };
 
 }  // namespace kvsim::serve

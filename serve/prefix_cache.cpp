@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <queue>
+#include <utility>
 
 #include "core/error.h"
 
@@ -11,18 +12,75 @@ namespace {
 
 const std::vector<std::string> kNames = {"lru", "lfu", "slru", "hits_per_token", "rppc"};
 
-// A leaf's place in the eviction order: the smallest (first, second) goes first, then the deeper
-// block, then the higher id. `version` tells a current entry from one a later touch replaced.
-struct Candidate {
-  double first, second;
-  std::int32_t depth, block;
-  std::uint32_t version;
-  bool operator<(const Candidate& o) const {  // "evicted later than": the heap's top is the victim
-    if (first != o.first) return first > o.first;
-    if (second != o.second) return second > o.second;
-    if (depth != o.depth) return depth < o.depth;
-    return block < o.block;
+// The eviction candidates (the leaves) in an indexed 4-ary min-heap: each leaf's key is updated in
+// place when it is touched, so the heap never holds more than the cached blocks. Order: the
+// smallest (first, second) goes first, then the deeper block, then the higher id.
+class LeafHeap {
+ public:
+  void resize(std::size_t blocks) { pos_.assign(blocks, -1); }
+  bool empty() const { return heap_.empty(); }
+  std::int32_t top() const { return heap_.front().block; }
+  void put(std::int32_t b, double first, double second, std::int32_t depth) {  // insert, or re-key
+    std::int64_t i = pos_[static_cast<std::size_t>(b)];
+    const Entry e{first, second, depth, b};
+    if (i < 0) {
+      i = static_cast<std::int64_t>(heap_.size());
+      heap_.push_back(e);
+    }
+    sift_down(sift_up(i, e), e);
   }
+  void remove(std::int32_t b) {
+    const std::int64_t i = pos_[static_cast<std::size_t>(b)];
+    if (i < 0) return;
+    pos_[static_cast<std::size_t>(b)] = -1;
+    const Entry moved = heap_.back();
+    heap_.pop_back();
+    if (static_cast<std::size_t>(i) == heap_.size()) return;
+    sift_down(sift_up(i, moved), moved);
+  }
+
+ private:
+  // Keys live in the heap itself, so a comparison reads contiguous memory.
+  struct Entry {
+    double first, second;
+    std::int32_t depth, block;
+    bool before(const Entry& o) const {
+      if (first != o.first) return first < o.first;
+      if (second != o.second) return second < o.second;
+      if (depth != o.depth) return depth > o.depth;
+      return block > o.block;
+    }
+  };
+  void place(std::int64_t i, const Entry& e) {
+    heap_[static_cast<std::size_t>(i)] = e;
+    pos_[static_cast<std::size_t>(e.block)] = i;
+  }
+  // Where e goes at or above slot i (the entries it passes move down), not yet placed.
+  std::int64_t sift_up(std::int64_t i, const Entry& e) {
+    while (i > 0) {
+      const std::int64_t p = (i - 1) / 4;
+      if (!e.before(heap_[static_cast<std::size_t>(p)])) break;
+      place(i, heap_[static_cast<std::size_t>(p)]);
+      i = p;
+    }
+    return i;
+  }
+  void sift_down(std::int64_t i, const Entry& e) {
+    const auto n = static_cast<std::int64_t>(heap_.size());
+    for (;;) {
+      const std::int64_t c0 = 4 * i + 1;
+      if (c0 >= n) break;
+      std::int64_t best = c0;
+      for (std::int64_t c = c0 + 1; c < std::min(n, c0 + 4); ++c)
+        if (heap_[static_cast<std::size_t>(c)].before(heap_[static_cast<std::size_t>(best)])) best = c;
+      if (!heap_[static_cast<std::size_t>(best)].before(e)) break;
+      place(i, heap_[static_cast<std::size_t>(best)]);
+      i = best;
+    }
+    place(i, e);
+  }
+  std::vector<Entry> heap_;
+  std::vector<std::int64_t> pos_;
 };
 
 }  // namespace
@@ -45,8 +103,8 @@ struct PrefixCache::Impl {
   std::vector<std::uint8_t> cached, prot;
   std::vector<std::int32_t> cached_children;
   std::vector<std::int64_t> last, hits;
-  std::vector<std::uint32_t> version, prot_version;
-  std::priority_queue<Candidate> leaves;
+  std::vector<std::uint32_t> prot_version;
+  LeafHeap leaves;
   // SLRU's protected segment by last use: (last, block, version), oldest on top.
   using ProtEntry = std::tuple<std::int64_t, std::int32_t, std::uint32_t>;
   std::priority_queue<ProtEntry, std::vector<ProtEntry>, std::greater<>> protected_lru;
@@ -59,34 +117,34 @@ struct PrefixCache::Impl {
     cached_children.assign(n, 0);
     last.assign(n, -1);
     hits.assign(n, 0);
-    version.assign(n, 0);
     prot_version.assign(n, 0);
+    leaves.resize(n);
   }
 
-  Candidate candidate(std::int32_t b) const {
+  // b's place in the eviction order: (first, second), the smallest evicted first.
+  std::pair<double, double> key(std::int32_t b) const {
     const auto u = static_cast<std::size_t>(b);
     const auto l = static_cast<double>(last[u]), h = static_cast<double>(hits[u]), t = static_cast<double>(trace.tokens[u]);
-    Candidate c{0, 0, trace.depth[u], b, version[u]};
     switch (o.kind) {
-      case Eviction::Lru: c.first = l; break;
-      case Eviction::Lfu: c = {h, l, c.depth, b, c.version}; break;
-      case Eviction::Slru: c = {static_cast<double>(prot[u]), l, c.depth, b, c.version}; break;
-      case Eviction::HitsPerToken: c = {h / t, l, c.depth, b, c.version}; break;
+      case Eviction::Lru: return {l, 0.0};
+      case Eviction::Lfu: return {h, l};
+      case Eviction::Slru: return {static_cast<double>(prot[u]), l};
+      case Eviction::HitsPerToken: return {h / t, l};
       case Eviction::Rppc: {
         // Value = frequency x latency benefit / footprint; the benefit is what a hit saves
         // against recomputing the block after its cached prefix.
         const double recompute = o.cost.recompute_ms(static_cast<std::int64_t>(trace.depth[u]) * trace.block_size, trace.tokens[u]);
-        c = {h * std::max(0.0, recompute - o.load_ms_per_token * t) / t, l, c.depth, b, c.version};
-        break;
+        return {h * std::max(0.0, recompute - o.load_ms_per_token * t) / t, l};
       }
     }
-    return c;
+    return {l, 0.0};
   }
 
   bool is_leaf(std::int32_t b) const { return cached[static_cast<std::size_t>(b)] && cached_children[static_cast<std::size_t>(b)] == 0; }
   void offer(std::int32_t b) {  // b's key changed, or b became a leaf
-    ++version[static_cast<std::size_t>(b)];
-    if (is_leaf(b)) leaves.push(candidate(b));
+    if (!is_leaf(b)) return;
+    const auto [first, second] = key(b);
+    leaves.put(b, first, second, trace.depth[static_cast<std::size_t>(b)]);
   }
 
   void protect(std::int32_t b) {
@@ -129,7 +187,7 @@ std::size_t PrefixCache::cached_prefix(const ServeRequest& r) const {
 std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
   Impl& m = *impl_;
   std::int64_t inserted = 0;
-  std::vector<Candidate> pinned;  // leaves of r itself met while looking for a victim
+  std::vector<std::int32_t> pinned;  // leaves of r itself met while looking for a victim
   for (const std::int32_t b : r.blocks) {
     const auto u = static_cast<std::size_t>(b);
     if (m.cached[u]) {
@@ -140,26 +198,25 @@ std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
       continue;
     }
     while (size_ >= capacity_ && !m.leaves.empty()) {
-      const Candidate c = m.leaves.top();
-      m.leaves.pop();
-      const auto v = static_cast<std::size_t>(c.block);
-      if (!m.is_leaf(c.block) || c.version != m.version[v]) continue;  // stale
-      if (m.last[v] == now) {
-        pinned.push_back(c);
+      const std::int32_t v = m.leaves.top();
+      const auto w = static_cast<std::size_t>(v);
+      m.leaves.remove(v);
+      if (m.last[w] == now) {
+        pinned.push_back(v);
         continue;
       }
-      m.cached[v] = 0;
-      m.hits[v] = 0;
-      if (m.prot[v]) {
-        m.prot[v] = 0;
+      m.cached[w] = 0;
+      m.hits[w] = 0;
+      if (m.prot[w]) {
+        m.prot[w] = 0;
         --m.protected_count;
       }
       --size_;
       ++evictions_;
-      if (record_) evicted_.push_back(c.block);
-      if (const std::int32_t p = m.tree.parent(c.block); p >= 0 && --m.cached_children[static_cast<std::size_t>(p)] == 0) m.offer(p);
+      if (record_) evicted_.push_back(v);
+      if (const std::int32_t p = m.tree.parent(v); p >= 0 && --m.cached_children[static_cast<std::size_t>(p)] == 0) m.offer(p);
     }
-    for (const Candidate& c : pinned) m.leaves.push(c);
+    for (const std::int32_t v : pinned) m.offer(v);
     pinned.clear();
     if (size_ >= capacity_) break;  // every cached block is r's: the rest of r stays uncached
     m.cached[u] = 1;
@@ -168,7 +225,7 @@ std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
     ++size_;
     ++inserted;
     if (const std::int32_t p = m.trace.parent[u]; p >= 0 && m.cached_children[static_cast<std::size_t>(p)]++ == 0)
-      ++m.version[static_cast<std::size_t>(p)];  // no longer a leaf: its heap entry goes stale
+      m.leaves.remove(p);  // no longer a leaf
     m.offer(b);
   }
   return inserted;

@@ -1,5 +1,6 @@
 #include "serve/request_trace.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -98,6 +99,31 @@ RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_siz
   }
   if (t.requests.empty()) throw Error(path + ": no requests");
   return t;
+}
+
+RequestTrace replicate(const RequestTrace& trace, int times) {
+  if (times < 1) throw Error("replicate: " + std::to_string(times) + " copies; expected >= 1");
+  RequestTrace out;
+  out.path = trace.path + " x" + std::to_string(times);
+  out.block_size = trace.block_size;
+  const auto n = static_cast<std::int32_t>(trace.blocks());
+  const double span = trace.requests.back().arrival_ms + 1;
+  std::int64_t max_hash = 0;
+  for (std::int64_t h : trace.hash) max_hash = std::max(max_hash, h);
+  for (int k = 0; k < times; ++k) {
+    for (std::size_t b = 0; b < trace.blocks(); ++b) {
+      out.parent.push_back(trace.parent[b] < 0 ? -1 : trace.parent[b] + k * n);
+      out.depth.push_back(trace.depth[b]);
+      out.hash.push_back(trace.hash[b] + k * (max_hash + 1));
+      out.tokens.push_back(trace.tokens[b]);
+    }
+    for (ServeRequest r : trace.requests) {
+      r.arrival_ms += k * span;
+      for (std::int32_t& b : r.blocks) b += k * n;
+      out.requests.push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 }  // namespace kvsim::serve

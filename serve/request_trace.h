@@ -41,4 +41,8 @@ struct RequestTrace {
 // blocks in different requests (not a prefix hash) or holds different token counts.
 RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_size = kMooncakeBlockTokens);
 
+// `times` copies of the trace one after another: each copy's blocks are new (ids shifted past the
+// previous copy's) and its arrivals start where the previous copy's ended. For cost-growth benches.
+RequestTrace replicate(const RequestTrace& trace, int times);
+
 }  // namespace kvsim::serve
