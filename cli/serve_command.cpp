@@ -11,7 +11,12 @@
 #include "cli/dispatch.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include <chrono>
+
+#include "model/engine.h"
+#include "model/gguf.h"
 #include "serve/hit_rate.h"
+#include "serve/profile.h"
 #include "sim/csv.h"
 
 namespace po = boost::program_options;
@@ -20,7 +25,8 @@ namespace kvsim::cli {
 
 namespace {
 
-std::vector<std::int64_t> parse_capacities(const std::string& s) {
+// Comma-separated counts >= 1; errors name the flag.
+std::vector<std::int64_t> parse_counts(const std::string& s, const std::string& flag, const std::string& what) {
   std::vector<std::int64_t> out;
   for (const std::string& v : split(s, ',')) {
     std::size_t used = 0;
@@ -30,10 +36,10 @@ std::vector<std::int64_t> parse_capacities(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != v.size() || x < 1) throw Error("--capacity: '" + v + "' is not a block count >= 1");
+    if (used != v.size() || x < 1) throw Error(flag + ": '" + v + "' is not a " + what + " >= 1");
     out.push_back(x);
   }
-  if (out.empty()) throw Error("--capacity: no capacities given");
+  if (out.empty()) throw Error(flag + ": no values given");
   return out;
 }
 
@@ -60,7 +66,7 @@ int hit_rate_cmd(const Args& args) {
   for (const std::string& f : {out, json})
     if (!f.empty() && !vm.count("force") && std::filesystem::exists(f))
       throw Error(f + ": file exists; refusing to overwrite it (pass --force to replace)");
-  const std::vector<std::int64_t> caps = parse_capacities(capacities);
+  const std::vector<std::int64_t> caps = parse_counts(capacities, "--capacity", "block count");
   std::vector<serve::Eviction> kinds;
   for (const std::string& e : split(evictions, ',')) kinds.push_back(serve::parse_eviction(e));
   const serve::RequestTrace trace = serve::read_mooncake_trace(trace_path);
@@ -121,11 +127,97 @@ int hit_rate_cmd(const Args& args) {
   return 0;
 }
 
+// Milliseconds of the best of `reps` runs of f.
+template <typename F>
+double best_ms(int reps, F f) {
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+int profile_cmd(const Args& args) {
+  std::string model, out, name, lengths = "64,128,256,512,1024", contexts = "128,512,1024";
+  int steps = 8;
+  po::options_description desc(
+      "kvsim serve profile: fit a serving cost profile to kvsim's own engine on this machine. Prefill of l tokens\n"
+      "is timed at each --lengths and fitted to a + b*l + c*l^2; a decode step after each --contexts to\n"
+      "a + b*ctx (the engine runs one sequence at a time, so the per-sequence batch term is not measured and stays\n"
+      "0). Coefficients are fitted non-negative. Or pass --show NAME to print a built-in profile");
+  desc.add_options()("help,h", "show this help")("model,m", po::value(&model), "GGUF model")(
+      "out,o", po::value(&out), "profile JSON to write")("name", po::value(&name), "profile name (default: model-cpu)")(
+      "lengths", po::value(&lengths)->default_value(lengths), "prefill lengths in tokens")(
+      "contexts", po::value(&contexts)->default_value(contexts), "decode context lengths in tokens")(
+      "steps", po::value(&steps)->default_value(steps), "decode steps timed per context")(
+      "show", po::value<std::string>(), "print a profile (built-in name or file) and exit")("force", "replace --out");
+  po::variables_map vm;
+  if (!parse_options(args, desc, po::positional_options_description(), vm,
+                     "kvsim serve profile -m MODEL.gguf -o profile.json | --show llama2-7b-h100"))
+    return 0;
+  if (vm.count("show")) {
+    const serve::ServeProfile p = serve::load_profile(vm["show"].as<std::string>());
+    std::printf("%s (%s)\nprefill: %.4g + %.4g*l + %.4g*l^2 ms\ndecode step: %.4g + %.4g*sum(ctx) + %.4g*B ms\n"
+                "KV: %.0f bytes per token\n",
+                p.name.c_str(), p.source.c_str(), p.prefill.a_ms, p.prefill.b_ms_per_token, p.prefill.c_ms_per_token2,
+                p.decode.a_ms, p.decode.b_ms_per_ctx_token, p.decode.c_ms_per_seq, p.kv_bytes_per_token);
+    return 0;
+  }
+  if (model.empty() || out.empty()) throw Error("--model and --out are required (or --show NAME)");
+  if (!vm.count("force") && std::filesystem::exists(out))
+    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  if (steps < 1) throw Error("--steps: got " + std::to_string(steps) + "; expected >= 1");
+  const std::vector<std::int64_t> ls = parse_counts(lengths, "--lengths", "token count"), cs = parse_counts(contexts, "--contexts", "token count");
+  const GgufFile gguf(model);
+  const std::unique_ptr<Engine> eng = make_engine(gguf, EngineOptions{});
+  const ModelConfig& c = eng->config();
+  auto prompt = [&](std::int64_t n) {
+    std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(1 + (i * 7919) % (c.vocab - 1));
+    return t;
+  };
+  std::vector<serve::CostSample> pre, dec;
+  for (const std::int64_t l : ls) {
+    const auto t = prompt(l);
+    const double ms = best_ms(2, [&] {
+      eng->reset();
+      eng->prefill(t);
+    });
+    pre.push_back({static_cast<double>(l), static_cast<double>(l) * static_cast<double>(l), 1, ms});
+    std::printf("prefill %6lld tokens: %9.2f ms\n", static_cast<long long>(l), ms);
+  }
+  for (const std::int64_t ctx : cs) {
+    eng->reset();
+    eng->prefill(prompt(ctx));
+    const double ms = best_ms(1, [&] {
+      for (int s = 0; s < steps; ++s) eng->step(static_cast<std::int32_t>(1 + s));
+    }) / steps;
+    dec.push_back({static_cast<double>(ctx) + steps / 2.0, 0, 1, ms});
+    std::printf("decode after %6lld tokens: %9.3f ms per step\n", static_cast<long long>(ctx), ms);
+  }
+  serve::ServeProfile p;
+  p.name = name.empty() ? std::filesystem::path(model).stem().string() + "-cpu" : name;
+  p.source = "fitted: kvsim serve profile on " + std::filesystem::path(model).filename().string() +
+             ", CPU engine, one sequence (no batch term)";
+  const std::vector<double> pw = serve::fit_nonnegative(pre, false), dw = serve::fit_nonnegative(dec, true);
+  p.prefill = {p.name, pw[0], pw[1], pw[2]};
+  p.decode = {dw[0], dw[1], 0.0};
+  p.kv_bytes_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
+  serve::write_profile(p, out);
+  std::printf("%s: prefill %.4g + %.4g*l + %.4g*l^2 ms; decode step %.4g + %.4g*ctx ms; KV %.0f bytes per token\n",
+              out.c_str(), p.prefill.a_ms, p.prefill.b_ms_per_token, p.prefill.c_ms_per_token2, p.decode.a_ms,
+              p.decode.b_ms_per_ctx_token, p.kv_bytes_per_token);
+  return 0;
+}
+
 }  // namespace
 
 int serve_command(const Args& args) {
   static const Subcommand subs[] = {
-      {"hit-rate", "prefix-cache hit rates per capacity and eviction policy (no timing)", hit_rate_cmd}};
+      {"hit-rate", "prefix-cache hit rates per capacity and eviction policy (no timing)", hit_rate_cmd},
+      {"profile", "fit a serving cost profile to the engine on this machine, or show a built-in one", profile_cmd}};
   return dispatch("kvsim serve", subs, args);
 }
 

@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "serve/hit_rate.h"
 #include "serve/prefix_cache.h"
+#include "serve/profile.h"
 #include "serve/request_trace.h"
 #include "trace_fixtures.h"
 
@@ -211,4 +212,50 @@ TEST_CASE("hit rate: the longest cached run from the first block, partial tail t
   CHECK(r.tokens == 612 + 1124 + 612 + 512);
   CHECK(r.hit_tokens == 512 + 612);
   CHECK(r.block_hit_rate() == Approx(3.0 / 8));
+}
+
+TEST_CASE("cost profiles: non-negative fits, files, built-ins", "[serve]") {
+  // Exact data from known coefficients come back exactly.
+  std::vector<CostSample> pre;
+  for (const double l : {64.0, 128.0, 512.0, 2048.0}) pre.push_back({l, l * l, 1, 3.0 + 0.5 * l + 1e-4 * l * l});
+  const std::vector<double> w = fit_nonnegative(pre, false);
+  CHECK(w[0] == Approx(3.0).epsilon(1e-9));
+  CHECK(w[1] == Approx(0.5).epsilon(1e-9));
+  CHECK(w[2] == Approx(1e-4).epsilon(1e-9));
+  // Data whose unconstrained intercept is negative: held at 0, the rest refitted.
+  std::vector<CostSample> steep;
+  for (const double l : {100.0, 200.0, 300.0}) steep.push_back({l, l * l, 1, 2.0 * l - 50.0});
+  const std::vector<double> s = fit_nonnegative(steep, false);
+  CHECK(s[0] == 0.0);
+  CHECK(s[1] > 0);
+  // Decode with one sequence: the batch term cannot be told from the intercept and stays 0.
+  std::vector<CostSample> dec;
+  for (const double ctx : {128.0, 1024.0}) dec.push_back({ctx, 0, 1, 5.0 + 0.01 * ctx});
+  const std::vector<double> d = fit_nonnegative(dec, true);
+  CHECK(d[0] == Approx(5.0).epsilon(1e-9));
+  CHECK(d[1] == Approx(0.01).epsilon(1e-9));
+  CHECK(d[2] == 0.0);
+  CHECK_THROWS_WITH(fit_nonnegative({}, false), Catch::Contains("admit no fit"));
+
+  const ServeProfile h100 = load_profile("llama2-7b-h100"), h200 = load_profile("llama2-7b-h200");
+  CHECK(h100.kv_bytes_per_token == 2.0 * 32 * 4096 * 2);
+  CHECK(h200.decode.a_ms < h100.decode.a_ms);  // more HBM bandwidth, same weights
+  CHECK(h100.prefill.recompute_ms(0, 512) == Approx(h100.prefill.prefill_ms(512)));
+  const std::string path = test::scratch_file("profile.json");
+  write_profile(h200, path);
+  const ServeProfile back = load_profile(path);
+  CHECK(back.name == h200.name);
+  CHECK(back.decode.b_ms_per_ctx_token == h200.decode.b_ms_per_ctx_token);
+  CHECK(back.prefill.c_ms_per_token2 == h200.prefill.c_ms_per_token2);
+  CHECK_THROWS_WITH(load_profile("h900"), Catch::Contains("not a built-in profile (llama2-7b-h100, llama2-7b-h200)"));
+  CHECK_THROWS_WITH(load_profile(write_lines("noformat.json", "{}")), Catch::Contains("field 'format'"));
+  CHECK_THROWS_WITH(
+      load_profile(write_lines("nodecode.json", R"({"format": "kvsim-serve-profile", "kv_bytes_per_token": 1,
+                                                   "prefill": {"a_ms": 0, "b_ms_per_token": 1, "c_ms_per_token2": 0}})")),
+      Catch::Contains("field 'decode' is missing"));
+  CHECK_THROWS_WITH(
+      load_profile(write_lines("negative.json", R"({"format": "kvsim-serve-profile", "kv_bytes_per_token": 1,
+                        "prefill": {"a_ms": 0, "b_ms_per_token": -1, "c_ms_per_token2": 0},
+                        "decode": {"a_ms": 0, "b_ms_per_ctx_token": 1, "c_ms_per_seq": 0}})")),
+      Catch::Contains("prefill: field 'b_ms_per_token' is -1; expected a number >= 0"));
 }
