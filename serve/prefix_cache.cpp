@@ -1,6 +1,7 @@
 #include "serve/prefix_cache.h"
 
 #include <algorithm>
+#include <deque>
 #include <queue>
 #include <utility>
 
@@ -105,6 +106,11 @@ struct PrefixCache::Impl {
   std::vector<std::int64_t> last, hits;
   std::vector<std::uint32_t> prot_version;
   LeafHeap leaves;
+  // LRU only: leaves offered at the current time arrive in key order, so they queue in O(1); the
+  // heap keeps only parents re-exposed with an older key. Entries whose block has since been
+  // evicted, covered or touched again are skipped when they reach the front.
+  std::deque<std::pair<std::int32_t, std::int64_t>> fresh;
+  std::int64_t now = -1;
   // SLRU's protected segment by last use: (last, block, version), oldest on top.
   using ProtEntry = std::tuple<std::int64_t, std::int32_t, std::uint32_t>;
   std::priority_queue<ProtEntry, std::vector<ProtEntry>, std::greater<>> protected_lru;
@@ -143,8 +149,42 @@ struct PrefixCache::Impl {
   bool is_leaf(std::int32_t b) const { return cached[static_cast<std::size_t>(b)] && cached_children[static_cast<std::size_t>(b)] == 0; }
   void offer(std::int32_t b) {  // b's key changed, or b became a leaf
     if (!is_leaf(b)) return;
+    if (o.kind == Eviction::Lru && last[static_cast<std::size_t>(b)] == now) {
+      leaves.remove(b);
+      fresh.emplace_back(b, now);
+      return;
+    }
     const auto [first, second] = key(b);
     leaves.put(b, first, second, trace.depth[static_cast<std::size_t>(b)]);
+  }
+
+  // The next leaf to evict, out of the eviction order (-1: none but the current request's, which
+  // go to `pinned` when met in the heap).
+  std::int32_t victim(std::vector<std::int32_t>& pinned) {
+    while (!fresh.empty()) {  // drop stale entries at the front
+      const auto [b, at] = fresh.front();
+      if (is_leaf(b) && last[static_cast<std::size_t>(b)] == at) break;
+      fresh.pop_front();
+    }
+    for (;;) {
+      const bool queued = !fresh.empty() && fresh.front().second < now;
+      if (!leaves.empty()) {
+        const std::int32_t h = leaves.top();
+        if (queued && fresh.front().second < last[static_cast<std::size_t>(h)]) break;
+        leaves.remove(h);
+        if (last[static_cast<std::size_t>(h)] == now) {
+          pinned.push_back(h);
+          continue;
+        }
+        return h;
+      }
+      if (!queued) return -1;
+      break;
+    }
+    const std::int32_t b = fresh.front().first;
+    fresh.pop_front();
+    leaves.remove(b);  // a copy re-offered with the same key, if any
+    return b;
   }
 
   void protect(std::int32_t b) {
@@ -186,6 +226,7 @@ std::size_t PrefixCache::cached_prefix(const ServeRequest& r) const {
 
 std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
   Impl& m = *impl_;
+  m.now = now;
   std::int64_t inserted = 0;
   std::vector<std::int32_t> pinned;  // leaves of r itself met while looking for a victim
   for (const std::int32_t b : r.blocks) {
@@ -197,14 +238,10 @@ std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
       m.offer(b);
       continue;
     }
-    while (size_ >= capacity_ && !m.leaves.empty()) {
-      const std::int32_t v = m.leaves.top();
+    while (size_ >= capacity_) {
+      const std::int32_t v = m.victim(pinned);
+      if (v < 0) break;
       const auto w = static_cast<std::size_t>(v);
-      m.leaves.remove(v);
-      if (m.last[w] == now) {
-        pinned.push_back(v);
-        continue;
-      }
       m.cached[w] = 0;
       m.hits[w] = 0;
       if (m.prot[w]) {
