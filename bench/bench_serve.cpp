@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
     std::printf("%-15s %10s %10s %12s\n", "eviction", "capacity", "block hit", "Mrefs/s");
     double worst_lru = 1e30, worst_other = 1e30;
     for (const std::string& name : eviction_names())
-      for (const std::int64_t cap : {distinct / 40, distinct / 4, distinct / 2}) {
+      for (const std::int64_t cap : {std::max<std::int64_t>(1, distinct / 40), std::max<std::int64_t>(1, distinct / 4),
+                                     std::max<std::int64_t>(1, distinct / 2)}) {
         HitRateResult r;
         const double s = best_seconds(tree, cap, parse_eviction(name), &r);
         const double rate = static_cast<double>(r.block_refs) / s / 1e6;
@@ -52,12 +53,12 @@ int main(int argc, char** argv) {
                 worst_lru, worst_lru >= 20 ? "OK" : "BELOW TARGET", worst_other, worst_other >= 20 ? "OK" : "BELOW TARGET");
     // Cost growth: the same capacity share of each replicated trace's blocks.
     for (const std::string name : {"lru", "rppc"}) {
-      const double one = best_seconds(tree, distinct / 4, parse_eviction(name), nullptr);
+      const double one = best_seconds(tree, std::max<std::int64_t>(1, distinct / 4), parse_eviction(name), nullptr);
       std::printf("%s, capacity = distinct/4, trace replicated:", name.c_str());
       for (const int times : {4, 16}) {
         const RequestTrace big = replicate(trace, times);
         const BlockTree big_tree(big);
-        const double t = best_seconds(big_tree, static_cast<std::int64_t>(big.blocks()) / 4, parse_eviction(name), nullptr);
+        const double t = best_seconds(big_tree, std::max<std::int64_t>(1, static_cast<std::int64_t>(big.blocks()) / 4), parse_eviction(name), nullptr);
         std::printf("  %dx: %.2fx the time", times, t / one);
       }
       std::printf("  (linear: 4x, 16x)\n");

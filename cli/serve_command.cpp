@@ -67,6 +67,8 @@ int hit_rate_cmd(const Args& args) {
     if (!f.empty() && !vm.count("force") && std::filesystem::exists(f))
       throw Error(f + ": file exists; refusing to overwrite it (pass --force to replace)");
   const std::vector<std::int64_t> caps = parse_counts(capacities, "--capacity", "block count");
+  if (!(slru_protected > 0 && slru_protected <= 1))
+    throw Error("--slru-protected: got " + std::to_string(slru_protected) + "; expected a share in (0, 1]");
   std::vector<serve::Eviction> kinds;
   for (const std::string& e : split(evictions, ',')) kinds.push_back(serve::parse_eviction(e));
   const serve::RequestTrace trace = serve::read_mooncake_trace(trace_path);
@@ -194,7 +196,7 @@ int profile_cmd(const Args& args) {
     const double ms = best_ms(1, [&] {
       for (int s = 0; s < steps; ++s) eng->step(static_cast<std::int32_t>(1 + s));
     }) / steps;
-    dec.push_back({static_cast<double>(ctx) + steps / 2.0, 0, 1, ms});
+    dec.push_back({static_cast<double>(ctx) + (steps + 1) / 2.0, 0, 1, ms});  // the mean context of the steps
     std::printf("decode after %6lld tokens: %9.3f ms per step\n", static_cast<long long>(ctx), ms);
   }
   serve::ServeProfile p;
@@ -203,7 +205,7 @@ int profile_cmd(const Args& args) {
              ", CPU engine, one sequence (no batch term)";
   const std::vector<double> pw = serve::fit_nonnegative(pre, false), dw = serve::fit_nonnegative(dec, true);
   p.prefill = {p.name, pw[0], pw[1], pw[2]};
-  p.decode = {dw[0], dw[1], 0.0};
+  p.decode = {dw[0] + dw[2], dw[1], 0.0};  // with one sequence the batch term is part of the intercept
   p.kv_bytes_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 2;
   serve::write_profile(p, out);
   std::printf("%s: prefill %.4g + %.4g*l + %.4g*l^2 ms; decode step %.4g + %.4g*ctx ms; KV %.0f bytes per token\n",

@@ -101,6 +101,9 @@ LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerS
                 std::to_string(s.layer()) + " (an engine bug)");
   LayerPlan plan = cfg.impl->compress(s, b.policy_budget());
   const bool per_query_head = check_plan(cfg, plan, cached, s.geometry());
+  if (one_entry_per_kv_head && has_logit_bias(plan))
+    throw Error("policy " + cfg.label() + ": a soft-gated plan (logit biases) is made once, at the compression point: "
+                "run it without --compress-every and with --budget-semantics point");
   if (per_query_head && one_entry_per_kv_head)
     throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with chunked compression or peak-matched budgets");
   return plan;

@@ -77,7 +77,8 @@ struct FallbackCount {
 void check_no_cuts_across_layers(const ReplayConfig& cfg, std::size_t cuts);
 
 // The policy's plan for the cache `s` shows (`cached` tokens per KV head), held to `b`, checked.
-// With `one_entry_per_kv_head` a per-query-head plan is refused (compression cuts need one).
+// With `one_entry_per_kv_head` (compression cuts, re-application) a per-query-head plan is refused,
+// and so is a soft-gated one (logit biases), which only a single compression keeps whole.
 LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s,
                     const std::vector<std::int64_t>& cached, bool one_entry_per_kv_head = false);
 

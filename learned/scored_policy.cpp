@@ -35,9 +35,11 @@ class ScoredPolicy : public ScoringPolicy {
       HeadPlan hp;
       hp.codec.assign(h.score.size(), TokenCodec::Fp16);
       hp.logit_bias.reserve(h.score.size());
-      for (const float z : h.score)
-        hp.logit_bias.push_back(static_cast<float>(z >= 0 ? -std::log1p(std::exp(-static_cast<double>(z)))
-                                                           : static_cast<double>(z) - std::log1p(std::exp(static_cast<double>(z)))));
+      for (std::size_t j = 0; j < h.score.size(); ++j) {
+        const double z = h.score[j];
+        const bool kept = !h.protect.empty() && h.protect[j];  // sinks and window: fully open
+        hp.logit_bias.push_back(kept ? 0.0f : static_cast<float>(z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z))));
+      }
       plan.heads.push_back(std::move(hp));
     }
     return plan;

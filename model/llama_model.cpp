@@ -198,6 +198,10 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
         if (!entry.bias.empty()) entry.bias.push_back(0.0f);
       }
     }
+    for (const KvEntry& entry : entries)  // checked here: nothing may throw inside the parallel loop
+      if (!entry.bias.empty() && entry.bias.size() != entry.tokens.size())
+        throw Error("KV cache layer " + std::to_string(l) + ": " + std::to_string(entry.bias.size()) +
+                    " logit biases for " + std::to_string(entry.tokens.size()) + " rows");
     if (impl_->record_attention) impl_->last_attention.resize(static_cast<std::size_t>(c.n_layers));
     auto& last_rows = impl_->last_attention;
     if (impl_->record_attention) last_rows[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(c.n_q_heads));

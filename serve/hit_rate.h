@@ -20,7 +20,8 @@ struct HitRateResult {
   double token_hit_rate() const { return tokens ? static_cast<double>(hit_tokens) / static_cast<double>(tokens) : 0.0; }
 };
 
-// `seconds` is the replay alone (the trace is parsed and its tree built once, outside).
+// `seconds` covers the cache's set-up (O(blocks)) and the replay; the trace is parsed and its tree
+// built once, outside.
 HitRateResult hit_rate(const BlockTree& tree, std::int64_t capacity, const EvictionOptions& options);
 
 // The hit rate with unbounded capacity: every block reference after a block's first. Blocks and

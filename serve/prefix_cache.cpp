@@ -194,6 +194,16 @@ struct PrefixCache::Impl {
       ++protected_count;
     }
     protected_lru.emplace(last[u], b, ++prot_version[u]);
+    if (protected_lru.size() > 4 * static_cast<std::size_t>(protected_cap) + 64) {  // drop superseded entries
+      std::vector<ProtEntry> live;
+      while (!protected_lru.empty()) {
+        const auto [l, v, ver] = protected_lru.top();
+        protected_lru.pop();
+        const auto w = static_cast<std::size_t>(v);
+        if (cached[w] && prot[w] && ver == prot_version[w]) live.emplace_back(l, v, ver);
+      }
+      protected_lru = decltype(protected_lru)(std::greater<>(), std::move(live));
+    }
     while (protected_count > protected_cap && !protected_lru.empty()) {
       const auto [l, v, ver] = protected_lru.top();
       protected_lru.pop();
@@ -226,6 +236,9 @@ std::size_t PrefixCache::cached_prefix(const ServeRequest& r) const {
 
 std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
   Impl& m = *impl_;
+  if (now <= m.now)  // equal times would pin another request's blocks
+    throw Error("prefix cache: admit at time " + std::to_string(now) + " after time " + std::to_string(m.now) +
+                "; expected increasing times");
   m.now = now;
   std::int64_t inserted = 0;
   std::vector<std::int32_t> pinned;  // leaves of r itself met while looking for a victim

@@ -93,11 +93,19 @@ ServeProfile load_profile(const std::string& name_or_path) {
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(name_or_path + ": not a JSON profile (" + e.what() + ")");
   }
-  if (!j.is_object() || j.value("format", "") != "kvsim-serve-profile")
+  auto text = [&](const char* key) {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_string())
+      throw Error(name_or_path + ": field '" + key + "' is " + (it == j.end() ? std::string("missing") : it->dump()) +
+                  "; expected a string");
+    return it->get<std::string>();
+  };
+  if (!j.is_object()) throw Error(name_or_path + ": not a JSON object");
+  if (text("format") != "kvsim-serve-profile")
     throw Error(name_or_path + ": field 'format' is not 'kvsim-serve-profile'");
   ServeProfile p;
-  p.name = j.value("name", "");
-  p.source = j.value("source", "");
+  p.name = text("name");
+  p.source = j.contains("source") ? text("source") : std::string();
   const auto pre = j.find("prefill"), dec = j.find("decode");
   if (pre == j.end() || !pre->is_object()) throw Error(name_or_path + ": field 'prefill' is missing or not an object");
   if (dec == j.end() || !dec->is_object()) throw Error(name_or_path + ": field 'decode' is missing or not an object");

@@ -39,7 +39,8 @@ struct CostSample {
 };
 // Least squares fit of a + b*x1 + c*x2 with every coefficient >= 0 (the best of the fits with each
 // subset of coefficients held at 0). Prefill: x1 = tokens, x2 = tokens2. Decode: x1 = tokens,
-// x2 = batch. Returns {a, b, c}; throws when there are fewer samples than free coefficients.
+// x2 = batch. Returns {a, b, c}; throws when no subset of coefficients fits (no samples). Equal
+// fits keep the intercept before the batch term (one batch size cannot tell them apart).
 std::vector<double> fit_nonnegative(const std::vector<CostSample>& samples, bool decode);
 
 }  // namespace kvsim::serve

@@ -248,13 +248,15 @@ TEST_CASE("cost profiles: non-negative fits, files, built-ins", "[serve]") {
   CHECK(back.decode.b_ms_per_ctx_token == h200.decode.b_ms_per_ctx_token);
   CHECK(back.prefill.c_ms_per_token2 == h200.prefill.c_ms_per_token2);
   CHECK_THROWS_WITH(load_profile("h900"), Catch::Contains("not a built-in profile (llama2-7b-h100, llama2-7b-h200)"));
-  CHECK_THROWS_WITH(load_profile(write_lines("noformat.json", "{}")), Catch::Contains("field 'format'"));
+  CHECK_THROWS_WITH(load_profile(write_lines("noformat.json", "{}")), Catch::Contains("field 'format' is missing"));
+  CHECK_THROWS_WITH(load_profile(write_lines("badname.json", R"({"format": "kvsim-serve-profile", "name": 7})")),
+                    Catch::Contains("badname.json: field 'name' is 7; expected a string"));
   CHECK_THROWS_WITH(
-      load_profile(write_lines("nodecode.json", R"({"format": "kvsim-serve-profile", "kv_bytes_per_token": 1,
+      load_profile(write_lines("nodecode.json", R"({"format": "kvsim-serve-profile", "name": "x", "kv_bytes_per_token": 1,
                                                    "prefill": {"a_ms": 0, "b_ms_per_token": 1, "c_ms_per_token2": 0}})")),
       Catch::Contains("field 'decode' is missing"));
   CHECK_THROWS_WITH(
-      load_profile(write_lines("negative.json", R"({"format": "kvsim-serve-profile", "kv_bytes_per_token": 1,
+      load_profile(write_lines("negative.json", R"({"format": "kvsim-serve-profile", "name": "x", "kv_bytes_per_token": 1,
                         "prefill": {"a_ms": 0, "b_ms_per_token": -1, "c_ms_per_token2": 0},
                         "decode": {"a_ms": 0, "b_ms_per_ctx_token": 1, "c_ms_per_seq": 0}})")),
       Catch::Contains("prefill: field 'b_ms_per_token' is -1; expected a number >= 0"));

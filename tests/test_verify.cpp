@@ -429,6 +429,9 @@ TEST_CASE("a soft-gated cache runs live on the CPU engine; replay and the backen
   const TraceReader reader(capture_trace(KVSIM_TEST_MODEL, needle_request(), "verify_soft.h5", 4));
   CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, {configs[0]}).replay("needle"),
                     Catch::Contains("offline replay does not score"));
+  // Cuts before the compression point would strip the biases: refused, not run ungated.
+  CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, {configs[0]}, 32).replay("needle"),
+                    Catch::Contains("made once, at the compression point"));
   LiveVerifier on_backend(
       gguf, o, std::make_unique<BackendEngine>(gguf, std::make_unique<test::CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32)));
   CHECK_THROWS_WITH(on_backend.run(needle_request(), {configs[0]}), Catch::Contains("CPU engine only"));

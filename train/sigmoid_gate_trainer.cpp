@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -45,7 +46,10 @@ void live_gap(const learned::LearnedModel& m, const TrainingSet& set, const Trai
   // The policies read a model file: this one lives as long as the check.
   struct Scratch {
     std::string path = (std::filesystem::temp_directory_path() / ("kvsim-gate-" + std::to_string(::getpid()) + ".h5")).string();
-    ~Scratch() { std::filesystem::remove(path); }
+    ~Scratch() {
+      std::error_code ignored;  // a destructor must not throw
+      std::filesystem::remove(path, ignored);
+    }
   } scratch;
   learned::write_learned_model(m, scratch.path);
   const double capacity = results.at("soft_capacity").get<double>();
@@ -232,9 +236,9 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const TrainingI
                                                 {"penalty", o.penalty}}
                                      .dump();
   if (!o.model.empty()) {
-    std::vector<int> requests;
-    for (const HeadSample* h : held.empty() ? fit : held)
-      if (requests.empty() || requests.back() != h->request) requests.push_back(h->request);
+    std::set<int> ids;
+    for (const HeadSample* h : held.empty() ? fit : held) ids.insert(h->request);
+    const std::vector<int> requests(ids.begin(), ids.end());
     live_gap(m, set, in, requests, o, results, progress);
   }
   m.results = results.dump();

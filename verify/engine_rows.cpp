@@ -26,6 +26,7 @@ void EngineRows::joined() {
     const KvEntry& row = live[e];
     const auto at = static_cast<std::ptrdiff_t>((row.tokens.size() - 1) * d);
     orig.tokens.push_back(row.tokens.back());
+    if (!orig.bias.empty()) orig.bias.push_back(0.0f);
     orig.k.insert(orig.k.end(), row.k.begin() + at, row.k.end());
     orig.v.insert(orig.v.end(), row.v.begin() + at, row.v.end());
   }
