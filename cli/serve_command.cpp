@@ -1,18 +1,18 @@
 // `kvsim serve`: the serving simulator (docs/serving.md). `hit-rate`: prefix-cache hit rates of a
-// request trace over capacities and eviction policies, without timing.
+// request trace over capacities and eviction policies, without timing; `profile`: cost profiles;
+// `simulate` (serve_simulate_command.cpp): the timed simulation.
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/dispatch.h"
 #include "cli/options.h"
+#include "cli/serve_commands.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
-#include <chrono>
-
 #include "model/engine.h"
 #include "model/gguf.h"
 #include "serve/hit_rate.h"
@@ -23,9 +23,6 @@ namespace po = boost::program_options;
 
 namespace kvsim::cli {
 
-namespace {
-
-// Comma-separated counts >= 1; errors name the flag.
 std::vector<std::int64_t> parse_counts(const std::string& s, const std::string& flag, const std::string& what) {
   std::vector<std::int64_t> out;
   for (const std::string& v : split(s, ',')) {
@@ -42,6 +39,27 @@ std::vector<std::int64_t> parse_counts(const std::string& s, const std::string& 
   if (out.empty()) throw Error(flag + ": no values given");
   return out;
 }
+
+std::string csv_from_rows(const nlohmann::json& summary, const std::vector<std::string>& header) {
+  std::string text = csv_line(header) + "\n";
+  for (const nlohmann::json& row : summary["results"]) {
+    std::vector<std::string> cells;
+    for (const std::string& key : header) {
+      const nlohmann::json& v = row.contains(key) ? row[key] : summary[key];
+      cells.push_back(v.is_string() ? v.get<std::string>() : v.is_null() ? std::string() : v.dump());
+    }
+    text += csv_line(cells) + "\n";
+  }
+  return text;
+}
+
+void refuse_overwrite(const std::vector<std::string>& files, bool force) {
+  for (const std::string& f : files)
+    if (!f.empty() && !force && std::filesystem::exists(f))
+      throw Error(f + ": file exists; refusing to overwrite it (pass --force to replace)");
+}
+
+namespace {
 
 int hit_rate_cmd(const Args& args) {
   std::string trace_path, capacities = "1000,2000,5000,10000,20000", evictions = "lru", out, json;
@@ -63,9 +81,7 @@ int hit_rate_cmd(const Args& args) {
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim serve hit-rate TRACE.jsonl [-c 1000,5000] [-e lru,rppc] [-o out.csv]"))
     return 0;
-  for (const std::string& f : {out, json})
-    if (!f.empty() && !vm.count("force") && std::filesystem::exists(f))
-      throw Error(f + ": file exists; refusing to overwrite it (pass --force to replace)");
+  refuse_overwrite({out, json}, vm.count("force") > 0);
   const std::vector<std::int64_t> caps = parse_counts(capacities, "--capacity", "block count");
   if (!(slru_protected > 0 && slru_protected <= 1))
     throw Error("--slru-protected: got " + std::to_string(slru_protected) + "; expected a share in (0, 1]");
@@ -79,10 +95,6 @@ int hit_rate_cmd(const Args& args) {
               trace_path.c_str(), trace.requests.size(), static_cast<long long>(trace.block_references()),
               static_cast<long long>(ceiling.distinct_blocks), ceiling.blocks, ceiling.tokens);
   std::printf("%-15s %10s %10s %10s %10s %12s\n", "eviction", "capacity", "block hit", "token hit", "evictions", "Mrefs/s");
-  const std::vector<std::string> header = {"eviction", "capacity_blocks", "requests", "block_refs", "hit_blocks",
-                                           "block_hit_rate", "tokens", "hit_tokens", "token_hit_rate", "evictions",
-                                           "reuse_ceiling_blocks", "reuse_ceiling_tokens"};
-  std::vector<std::vector<std::string>> rows;
   nlohmann::json summary = {{"trace", trace_path},
                             {"requests", trace.requests.size()},
                             {"block_refs", trace.block_references()},
@@ -99,33 +111,24 @@ int hit_rate_cmd(const Args& args) {
       std::printf("%-15s %10lld %10.4f %10.4f %10lld %12.1f\n", r.eviction.c_str(), static_cast<long long>(cap),
                   r.block_hit_rate(), r.token_hit_rate(), static_cast<long long>(r.evictions),
                   static_cast<double>(r.block_refs) / std::max(r.seconds, 1e-9) / 1e6);
-      auto num = [](auto v) { return nlohmann::json(v).dump(); };
-      rows.push_back({r.eviction, num(cap), num(r.requests), num(r.block_refs), num(r.hit_blocks), num(r.block_hit_rate()),
-                      num(r.tokens), num(r.hit_tokens), num(r.token_hit_rate()), num(r.evictions), num(ceiling.blocks),
-                      num(ceiling.tokens)});
       summary["results"].push_back({{"eviction", r.eviction},
                                     {"capacity_blocks", cap},
-                                    {"block_hit_rate", r.block_hit_rate()},
-                                    {"token_hit_rate", r.token_hit_rate()},
+                                    {"requests", r.requests},
+                                    {"block_refs", r.block_refs},
                                     {"hit_blocks", r.hit_blocks},
+                                    {"block_hit_rate", r.block_hit_rate()},
+                                    {"tokens", r.tokens},
                                     {"hit_tokens", r.hit_tokens},
+                                    {"token_hit_rate", r.token_hit_rate()},
                                     {"evictions", r.evictions}});
     }
-  if (!out.empty()) {
-    std::ofstream f(out + ".partial");
-    f << csv_line(header) << "\n";
-    for (const auto& row : rows) f << csv_line(row) << "\n";
-    if (!f.flush()) throw Error(out + ": cannot write");
-    f.close();
-    std::filesystem::rename(out + ".partial", out);
+  if (!out.empty()) {  // one CSV row per result, the trace's ceiling repeated on each
+    const std::vector<std::string> header = {"eviction", "capacity_blocks", "requests", "block_refs", "hit_blocks",
+                                             "block_hit_rate", "tokens", "hit_tokens", "token_hit_rate", "evictions",
+                                             "reuse_ceiling_blocks", "reuse_ceiling_tokens"};
+    write_file_atomically(out, csv_from_rows(summary, header));
   }
-  if (!json.empty()) {
-    std::ofstream f(json + ".partial");
-    f << summary.dump(2) << "\n";
-    if (!f.flush()) throw Error(json + ": cannot write");
-    f.close();
-    std::filesystem::rename(json + ".partial", json);
-  }
+  if (!json.empty()) write_file_atomically(json, summary.dump(2) + "\n");
   return 0;
 }
 
@@ -219,6 +222,8 @@ int profile_cmd(const Args& args) {
 int serve_command(const Args& args) {
   static const Subcommand subs[] = {
       {"hit-rate", "prefix-cache hit rates per capacity and eviction policy (no timing)", hit_rate_cmd},
+      {"simulate", "timed simulation: batching, memory tiers, TTFT and throughput, with KV compression",
+       serve_simulate},
       {"profile", "fit a serving cost profile to the engine on this machine, or show a built-in one", profile_cmd}};
   return dispatch("kvsim serve", subs, args);
 }

@@ -7,11 +7,6 @@ namespace kvsim::serve {
 BlockTree::BlockTree(const RequestTrace& trace) : trace_(trace), graph_(std::make_unique<Graph>(trace.blocks())) {
   for (std::size_t b = 0; b < trace.blocks(); ++b)
     if (trace.parent[b] >= 0) boost::add_edge(static_cast<std::size_t>(trace.parent[b]), b, graph_->g);
-  parent_.assign(trace.blocks(), -1);
-  for (std::size_t b = 0; b < trace.blocks(); ++b) {
-    const auto [first, end] = boost::in_edges(b, graph_->g);
-    if (first != end) parent_[b] = static_cast<std::int32_t>(boost::source(*first, graph_->g));
-  }
 }
 
 BlockTree::~BlockTree() = default;

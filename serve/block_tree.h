@@ -4,7 +4,6 @@
 // prefix is a path from a root). Built once per trace and shared by every cache simulated on it.
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "serve/request_trace.h"
 
@@ -15,7 +14,9 @@ class BlockTree {
   explicit BlockTree(const RequestTrace& trace);
   ~BlockTree();
   const RequestTrace& trace() const { return trace_; }
-  std::int32_t parent(std::int32_t block) const { return parent_[static_cast<std::size_t>(block)]; }  // -1: a root
+  // -1 for a root. The graph's in-edge, read from the trace's own parent list (the same edge):
+  // it is on the replay's hot path.
+  std::int32_t parent(std::int32_t block) const { return trace_.parent[static_cast<std::size_t>(block)]; }
   std::int64_t children(std::int32_t block) const;    // blocks that follow it anywhere
   std::size_t blocks() const { return trace_.blocks(); }
   // The Boost.Graph itself (boost::adjacency_list<vecS, vecS, bidirectionalS>), for algorithms.
@@ -25,7 +26,6 @@ class BlockTree {
  private:
   const RequestTrace& trace_;
   std::unique_ptr<Graph> graph_;
-  std::vector<std::int32_t> parent_;  // read from the graph once: parent() is on the replay's hot path
 };
 
 }  // namespace kvsim::serve

@@ -102,7 +102,7 @@ struct PrefixCache::Impl {
   const RequestTrace& trace;
   EvictionOptions o;
   std::vector<std::uint8_t> cached, prot;
-  std::vector<std::int32_t> cached_children;
+  std::vector<std::int32_t> cached_children, pins;
   std::vector<std::int64_t> last, hits;
   std::vector<std::uint32_t> prot_version;
   LeafHeap leaves;
@@ -121,6 +121,7 @@ struct PrefixCache::Impl {
     cached.assign(n, 0);
     prot.assign(n, 0);
     cached_children.assign(n, 0);
+    pins.assign(n, 0);
     last.assign(n, -1);
     hits.assign(n, 0);
     prot_version.assign(n, 0);
@@ -146,8 +147,12 @@ struct PrefixCache::Impl {
     return {l, 0.0};
   }
 
-  bool is_leaf(std::int32_t b) const { return cached[static_cast<std::size_t>(b)] && cached_children[static_cast<std::size_t>(b)] == 0; }
-  void offer(std::int32_t b) {  // b's key changed, or b became a leaf
+  // A cached leaf no running request holds.
+  bool is_leaf(std::int32_t b) const {
+    const auto u = static_cast<std::size_t>(b);
+    return cached[u] && cached_children[u] == 0 && pins[u] == 0;
+  }
+  void offer(std::int32_t b) {  // b's key changed, or b became an unpinned leaf
     if (!is_leaf(b)) return;
     if (o.kind == Eviction::Lru && last[static_cast<std::size_t>(b)] == now) {
       leaves.remove(b);
@@ -166,25 +171,52 @@ struct PrefixCache::Impl {
       if (is_leaf(b) && last[static_cast<std::size_t>(b)] == at) break;
       fresh.pop_front();
     }
-    for (;;) {
-      const bool queued = !fresh.empty() && fresh.front().second < now;
-      if (!leaves.empty()) {
-        const std::int32_t h = leaves.top();
-        if (queued && fresh.front().second < last[static_cast<std::size_t>(h)]) break;
-        leaves.remove(h);
-        if (last[static_cast<std::size_t>(h)] == now) {
-          pinned.push_back(h);
-          continue;
-        }
-        return h;
-      }
-      if (!queued) return -1;
-      break;
+    const bool queued = !fresh.empty() && fresh.front().second < now;  // (the queue's front is never pinned)
+    while (!leaves.empty()) {
+      const std::int32_t h = leaves.top();
+      if (queued && fresh.front().second < last[static_cast<std::size_t>(h)]) break;
+      leaves.remove(h);
+      if (last[static_cast<std::size_t>(h)] != now) return h;
+      pinned.push_back(h);
     }
+    if (!queued) return -1;
     const std::int32_t b = fresh.front().first;
     fresh.pop_front();
     leaves.remove(b);  // a copy re-offered with the same key, if any
     return b;
+  }
+
+  void hit(std::int32_t b, std::int64_t at) {
+    const auto u = static_cast<std::size_t>(b);
+    ++hits[u];
+    last[u] = at;
+    if (o.kind == Eviction::Slru) protect(b);  // a hit promotes (or refreshes) it
+    offer(b);
+  }
+  void add(std::int32_t b, std::int64_t at) {
+    const auto u = static_cast<std::size_t>(b);
+    cached[u] = 1;
+    hits[u] = 1;
+    last[u] = at;
+    if (const std::int32_t p = tree.parent(b); p >= 0 && cached_children[static_cast<std::size_t>(p)]++ == 0)
+      leaves.remove(p);  // no longer a leaf
+    offer(b);
+  }
+  void drop(std::int32_t v) {  // v, a victim, leaves the cache
+    const auto w = static_cast<std::size_t>(v);
+    cached[w] = 0;
+    hits[w] = 0;
+    if (prot[w]) {
+      prot[w] = 0;
+      --protected_count;
+    }
+    if (const std::int32_t p = tree.parent(v); p >= 0 && --cached_children[static_cast<std::size_t>(p)] == 0) offer(p);
+  }
+
+  // Whether a protected-queue entry still stands for its block (not evicted, demoted or re-queued).
+  bool current(const ProtEntry& e) const {
+    const auto w = static_cast<std::size_t>(std::get<1>(e));
+    return cached[w] && prot[w] && std::get<2>(e) == prot_version[w];
   }
 
   void protect(std::int32_t b) {
@@ -196,20 +228,16 @@ struct PrefixCache::Impl {
     protected_lru.emplace(last[u], b, ++prot_version[u]);
     if (protected_lru.size() > 4 * static_cast<std::size_t>(protected_cap) + 64) {  // drop superseded entries
       std::vector<ProtEntry> live;
-      while (!protected_lru.empty()) {
-        const auto [l, v, ver] = protected_lru.top();
-        protected_lru.pop();
-        const auto w = static_cast<std::size_t>(v);
-        if (cached[w] && prot[w] && ver == prot_version[w]) live.emplace_back(l, v, ver);
-      }
+      for (; !protected_lru.empty(); protected_lru.pop())
+        if (current(protected_lru.top())) live.push_back(protected_lru.top());
       protected_lru = decltype(protected_lru)(std::greater<>(), std::move(live));
     }
     while (protected_count > protected_cap && !protected_lru.empty()) {
-      const auto [l, v, ver] = protected_lru.top();
+      const ProtEntry e = protected_lru.top();
       protected_lru.pop();
-      const auto w = static_cast<std::size_t>(v);
-      if (!cached[w] || !prot[w] || ver != prot_version[w]) continue;
-      prot[w] = 0;  // demoted to the probationary segment
+      if (!current(e)) continue;
+      const std::int32_t v = std::get<1>(e);
+      prot[static_cast<std::size_t>(v)] = 0;  // demoted to the probationary segment
       --protected_count;
       offer(v);
     }
@@ -236,49 +264,85 @@ std::size_t PrefixCache::cached_prefix(const ServeRequest& r) const {
 
 std::int64_t PrefixCache::admit(const ServeRequest& r, std::int64_t now) {
   Impl& m = *impl_;
-  if (now <= m.now)  // equal times would pin another request's blocks
-    throw Error("prefix cache: admit at time " + std::to_string(now) + " after time " + std::to_string(m.now) +
-                "; expected increasing times");
-  m.now = now;
+  advance(now);
   std::int64_t inserted = 0;
   std::vector<std::int32_t> pinned;  // leaves of r itself met while looking for a victim
   for (const std::int32_t b : r.blocks) {
-    const auto u = static_cast<std::size_t>(b);
-    if (m.cached[u]) {
-      ++m.hits[u];
-      m.last[u] = now;
-      if (m.o.kind == Eviction::Slru) m.protect(b);  // a hit promotes (or refreshes) it
-      m.offer(b);
+    if (m.cached[static_cast<std::size_t>(b)]) {
+      m.hit(b, now);
       continue;
     }
     while (size_ >= capacity_) {
       const std::int32_t v = m.victim(pinned);
       if (v < 0) break;
-      const auto w = static_cast<std::size_t>(v);
-      m.cached[w] = 0;
-      m.hits[w] = 0;
-      if (m.prot[w]) {
-        m.prot[w] = 0;
-        --m.protected_count;
-      }
-      --size_;
-      ++evictions_;
-      if (record_) evicted_.push_back(v);
-      if (const std::int32_t p = m.tree.parent(v); p >= 0 && --m.cached_children[static_cast<std::size_t>(p)] == 0) m.offer(p);
+      remove_victim(v);
     }
     for (const std::int32_t v : pinned) m.offer(v);
     pinned.clear();
     if (size_ >= capacity_) break;  // every cached block is r's: the rest of r stays uncached
-    m.cached[u] = 1;
-    m.hits[u] = 1;
-    m.last[u] = now;
+    m.add(b, now);
     ++size_;
     ++inserted;
-    if (const std::int32_t p = m.trace.parent[u]; p >= 0 && m.cached_children[static_cast<std::size_t>(p)]++ == 0)
-      m.leaves.remove(p);  // no longer a leaf
-    m.offer(b);
   }
   return inserted;
+}
+
+void PrefixCache::advance(std::int64_t now) {
+  if (now <= impl_->now)  // equal times would pin another request's blocks
+    throw Error("prefix cache: time " + std::to_string(now) + " after time " + std::to_string(impl_->now) +
+                "; expected increasing times");
+  impl_->now = now;
+}
+
+void PrefixCache::remove_victim(std::int32_t v) {
+  impl_->drop(v);
+  --size_;
+  ++evictions_;
+  if (record_) evicted_.push_back(v);
+}
+
+void PrefixCache::touch(std::int32_t block, std::int64_t now) {
+  if (!cached(block)) throw Error("prefix cache: touch of block " + std::to_string(block) + ", which is not cached");
+  advance(now);
+  impl_->hit(block, now);
+}
+
+void PrefixCache::insert(std::int32_t block, std::int64_t now) {
+  if (cached(block)) throw Error("prefix cache: insert of block " + std::to_string(block) + ", which is cached");
+  advance(now);
+  impl_->add(block, now);
+  ++size_;
+}
+
+std::int32_t PrefixCache::evict(std::int64_t now) {
+  advance(now);
+  std::vector<std::int32_t> none;  // nothing carries the new time yet, so nothing is pinned by it
+  const std::int32_t v = impl_->victim(none);
+  if (v >= 0) remove_victim(v);
+  return v;
+}
+
+bool PrefixCache::pin(std::int32_t block) {
+  Impl& m = *impl_;
+  if (!cached(block)) throw Error("prefix cache: pin of block " + std::to_string(block) + ", which is not cached");
+  if (m.pins[static_cast<std::size_t>(block)]++ > 0) return false;
+  m.leaves.remove(block);  // a queued LRU entry is skipped when it reaches the front
+  return true;
+}
+
+bool PrefixCache::unpin(std::int32_t block) {
+  Impl& m = *impl_;
+  auto& n = m.pins.at(static_cast<std::size_t>(block));
+  if (n == 0) throw Error("prefix cache: unpin of block " + std::to_string(block) + ", which is not pinned");
+  if (--n > 0) return false;
+  m.offer(block);
+  return true;
+}
+
+bool PrefixCache::pinned(std::int32_t block) const { return impl_->pins.at(static_cast<std::size_t>(block)) > 0; }
+
+std::int32_t PrefixCache::cached_children(std::int32_t block) const {
+  return impl_->cached_children.at(static_cast<std::size_t>(block));
 }
 
 }  // namespace kvsim::serve

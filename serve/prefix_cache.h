@@ -43,6 +43,18 @@ class PrefixCache {
   // every cached block is r's, the rest of r is not cached. Returns the blocks inserted.
   std::int64_t admit(const ServeRequest& r, std::int64_t now);
 
+  // The timed simulation's operations (serve/simulator.h), each at a time later than any earlier
+  // call's. The caller keeps the capacity: insert never evicts, evict removes one victim.
+  void touch(std::int32_t block, std::int64_t now);   // a hit on a cached block
+  void insert(std::int32_t block, std::int64_t now);  // an uncached block; its parent need not be here
+  std::int32_t evict(std::int64_t now);                // the policy's victim, or -1 when none is evictable
+  // A pinned block (held by a running request) is never a victim. Counted: returns whether the
+  // block's pin count went from 0 to 1 (pin) or back to 0 (unpin).
+  bool pin(std::int32_t block);
+  bool unpin(std::int32_t block);
+  bool pinned(std::int32_t block) const;
+  std::int32_t cached_children(std::int32_t block) const;  // its children cached here
+
   bool cached(std::int32_t block) const;
   std::int64_t size() const { return size_; }
   std::int64_t capacity() const { return capacity_; }
@@ -53,6 +65,8 @@ class PrefixCache {
 
  private:
   struct Impl;
+  void advance(std::int64_t now);
+  void remove_victim(std::int32_t v);
   std::unique_ptr<Impl> impl_;
   std::int64_t capacity_, size_ = 0, evictions_ = 0;
   bool record_ = false;

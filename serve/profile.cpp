@@ -2,10 +2,10 @@
 
 #include <array>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace kvsim::serve {
@@ -134,12 +134,7 @@ void write_profile(const ServeProfile& p, const std::string& path) {
                              {{"a_ms", p.decode.a_ms},
                               {"b_ms_per_ctx_token", p.decode.b_ms_per_ctx_token},
                               {"c_ms_per_seq", p.decode.c_ms_per_seq}}}};
-  {
-    std::ofstream out(path + ".partial");
-    out << j.dump(2) << "\n";
-    if (!out.flush()) throw Error(path + ": cannot write");
-  }
-  std::filesystem::rename(path + ".partial", path);
+  write_file_atomically(path, j.dump(2) + "\n");
 }
 
 std::vector<double> fit_nonnegative(const std::vector<CostSample>& samples, bool decode) {

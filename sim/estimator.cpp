@@ -2,12 +2,12 @@
 
 #include <Eigen/Dense>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <type_traits>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace kvsim {
@@ -125,14 +125,7 @@ void write_estimator(const Estimator& e, const std::string& path) {
                          {"mode", e.mode},
                          {"calibration", {{"requests", e.requests}, {"configs", e.configs}, {"rows", e.rows},
                                           {"fit_spearman", e.fit_spearman}}}};
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error(path + ": cannot write");
-    out << j.dump(2) << "\n";
-    if (!out) throw Error(path + ": write failed");
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomically(path, j.dump(2) + "\n");
 }
 
 Estimator read_estimator(const std::string& path) {

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "sim/event_queue.h"
+#include "core/event_queue.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim::replay_detail {

@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "policies/codec.h"
 #include "kvcache/reapply.h"
-#include "sim/event_queue.h"
+#include "core/event_queue.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim::replay_detail {

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/event_queue.h"
+#include "core/event_queue.h"
 
 using namespace kvsim;
 

@@ -1,0 +1,197 @@
+// `kvsim serve simulate`: the timed serving simulation over a grid of eviction policies, HBM
+// capacities and KV compression configs (docs/serving.md).
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+
+#include "cli/options.h"
+#include "cli/serve_commands.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "serve/simulator.h"
+
+namespace po = boost::program_options;
+
+namespace kvsim::cli {
+
+namespace {
+
+const std::vector<std::string> kColumns = {
+    "eviction", "hbm_gb", "kv_policy", "kv_config", "kv_ratio", "instances", "requests", "completed", "rejected",
+    "hit_rate", "hbm_share", "dram_share", "ssd_share", "transition_share", "recompute_share", "loaded_dram_gb",
+    "loaded_ssd_gb", "written_dram_gb", "written_ssd_gb", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
+    "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "queue_p50_ms", "queue_p90_ms", "queue_p99_ms", "throughput_tokens_s",
+    "throughput_requests_s", "makespan_s", "prefill_tokens", "output_tokens", "planned_ms", "recompute_only_ms",
+    "load_only_ms", "est_kl", "mean_kl", "live_kl", "top1", "task_score", "steps", "evictions", "seconds"};
+
+std::vector<double> parse_sizes(const std::string& s, const std::string& flag) {
+  std::vector<double> out;
+  for (const std::string& v : split(s, ',')) {
+    std::size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != v.size() || !(x > 0)) throw Error(flag + ": '" + v + "' is not a size in GB > 0");
+    out.push_back(x);
+  }
+  if (out.empty()) throw Error(flag + ": no values given");
+  return out;
+}
+
+nlohmann::json number_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
+
+nlohmann::json result_row(const serve::SimResult& r, const serve::SimOptions& o, const KvPolicyRow& kv) {
+  using serve::Way;
+  return {{"eviction", serve::eviction_name(o.eviction)},
+          {"hbm_gb", o.hbm_gb},
+          {"kv_policy", kv.spec},
+          {"kv_config", kv.label},
+          {"kv_ratio", kv.ratio},
+          {"requests", r.requests},
+          {"completed", r.completed},
+          {"rejected", r.rejected},
+          {"hit_rate", r.hit_rate()},
+          {"hbm_share", r.share(Way::Hbm)},
+          {"dram_share", r.share(Way::LoadDram)},
+          {"ssd_share", r.share(Way::LoadSsd)},
+          {"transition_share", r.share(Way::Transition)},
+          {"recompute_share", r.share(Way::Recompute)},
+          {"loaded_dram_gb", r.loaded_gb[1]},
+          {"loaded_ssd_gb", r.loaded_gb[2]},
+          {"written_dram_gb", r.written_gb[1]},
+          {"written_ssd_gb", r.written_gb[2]},
+          {"ttft_p50_ms", r.ttft_ms.p50},
+          {"ttft_p90_ms", r.ttft_ms.p90},
+          {"ttft_p99_ms", r.ttft_ms.p99},
+          {"ttft_mean_ms", r.ttft_ms.mean},
+          {"tbt_p50_ms", r.tbt_ms.p50},
+          {"tbt_p90_ms", r.tbt_ms.p90},
+          {"tbt_p99_ms", r.tbt_ms.p99},
+          {"queue_p50_ms", r.queue_ms.p50},
+          {"queue_p90_ms", r.queue_ms.p90},
+          {"queue_p99_ms", r.queue_ms.p99},
+          {"throughput_tokens_s", r.throughput_tokens_s},
+          {"throughput_requests_s", r.throughput_requests_s},
+          {"makespan_s", r.makespan_s},
+          {"prefill_tokens", r.prefill_tokens},
+          {"output_tokens", r.output_tokens},
+          {"planned_ms", r.planned_ms},
+          {"recompute_only_ms", r.recompute_only_ms},
+          {"load_only_ms", r.load_only_ms},
+          {"est_kl", number_or_null(kv.est_kl)},
+          {"mean_kl", number_or_null(kv.mean_kl)},
+          {"live_kl", number_or_null(kv.live_kl)},
+          {"top1", number_or_null(kv.top1)},
+          {"task_score", number_or_null(kv.task_score)},
+          {"steps", r.steps},
+          {"evictions", r.evictions},
+          {"seconds", r.seconds}};
+}
+
+struct Flags {
+  std::string trace, profile = "llama2-7b-h100", evictions = "lru", hbm = "8", kv_policy = "none", kv_results, route = "prefix";
+  std::string out, json;
+  serve::SimOptions o;
+};
+
+void describe(po::options_description& desc, Flags& f) {
+  serve::SimOptions& o = f.o;
+  desc.add_options()("help,h", "show this help")("trace", po::value(&f.trace)->required(), "request trace (Mooncake JSONL)")(
+      "profile,p", po::value(&f.profile)->default_value(f.profile), "cost profile: built-in name or JSON file (kvsim serve profile)")(
+      "eviction,e", po::value(&f.evictions)->default_value(f.evictions), "eviction policies, comma-separated: lru, lfu, slru, hits_per_token, rppc")(
+      "hbm-gb", po::value(&f.hbm)->default_value(f.hbm), "HBM KV space per instance in GB, comma-separated for a sweep")(
+      "dram-gb", po::value(&o.dram.capacity_gb)->default_value(0), "host DRAM tier per instance, GB (0: none)")(
+      "dram-gbps", po::value(&o.dram.gbps)->default_value(25), "DRAM to HBM bandwidth, GB/s")(
+      "dram-latency-ms", po::value(&o.dram.latency_ms)->default_value(0.01), "DRAM per-transfer latency, ms")(
+      "ssd-gb", po::value(&o.ssd.capacity_gb)->default_value(0), "SSD tier per instance, GB (0: none)")(
+      "ssd-gbps", po::value(&o.ssd.gbps)->default_value(5), "SSD to HBM bandwidth, GB/s")(
+      "ssd-latency-ms", po::value(&o.ssd.latency_ms)->default_value(0.1), "SSD per-transfer latency, ms")(
+      "instances", po::value(&o.instances)->default_value(o.instances), "serving instances")(
+      "route", po::value(&f.route)->default_value(f.route), "request routing: prefix, round-robin, least-loaded")(
+      "max-batch-tokens", po::value(&o.max_batch_tokens)->default_value(o.max_batch_tokens), "tokens per step (decodes + prefill chunks)")(
+      "max-seqs", po::value(&o.max_seqs)->default_value(o.max_seqs), "running sequences per instance")(
+      "slru-protected", po::value(&o.slru_protected)->default_value(o.slru_protected), "SLRU: protected share")(
+      "transitions", "materialise blocks by transitions from cached siblings too")(
+      "transition-diff", po::value(&o.transition_diff)->default_value(o.transition_diff),
+      "share of a sibling's tokens a transition recomputes (an assumption: the trace's hashes cannot tell)")(
+      "kv-policy", po::value(&f.kv_policy)->default_value(f.kv_policy),
+      "KV compression configs, ';'-separated: none, or POLICY[:k=v,...]@BUDGET measured in --kv-results")(
+      "kv-results", po::value(&f.kv_results), "sweep and/or verify CSVs, comma-separated, that measured the --kv-policy configs")(
+      "kv-page-tokens", po::value(&o.kv_page_tokens)->default_value(o.kv_page_tokens), "a compressed block's tokens round up to pages of this size")(
+      "time-scale", po::value(&o.time_scale)->default_value(o.time_scale), "arrival rate multiplier (timestamps divided by it)")(
+      "out,o", po::value(&f.out), "result CSV, one row per eviction x HBM size x KV config")(
+      "json", po::value(&f.json), "summary JSON")("quiet,q", "no progress line")("force", "replace existing outputs");
+}
+
+}  // namespace
+
+int serve_simulate(const Args& args) {
+  Flags f;
+  po::options_description desc(
+      "kvsim serve simulate: timed serving simulation of a Mooncake request trace. Requests arrive at their\n"
+      "timestamps, are routed to instances, wait for HBM, reuse cached prefix blocks (from HBM, or loaded from\n"
+      "DRAM / SSD when loading beats recomputing), and run under continuous batching with chunked prefill; step\n"
+      "times come from a cost profile. Reports hit rates per tier, tier traffic, TTFT, time between tokens,\n"
+      "queueing delay and throughput per eviction policy, HBM size and KV compression config (docs/serving.md)");
+  describe(desc, f);
+  po::positional_options_description pos;
+  pos.add("trace", 1);
+  po::variables_map vm;
+  if (!parse_options(args, desc, pos, vm, "kvsim serve simulate TRACE.jsonl [-e lru,rppc] [--hbm-gb 4,8] [--kv-policy 'none;snapkv@0.25' --kv-results sweep.csv] [-o out.csv]"))
+    return 0;
+  refuse_overwrite({f.out, f.json}, vm.count("force") > 0);
+  f.o.transitions = vm.count("transitions") > 0;
+  f.o.route = serve::parse_route(f.route);
+  f.o.profile = serve::load_profile(f.profile);
+  std::vector<serve::Eviction> kinds;
+  for (const std::string& e : split(f.evictions, ',')) kinds.push_back(serve::parse_eviction(e));
+  const std::vector<double> hbm = parse_sizes(f.hbm, "--hbm-gb");
+  const std::vector<KvPolicyRow> kvs = read_kv_policies(f.kv_policy, f.kv_results.empty() ? std::vector<std::string>{} : split(f.kv_results, ','));
+  const serve::RequestTrace trace = serve::read_mooncake_trace(f.trace);
+  const serve::BlockTree tree(trace);
+  const bool tty = !vm.count("quiet") && ::isatty(2);
+  std::printf("%s: %zu requests; profile %s; %d instance(s), route %s\n", f.trace.c_str(), trace.requests.size(),
+              f.o.profile.name.c_str(), f.o.instances, f.route.c_str());
+  std::printf("%-15s %7s %-28s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "hit", "TTFT p50",
+              "TTFT p99", "TBT p50", "queue p99", "tok/s");
+  nlohmann::json summary = {{"trace", f.trace},
+                            {"profile", f.o.profile.name},
+                            {"instances", f.o.instances},
+                            {"route", f.route},
+                            {"dram_gb", f.o.dram.capacity_gb},
+                            {"ssd_gb", f.o.ssd.capacity_gb},
+                            {"transitions", f.o.transitions},
+                            {"transition_diff", f.o.transition_diff},
+                            {"max_batch_tokens", f.o.max_batch_tokens},
+                            {"time_scale", f.o.time_scale},
+                            {"results", nlohmann::json::array()}};
+  for (const KvPolicyRow& kv : kvs)
+    for (const serve::Eviction kind : kinds)
+      for (const double gb : hbm) {
+        serve::SimOptions o = f.o;
+        o.eviction = kind;
+        o.hbm_gb = gb;
+        o.kv_ratio = kv.ratio;
+        if (tty)
+          o.progress = [&](double ms, std::int64_t done, std::int64_t all) {
+            std::fprintf(stderr, "\r%s %s %.3g GB: simulated %.1f s, %lld/%lld requests done   ", serve::eviction_name(kind).c_str(),
+                         kv.spec.c_str(), gb, ms / 1e3, static_cast<long long>(done), static_cast<long long>(all));
+          };
+        const serve::SimResult r = serve::simulate(tree, o);
+        if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
+        std::printf("%-15s %7.3g %-28s %6.3f %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", serve::eviction_name(kind).c_str(), gb,
+                    kv.label.substr(0, 28).c_str(), kv.ratio, r.hit_rate(), r.ttft_ms.p50, r.ttft_ms.p99, r.tbt_ms.p50,
+                    r.queue_ms.p99, r.throughput_tokens_s);
+        summary["results"].push_back(result_row(r, o, kv));
+      }
+  if (!f.out.empty()) write_file_atomically(f.out, csv_from_rows(summary, kColumns));
+  if (!f.json.empty()) write_file_atomically(f.json, summary.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace kvsim::cli
