@@ -155,10 +155,11 @@ int serve_simulate(const Args& args) {
   const serve::RequestTrace trace = serve::read_mooncake_trace(f.trace);
   const serve::BlockTree tree(trace);
   const bool tty = !vm.count("quiet") && ::isatty(2);
-  std::printf("%s: %zu requests; profile %s; %d instance(s), route %s\n", f.trace.c_str(), trace.requests.size(),
+  std::printf("%s: %zu requests; profile %s; %d instance(s), route %s (done: requests completed; the rest were larger "
+              "than an instance's HBM)\n", f.trace.c_str(), trace.requests.size(),
               f.o.profile.name.c_str(), f.o.instances, f.route.c_str());
-  std::printf("%-15s %7s %-28s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "hit", "TTFT p50",
-              "TTFT p99", "TBT p50", "queue p99", "tok/s");
+  std::printf("%-15s %7s %-28s %6s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "done", "hit",
+              "TTFT p50", "TTFT p99", "TBT p50", "queue p99", "tok/s");
   nlohmann::json summary = {{"trace", f.trace},
                             {"profile", f.o.profile.name},
                             {"instances", f.o.instances},
@@ -184,9 +185,9 @@ int serve_simulate(const Args& args) {
           };
         const serve::SimResult r = serve::simulate(tree, o);
         if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
-        std::printf("%-15s %7.3g %-28s %6.3f %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", serve::eviction_name(kind).c_str(), gb,
-                    kv.label.substr(0, 28).c_str(), kv.ratio, r.hit_rate(), r.ttft_ms.p50, r.ttft_ms.p99, r.tbt_ms.p50,
-                    r.queue_ms.p99, r.throughput_tokens_s);
+        std::printf("%-15s %7.3g %-28s %6.3f %6lld %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", serve::eviction_name(kind).c_str(),
+                    gb, kv.label.substr(0, 28).c_str(), kv.ratio, static_cast<long long>(r.completed), r.hit_rate(),
+                    r.ttft_ms.p50, r.ttft_ms.p99, r.tbt_ms.p50, r.queue_ms.p99, r.throughput_tokens_s);
         summary["results"].push_back(result_row(r, o, kv));
       }
   if (!f.out.empty()) write_file_atomically(f.out, csv_from_rows(summary, kColumns));
