@@ -41,7 +41,7 @@ results="$OUT/sweep.csv,$OUT/verify.csv"
 "$KVSIM" serve simulate "$TRACE" -e lru,rppc --hbm-gb "$HBM" --kv-policy "$kv" --kv-results "$results" "${SIM[@]}" \
   -o "$OUT/compression.csv" --force | tee "$OUT/compression.txt"
 # HBM only (no DRAM tier): what the tiers are worth.
-"$KVSIM" serve simulate "$TRACE" -e lru,rppc --hbm-gb "$HBM" --instances "${INSTANCES:-8}" --quiet \
+"$KVSIM" serve simulate "$TRACE" -e lru,rppc --hbm-gb "$HBM" --instances "${INSTANCES:-8}" --time-scale "${TIME_SCALE:-1}" --quiet \
   -o "$OUT/hbm_only.csv" --force | tee "$OUT/hbm_only.txt"
 # Transitions: the share of a sibling's tokens recomputed is an assumption; three of them.
 for diff in 0.1 0.25 0.5; do

@@ -19,7 +19,8 @@ namespace kvsim::cli {
 namespace {
 
 const std::vector<std::string> kColumns = {
-    "eviction", "hbm_gb", "kv_policy", "kv_config", "kv_ratio", "instances", "requests", "completed", "rejected",
+    "eviction", "hbm_gb", "kv_policy", "kv_config", "kv_ratio", "profile", "instances", "route", "dram_gb", "ssd_gb",
+    "transitions", "transition_diff", "max_batch_tokens", "time_scale", "requests", "completed", "rejected",
     "hit_rate", "hbm_share", "dram_share", "ssd_share", "transition_share", "recompute_share", "loaded_dram_gb",
     "loaded_ssd_gb", "written_dram_gb", "written_ssd_gb", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
     "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "queue_p50_ms", "queue_p90_ms", "queue_p99_ms", "throughput_tokens_s",
@@ -45,9 +46,18 @@ std::vector<double> parse_sizes(const std::string& s, const std::string& flag) {
 
 nlohmann::json number_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
 
+// Percentiles of no samples (every request rejected) are written empty, not as 0 ms.
+void add_percentiles(nlohmann::json& row, const std::string& name, const serve::Percentiles& p, bool with_mean) {
+  const bool any = p.count > 0;
+  row[name + "_p50_ms"] = any ? nlohmann::json(p.p50) : nlohmann::json();
+  row[name + "_p90_ms"] = any ? nlohmann::json(p.p90) : nlohmann::json();
+  row[name + "_p99_ms"] = any ? nlohmann::json(p.p99) : nlohmann::json();
+  if (with_mean) row[name + "_mean_ms"] = any ? nlohmann::json(p.mean) : nlohmann::json();
+}
+
 nlohmann::json result_row(const serve::SimResult& r, const serve::SimOptions& o, const KvPolicyRow& kv) {
   using serve::Way;
-  return {{"eviction", serve::eviction_name(o.eviction)},
+  nlohmann::json row = {{"eviction", serve::eviction_name(o.eviction)},
           {"hbm_gb", o.hbm_gb},
           {"kv_policy", kv.spec},
           {"kv_config", kv.label},
@@ -65,16 +75,6 @@ nlohmann::json result_row(const serve::SimResult& r, const serve::SimOptions& o,
           {"loaded_ssd_gb", r.loaded_gb[2]},
           {"written_dram_gb", r.written_gb[1]},
           {"written_ssd_gb", r.written_gb[2]},
-          {"ttft_p50_ms", r.ttft_ms.p50},
-          {"ttft_p90_ms", r.ttft_ms.p90},
-          {"ttft_p99_ms", r.ttft_ms.p99},
-          {"ttft_mean_ms", r.ttft_ms.mean},
-          {"tbt_p50_ms", r.tbt_ms.p50},
-          {"tbt_p90_ms", r.tbt_ms.p90},
-          {"tbt_p99_ms", r.tbt_ms.p99},
-          {"queue_p50_ms", r.queue_ms.p50},
-          {"queue_p90_ms", r.queue_ms.p90},
-          {"queue_p99_ms", r.queue_ms.p99},
           {"throughput_tokens_s", r.throughput_tokens_s},
           {"throughput_requests_s", r.throughput_requests_s},
           {"makespan_s", r.makespan_s},
@@ -91,6 +91,31 @@ nlohmann::json result_row(const serve::SimResult& r, const serve::SimOptions& o,
           {"steps", r.steps},
           {"evictions", r.evictions},
           {"seconds", r.seconds}};
+  add_percentiles(row, "ttft", r.ttft_ms, true);
+  add_percentiles(row, "tbt", r.tbt_ms, false);
+  add_percentiles(row, "queue", r.queue_ms, false);
+  return row;
+}
+
+// The options' ranges, checked here so that an error names the flag (the simulator checks them
+// again for other callers).
+void check_flags(const serve::SimOptions& o) {
+  auto need = [](bool ok, const std::string& flag, double got, const std::string& expected) {
+    if (!ok) throw Error(flag + ": got " + std::to_string(got) + "; expected " + expected);
+  };
+  need(o.instances >= 1, "--instances", o.instances, ">= 1");
+  need(o.dram.capacity_gb >= 0, "--dram-gb", o.dram.capacity_gb, ">= 0 (0: no DRAM tier)");
+  need(o.dram.capacity_gb == 0 || o.dram.gbps > 0, "--dram-gbps", o.dram.gbps, "> 0 with a DRAM tier");
+  need(o.dram.latency_ms >= 0, "--dram-latency-ms", o.dram.latency_ms, ">= 0");
+  need(o.ssd.capacity_gb >= 0, "--ssd-gb", o.ssd.capacity_gb, ">= 0 (0: no SSD tier)");
+  need(o.ssd.capacity_gb == 0 || o.ssd.gbps > 0, "--ssd-gbps", o.ssd.gbps, "> 0 with an SSD tier");
+  need(o.ssd.latency_ms >= 0, "--ssd-latency-ms", o.ssd.latency_ms, ">= 0");
+  need(o.max_batch_tokens >= 1, "--max-batch-tokens", static_cast<double>(o.max_batch_tokens), ">= 1");
+  need(o.max_seqs >= 1, "--max-seqs", o.max_seqs, ">= 1");
+  need(o.slru_protected > 0 && o.slru_protected <= 1, "--slru-protected", o.slru_protected, "a share in (0, 1]");
+  need(o.transition_diff > 0 && o.transition_diff <= 1, "--transition-diff", o.transition_diff, "a share in (0, 1]");
+  need(o.kv_page_tokens >= 1, "--kv-page-tokens", static_cast<double>(o.kv_page_tokens), ">= 1");
+  need(o.time_scale > 0, "--time-scale", o.time_scale, "> 0");
 }
 
 struct Flags {
@@ -145,6 +170,7 @@ int serve_simulate(const Args& args) {
   if (!parse_options(args, desc, pos, vm, "kvsim serve simulate TRACE.jsonl [-e lru,rppc] [--hbm-gb 4,8] [--kv-policy 'none;snapkv@0.25' --kv-results sweep.csv] [-o out.csv]"))
     return 0;
   refuse_overwrite({f.out, f.json}, vm.count("force") > 0);
+  check_flags(f.o);
   f.o.transitions = vm.count("transitions") > 0;
   f.o.route = serve::parse_route(f.route);
   f.o.profile = serve::load_profile(f.profile);
@@ -169,6 +195,8 @@ int serve_simulate(const Args& args) {
                             {"transitions", f.o.transitions},
                             {"transition_diff", f.o.transition_diff},
                             {"max_batch_tokens", f.o.max_batch_tokens},
+                            {"max_seqs", f.o.max_seqs},
+                            {"kv_page_tokens", f.o.kv_page_tokens},
                             {"time_scale", f.o.time_scale},
                             {"results", nlohmann::json::array()}};
   for (const KvPolicyRow& kv : kvs)

@@ -3,6 +3,7 @@
 // to every block that follows it in some prompt (so each block has at most one parent, and a
 // prefix is a path from a root). Built once per trace and shared by every cache simulated on it.
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "serve/request_trace.h"
@@ -18,6 +19,8 @@ class BlockTree {
   // it is on the replay's hot path.
   std::int32_t parent(std::int32_t block) const { return trace_.parent[static_cast<std::size_t>(block)]; }
   std::int64_t children(std::int32_t block) const;    // blocks that follow it anywhere
+  // Its first child (in graph order) for which `pred` holds, or -1.
+  std::int32_t find_child(std::int32_t block, const std::function<bool(std::int32_t)>& pred) const;
   std::size_t blocks() const { return trace_.blocks(); }
   // The Boost.Graph itself (boost::adjacency_list<vecS, vecS, bidirectionalS>), for algorithms.
   struct Graph;

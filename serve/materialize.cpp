@@ -15,10 +15,10 @@ struct Edge {
 };
 using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, Edge>;
 
-double run_bytes(const std::vector<BlockState>& blocks, std::size_t from, std::size_t to, double bytes_per_token) {
-  double t = 0;
-  for (std::size_t i = from; i < to; ++i) t += static_cast<double>(blocks[i].tokens);
-  return t * bytes_per_token;
+double run_bytes(const std::vector<BlockState>& blocks, std::size_t from, std::size_t to) {
+  double b = 0;
+  for (std::size_t i = from; i < to; ++i) b += blocks[i].bytes;
+  return b;
 }
 
 double recompute_ms(const BlockState& b, const MaterializeCosts& c) { return c.prefill.recompute_ms(b.start, b.tokens); }
@@ -27,10 +27,11 @@ double transition_ms(const BlockState& b, const MaterializeCosts& c) {
   const std::int64_t k = transition_tokens(b.tokens, c.transition_diff);
   const double fix = c.prefill.recompute_ms(b.start + b.tokens - k, k);  // the tail after the first difference
   if (b.sibling_tier == 0) return fix;
-  return c.links[static_cast<std::size_t>(b.sibling_tier)].ms(static_cast<double>(b.tokens) * c.bytes_per_token) + fix;
+  return c.links[static_cast<std::size_t>(b.sibling_tier)].ms(b.sibling_bytes) + fix;
 }
 
-// Every way of each block as an edge: i -> i+1 for one block, i -> j for a run loaded at once.
+// Every way of each block as an edge: i -> i+1 for one block, i -> k for every run i..k-1 that one
+// tier holds, loaded as one transfer (a shorter run lets another tier or way take over at k).
 Graph build_graph(const std::vector<BlockState>& blocks, const MaterializeCosts& c) {
   const std::size_t n = blocks.size();
   Graph g(n + 1);
@@ -45,10 +46,11 @@ Graph build_graph(const std::vector<BlockState>& blocks, const MaterializeCosts&
       const Link& link = c.links[static_cast<std::size_t>(t)];
       if (!b.in[static_cast<std::size_t>(t)] || link.gbps <= 0) continue;
       const Way way = t == 1 ? Way::LoadDram : Way::LoadSsd;
-      boost::add_edge(i, i + 1, Edge{link.ms(run_bytes(blocks, i, i + 1, c.bytes_per_token)), way}, g);
-      std::size_t j = i + 1;  // the run in this tier from i, loaded as one transfer
-      while (j < n && blocks[j].in[static_cast<std::size_t>(t)]) ++j;
-      if (j > i + 1) boost::add_edge(i, j, Edge{link.ms(run_bytes(blocks, i, j, c.bytes_per_token)), way}, g);
+      double run = 0;
+      for (std::size_t k = i; k < n && blocks[k].in[static_cast<std::size_t>(t)]; ++k) {
+        run += blocks[k].bytes;
+        boost::add_edge(i, k + 1, Edge{link.ms(run), way}, g);
+      }
     }
   }
   return g;
@@ -71,7 +73,7 @@ double load_only_ms(const std::vector<BlockState>& blocks, const MaterializeCost
     }
     std::size_t j = i + 1;
     while (j < blocks.size() && !blocks[j].in[0] && blocks[j].in[static_cast<std::size_t>(tier)]) ++j;
-    ms += c.links[static_cast<std::size_t>(tier)].ms(run_bytes(blocks, i, j, c.bytes_per_token));
+    ms += c.links[static_cast<std::size_t>(tier)].ms(run_bytes(blocks, i, j));
     i = j;
   }
   return ms;

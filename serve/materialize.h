@@ -31,13 +31,15 @@ struct Link {
 // One block of a request, as the planner sees it.
 struct BlockState {
   std::int64_t start = 0, tokens = 0;   // its first token's position, its token count
+  double bytes = 0;                     // its KV bytes as held (compressed, paged)
   std::array<bool, kTiers> in{};        // cached in HBM / DRAM / SSD
   int sibling_tier = -1;                // the fastest tier holding a sibling, -1 for none
+  std::int32_t sibling = -1;            // that sibling (for the caller; the planner reads its bytes)
+  double sibling_bytes = 0;
 };
 
 struct MaterializeCosts {
   PrefillCost prefill;
-  double bytes_per_token = 0;  // KV bytes, after any compression
   std::array<Link, kTiers> links;  // links[0] unused (HBM is free)
   bool transitions = false;
   double transition_diff = 0.25;  // the share of a sibling's tokens recomputed in a transition

@@ -26,6 +26,7 @@ class WeightedSamples {
       sum += v * static_cast<double>(w);
     }
     p.mean = sum / total;
+    p.count = static_cast<std::int64_t>(total);
     auto at = [&](double q) {
       double seen = 0;
       for (const auto& [v, w] : samples_)

@@ -76,6 +76,7 @@ class Simulation {
   void advance_chunk(Seq& s);
   void finish_prefill(Instance& in, Seq& s);
   void finish(Instance& in, Seq& s);
+  void check_accounting() const;
 
   const BlockTree& tree_;
   const RequestTrace& trace_;

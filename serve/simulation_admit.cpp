@@ -13,13 +13,19 @@ std::vector<BlockState> Simulation::block_states(const Instance& in, const Serve
     const std::int32_t b = r.blocks[i];
     s.start = static_cast<std::int64_t>(i) * trace_.block_size;
     s.tokens = r.block_tokens(i, trace_.block_size);
+    s.bytes = bytes(b);
     for (int t = 0; t < kTiers; ++t) {
       const Tier& tier = in.tiers[static_cast<std::size_t>(t)];
       if (!tier.cache) continue;
       s.in[static_cast<std::size_t>(t)] = tier.cache->cached(b);
-      // A sibling: another cached child of the same parent (the tier counts its cached children).
-      if (s.sibling_tier < 0 && i > 0 && tier.cache->cached_children(r.blocks[i - 1]) > (s.in[static_cast<std::size_t>(t)] ? 1 : 0))
+      // A sibling: another cached child of the same parent (the tier counts its cached children,
+      // so the children are searched only where one exists).
+      if (o_.transitions && s.sibling_tier < 0 && i > 0 &&
+          tier.cache->cached_children(r.blocks[i - 1]) > (s.in[static_cast<std::size_t>(t)] ? 1 : 0)) {
+        s.sibling = tree_.find_child(r.blocks[i - 1], [&](std::int32_t c) { return c != b && tier.cache->cached(c); });
         s.sibling_tier = t;
+        s.sibling_bytes = bytes(s.sibling);
+      }
     }
   }
   return st;
@@ -97,7 +103,8 @@ void Simulation::reserve_loads(Instance& in, const ServeRequest& r, const std::v
     if (w == Way::Hbm) in.tiers[0].cache->touch(b, tick());
     if (w == Way::Recompute) add_work(st[i].start, st[i].tokens);
     if (w == Way::Transition) {
-      if (st[i].sibling_tier > 0) transfer(st[i].sibling_tier, bytes(b));
+      in.tiers[static_cast<std::size_t>(st[i].sibling_tier)].cache->touch(st[i].sibling, tick());
+      if (st[i].sibling_tier > 0) transfer(st[i].sibling_tier, st[i].sibling_bytes);
       const std::int64_t k = transition_tokens(st[i].tokens, o_.transition_diff);
       add_work(st[i].start + st[i].tokens - k, k);
     }
@@ -132,20 +139,27 @@ bool Simulation::admit(Instance& in, std::int32_t req) {
   }
   if (hbm.capacity - in.private_bytes - in.pinned_bytes - new_pins < need) return false;
   const MaterializePlan plan = plan_materialization(st, costs_);
+  // A transition from a sibling in HBM holds that sibling too while room is made.
+  for (std::size_t i = 0; i < st.size(); ++i)
+    if (plan.way[i] == Way::Transition && st[i].sibling_tier == 0 && !hbm.cache->pinned(st[i].sibling))
+      new_pins += st[i].sibling_bytes;
+  if (hbm.capacity - in.private_bytes - in.pinned_bytes - new_pins < need) return false;
   res_.planned_ms += plan.ms;
   res_.recompute_only_ms += plan.recompute_only_ms;
   res_.load_only_ms += plan.load_only_ms;
   res_.block_refs += static_cast<std::int64_t>(st.size());
   for (std::size_t i = 0; i < st.size(); ++i)
     if (st[i].in[0] && hbm.cache->pin(r.blocks[i])) in.pinned_bytes += bytes(r.blocks[i]);
-  // The blocks to load stay in their tiers while HBM's victims come down.
+  // The blocks to load and the transitions' siblings stay in their tiers while HBM's victims come
+  // down.
   std::vector<std::pair<PrefixCache*, std::int32_t>> sources;
-  for (std::size_t i = 0; i < st.size(); ++i)
-    if (plan.way[i] == Way::LoadDram || plan.way[i] == Way::LoadSsd) {
-      PrefixCache* c = in.tiers[plan.way[i] == Way::LoadDram ? 1 : 2].cache.get();
-      c->pin(r.blocks[i]);
-      sources.emplace_back(c, r.blocks[i]);
-    }
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    const Way w = plan.way[i];
+    if (w == Way::LoadDram || w == Way::LoadSsd)
+      sources.emplace_back(in.tiers[w == Way::LoadDram ? 1 : 2].cache.get(), r.blocks[i]);
+    if (w == Way::Transition) sources.emplace_back(in.tiers[static_cast<std::size_t>(st[i].sibling_tier)].cache.get(), st[i].sibling);
+  }
+  for (const auto& [c, b] : sources) c->pin(b);
   evict_hbm(in, need);
   in.private_bytes += need;
   Seq s;

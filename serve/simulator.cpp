@@ -6,6 +6,8 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "core/error.h"
 #include "serve/simulation.h"
@@ -18,7 +20,6 @@ Simulation::Simulation(const BlockTree& tree, const SimOptions& o)
     : tree_(tree), trace_(tree.trace()), o_(o), bpt_(o.profile.kv_bytes_per_token * o.kv_ratio), inst_(static_cast<std::size_t>(o.instances)) {
   for (const std::int64_t t : trace_.tokens) block_bytes_.push_back(paged_bytes(t));
   costs_.prefill = o.profile.prefill;
-  costs_.bytes_per_token = bpt_;
   costs_.links[1] = {o.dram.gbps, o.dram.latency_ms};
   costs_.links[2] = {o.ssd.gbps, o.ssd.latency_ms};
   costs_.transitions = o.transitions;
@@ -33,8 +34,9 @@ Simulation::Simulation(const BlockTree& tree, const SimOptions& o)
       e.cost = o.profile.prefill;
       e.load_ms_per_token = t == 0 ? 0.0 : bpt_ / (costs_.links[static_cast<std::size_t>(t)].gbps * 1e6);
       Tier& tier = in.tiers[static_cast<std::size_t>(t)];
-      // The cache's own block capacity is unused here: the simulation keeps bytes.
-      tier.cache = std::make_unique<PrefixCache>(tree, static_cast<std::int64_t>(tree.blocks()) + 1, e);
+      // The simulation keeps bytes; the block capacity only sizes SLRU's protected segment.
+      const auto blocks = static_cast<std::int64_t>(capacity[static_cast<std::size_t>(t)] / paged_bytes(trace_.block_size));
+      tier.cache = std::make_unique<PrefixCache>(tree, std::max<std::int64_t>(1, blocks), e);
       tier.capacity = capacity[static_cast<std::size_t>(t)];
     }
 }
@@ -64,9 +66,34 @@ SimResult Simulation::run() {
   for (const Instance& in : inst_)
     for (const Tier& t : in.tiers)
       if (t.cache) res_.evictions += t.cache->evictions();
+  check_accounting();
   res_.hbm_blocks = o_.hbm_gb * 1e9 / (bpt_ * static_cast<double>(trace_.block_size));
   res_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res_;
+}
+
+// Once every request is done, nothing may stay reserved or pinned, and each tier's byte count must
+// equal its cached blocks' bytes: a drift would have skewed every capacity decision.
+void Simulation::check_accounting() const {
+  for (std::size_t i = 0; i < inst_.size(); ++i) {
+    const Instance& in = inst_[i];
+    const double tolerance = 1e-6 * std::max(1.0, in.tiers[0].capacity);
+    bool ok = in.running.empty() && in.waiting.empty() && std::abs(in.private_bytes) <= tolerance &&
+              std::abs(in.pinned_bytes) <= tolerance;
+    for (const Tier& t : in.tiers) {
+      if (!t.cache) continue;
+      double held = 0;
+      for (std::size_t b = 0; b < trace_.blocks(); ++b) {
+        const auto block = static_cast<std::int32_t>(b);
+        if (t.cache->cached(block)) held += bytes(block);
+        ok = ok && !t.cache->pinned(block);
+      }
+      ok = ok && std::abs(held - t.bytes) <= tolerance && t.bytes <= t.capacity + tolerance;
+    }
+    if (!ok)
+      throw std::logic_error("serve simulation: instance " + std::to_string(i) + "'s memory accounting drifted (reserved " +
+                             std::to_string(in.private_bytes) + " B, pinned " + std::to_string(in.pinned_bytes) + " B)");
+  }
 }
 
 void Simulation::arrive(std::int32_t req) {

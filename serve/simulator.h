@@ -52,6 +52,7 @@ struct SimOptions {
 
 struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, mean = 0;
+  std::int64_t count = 0;  // samples (weights); 0: the figures mean nothing
 };
 
 struct SimResult {

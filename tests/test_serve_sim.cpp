@@ -53,6 +53,8 @@ BlockState block(std::int64_t i, bool hbm, bool dram, bool ssd, int sibling = -1
   BlockState b;
   b.start = 512 * i;
   b.tokens = 512;
+  b.bytes = 512000;
+  b.sibling_bytes = 512000;
   b.in = {hbm, dram, ssd};
   b.sibling_tier = sibling;
   return b;
@@ -63,7 +65,6 @@ BlockState block(std::int64_t i, bool hbm, bool dram, bool ssd, int sibling = -1
 TEST_CASE("materialisation: the cheapest way per block, runs loaded as one transfer", "[serve]") {
   MaterializeCosts c;
   c.prefill = {"p", 0.0, 0.01, 1e-6};     // recompute of block i: 5.12 + 1e-6*((512(i+1))^2 - (512i)^2) ms
-  c.bytes_per_token = 1000;             // a block: 512 kB
   c.links[1] = {1.0, 0.5};              // DRAM: 0.512 ms per block + 0.5 ms per transfer
   c.links[2] = {0.05, 0.1};             // SSD: 10.24 ms per block + 0.1 ms
   auto recompute = [&](std::int64_t i) { return c.prefill.recompute_ms(512 * i, 512); };
@@ -92,6 +93,15 @@ TEST_CASE("materialisation: the cheapest way per block, runs loaded as one trans
   // Load-only loads block 4 from SSD although recomputing it is cheaper.
   CHECK(p.load_only_ms == Approx(expected - recompute(4) + c.links[2].ms(512000)).epsilon(1e-12));
 
+  SECTION("a shorter run lets a faster tier take over") {
+    // SSD holds blocks 0..5, DRAM 3..5: SSD for 0..2 in one transfer, then DRAM.
+    c.prefill = {"p", 0.0, 0.1, 0.0};  // recompute dearer than any load here
+    std::vector<BlockState> mixed;
+    for (int i = 0; i < 6; ++i) mixed.push_back(block(i, false, i >= 3, true));
+    const MaterializePlan m = plan_materialization(mixed, c);
+    for (int i = 0; i < 6; ++i) CHECK(m.way[static_cast<std::size_t>(i)] == (i < 3 ? Way::LoadSsd : Way::LoadDram));
+    CHECK(m.ms == Approx(c.links[2].ms(3 * 512000) + c.links[1].ms(3 * 512000)).epsilon(1e-12));
+  }
   SECTION("a transition from a cached sibling recomputes only the differing share") {
     c.transitions = true;
     c.transition_diff = 0.25;  // 128 of 512 tokens
@@ -203,12 +213,52 @@ TEST_CASE("timed simulation: HBM victims go down to DRAM and are loaded back", "
     CHECK(n.ttft_ms.p50 == Approx(11.24));
   }
   SECTION("a request larger than HBM is rejected, the rest run") {
+    const RequestTrace more = trace_of("rejected.jsonl", {{0, 1024, 3, {1, 2}}, {100, 512, 3, {3}}, {200, 1024, 3, {4, 5}}});
     SimOptions h = o;
-    h.hbm_gb = 0.0009;
-    const SimResult n = simulate(tree, h);
-    CHECK(n.rejected == 3);
-    CHECK(n.completed == 0);
+    h.hbm_gb = 0.0009;  // one block and its output fit, two do not
+    const SimResult n = simulate(BlockTree(more), h);
+    CHECK(n.rejected == 2);
+    CHECK(n.completed == 1);
+    CHECK(n.ttft_ms.count == 1);
+    CHECK(n.ttft_ms.p50 == Approx(1 + 5.12));
   }
+  SECTION("without DRAM, HBM's victims go to SSD and come back from there") {
+    SimOptions s = simple();
+    s.hbm_gb = 0.0012;
+    s.ssd = {1.0, 1.0, 0.01};
+    const SimResult n = simulate(tree, s);
+    CHECK(n.share(Way::LoadSsd) == Approx(2.0 / 6));
+    CHECK(n.share(Way::LoadDram) == 0);
+    CHECK(n.written_gb[2] == Approx(4 * 0.512e-3));
+    CHECK(n.loaded_gb[2] == Approx(1.024e-3));
+    CHECK(n.ttft_ms.mean == Approx((11.24 + 11.24 + 1.034 + 1.01) / 3));
+  }
+  SECTION("a transition from a sibling in DRAM loads the sibling, then fixes its tail") {
+    // C = block 1 (in DRAM, loaded) + block 5, new, whose sibling 2 sits in DRAM.
+    const RequestTrace sib = trace_of("sibling.jsonl", {{0, 1024, 3, {1, 2}}, {100, 1024, 3, {3, 4}}, {200, 1024, 3, {1, 5}}});
+    SimOptions s = o;
+    s.transitions = true;
+    const SimResult n = simulate(BlockTree(sib), s);
+    CHECK(n.share(Way::LoadDram) == Approx(1.0 / 6));
+    CHECK(n.share(Way::Transition) == Approx(1.0 / 6));
+    CHECK(n.loaded_gb[1] == Approx(1.024e-3));  // block 1 and the sibling, one transfer each
+    // Both transfers queue on the DRAM link (2 x 0.522 ms), then 128 tokens (1 + 1.28 ms).
+    CHECK(n.ttft_ms.mean == Approx((11.24 + 11.24 + 1.044 + 2.28) / 3));
+  }
+}
+
+TEST_CASE("timed simulation: routing by cached prefix", "[serve]") {
+  // The second request repeats the first: prefix routing sends it where the blocks are.
+  const RequestTrace t = trace_of("route.jsonl", {{0, 1024, 3, {1, 2}}, {100, 1024, 3, {1, 2}}});
+  const BlockTree tree(t);
+  SimOptions o = simple();
+  o.instances = 2;
+  o.route = Route::Prefix;
+  CHECK(simulate(tree, o).hit_rate() == Approx(0.5));
+  o.route = Route::RoundRobin;
+  CHECK(simulate(tree, o).hit_rate() == 0);
+  o.route = Route::LeastLoaded;  // both idle: the first instance
+  CHECK(simulate(tree, o).hit_rate() == Approx(0.5));
 }
 
 TEST_CASE("timed simulation: deterministic, compression fits more, bad options refused", "[serve]") {

@@ -97,6 +97,13 @@ def main():
         shares = sum(float(r[k]) for k in ("hbm_share", "dram_share", "ssd_share", "transition_share", "recompute_share"))
         check(abs(shares - 1) < 1e-9, "the ways add up to every block reference")
 
+    # Everything rejected: no latency figures, written empty rather than as 0 ms.
+    run(kvsim, "serve", "simulate", trace, "--hbm-gb", "0.0001", "--quiet", "-o", f"{out}/none.csv", "--force")
+    with open(f"{out}/none.csv") as f:
+        r = next(csv.DictReader(f))
+    check(r["completed"] == "0" and r["rejected"] == "300", "all rejected at 0.1 MB of HBM")
+    check(r["ttft_p50_ms"] == "" and r["tbt_p99_ms"] == "" and r["queue_p50_ms"] == "", "no samples: empty percentiles")
+
     def refused(what, pattern, *a):
         p = run(kvsim, *a, ok=False)
         check(p.returncode != 0 and pattern in p.stderr, f"{what}: exit {p.returncode}, stderr {p.stderr.strip()!r}")
@@ -110,7 +117,7 @@ def main():
     refused("zero HBM", "not a size in GB > 0", *base, "--hbm-gb", "0")
     refused("unknown eviction", "is unknown", *base, "-e", "fifo")
     refused("unknown router", "router 'x' is unknown", *base, "--route", "x")
-    refused("tier without bandwidth", "DRAM bandwidth", *base, "--dram-gb", "4", "--dram-gbps", "0")
+    refused("tier without bandwidth", "--dram-gbps", *base, "--dram-gb", "4", "--dram-gbps", "0")
     bad = f"{out}/bad.jsonl"
     with open(trace) as f, open(bad, "w") as g:
         lines = f.readlines()
