@@ -81,3 +81,10 @@ for mode in $MODES; do
   "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "${policies//;oracle_golden/}" -b "$BUDGETS" --mode "$mode" \
     --max-new "$MAX_NEW" --offline "$d/sweep.csv" -o "$d/verify.csv" --force -q | tee "$d/verify.txt"
 done
+# The figures: frontiers, offline vs live, every model's training curve (docs/reports.md).
+inputs=()
+for mode in $MODES; do
+  inputs+=("$OUT/$mode/sweep.csv" "$OUT/$mode/verify.csv")
+  for m in "$OUT/$mode"/*.h5; do inputs+=("$m"); done
+done
+"$KVSIM" report "${inputs[@]}" -o "$OUT/report.html"

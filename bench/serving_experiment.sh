@@ -39,7 +39,7 @@ results="$OUT/sweep.csv,$OUT/verify.csv"
 "$KVSIM" serve simulate "$TRACE" -e lru,lfu,slru,hits_per_token,rppc --hbm-gb "$HBM" "${SIM[@]}" \
   -o "$OUT/capacity.csv" --json "$OUT/capacity.json" --force | tee "$OUT/capacity.txt"
 "$KVSIM" serve simulate "$TRACE" -e lru,rppc --hbm-gb "$HBM" --kv-policy "$kv" --kv-results "$results" "${SIM[@]}" \
-  -o "$OUT/compression.csv" --force | tee "$OUT/compression.txt"
+  -o "$OUT/compression.csv" --json "$OUT/compression.json" --force | tee "$OUT/compression.txt"
 # HBM only (no DRAM tier): what the tiers are worth.
 "$KVSIM" serve simulate "$TRACE" -e lru,rppc --hbm-gb "$HBM" --instances "${INSTANCES:-8}" --time-scale "${TIME_SCALE:-1}" --quiet \
   -o "$OUT/hbm_only.csv" --force | tee "$OUT/hbm_only.txt"
@@ -54,3 +54,5 @@ done
 "$KVSIM" serve simulate "$TRACE" -e lru,rppc --hbm-gb 64 --instances "${INSTANCES:-8}" --dram-gb "${DRAM_GB:-256}" \
   --time-scale 2 --transitions --quiet -o "$OUT/overload_transitions.csv" --force | tee "$OUT/overload_transitions.txt"
 "$PYTHON" analysis/serving_tables.py "$OUT" | tee "$OUT/tables.md"
+# The figures (docs/reports.md); docs/experiments/figures/serving/ holds a copy for the page.
+"$KVSIM" report "$OUT/sweep.csv" "$OUT/verify.csv" "$OUT/capacity.json" "$OUT/compression.json" -o "$OUT/report.html"

@@ -81,3 +81,9 @@ for mode in $MODES; do
     printf "%d requests x %d configs: offline sweep %.1f s | live verify %.1f s | live / offline = %.1fx\n",
       n, k, sweep, live, live / sweep }' | tee "$d/timing.txt"
 done
+# The figures: frontiers, heatmaps, offline vs live (docs/reports.md).
+inputs=()
+for mode in $MODES; do
+  inputs+=("$OUT/$mode/sweep.csv" "$OUT/$mode/sweep.jsonl" "$OUT/$mode/verify_heldout.csv" "$OUT/$mode/agreement.csv")
+done
+"$KVSIM" report "${inputs[@]}" -o "$OUT/report.html"

@@ -18,5 +18,6 @@ int calibrate_command(const Args& args);
 int agreement_command(const Args& args);
 int train_command(const Args& args);
 int serve_command(const Args& args);
+int report_command(const Args& args);
 
 }  // namespace kvsim::cli

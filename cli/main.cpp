@@ -1,4 +1,4 @@
-// kvsim: one CLI, one subcommand per job (report comes later).
+// kvsim: one CLI, one subcommand per job.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,7 +20,10 @@ int main(int argc, char** argv) {
       {"agreement", "the offline/live agreement report from sweep and verify result files", kvsim::cli::agreement_command},
       {"train", "train a learned policy (foresight, sigmoid_gate, distillcache, rlkv) on captured traces",
        kvsim::cli::train_command},
-      {"serve", "serving simulation of request traces: prefix-cache hit rates", kvsim::cli::serve_command},
+      {"serve", "serving simulation of request traces: prefix caches, tiers, batching, compression",
+       kvsim::cli::serve_command},
+      {"report", "plots of result files (sweep, verify, agreement, serve, traces) in one HTML page",
+       kvsim::cli::report_command},
   };
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "--version") {

@@ -92,6 +92,7 @@ nlohmann::json result_row(const serve::SimResult& r, const serve::SimOptions& o,
           {"evictions", r.evictions},
           {"seconds", r.seconds}};
   add_percentiles(row, "ttft", r.ttft_ms, true);
+  row["ttft_centiles_ms"] = r.ttft_centiles_ms;  // JSON only: the TTFT CDF
   add_percentiles(row, "tbt", r.tbt_ms, false);
   add_percentiles(row, "queue", r.queue_ms, false);
   return row;

@@ -1,4 +1,4 @@
-// `kvsim trace {info,check,synth,dump,fit-basis}`: the user-facing side of traces/.
+// `kvsim trace {info,check,synth,dump,keep-sets,fit-basis}`: the user-facing side of traces/.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -9,10 +9,12 @@
 
 #include "cli/dispatch.h"
 #include "cli/options.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/isolated_call.h"
 #include "policies/basis_set.h"
 #include "sim/calibration.h"
+#include "sim/sweep.h"
 #include "traces/synth_trace.h"
 #include "traces/trace_check.h"
 #include "traces/trace_reader.h"
@@ -260,6 +262,63 @@ int dump(const Args& args) {
   return 0;
 }
 
+// The tokens each config keeps in one request, per layer and plan entry, right after compression:
+// what the report's attention map marks (analysis/report).
+int keep_sets(const Args& args) {
+  std::string file, id, policies, budgets = "0.25", mode = "query-aware", out;
+  int layer = -1;
+  po::options_description desc(
+      "kvsim trace keep-sets: replay one request of a trace and write, for each (policy, budget) config, the\n"
+      "tokens each layer's plan entries (KV heads, or query heads for per-query-head plans) keep right after\n"
+      "compression, as JSON");
+  desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "trace file")(
+      "request,r", po::value(&id), "request id (default: the first)")("policies,p", po::value(&policies)->required(),
+                                                           "policies, as for kvsim sweep")(
+      "budgets,b", po::value(&budgets)->default_value(budgets), "budgets, as for kvsim sweep")(
+      "mode", po::value(&mode)->default_value(mode), "query-aware | query-agnostic")(
+      "layer,l", po::value(&layer)->default_value(layer), "one layer only (-1: every layer)")(
+      "out,o", po::value(&out)->required(), "output JSON")("force", "replace --out");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  if (!parse_options(args, desc, pos, vm, "kvsim trace keep-sets FILE [-r ID] -p snapkv,h2o -b 0.25 -o kept.json")) return 0;
+  if (!vm.count("force") && std::filesystem::exists(out))
+    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  SweepSpec spec;
+  spec.policies = split_policies(policies);
+  spec.budgets = parse_budgets(budgets);
+  spec.mode = parse_mode(mode);
+  const std::vector<ReplayConfig> configs = expand_configs(spec);
+  const std::string text = read_isolated(file, [&](const TraceReader& reader) {
+    const ModelGeometry& g = reader.geometry();
+    if (layer < -1 || layer >= g.n_layers)
+      throw Error("--layer " + std::to_string(layer) + ": expected -1 or a layer in [0, " + std::to_string(g.n_layers) + ")");
+    if (id.empty()) {
+      if (reader.request_ids().empty()) throw Error(file + ": no complete request");
+      id = reader.request_ids().front();
+    }
+    Replayer replayer(reader, spec.mode, configs);
+    replayer.record_keep_sets(true);
+    const RequestResult res = replayer.replay(id);
+    nlohmann::json j = {{"trace", file},      {"request", id},   {"mode", mode_name(spec.mode)},
+                        {"tokens", res.tokens}, {"compression_point", res.compression_point},
+                        {"layers", g.n_layers}, {"layer", layer}, {"configs", nlohmann::json::array()}};
+    for (std::size_t p = 0; p < configs.size(); ++p) {
+      nlohmann::json kept = res.configs[p].kept;
+      if (layer >= 0) kept = nlohmann::json::array({kept[static_cast<std::size_t>(layer)]});
+      j["configs"].push_back({{"policy", configs[p].policy},
+                              {"params", configs[p].params},
+                              {"label", configs[p].label()},
+                              {"budget", configs[p].budget},
+                              {"kept", kept}});
+    }
+    return j.dump();
+  });
+  write_file_atomically(out, text + "\n");
+  std::printf("%s: keep-sets of %zu configs\n", out.c_str(), configs.size());
+  return 0;
+}
+
 // Calibration bases for lowrank/varrate (basis=FILE): the principal directions of the
 // pre-RoPE keys and of the values of every prompt token of the given traces, per (layer, KV head).
 int fit_basis_cmd(const Args& args) {
@@ -289,6 +348,7 @@ int trace_command(const Args& args) {
                                     {"check", "validate a trace; non-zero exit and one line per problem", check},
                                     {"synth", "write a deterministic synthetic trace", synth},
                                     {"dump", "print one layer of K/V/Q of a request as JSON", dump},
+                                    {"keep-sets", "the tokens each config keeps in one request, as JSON", keep_sets},
                                     {"fit-basis", "fit low-rank calibration bases (lowrank/varrate basis=FILE)", fit_basis_cmd}};
   return dispatch("kvsim trace", subs, args);
 }

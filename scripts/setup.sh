@@ -15,6 +15,9 @@ required=(cmake make g++ pkg-config python3 python3-venv
   libhdf5-dev libboost-program-options-dev libboost-graph-dev libeigen3-dev
   catch2 nlohmann-json3-dev libpcre2-dev)
 optional=(ccache)  # faster rebuilds; installed alongside the others, never a reason to ask for root
+# Wanted, not required: a headless browser renders the report in its test (`kvsim report`); where
+# it cannot be installed, that one test is skipped.
+wanted=(chromium)
 
 is_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
@@ -41,6 +44,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${as_root[@]}" apt-get update -qq
   "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+want=()
+for p in "${wanted[@]}"; do is_installed "$p" || want+=("$p"); done
+if [ ${#want[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
+    root=(); [ "$(id -u)" -eq 0 ] || root=(sudo)
+    echo "setup: installing ${want[*]} (renders reports in the tests)"
+    "${root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}" ||
+      echo "setup: could not install ${want[*]}; the report's browser test will be skipped" >&2
+  else
+    echo "setup: ${want[*]} missing and this user cannot install it; the report's browser test will be skipped" >&2
+  fi
+fi
 
 venv="$cache/venv"
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -48,7 +64,7 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   mkdir -p "$cache"
   python3 -m venv --clear "$venv"
 fi
-if ! "$venv/bin/python" -c 'import numpy, h5py, gguf, tokenizers' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import numpy, h5py, gguf, tokenizers, pandas, matplotlib' 2>/dev/null; then
   echo "setup: installing Python packages into $venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 fi

@@ -38,6 +38,20 @@ class WeightedSamples {
     p.p99 = at(0.99);
     return p;
   }
+  // The 0th, 1st, ..., 100th percentiles (nearest rank; call after percentiles()): a CDF to plot.
+  std::vector<double> centiles() const {
+    std::vector<double> out;
+    if (samples_.empty()) return out;
+    double total = 0;
+    for (const auto& s : samples_) total += static_cast<double>(s.second);
+    std::size_t i = 0;
+    double seen = static_cast<double>(samples_[0].second);
+    for (int q = 0; q <= 100; ++q) {
+      while (seen < q / 100.0 * total && i + 1 < samples_.size()) seen += static_cast<double>(samples_[++i].second);
+      out.push_back(samples_[i].first);
+    }
+    return out;
+  }
 
  private:
   std::vector<std::pair<double, std::int64_t>> samples_;

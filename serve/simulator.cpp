@@ -61,6 +61,7 @@ SimResult Simulation::run() {
     res_.throughput_requests_s = static_cast<double>(res_.completed) / res_.makespan_s;
   }
   res_.ttft_ms = samples_.ttft.percentiles();
+  res_.ttft_centiles_ms = samples_.ttft.centiles();
   res_.tbt_ms = samples_.tbt.percentiles();
   res_.queue_ms = samples_.queue.percentiles();
   for (const Instance& in : inst_)

@@ -62,6 +62,7 @@ struct SimResult {
   std::array<double, kTiers> loaded_gb{}, written_gb{};  // traffic into HBM per tier; write-backs per tier
   std::int64_t prefill_tokens = 0, output_tokens = 0;   // computed prefill tokens; generated tokens
   Percentiles ttft_ms, tbt_ms, queue_ms;  // queue: arrival to admission
+  std::vector<double> ttft_centiles_ms;    // TTFT at 0, 1, ..., 100 percent (empty without samples)
   double makespan_s = 0, throughput_tokens_s = 0, throughput_requests_s = 0;
   double planned_ms = 0, recompute_only_ms = 0, load_only_ms = 0;  // the plans' estimates, summed
   std::int64_t steps = 0, evictions = 0;

@@ -25,7 +25,10 @@ double percentile95(std::vector<float>& v) {
   return v[k];
 }
 
-void start_accumulator(Accumulator& a, int L, std::int64_t T, std::int64_t c, bool record_keep_sets) {
+void start_accumulator(Accumulator& a, int L, int Hq, std::int64_t T, std::int64_t c, bool record_keep_sets) {
+  a.heads = Hq;
+  a.head_kl.assign(static_cast<std::size_t>(L) * static_cast<std::size_t>(Hq), 0);
+  a.head_rows.assign(static_cast<std::size_t>(L) * static_cast<std::size_t>(Hq), 0);
   a.layer_recall.assign(static_cast<std::size_t>(L), 0);
   a.layer_kl.assign(static_cast<std::size_t>(L), 0);
   a.layer_err.assign(static_cast<std::size_t>(L), 0);
@@ -68,6 +71,12 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
     r.layer_kl.push_back(a.layer_kl[li] / n);
     r.layer_err.push_back(a.layer_err[li] / n);
     r.layer_out_sq.push_back(a.layer_out_sq[li] / n);
+    std::vector<double> heads(static_cast<std::size_t>(a.heads));
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      const std::size_t k = li * heads.size() + h;
+      heads[h] = a.head_rows[k] ? a.head_kl[k] / static_cast<double>(a.head_rows[k]) : 0.0;
+    }
+    r.head_kl.push_back(std::move(heads));
   }
   r.mean_recall = sr / static_cast<double>(r.rows);
   r.mean_kl = sk / static_cast<double>(r.rows);
@@ -193,7 +202,7 @@ void score_layer(const LayerWork& work, const std::vector<ReplayConfig>& configs
   for (std::size_t k = 0; k < shots.size(); ++k)
     for (int qh = 0; qh < Hq; ++qh)
       for (std::int64_t i = 0; i < E; ++i)
-        acc[shots[k].config].add_row(layer, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
+        acc[shots[k].config].add_row(layer, qh, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
                                      err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
                                      work.out[static_cast<std::size_t>(qh)].row(i).squaredNorm());
 }
@@ -311,7 +320,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   std::vector<ConfigBudget> budgets(P);
   for (std::size_t p = 0; p < P; ++p) budgets[p] = config_budget(*configs_[p].impl, configs_[p].budget, c, d, rule_, configs_[p].label());
   std::vector<Accumulator> acc(P);
-  for (auto& a : acc) start_accumulator(a, L, T, c, record_keep_sets_);
+  for (auto& a : acc) start_accumulator(a, L, Hq, T, c, record_keep_sets_);
 
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };

@@ -26,6 +26,7 @@ struct ConfigResult {
   double mean_out_sq = 0;          // mean squared absolute output error over the rows (layer_out_sq's)
   std::vector<double> layer_recall, layer_kl, layer_err;  // per-layer means
   std::vector<double> layer_p95_kl, layer_p95_err;        // per-layer tails
+  std::vector<std::vector<double>> head_kl;               // [layer][query head] mean KL
   // Per-layer mean squared absolute output error |o - o'|^2: what the offline estimate weighs.
   std::vector<double> layer_out_sq;
   double kept_fraction = 1.0;      // kept / cached K/V entries at the compression point (per-query-head copies count)

@@ -33,6 +33,9 @@ struct Accumulator {
   std::vector<double> layer_recall, layer_kl, layer_err;
   std::vector<double> layer_out_sq;         // sum of squared absolute output errors, err^2 x |o|^2
   std::vector<std::int64_t> layer_rows;
+  std::vector<double> head_kl;              // [layer * query heads + head]: KL summed over its rows
+  std::vector<std::int64_t> head_rows;
+  int heads = 0;                            // query heads
   std::int64_t kept = 0;                    // right after compression, over layers and heads
   std::int64_t entries = 0;                 // plan entries of one layer (KV or query heads)
   std::vector<double> kept_after_step;      // [T - c] cache size after each later step
@@ -49,11 +52,14 @@ struct Accumulator {
   // KL(compressed || full) is -log(recall).
   // out_norm2: the squared norm of the row's full-cache output, which turns its relative error
   // into the absolute one the offline estimate (sim/estimator.h) weighs.
-  void add_row(int layer, double recall, double row_err, double out_norm2) {
+  void add_row(int layer, int head, double recall, double row_err, double out_norm2) {
     recall = std::clamp(recall, 1e-30, 1.0);
-    add_row(layer, recall, -std::log(recall), row_err, out_norm2);
+    add_row(layer, head, recall, -std::log(recall), row_err, out_norm2);
   }
-  void add_row(int layer, double recall, double kl_row, double row_err, double out_norm2) {
+  void add_row(int layer, int head, double recall, double kl_row, double row_err, double out_norm2) {
+    const auto h = static_cast<std::size_t>(layer) * static_cast<std::size_t>(heads) + static_cast<std::size_t>(head);
+    head_kl[h] += kl_row;
+    ++head_rows[h];
     kl[static_cast<std::size_t>(layer)].push_back(static_cast<float>(kl_row));
     err[static_cast<std::size_t>(layer)].push_back(static_cast<float>(row_err));
     layer_recall[static_cast<std::size_t>(layer)] += recall;

@@ -86,7 +86,8 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
     for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
     for (std::int64_t i = 0; i < w.T - c; ++i)
       a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>((c + i + 1) * Hkv);
-    for (std::int64_t row = 0; row < w.E * w.g.n_q_heads; ++row) a.add_row(w.layer, 1.0, 0.0, 0.0);
+    for (int qh = 0; qh < w.g.n_q_heads; ++qh)
+      for (std::int64_t i = 0; i < w.E; ++i) a.add_row(w.layer, qh, 1.0, 0.0, 0.0);
     return {};
   }
   const int G = w.g.group();

@@ -248,6 +248,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                                    {"budget", configs[p].budget},
                                    {"layer_recall", r.layer_recall},
                                    {"layer_kl", r.layer_kl},
+                                   {"head_kl", r.head_kl},
                                    {"layer_out_err", r.layer_err},
                                    {"layer_out_sq", r.layer_out_sq},
                                    {"layer_p95_kl", r.layer_p95_kl},

@@ -153,6 +153,29 @@ TEST_CASE("one pass over many configs equals replaying each alone", "[replay]") 
   }
 }
 
+TEST_CASE("per-head KL: one value per (layer, query head), averaging to the layer's", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const ModelGeometry& g = reader.geometry();
+  // An eviction path, a decode-time path and an encoded one.
+  const auto all = configs({"snapkv", "h2o", "kivi:bits=2"}, {0.25});
+  const RequestResult res = Replayer(reader, ReplayMode::QueryAware, all).replay("r1");
+  for (const ConfigResult& r : res.configs) {
+    REQUIRE(r.head_kl.size() == static_cast<std::size_t>(g.n_layers));
+    bool differ = false;
+    for (int l = 0; l < g.n_layers; ++l) {
+      const auto& heads = r.head_kl[static_cast<std::size_t>(l)];
+      REQUIRE(heads.size() == static_cast<std::size_t>(g.n_q_heads));
+      double sum = 0;
+      for (double k : heads) {
+        sum += k;
+        differ = differ || std::abs(k - heads[0]) > 1e-9;
+      }
+      CHECK(sum / g.n_q_heads == Approx(r.layer_kl[static_cast<std::size_t>(l)]).epsilon(1e-9));
+    }
+    CHECK(differ);  // heads do differ: the values are not one layer mean copied
+  }
+}
+
 TEST_CASE("encoded configs in one pass equal each alone; identical plans share their scores", "[replay]") {
   const TraceReader reader(replay_trace());
   // intn:bits=4 keeps every token at 0.5 and 0.99 (one plan, scored once) and drops some at 0.1.
