@@ -12,6 +12,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/isolated_call.h"
+#include "kvcache/budget.h"
 #include "policies/basis_set.h"
 #include "sim/calibration.h"
 #include "sim/sweep.h"
@@ -265,8 +266,9 @@ int dump(const Args& args) {
 // The tokens each config keeps in one request, per layer and plan entry, right after compression:
 // what the report's attention map marks (analysis/report).
 int keep_sets(const Args& args) {
-  std::string file, id, policies, budgets = "0.25", mode = "query-aware", out;
+  std::string file, id, policies, budgets = "0.25", mode = "query-aware", out, semantics = "point";
   int layer = -1;
+  std::int64_t compress_every = 0, reapply_every = BudgetRule{}.every;
   po::options_description desc(
       "kvsim trace keep-sets: replay one request of a trace and write, for each (policy, budget) config, the\n"
       "tokens each layer's plan entries (KV heads, or query heads for per-query-head plans) keep right after\n"
@@ -277,6 +279,9 @@ int keep_sets(const Args& args) {
       "budgets,b", po::value(&budgets)->default_value(budgets), "budgets, as for kvsim sweep")(
       "mode", po::value(&mode)->default_value(mode), "query-aware | query-agnostic")(
       "layer,l", po::value(&layer)->default_value(layer), "one layer only (-1: every layer)")(
+      "compress-every", po::value(&compress_every)->default_value(0), "as for kvsim sweep")(
+      "budget-semantics", po::value(&semantics)->default_value(semantics), "point | peak, as for kvsim sweep")(
+      "reapply-every", po::value(&reapply_every)->default_value(reapply_every), "as for kvsim sweep")(
       "out,o", po::value(&out)->required(), "output JSON")("force", "replace --out");
   po::positional_options_description pos;
   pos.add("file", 1);
@@ -297,7 +302,7 @@ int keep_sets(const Args& args) {
       if (reader.request_ids().empty()) throw Error(file + ": no complete request");
       id = reader.request_ids().front();
     }
-    Replayer replayer(reader, spec.mode, configs);
+    Replayer replayer(reader, spec.mode, configs, compress_every, parse_budget_rule(semantics, reapply_every));
     replayer.record_keep_sets(true);
     const RequestResult res = replayer.replay(id);
     nlohmann::json j = {{"trace", file},      {"request", id},   {"mode", mode_name(spec.mode)},

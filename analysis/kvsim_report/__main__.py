@@ -1,5 +1,6 @@
 """python -m kvsim_report INPUTS... -o report.html  (what `kvsim report` runs)."""
 import argparse
+import os
 import sys
 
 from .page import build_report
@@ -13,7 +14,8 @@ def main(argv=None):
     p.add_argument("inputs", nargs="+", help="result files, any order; their kind is read from their content")
     p.add_argument("-o", "--out", required=True, help="the HTML file to write (PNGs go to OUT_figures/)")
     p.add_argument("--config", help="heatmap config as LABEL@BUDGET (default: the offline-best at the smallest budget)")
-    p.add_argument("--layer", type=int, help="attention map layer when the keep-sets hold every layer (default: middle)")
+    p.add_argument("--layer", type=int, help="attention map layer when the keep-sets hold every layer (default: middle; "
+                   "keep-sets made with -l use their own layer)")
     p.add_argument("--head", type=int, default=0, help="attention map query head (default 0)")
     a = p.parse_args(argv)
     try:
@@ -21,7 +23,7 @@ def main(argv=None):
     except InputError as e:
         print(f"kvsim report: error: {e}", file=sys.stderr)
         return 1
-    print(f"{a.out}: {len(pngs)} figure(s); PNGs beside it in {a.out.rsplit('.', 1)[0]}_figures/")
+    print(f"{a.out}: {len(pngs)} figure(s); PNGs beside it in {os.path.splitext(a.out)[0]}_figures/")
     return 0
 
 

@@ -1,13 +1,18 @@
 """One request's attention map from a trace, with each policy's kept tokens marked and the prompt's
 segments shaded: the picture that shows why a policy fails."""
+import os
+
 import h5py
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.patches import Patch
 
-from .plots import SEGMENT_COLOURS, SEGMENTS, Figure
+from .plots import SEGMENT_COLOURS, SEGMENTS, Figure, short_label
 from .readers import InputError
+
+
+MAX_ROWS = 1024  # query rows drawn (a figure holds no more pixels than this anyway)
 
 
 def _attention(f, request, layer, head):
@@ -17,9 +22,13 @@ def _attention(f, request, layer, head):
     hq, hkv, d = int(model["n_q_heads"]), int(model["n_kv_heads"]), int(model["head_dim"])
     if not 0 <= head < hq:
         raise InputError(f"{f.filename}: --head {head}; expected a query head in [0, {hq})")
-    q = g["q"][layer, :, head, :].astype(np.float64)            # [Tq, d]
-    k = g["k"][layer, :, head // (hq // hkv), :].astype(np.float64)  # [T, d]
     qi = g["q_index"][()]
+    rows = np.arange(len(qi))
+    if len(rows) > MAX_ROWS:  # a long trace with every query recorded: an even sample of the rows
+        rows = np.unique(np.linspace(0, len(qi) - 1, MAX_ROWS).astype(int))
+    q = g["q"][layer, :, head, :][rows].astype(np.float32)           # [rows, d]
+    k = g["k"][layer, :, head // (hq // hkv), :].astype(np.float32)  # [T, d]
+    qi = qi[rows]
     logits = q @ k.T / np.sqrt(d)
     logits[np.arange(k.shape[0])[None, :] > qi[:, None]] = -np.inf
     logits -= logits.max(axis=1, keepdims=True)
@@ -40,7 +49,7 @@ def _kept_rows(keep, layer, head, hq, hkv, tokens):
         m = np.zeros(tokens, dtype=bool)
         m[np.asarray(per_layer[entry], dtype=int)] = True
         rows.append(m)
-        labels.append(f"{c['label'].split(':')[0]} @ {c['budget']:g}")
+        labels.append(f"{short_label(c['policy'], c.get('params', ''))} @ {c['budget']:g}")
     return np.array(rows), labels
 
 
@@ -49,7 +58,9 @@ def attention_maps(inputs, layer=None, head=0):
     if not inputs.keep_sets or not inputs.traces:
         return figs
     for keep in inputs.keep_sets:
-        trace = next((t for t in inputs.traces if _has_request(t, keep["request"])), None)
+        # The trace the keep-sets were made from, by path or name, else any holding the request.
+        same = [t for t in inputs.traces if os.path.basename(t) == os.path.basename(keep.get("trace", ""))]
+        trace = next((t for t in same + inputs.traces if _has_request(t, keep["request"])), None)
         if trace is None:
             raise InputError(f"{keep['path']}: request '{keep['request']}' is in none of the traces given "
                              f"({', '.join(inputs.traces)})")

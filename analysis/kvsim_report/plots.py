@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -48,7 +49,8 @@ def family(policy):
 
 def short_label(policy, params):
     """The policy plus the parameters that usually tell configs apart (bits, base, model)."""
-    keep = [kv for kv in str(params).split(",") if kv.split("=")[0] in ("bits", "base", "sign", "hi_share", "soft")]
+    keep = [kv for kv in str(params).split(",")
+            if kv.split("=")[0] in ("bits", "base", "sign", "hi_share", "soft", "gqa", "model")]
     return policy + (":" + ",".join(keep) if keep else "")
 
 
@@ -56,7 +58,8 @@ def frontier(points, lower=True):
     """The Pareto frontier of (bytes, value) points: fewer bytes and lower (or higher) value."""
     best = math.inf if lower else -math.inf
     out = []
-    for x, y in sorted(points):
+    # At equal bytes the better value comes first, so a worse twin is never on the frontier.
+    for x, y in sorted(points, key=lambda p: (p[0], p[1] if lower else -p[1])):
         if (y < best) if lower else (y > best):
             out.append((x, y))
             best = y
@@ -126,13 +129,19 @@ def _pick_config(detail, sweep, wanted):
     """The detail rows of one config: `wanted` (LABEL@BUDGET), else the offline-best deployable
     config (not the full cache, not an oracle) at the smallest budget."""
     d = detail[(detail["policy"] != "full") & ~detail["policy"].str.startswith("oracle")]
+    if d.empty:
+        raise InputError(f"{detail.attrs['path']}: only full-cache or oracle rows; the heatmap needs a deployable config")
     if wanted:
         label, _, budget = wanted.rpartition("@")
-        sel = d[(d["policy"] == label) & (np.isclose(d["budget"].astype(float), float(budget)))] if label else d.iloc[0:0]
+        try:
+            budget = float(budget)
+        except ValueError:
+            raise InputError(f"--config {wanted}: expected LABEL@BUDGET with a number after '@'") from None
+        sel = d[(d["policy"] == label) & (np.isclose(d["budget"].astype(float), budget))] if label else d.iloc[0:0]
         if sel.empty:
             raise InputError(f"--config {wanted}: no detail rows of this config; the detail has: "
                              + ", ".join(sorted({f'{p}@{b:g}' for p, b in zip(d['policy'], d['budget'])})[:12]))
-        return sel, label, float(budget)
+        return sel, label, budget
     b = d["budget"].min()
     at = d[d["budget"] == b]
     best = at.assign(kl=at["layer_kl"].map(np.mean)).groupby("policy")["kl"].mean().idxmin()
@@ -148,9 +157,12 @@ def head_heatmaps(inputs, wanted=None):
         if grid.ndim == 1:
             grid = grid[:, None]
         fig, ax = plt.subplots(figsize=(max(4.5, 0.45 * grid.shape[1] + 2.5), 5.5))
-        im = ax.imshow(grid, aspect="auto", cmap="magma", origin="lower",
-                       norm=LogNorm(vmin=max(grid[grid > 0].min(), 1e-6) if (grid > 0).any() else 1e-6,
-                                    vmax=max(grid.max(), 1e-5)))
+        floor = max(float(grid[grid > 0].min()), 1e-6) if (grid > 0).any() else 1e-6
+        # Zero-loss cells sit at the floor (dark), not blank: blank would read as the brightest.
+        im = ax.imshow(np.maximum(grid, floor), aspect="auto", cmap="magma", origin="lower",
+                       norm=LogNorm(vmin=floor, vmax=max(float(grid.max()), floor * 10)))
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_xlabel("query head" if per_head else "(per-layer only: this detail file has no head_kl)")
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, label="mean offline KL")
@@ -158,7 +170,9 @@ def head_heatmaps(inputs, wanted=None):
         short = short_label(policy, params)
         ax.set_title(f"{short} @ {budget:g}: offline loss per layer × head", fontsize=9)
         fig.tight_layout()
-        figs.append(Figure(f"heatmap_{policy}_{budget:g}", f"Loss per layer and head: {short} @ {budget:g}",
+        mode = str(detail["mode"].iloc[0]) if "mode" in detail.columns else detail.attrs.get("mode", "")
+        figs.append(Figure(f"heatmap_{policy}_{budget:g}", f"Loss per layer and head: {short} @ {budget:g}"
+                           + (f" ({mode})" if mode else ""),
                            f"Mean offline KL of {label} at {budget:g} of the bytes, over {rows['request'].nunique()} "
                            f"request(s) of {detail.attrs['path']}: bright cells are where this config loses the most.", fig))
     return figs

@@ -79,7 +79,7 @@ def read_csv(path, kind=None):
     if missing:
         raise InputError(f"{path}: no column {', '.join(repr(c) for c in missing)}; expected a kvsim {kind.replace('_', ' ')} "
                          f"file with columns {', '.join(CSV_KINDS[kind][1])}")
-    df = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=["", "nan", "NaN"])
+    df = pd.read_csv(io.StringIO(text), keep_default_na=False, na_values=["", "nan", "NaN", "-nan", "inf", "-inf"])
     for col in ("params", "policy", "request", "mode", "eviction", "kv_policy"):  # text, never NaN
         if col in df.columns:
             df[col] = df[col].fillna("").astype(str)
@@ -88,7 +88,7 @@ def read_csv(path, kind=None):
 
 
 def read_detail(path):
-    rows = []
+    rows, mode = [], ""
     with open(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -98,7 +98,8 @@ def read_detail(path):
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{n}: not JSON ({e.msg}); expected a kvsim sweep --detail JSONL") from None
             if n == 1 and "configs" in row:
-                continue  # the sweep's configuration line
+                mode = row.get("mode", "")  # the sweep's configuration line
+                continue
             for key in ("request", "policy", "budget", "layer_kl"):
                 if key not in row:
                     raise InputError(f"{path}:{n}: no field '{key}'; expected a kvsim sweep --detail row")
@@ -107,6 +108,7 @@ def read_detail(path):
         raise InputError(f"{path}: no detail rows; expected a kvsim sweep --detail JSONL")
     df = pd.DataFrame(rows)
     df.attrs["path"] = path
+    df.attrs["mode"] = mode
     return df
 
 

@@ -1,5 +1,7 @@
 """Serving: hit rate against capacity per eviction policy, and TTFT CDFs, with and without KV
 compression (kvsim serve hit-rate / simulate)."""
+import os
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -84,9 +86,10 @@ def training_curves(inputs):
         ax.set_xlabel("step")
         ax.set_ylabel(m["metric"] or "value")
         ax.grid(alpha=0.3)
-        ax.set_title(f"{m['method']} training: {m['metric']}")
+        where = os.path.basename(os.path.dirname(os.path.abspath(m["path"])))
+        ax.set_title(f"{m['method']} training ({where}): {m['metric']}")
         fig.tight_layout()
-        figs.append(Figure(f"training_{m['method']}", f"Training curve: {m['method']}",
+        figs.append(Figure(f"training_{m['method']}", f"Training curve: {m['method']} ({where})",
                            f"The {m['metric']} recorded while training {m['path']}: it should settle; a curve still "
                            f"falling at the end means more steps would help.", fig))
     return figs

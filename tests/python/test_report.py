@@ -86,6 +86,15 @@ class Readers(unittest.TestCase):
         with self.assertRaises(InputError) as e:
             read_detail(f.name)
         self.assertIn(":1: no field 'budget'", str(e.exception))
+        from kvsim_report.plots import head_heatmaps
+        with self.assertRaises(InputError) as e:
+            head_heatmaps(read_inputs([fx("sweep.jsonl")]), "snapkv:window=32@x")
+        self.assertIn("expected LABEL@BUDGET", str(e.exception))
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write('{"request": "r0", "policy": "full", "budget": 1, "layer_kl": [0, 0]}\n')
+        with self.assertRaises(InputError) as e:
+            head_heatmaps(read_inputs([f.name]))
+        self.assertIn("only full-cache or oracle rows", str(e.exception))
 
 
 class ModelFiles(unittest.TestCase):
@@ -119,6 +128,9 @@ class Helpers(unittest.TestCase):
         pts = [(0.1, 0.5), (0.25, 0.2), (0.2, 0.6), (0.5, 0.1), (0.5, 0.3)]
         self.assertEqual(frontier(pts), [(0.1, 0.5), (0.25, 0.2), (0.5, 0.1)])
         self.assertEqual(frontier([(0.1, 1), (0.2, 0), (0.3, 2)], lower=False), [(0.1, 1), (0.3, 2)])
+        # Equal bytes: only the better of the two is on the frontier, either way round.
+        self.assertEqual(frontier([(0.1, 0.33), (0.1, 0.67)], lower=False), [(0.1, 0.67)])
+        self.assertEqual(frontier([(0.1, 0.67), (0.1, 0.33)]), [(0.1, 0.33)])
 
     def test_spearman(self):
         self.assertAlmostEqual(spearman([1, 2, 3, 4], [10, 20, 30, 40]), 1.0)
