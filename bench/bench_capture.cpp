@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "capture/capture_driver.h"
+#include "capture/prompt.h"
 #include "model/gguf.h"
 #include "model/llama_model.h"
 #include "capture/task_gen.h"
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
   // Prefill: a ~1K-token prompt in 256-token chunks; decode: 64 greedy steps; once with the
   // weights dequantized to f32 at load, once kept in their GGUF blocks.
   const auto req = requests(1000, 1).front();
-  std::vector<std::int32_t> ids = tok.encode(Tokenizer::chatml("", req.context + "\n\n" + req.question));
+  std::vector<std::int32_t> ids = tok.encode(tok.chat(default_system_prompt(gguf), req.context + "\n\n" + req.question));
   const double gemm = eigen_gemm_gflops();
   const double n = static_cast<double>(ids.size());
   std::printf("SmolLM2-135M CPU engine, %zu-token prompt; Eigen GEMM 1024^3 %.1f GFLOP/s\n", ids.size(), gemm);
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
     LlamaModel plain(gguf);
     for (const auto& r : reqs) {
       plain.reset();
-      std::vector<std::int32_t> p = tok.encode(Tokenizer::chatml("", r.context + "\n\n" + r.question));
+      std::vector<std::int32_t> p = tok.encode(tok.chat(default_system_prompt(gguf), r.context + "\n\n" + r.question));
       std::vector<float> lg = plain.prefill(p);
       for (int i = 0; i < o.max_new; ++i) {
         const auto next = static_cast<std::int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());

@@ -13,7 +13,7 @@ std::string default_system_prompt(const GgufFile& gguf) {
   const std::string base = gguf.has("general.basename") ? gguf.get_string("general.basename") : "";
   const std::string arch = gguf.get_string("general.architecture");
   if (base.rfind("smollm", 0) == 0) return "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-  if (arch == "qwen2") return "You are a helpful assistant.";
+  if (arch == "qwen2") return "You are a helpful assistant.";  // Gemma has no system role: none by default
   return "";
 }
 
@@ -26,7 +26,11 @@ Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::st
       p.segments.push_back(static_cast<std::int8_t>(s));
     }
   };
-  add((sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n") + "<|im_start|>user\n", Segment::System);
+  if (tok.add_bos() && tok.bos() >= 0) {
+    p.tokens.push_back(tok.bos());
+    p.segments.push_back(static_cast<std::int8_t>(Segment::System));
+  }
+  add(tok.chat_head(sys), Segment::System);
   const auto context_start = static_cast<std::int64_t>(p.tokens.size());
   add(r.context, Segment::Context);
   // The needle: the sentence of the context holding the first expected answer, as a token span
@@ -53,7 +57,7 @@ Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::st
     }
   }
   p.question_start = static_cast<std::int64_t>(p.tokens.size());
-  add((r.question.empty() ? "" : "\n\n" + r.question) + "<|im_end|>\n<|im_start|>assistant\n", Segment::Question);
+  add((r.question.empty() ? "" : "\n\n" + r.question) + tok.chat_tail(), Segment::Question);
   return p;
 }
 

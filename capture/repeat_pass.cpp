@@ -45,7 +45,7 @@ RepeatPass run_repeat_pass(Engine& model, const Tokenizer& tok, const Prompt& p,
   out.k.assign(static_cast<std::size_t>(c.n_layers), {});
   if (begin == end) return out;
   const KvCache saved = std::as_const(model).cache();
-  const std::vector<std::int32_t> suffix = tok.encode("<|im_end|>\n<|im_start|>assistant\n");
+  const std::vector<std::int32_t> suffix = tok.encode(tok.chat_tail());
   for (std::int64_t cb = begin; cb < end; cb += chunk_tokens) {
     const std::int64_t ce = std::min<std::int64_t>(end, cb + chunk_tokens);
     std::vector<std::int32_t> ids;

@@ -11,6 +11,7 @@
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "cli/dispatch.h"
+#include "capture/prompt.h"
 #include "cli/options.h"
 #include "core/error.h"
 
@@ -106,7 +107,7 @@ int tokenize(const Args& args) {
   }
   const GgufFile f(file);
   const Tokenizer tok(f);
-  if (vm.count("chat")) text = Tokenizer::chatml("", text);
+  if (vm.count("chat")) text = tok.chat(default_system_prompt(f), text);
   const auto ids = tok.encode(text, vm.count("no-special") == 0);
   nlohmann::json j;
   j["ids"] = ids;
@@ -122,7 +123,7 @@ int generate(const Args& args) {
       "kvsim model generate: greedy generation (CPU or CUDA engine), for checking a model by eye;\n"
       "--logits prints the next-token logits of the prompt as JSON instead");
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
-      "text", po::value(&text)->required(), "prompt")("chat", "wrap the prompt as a ChatML user turn")(
+      "text", po::value(&text)->required(), "prompt")("chat", "wrap the prompt as a user turn in the model's chat format")(
       "max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")(
       "logits", "print the prompt's next-token logits (JSON) and exit")(
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
@@ -137,7 +138,7 @@ int generate(const Args& args) {
   const Tokenizer tok(f);
   const std::unique_ptr<Engine> engine = make_engine(f, EngineOptions{dev, parse_weight_format(weights)});
   Engine& model = *engine;
-  if (vm.count("chat")) text = Tokenizer::chatml("", text);
+  if (vm.count("chat")) text = tok.chat(default_system_prompt(f), text);
   std::vector<std::int32_t> ids = tok.encode(text);
   if (tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
   std::vector<float> logits = model.prefill(ids);

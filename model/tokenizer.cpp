@@ -4,9 +4,11 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 
 #include "model/gguf.h"
+#include "model/spm.h"
 #include "core/error.h"
 
 namespace kvsim {
@@ -80,8 +82,11 @@ struct Tokenizer::Regexes {
 
 Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
   const std::string model = f.get_string("tokenizer.ggml.model");
-  if (model != "gpt2")
-    throw FormatError(f.path() + ": tokenizer.ggml.model = '" + model + "', expected 'gpt2' (byte-level BPE)");
+  if (model != "gpt2" && model != "llama")
+    throw FormatError(f.path() + ": tokenizer.ggml.model = '" + model +
+                      "', expected 'gpt2' (byte-level BPE) or 'llama' (SentencePiece)");
+  const std::string arch = f.get_string("general.architecture");
+  gemma_chat_ = arch.rfind("gemma", 0) == 0;
   pre_ = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
   const auto& toks = f.get_array("tokenizer.ggml.tokens");
   const std::vector<GgufValue>* types = f.has("tokenizer.ggml.token_type") ? &f.get_array("tokenizer.ggml.token_type") : nullptr;
@@ -95,11 +100,19 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
       const auto* v = std::get_if<std::int64_t>(&(*types)[i].value);
       const std::int64_t t = v ? *v : static_cast<std::int64_t>(std::get<std::uint64_t>((*types)[i].value));
       if (t == 3 || t == 4) specials_.emplace_back(*s, static_cast<std::int32_t>(i));  // control, user-defined
+      if (t == 4) {
+        user_defined_.resize(toks.size(), 0);
+        user_defined_[i] = 1;
+      }
     }
   }
   std::sort(specials_.begin(), specials_.end(), [](const auto& a, const auto& b) {
     return a.first.size() != b.first.size() ? a.first.size() > b.first.size() : a.second < b.second;
   });
+  if (model == "llama") {
+    load_sentencepiece(f);
+    return;
+  }
   const auto& merges = f.get_array("tokenizer.ggml.merges");
   for (std::size_t i = 0; i < merges.size(); ++i) {
     const auto* s = std::get_if<std::string>(&merges[i].value);
@@ -124,6 +137,37 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
 }
 
 Tokenizer::~Tokenizer() = default;
+
+void Tokenizer::load_sentencepiece(const GgufFile& f) {
+  spm_ = std::make_unique<SpmVocab>();
+  spm_->ids = ids_;
+  const auto& scores = f.get_array("tokenizer.ggml.scores");
+  if (scores.size() != tokens_.size())
+    throw FormatError(f.path() + ": tokenizer.ggml.scores has " + std::to_string(scores.size()) + " entries, expected " +
+                      std::to_string(tokens_.size()) + " (one per token)");
+  for (const GgufValue& s : scores) {
+    const auto* d = std::get_if<double>(&s.value);
+    if (!d) throw FormatError(f.path() + ": tokenizer.ggml.scores holds a non-float");
+    spm_->scores.push_back(static_cast<float>(*d));
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    const auto it = ids_.find(name);
+    spm_->byte_tokens[b] = it == ids_.end() ? -1 : it->second;
+  }
+  spm_->unk = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.unknown_token_id", -1));
+  if (f.has("tokenizer.ggml.add_space_prefix")) {
+    const auto* b = std::get_if<bool>(&f.metadata().at("tokenizer.ggml.add_space_prefix").value);
+    spm_->add_space_prefix = b && *b;
+  }
+  bos_ = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.bos_token_id", -1));
+  eos_ = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.eos_token_id", -1));
+  if (f.has("tokenizer.ggml.add_bos_token")) {
+    const auto* b = std::get_if<bool>(&f.metadata().at("tokenizer.ggml.add_bos_token").value);
+    add_bos_ = b && *b;
+  }
+}
 
 std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
   // Each regex splits every current piece into its matches and the gaps between them.
@@ -183,18 +227,28 @@ void Tokenizer::bpe(const std::string& piece, std::vector<std::int32_t>& out) co
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
   std::vector<std::int32_t> out;
   std::size_t plain_start = 0, i = 0;
+  bool after_special = true;  // SentencePiece's space prefix goes where a text fragment starts
   auto flush = [&](std::size_t end) {
-    if (end > plain_start)
+    if (end <= plain_start) return;
+    if (spm_)
+      spm_encode(*spm_, text.substr(plain_start, end - plain_start), after_special, out);
+    else
       for (const std::string& piece : pre_tokenize(text.substr(plain_start, end - plain_start))) bpe(piece, out);
   };
-  while (parse_special && i < text.size()) {
+  // User-defined pieces of a SentencePiece vocabulary are split out of any text; control tokens
+  // only with parse_special.
+  const bool split_user_defined = spm_ && !user_defined_.empty();
+  while ((parse_special || split_user_defined) && i < text.size()) {
     bool matched = false;
     for (const auto& [s, id] : specials_) {
+      if (!parse_special && !user_defined_[static_cast<std::size_t>(id)]) continue;
+      if (static_cast<unsigned char>(s[0]) != static_cast<unsigned char>(text[i])) continue;
       if (text.compare(i, s.size(), s) == 0) {
         flush(i);
         out.push_back(id);
         i += s.size();
         plain_start = i;
+        after_special = true;
         matched = true;
         break;
       }
@@ -215,6 +269,10 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids) const {
       out += t;
       continue;
     }
+    if (spm_) {
+      out += spm_piece_text(t);
+      continue;
+    }
     for (std::size_t k = 0; k < t.size();) {
       const std::size_t n = utf8_len(static_cast<unsigned char>(t[k]));
       const auto it = byte_map().to_byte.find(t.substr(k, n));
@@ -225,9 +283,13 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids) const {
   return out;
 }
 
-std::string Tokenizer::chatml(const std::string& system, const std::string& user) {
-  const std::string sys = system.empty() ? "You are a helpful AI assistant named SmolLM, trained by Hugging Face" : system;
-  return "<|im_start|>system\n" + sys + "<|im_end|>\n<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+std::string Tokenizer::chat_head(const std::string& system) const {
+  if (gemma_chat_) return "<start_of_turn>user\n" + (system.empty() ? "" : system + "\n\n");
+  return (system.empty() ? "" : "<|im_start|>system\n" + system + "<|im_end|>\n") + "<|im_start|>user\n";
+}
+
+std::string Tokenizer::chat_tail() const {
+  return gemma_chat_ ? "<end_of_turn>\n<start_of_turn>model\n" : "<|im_end|>\n<|im_start|>assistant\n";
 }
 
 }  // namespace kvsim

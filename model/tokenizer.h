@@ -13,6 +13,8 @@
 
 namespace kvsim {
 
+struct SpmVocab;
+
 class GgufFile;
 
 class Tokenizer {
@@ -32,11 +34,18 @@ class Tokenizer {
   bool add_bos() const { return add_bos_; }
   const std::string& pre() const { return pre_; }
 
-  // ChatML as SmolLM2 and Qwen2 use it: the system turn (the model's default prompt when empty),
-  // the user turn, then the assistant's opening (the generation prompt).
-  static std::string chatml(const std::string& system, const std::string& user);
+  // The model's chat format around one user turn: ChatML (SmolLM2, Qwen2: a system turn, the
+  // user turn, the assistant's opening) or Gemma's (no system role: the system text opens the user
+  // turn). chat_head is everything before the user's text, chat_tail everything after it.
+  std::string chat_head(const std::string& system) const;
+  std::string chat_tail() const;
+  std::string chat(const std::string& system, const std::string& user) const {
+    return chat_head(system) + user + chat_tail();
+  }
+  bool sentencepiece() const { return spm_ != nullptr; }
 
  private:
+  void load_sentencepiece(const GgufFile& f);
   std::vector<std::string> pre_tokenize(std::string_view text) const;
   void bpe(const std::string& piece, std::vector<std::int32_t>& out) const;
 
@@ -49,6 +58,9 @@ class Tokenizer {
   bool add_bos_ = false;
   struct Regexes;
   std::unique_ptr<Regexes> re_;
+  std::unique_ptr<SpmVocab> spm_;  // tokenizer.ggml.model = "llama"; null for byte-level BPE
+  bool gemma_chat_ = false;
+  std::vector<std::uint8_t> user_defined_;  // [id] 1: a user-defined piece, split out of any text
 };
 
 }  // namespace kvsim

@@ -64,7 +64,7 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   mkdir -p "$cache"
   python3 -m venv --clear "$venv"
 fi
-if ! "$venv/bin/python" -c 'import numpy, h5py, gguf, tokenizers, pandas, matplotlib' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import numpy, h5py, gguf, tokenizers, pandas, matplotlib, sentencepiece, google.protobuf' 2>/dev/null; then
   echo "setup: installing Python packages into $venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 fi
