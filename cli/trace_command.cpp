@@ -48,7 +48,8 @@ nlohmann::json info_json(const TraceReader& r) {
   j["model"] = {{"name", g.name},         {"arch", g.arch},         {"n_layers", g.n_layers},
                 {"n_q_heads", g.n_q_heads}, {"n_kv_heads", g.n_kv_heads}, {"head_dim", g.head_dim},
                 {"vocab", g.vocab},       {"rope_theta", g.rope.theta}, {"rope_type", rope_type_name(g.rope.type)},
-                {"rope_dim", g.rope.rope_dim}, {"sliding_window", g.sliding_window}};
+                {"rope_dim", g.rope.rope_dim}, {"sliding_window", g.sliding_window},
+                {"rope_theta_local", g.rope_theta_local}};
   const CaptureInfo& c = r.capture();
   j["capture"] = {{"tool_version", c.tool_version}, {"backend", c.backend}, {"date", c.date}, {"seed", c.seed}};
   nlohmann::json reqs = nlohmann::json::array();
@@ -82,6 +83,13 @@ void print_info(const nlohmann::json& j, std::ostream& os) {
      << m["n_layers"] << " layers, " << m["n_q_heads"] << " q heads, " << m["n_kv_heads"] << " kv heads, head_dim "
      << m["head_dim"] << ", vocab " << m["vocab"] << ", rope " << m["rope_type"].get<std::string>() << " theta "
      << m["rope_theta"] << "\n";
+  int local = 0, window = 0;
+  for (const auto& w : m["sliding_window"])
+    if (w.get<int>() > 0) ++local, window = w.get<int>();
+  if (local > 0)
+    os << "  windows  " << local << " of " << m["n_layers"] << " layers attend to the last " << window << " tokens"
+       << (m["rope_theta_local"].get<double>() > 0 ? ", rope theta " + std::to_string(m["rope_theta_local"].get<double>()) : "")
+       << "\n";
   const auto& c = j["capture"];
   os << "  capture  backend " << c["backend"].get<std::string>() << ", " << c["tool_version"].get<std::string>()
      << ", seed " << c["seed"] << ", " << c["date"].get<std::string>() << "\n";

@@ -13,6 +13,12 @@ namespace kvsim {
 
 BackendEngine::BackendEngine(const GgufFile& f, std::unique_ptr<gpu::TransformerBackend> backend)
     : cfg_(model_config(f)), backend_(std::move(backend)) {
+  // The CUDA transformer runs the llama/qwen2 block; gemma3's extra norms, GeGLU, scaled
+  // embeddings and sliding windows are on the CPU engine only so far (issue 28).
+  if (cfg_.qk_norm || cfg_.post_norms || cfg_.ffn_act != FfnAct::Silu || cfg_.embd_scale != 1.0 ||
+      !cfg_.sliding_window.empty())
+    throw Error(f.path() + ": " + cfg_.arch + " is not supported by the " + backend_->name() +
+                " backend yet; use --device cpu");
   const ModelConfig want = cfg_, &got = backend_->shape();
   if (got.n_layers != want.n_layers || got.n_embd != want.n_embd || got.n_q_heads != want.n_q_heads ||
       got.n_kv_heads != want.n_kv_heads || got.head_dim != want.head_dim || got.n_ff != want.n_ff || got.vocab != want.vocab)

@@ -14,11 +14,39 @@ namespace kvsim {
 using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vec = Eigen::VectorXf;
 
+namespace {
+
+// Gemma 3 (docs/models.md): what its GGUF declares (sliding window, head sizes, the global RoPE
+// base, q.k scale when given), and the architecture's fixed conventions where the file says
+// nothing, as llama.cpp applies them: every 6th layer global, the rest local with RoPE base 10000,
+// GeGLU (tanh GELU), per-head Q/K RMSNorm, post-norms, embeddings times sqrt(n_embd).
+void gemma3_config(const GgufFile& f, ModelConfig& c) {
+  const std::string p = "gemma3.";
+  const int window = static_cast<int>(f.get_int(p + "attention.sliding_window", 0));
+  const int pattern = static_cast<int>(f.get_int(p + "attention.sliding_window_pattern", 6));
+  if (window > 0 && pattern > 0) {
+    c.sliding_window.assign(static_cast<std::size_t>(c.n_layers), 0);
+    for (int l = 0; l < c.n_layers; ++l)
+      if (l % pattern < pattern - 1) c.sliding_window[static_cast<std::size_t>(l)] = window;
+  }
+  c.rope.type = RopeType::Neox;
+  c.rope_theta_local = f.get_float(p + "rope.freq_base_swa", 10000.0);
+  c.ffn_act = FfnAct::GeluTanh;
+  c.qk_norm = true;
+  c.post_norms = true;
+  c.tied_embeddings = f.find("output.weight") == nullptr;
+  c.embd_scale = std::sqrt(static_cast<double>(c.n_embd));
+  const double pre_attn = f.get_float(p + "attention.query_pre_attn_scalar", static_cast<double>(c.head_dim));
+  c.attn_scale = 1.0 / std::sqrt(pre_attn);
+}
+
+}  // namespace
+
 ModelConfig model_config(const GgufFile& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
-  if (c.arch != "llama" && c.arch != "qwen2")
-    throw FormatError(f.path() + ": general.architecture = '" + c.arch + "', expected llama or qwen2");
+  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma3")
+    throw FormatError(f.path() + ": general.architecture = '" + c.arch + "', expected llama, qwen2 or gemma3");
   const std::string p = c.arch + ".";
   c.n_layers = static_cast<int>(f.get_int(p + "block_count"));
   c.n_embd = static_cast<int>(f.get_int(p + "embedding_length"));
@@ -34,6 +62,7 @@ ModelConfig model_config(const GgufFile& f) {
   c.rope.theta = f.get_float(p + "rope.freq_base", 10000.0);
   c.tied_embeddings = f.find("output.weight") == nullptr;
   c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
+  if (c.arch == "gemma3") gemma3_config(f, c);
   if (c.n_layers <= 0 || c.n_q_heads <= 0 || c.n_kv_heads <= 0 || c.n_q_heads % c.n_kv_heads != 0 || c.head_dim <= 0)
     throw FormatError(f.path() + ": inconsistent head counts (" + std::to_string(c.n_q_heads) + " heads, " +
                       std::to_string(c.n_kv_heads) + " KV heads)");
@@ -54,6 +83,7 @@ Vec load_vec(const GgufFile& f, const std::string& name, std::int64_t n) {
 
 struct Layer {
   Vec attn_norm, ffn_norm, bq, bk, bv;
+  Vec q_norm, k_norm, post_attn_norm, post_ffn_norm;  // gemma3
   WeightMatrix wq, wk, wv, wo, wgate, wup, wdown;
 };
 
@@ -79,6 +109,29 @@ Mat rms_norm(const Mat& x, const Vec& w, double eps) {
     y.row(i) = (x.row(i) * scale).cwiseProduct(w.transpose());
   }
   return y;
+}
+
+// Each head's slice of every row normalised on its own (gemma3's Q/K norm).
+void head_rms_norm(Mat& m, const Vec& w, int heads, double eps) {
+  const auto d = static_cast<Eigen::Index>(w.size());
+  for (Eigen::Index i = 0; i < m.rows(); ++i)
+    for (int h = 0; h < heads; ++h) {
+      auto seg = m.row(i).segment(static_cast<Eigen::Index>(h) * d, d);
+      const double ms = static_cast<double>(seg.squaredNorm()) / static_cast<double>(d);
+      seg = (seg * static_cast<float>(1.0 / std::sqrt(ms + eps))).cwiseProduct(w.transpose());
+    }
+}
+
+// The feed-forward gate's activation: SiLU, or GELU in its tanh form (gemma's gelu_pytorch_tanh).
+Mat activate(const Mat& g, FfnAct act) {
+  if (act == FfnAct::Silu) return (g.array() / (1.0f + (-g.array()).exp())).matrix();
+  const float k = std::sqrt(2.0f / 3.14159265358979f);
+  return (0.5f * g.array() * (1.0f + (k * (g.array() + 0.044715f * g.array().cube())).tanh())).matrix();
+}
+
+// The first row of an entry whose token lies after `before` (rows are in token order).
+Eigen::Index first_in_window(const KvEntry& e, std::int64_t before) {
+  return static_cast<Eigen::Index>(std::upper_bound(e.tokens.begin(), e.tokens.end(), before) - e.tokens.begin());
 }
 
 }  // namespace
@@ -112,6 +165,14 @@ LlamaModel::LlamaModel(const GgufFile& f, WeightFormat weights)
     L.wgate = WeightMatrix(f, b + "ffn_gate.weight", c.n_ff, c.n_embd, weights);
     L.wup = WeightMatrix(f, b + "ffn_up.weight", c.n_ff, c.n_embd, weights);
     L.wdown = WeightMatrix(f, b + "ffn_down.weight", c.n_embd, c.n_ff, weights);
+    if (c.qk_norm) {
+      L.q_norm = load_vec(f, b + "attn_q_norm.weight", c.head_dim);
+      L.k_norm = load_vec(f, b + "attn_k_norm.weight", c.head_dim);
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = load_vec(f, b + "post_attention_norm.weight", c.n_embd);
+      L.post_ffn_norm = load_vec(f, b + "post_ffw_norm.weight", c.n_embd);
+    }
     if (f.find(b + "attn_q.bias")) {
       L.bq = load_vec(f, b + "attn_q.bias", q_dim);
       L.bk = load_vec(f, b + "attn_k.bias", kv_dim);
@@ -164,7 +225,8 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
     if (t < 0 || t >= c.vocab) throw Error("forward: token id " + std::to_string(t) + " out of range");
     impl_->embd.row(t, x.row(i).data());
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  if (c.embd_scale != 1.0) x *= static_cast<float>(c.embd_scale);
+  const float scale = c.attn_scale > 0 ? static_cast<float>(c.attn_scale) : 1.0f / std::sqrt(static_cast<float>(d));
   for (int l = 0; l < c.n_layers; ++l) {
     Layer& L = impl_->layers[static_cast<std::size_t>(l)];
     const Mat h = rms_norm(x, L.attn_norm, c.rms_eps);
@@ -174,9 +236,14 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
       k.rowwise() += L.bk.transpose();
       v.rowwise() += L.bv.transpose();
     }
+    if (c.qk_norm) {
+      head_rms_norm(q, L.q_norm, c.n_q_heads, c.rms_eps);
+      head_rms_norm(k, L.k_norm, c.n_kv_heads, c.rms_eps);
+    }
+    const RopeSpec rope = c.rope_at(l);
     for (Eigen::Index i = 0; i < n; ++i) {
-      apply_rope(c.rope, q.row(i).data(), c.n_q_heads, positions[static_cast<std::size_t>(i)]);
-      apply_rope(c.rope, k.row(i).data(), c.n_kv_heads, positions[static_cast<std::size_t>(i)]);
+      apply_rope(rope, q.row(i).data(), c.n_q_heads, positions[static_cast<std::size_t>(i)]);
+      apply_rope(rope, k.row(i).data(), c.n_kv_heads, positions[static_cast<std::size_t>(i)]);
     }
     round_to_half(k);
     round_to_half(v);
@@ -206,6 +273,7 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
     auto& last_rows = impl_->last_attention;
     if (impl_->record_attention) last_rows[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(c.n_q_heads));
     Mat attn_out(n, static_cast<Eigen::Index>(c.n_q_heads) * d);
+    const std::int64_t window = c.window(l);
 #pragma omp parallel for schedule(static)
     for (int hq = 0; hq < c.n_q_heads; ++hq) {
       const KvEntry& entry = entries[static_cast<std::size_t>(per_query_head ? hq : hq / G)];
@@ -217,10 +285,14 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
       if (!entry.bias.empty()) s.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(entry.bias.data(), total);
       for (Eigen::Index i = 0; i < n; ++i) {
         const Eigen::Index last = past + i;  // causal: itself and everything cached before it
+        // A sliding-window layer sees only the tokens within its window of this one.
+        const Eigen::Index first = window > 0 ? first_in_window(entry, impl_->cache.seen + i - window) : 0;
         auto row = s.row(i);
-        const float m = row.head(last + 1).maxCoeff();
-        row.head(last + 1) = (row.head(last + 1).array() - m).exp();
-        row.head(last + 1) /= row.head(last + 1).sum();
+        const Eigen::Index len = last + 1 - first;
+        const float m = row.segment(first, len).maxCoeff();
+        row.segment(first, len) = (row.segment(first, len).array() - m).exp();
+        row.segment(first, len) /= row.segment(first, len).sum();
+        if (first > 0) row.head(first).setZero();
         if (last + 1 < total) row.tail(total - last - 1).setZero();
       }
       if (impl_->record_attention)
@@ -228,12 +300,14 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
                                                                                      s.row(n - 1).data() + total);
       attn_out.middleCols(static_cast<Eigen::Index>(hq) * d, d).noalias() = s * vh;
     }
-    x += matmul(attn_out, L.wo);
+    const Mat o = matmul(attn_out, L.wo);
+    x += c.post_norms ? rms_norm(o, L.post_attn_norm, c.rms_eps) : o;
     const Mat h2 = rms_norm(x, L.ffn_norm, c.rms_eps);
     const Mat gate = matmul(h2, L.wgate);
     const Mat up = matmul(h2, L.wup);
-    const Mat act = (gate.array() / (1.0f + (-gate.array()).exp())).matrix().cwiseProduct(up);  // silu(gate) * up
-    x += matmul(act, L.wdown);
+    const Mat act = activate(gate, c.ffn_act).cwiseProduct(up);
+    const Mat down = matmul(act, L.wdown);
+    x += c.post_norms ? rms_norm(down, L.post_ffn_norm, c.rms_eps) : down;
   }
   impl_->cache.seen += n;
   const WeightMatrix& out_w = c.tied_embeddings ? impl_->embd : impl_->output;

@@ -55,7 +55,7 @@ class ExpectedAttention : public ScoringPolicy {
     const int d = g.head_dim;
     const std::int64_t seen = s.n_tokens();
     const auto positions = s.positions();
-    RopeSpec rope = g.rope;
+    RopeSpec rope = g.rope_at(s.layer());  // sliding-window layers may rotate with their own base
     rope.head_dim = d;
     if (o_.all_queries) require_all_prompt_queries(s, o_.sinks, "expected_attention");
     const Mat rbar = mean_rotation(rope, positions[static_cast<std::size_t>(seen - 1)] + 1, o_.future);

@@ -273,6 +273,7 @@ Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<Repla
                    std::int64_t compress_every, BudgetRule rule)
     : reader_(reader), mode_(mode), configs_(std::move(configs)), compress_every_(compress_every), rule_(rule) {
   if (compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
+  refuse_sliding_windows(reader.geometry(), reader.path());
 }
 
 void Replayer::select_across_layers(std::vector<ConfigBudget>& budgets, std::int64_t c,

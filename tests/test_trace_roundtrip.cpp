@@ -27,6 +27,7 @@ ModelGeometry tiny_geometry() {
   g.rope.rope_dim = g.rope.head_dim = 8;
   g.vocab = 50;
   g.sliding_window = {0, 16, 0};
+  g.rope_theta_local = 10000.0;
   return g;
 }
 

@@ -112,6 +112,7 @@ TraceReader::TraceReader(const std::string& path) : path_(path), impl_(std::make
   geometry_.rope.head_dim = geometry_.head_dim;
   if (h5::link_exists(m, "sliding_window"))
     geometry_.sliding_window = read_ints<int>(m, "sliding_window", H5T_NATIVE_INT, mctx);
+  if (h5::attr_exists(m, "rope_theta_local")) geometry_.rope_theta_local = h5::read_attr_f64(m, "rope_theta_local", mctx);
   const auto gp = geometry_problems(geometry_, path);
   if (!gp.empty()) throw FormatError(join(gp));
 

@@ -132,6 +132,7 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
   h5::write_attr_f64(model.get(), "rope_theta", geometry.rope.theta);
   h5::write_attr_string(model.get(), "rope_type", rope_type_name(geometry.rope.type));
   h5::write_attr_i64(model.get(), "rope_dim", geometry.rope.rope_dim);
+  if (geometry.rope_theta_local > 0) h5::write_attr_f64(model.get(), "rope_theta_local", geometry.rope_theta_local);
   if (!geometry.sliding_window.empty())
     write_vector(model.get(), "sliding_window", H5T_STD_I32LE, H5T_NATIVE_INT, geometry.sliding_window, path);
 

@@ -54,7 +54,7 @@ void live_gap(const learned::LearnedModel& m, const TrainingSet& set, const Trai
   learned::write_learned_model(m, scratch.path);
   const double capacity = results.at("soft_capacity").get<double>();
   std::vector<ReplayConfig> configs;
-  for (const std::string spec : {"sigmoid_gate:soft=1,model=" + scratch.path, "sigmoid_gate:model=" + scratch.path}) {
+  for (const std::string& spec : {"sigmoid_gate:soft=1,model=" + scratch.path, "sigmoid_gate:model=" + scratch.path}) {
     PolicyInstance p = PolicyRegistry::instance().create(spec);
     configs.push_back({p.name, p.params, std::shared_ptr<const Policy>(std::move(p.policy)), capacity});
   }

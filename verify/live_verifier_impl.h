@@ -91,6 +91,7 @@ struct LiveVerifier::Impl {
       : gguf(f), opts(o), tok(f), engine(e ? std::move(e) : make_engine(f, EngineOptions{o.device, o.weights})), model(*engine), default_system(default_system_prompt(f)),
         ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
     g = model.config();
+    refuse_sliding_windows(g, f.path());
   }
 
   // What every config of one request shares.
