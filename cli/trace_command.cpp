@@ -163,7 +163,7 @@ int synth(const Args& args) {
   SynthConfig cfg;
   ModelGeometry& g = cfg.geometry;
   std::string out, queries = "all", rope_type = "norm";
-  int deflate = 0;
+  int deflate = 0, window = 0, global_every = 6;
   po::options_description desc(
       "kvsim trace synth: write a deterministic synthetic trace whose attention has sinks, recency, heavy\n"
       "hitters and needle-retrieval heads (built into K/Q, emerging from q.k); defaults: SmolLM2-135M geometry");
@@ -196,6 +196,11 @@ int synth(const Args& args) {
       "vocab", po::value(&g.vocab)->default_value(g.vocab), "vocabulary size")(
       "rope-theta", po::value(&g.rope.theta)->default_value(g.rope.theta), "RoPE base")(
       "rope-type", po::value(&rope_type)->default_value(rope_type), "RoPE pairing: norm | neox")(
+      "sliding-window", po::value(&window)->default_value(window),
+      "tokens a local layer attends to (Gemma 3-style; 0: every layer global)")(
+      "global-every", po::value(&global_every)->default_value(global_every),
+      "with --sliding-window: every this-many-th layer is global, the rest local")(
+      "rope-theta-local", po::value(&g.rope_theta_local)->default_value(0.0), "RoPE base of local layers (0: --rope-theta)")(
       "deflate", po::value(&deflate)->default_value(deflate), "shuffle+deflate level 0-9 (0 = uncompressed)");
   po::positional_options_description pos;
   po::variables_map vm;
@@ -206,6 +211,14 @@ int synth(const Args& args) {
   cfg.repeat_pass = vm.count("repeat-pass") > 0;
   g.rope.type = parse_rope_type(rope_type, "--rope-type");
   g.rope.rope_dim = g.rope.head_dim = g.head_dim;
+  if (window < 0 || global_every < 1)
+    throw Error("--sliding-window must be >= 0 and --global-every >= 1 (got " + std::to_string(window) + ", " +
+                std::to_string(global_every) + ")");
+  if (window > 0) {
+    g.sliding_window.assign(static_cast<std::size_t>(g.n_layers), 0);
+    for (int l = 0; l < g.n_layers; ++l)
+      if (l % global_every < global_every - 1) g.sliding_window[static_cast<std::size_t>(l)] = window;
+  }
   if (!vm["layers"].defaulted() || !vm["q-heads"].defaulted() || !vm["kv-heads"].defaulted() ||
       !vm["head-dim"].defaulted() || !vm["vocab"].defaulted())
     g.name = "synthetic";

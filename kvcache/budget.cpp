@@ -68,4 +68,36 @@ double cache_bytes(const ConfigBudget& b, double rows, std::int64_t entries_per_
   return rows * b.token_bytes + b.head_bytes * static_cast<double>(layers) * static_cast<double>(entries_per_layer);
 }
 
+WindowShare window_share(const ModelGeometry& g, std::int64_t c) {
+  WindowShare s;
+  for (int l = 0; l < g.n_layers; ++l) {
+    if (g.window(l) > 0)
+      s.local_tokens += std::min<std::int64_t>(c, g.window(l));
+    else
+      ++s.global_layers;
+  }
+  s.held_tokens = s.local_tokens + static_cast<std::int64_t>(s.global_layers) * c;
+  return s;
+}
+
+double global_fraction(double budget, const WindowShare& s, std::int64_t c, const std::string& label) {
+  if (s.local_tokens == 0 || budget >= 1.0) return budget;
+  if (s.global_layers == 0) return 1.0;  // every layer is local: nothing grows, nothing to compress
+  const double f = (budget * static_cast<double>(s.held_tokens) - static_cast<double>(s.local_tokens)) /
+                   (static_cast<double>(s.global_layers) * static_cast<double>(c));
+  if (f <= 0)
+    throw Error(label + " at budget " + std::to_string(budget) + ": the sliding-window layers alone hold " +
+                std::to_string(static_cast<double>(s.local_tokens) / static_cast<double>(s.held_tokens)) +
+                " of the cache's bytes; expected a budget above that share");
+  return f;
+}
+
+void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy, const std::string& label,
+                          const std::string& where) {
+  if (std::none_of(g.sliding_window.begin(), g.sliding_window.end(), [](int w) { return w > 0; })) return;
+  if (rule.peak) throw Error(where + ": peak budget semantics on sliding-window layers are not supported yet; use point");
+  if (policy.selects_across_layers())
+    throw Error(label + ": selects across layers, which is not supported on sliding-window models yet (" + where + ")");
+}
+
 }  // namespace kvsim

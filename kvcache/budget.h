@@ -58,4 +58,20 @@ ConfigBudget config_budget(const Policy& policy, double fraction, std::int64_t t
 // copies each count), plus fixed state for `entries_per_layer` entries in each of `layers`.
 double cache_bytes(const ConfigBudget& b, double rows, std::int64_t entries_per_layer, int layers);
 
+// Sliding-window layers (gemma3; docs/models.md) hold at most their window, whatever the policy:
+// what they hold at compression point c, per KV head summed over layers...
+struct WindowShare {
+  std::int64_t local_tokens = 0;  // over the local layers, each at min(c, window)
+  std::int64_t held_tokens = 0;   // the full cache: local layers at their window, global ones at c
+  int global_layers = 0;
+};
+WindowShare window_share(const ModelGeometry& g, std::int64_t c);
+// ...and the fraction of c a global layer may keep so that the whole cache holds `budget` of the
+// full cache's bytes; throws naming `label` when the local layers alone hold more than that.
+double global_fraction(double budget, const WindowShare& s, std::int64_t c, const std::string& label);
+// Replay and verify refuse on windowed models what they cannot hold yet: peak semantics and
+// policies that select across layers. Throws naming `where`.
+void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy, const std::string& label,
+                          const std::string& where);
+
 }  // namespace kvsim

@@ -23,11 +23,4 @@ std::vector<std::int64_t> compression_cuts(std::int64_t c, std::int64_t every) {
   return cuts;
 }
 
-void refuse_sliding_windows(const ModelGeometry& g, const std::string& where) {
-  for (int l = 0; l < g.n_layers; ++l)
-    if (g.window(l) > 0)
-      throw Error(where + ": " + g.name + " has sliding-window layers (layer " + std::to_string(l) + ": " +
-                  std::to_string(g.window(l)) + " tokens); replay and verify do not handle them yet (capture does)");
-}
-
 }  // namespace kvsim

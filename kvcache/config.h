@@ -25,11 +25,6 @@ struct ReplayConfig {
   std::string label() const { return params.empty() ? policy : policy + ":" + params; }
 };
 
-// Sliding-window layers (gemma3) are captured, but replay and live verify do not yet hold a local
-// layer at its window or count its bytes as held (issue 28); until they do, they refuse such
-// models, naming `where`, instead of scoring local layers as if they attended to everything.
-void refuse_sliding_windows(const ModelGeometry& g, const std::string& where);
-
 // The prompt positions where a policy may cut the cache before the compression point c, in
 // order, ending with c itself: every `every` tokens (--compress-every; 0 or >= c: c alone).
 std::vector<std::int64_t> compression_cuts(std::int64_t c, std::int64_t every);

@@ -39,15 +39,16 @@ void start_accumulator(Accumulator& a, int L, int Hq, std::int64_t T, std::int64
   a.kept_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
   a.saving_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
   a.prefill_size.assign(static_cast<std::size_t>(c), 0.0);
+  a.window_prefill.assign(static_cast<std::size_t>(c), 0.0);
+  a.window_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
   if (record_keep_sets) a.kept_sets.resize(static_cast<std::size_t>(L));
 }
 
 // One config's result from what its accumulator gathered over the layers: means and tails, and
 // memory at every step of the token clock (prefill, compression, decode).
 ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudget& b, const ModelGeometry& g,
-                       std::int64_t c, const std::string& ctx) {
+                       const std::string& ctx) {
   const int L = g.n_layers;
-  const double LH = static_cast<double>(L) * g.n_kv_heads;
   ConfigResult r;
   r.budget_tokens = b.tokens;
   std::vector<float> all_kl, all_err;
@@ -84,37 +85,43 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   r.mean_out_sq = sq / static_cast<double>(r.rows);
   r.p95_kl = percentile95(all_kl);
   r.p95_err = percentile95(all_err);
-  const double bpt = b.token_bytes;
-  // Per-entry fixed state (length tables), counted for every layer and plan entry.
-  const double fixed = cache_bytes(b, 0, a.entries, L);
-  const double kept = static_cast<double>(a.kept), cd = static_cast<double>(c);
-  r.kept_fraction = kept / (LH * cd);
+  const double bpt = b.token_bytes, wb = b.kv_token_bytes;
+  const int Lg = L - a.window_layers;  // the layers a policy runs on
+  // Per-entry fixed state (length tables), counted for every such layer and plan entry.
+  const double fixed = cache_bytes(b, 0, a.entries, Lg);
+  const double kept = static_cast<double>(a.kept);
+  r.kept_fraction = (kept + a.window_rows) / a.full_rows;
   // Encoded (quantized) tokens cost what their codec stores, not fp16, from compression on.
   const double saving = a.codec_saving;
-  r.compressed_bytes = cache_bytes(b, kept, a.entries, L) - saving;
-  r.budget_bytes = cfg.budget * cd * LH * b.kv_token_bytes;
-  r.final_bytes = a.kept_after_step.empty() ? fixed - saving + kept * bpt
-                                            : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt;
+  r.compressed_bytes = cache_bytes(b, kept, a.entries, Lg) + a.window_rows * wb - saving;
+  r.budget_bytes = cfg.budget * a.full_rows * b.kv_token_bytes;
+  r.final_bytes = a.kept_after_step.empty()
+                      ? fixed - saving + kept * bpt + a.window_rows * wb
+                      : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt + a.window_after_step.back() * wb;
   r.host_bytes = a.host_bytes;
   r.position_fallback = a.fallback.share();
   r.peak_bytes = 0;
   r.footprint = 0;
-  for (double k : a.prefill_size) {
-    r.peak_bytes = std::max(r.peak_bytes, k * bpt + fixed);
-    r.footprint += k * bpt + fixed;
+  for (std::size_t t = 0; t < a.prefill_size.size(); ++t) {
+    const double bytes = a.prefill_size[t] * bpt + fixed + a.window_prefill[t] * wb;
+    r.peak_bytes = std::max(r.peak_bytes, bytes);
+    r.footprint += bytes;
   }
   // A step's token joins before the policy acts on it: the cache briefly holds the previous
   // step's tokens plus one per head, under the previous step's encoding.
   // (Per-query-head plans join one row per query head.)
-  const double joining = static_cast<double>(L) * static_cast<double>(std::max<std::int64_t>(a.entries, g.n_kv_heads));
-  double prev = kept, prev_saving = saving;
+  // (A sliding-window layer's joining token replaces its oldest in place once the window is full.)
+  const double joining = static_cast<double>(Lg) * static_cast<double>(std::max<std::int64_t>(a.entries, g.n_kv_heads));
+  double prev = kept, prev_saving = saving, prev_window = a.window_rows;
   r.decode_peak_bytes = r.compressed_bytes;
   for (std::size_t i = 0; i < a.kept_after_step.size(); ++i) {
-    const double k = a.kept_after_step[i], sv = a.saving_after_step[i];
-    r.decode_peak_bytes = std::max({r.decode_peak_bytes, (prev + joining) * bpt + fixed - prev_saving, k * bpt + fixed - sv});
-    r.footprint += k * bpt + fixed - sv;
+    const double k = a.kept_after_step[i], sv = a.saving_after_step[i], w = a.window_after_step[i] * wb;
+    r.decode_peak_bytes = std::max({r.decode_peak_bytes, (prev + joining) * bpt + fixed - prev_saving + std::max(prev_window * wb, w),
+                                    k * bpt + fixed - sv + w});
+    r.footprint += k * bpt + fixed - sv + w;
     prev = k;
     prev_saving = sv;
+    prev_window = a.window_after_step[i];
   }
   r.peak_bytes = std::max(r.peak_bytes, r.decode_peak_bytes);
   r.keep_hash = a.hash;
@@ -273,7 +280,7 @@ Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<Repla
                    std::int64_t compress_every, BudgetRule rule)
     : reader_(reader), mode_(mode), configs_(std::move(configs)), compress_every_(compress_every), rule_(rule) {
   if (compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
-  refuse_sliding_windows(reader.geometry(), reader.path());
+  for (const ReplayConfig& cfg : configs_) check_window_support(reader.geometry(), rule_, *cfg.impl, cfg.label(), reader.path());
 }
 
 void Replayer::select_across_layers(std::vector<ConfigBudget>& budgets, std::int64_t c,
@@ -319,9 +326,16 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   const int L = g.n_layers, Hq = g.n_q_heads, d = g.head_dim;
   const std::size_t P = configs_.size();
   std::vector<ConfigBudget> budgets(P);
-  for (std::size_t p = 0; p < P; ++p) budgets[p] = config_budget(*configs_[p].impl, configs_[p].budget, c, d, rule_, configs_[p].label());
+  // Sliding-window layers hold their window; a budget's rest goes to the global layers.
+  const WindowShare windows = window_share(g, c);
+  for (std::size_t p = 0; p < P; ++p)
+    budgets[p] = config_budget(*configs_[p].impl, global_fraction(configs_[p].budget, windows, c, configs_[p].label()), c, d,
+                               rule_, configs_[p].label());
   std::vector<Accumulator> acc(P);
-  for (auto& a : acc) start_accumulator(a, L, Hq, T, c, record_keep_sets_);
+  for (auto& a : acc) {
+    start_accumulator(a, L, Hq, T, c, record_keep_sets_);
+    a.full_rows = static_cast<double>(windows.held_tokens) * g.n_kv_heads;
+  }
 
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
@@ -388,6 +402,10 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     return std::make_unique<const CacheSignals>(ctx, g, layer, c, tokens, qbuf, prefix);
   });
   for (int layer = 0; layer < L; ++layer) {
+    if (g.window(layer) > 0) {  // held at its window by every config: nothing to read or score
+      for (auto& a : acc) hold_window_layer(g, layer, c, T, E, record_keep_sets_, a);
+      continue;
+    }
     load_layer(layer, true);
     auto t0 = Clock::now();
     const CacheSignals signals(ctx, g, layer, c, tokens, qbuf, prefix);
@@ -412,7 +430,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   result.attention_flops = static_cast<double>(L) * Hq * 2.0 * static_cast<double>(E) * d *
                            (2.0 * static_cast<double>(T) + static_cast<double>(T - c));
   for (std::size_t p = 0; p < P; ++p)
-    result.configs.push_back(summarise(acc[p], configs_[p], budgets[p], g, c, ctx));
+    result.configs.push_back(summarise(acc[p], configs_[p], budgets[p], g, ctx));
   return result;
 }
 

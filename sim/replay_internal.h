@@ -36,6 +36,12 @@ struct Accumulator {
   std::vector<double> head_kl;              // [layer * query heads + head]: KL summed over its rows
   std::vector<std::int64_t> head_rows;
   int heads = 0;                            // query heads
+  double full_rows = 0;                     // K/V rows of the full cache at the compression point
+  // Sliding-window layers, held at their window and charged fp16 K/V only (no policy state).
+  int window_layers = 0;
+  double window_rows = 0;                   // at the compression point
+  std::vector<double> window_prefill;       // [c] at each prefill step
+  std::vector<double> window_after_step;    // [T - c] after each later step
   std::int64_t kept = 0;                    // right after compression, over layers and heads
   std::int64_t entries = 0;                 // plan entries of one layer (KV or query heads)
   std::vector<double> kept_after_step;      // [T - c] cache size after each later step
@@ -180,6 +186,11 @@ CodedShot account_codec(std::size_t index, const ReplayConfig& cfg, const LayerP
 std::vector<std::size_t> first_equal(const std::vector<CodedShot>& shots);
 CodedRows score_codec(const CodedShot& shot, const LayerWork& w);
 void add_codec_rows(const LayerWork& w, const CodedRows& rows, Accumulator& a);
+
+// A sliding-window layer held at its window (replay_window.cpp; the budget's share is
+// kvcache/budget.h's): its tokens, memory at every step, zero-loss rows.
+void hold_window_layer(const ModelGeometry& g, int layer, std::int64_t c, std::int64_t T, std::int64_t E, bool record_keep_sets,
+                       Accumulator& a);
 // Plans with encoded tokens whose policy evicts or re-tiers while decoding (replay_codec.cpp).
 void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
                          DecodeState& state, Accumulator& a);

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "policies/registry.h"
+#include "kvcache/budget.h"
 #include "kvcache/cache_signals.h"
 #include "sim/replay.h"
 #include "learned_fixtures.h"
@@ -151,6 +152,52 @@ TEST_CASE("one pass over many configs equals replaying each alone", "[replay]") 
     CHECK(alone.configs[0].mean_err == Approx(together.configs[p].mean_err).epsilon(1e-6));
     CHECK(alone.configs[0].compressed_bytes == together.configs[p].compressed_bytes);
   }
+}
+
+TEST_CASE("sliding-window layers: held at their window, the budget spent on the global layers", "[replay]") {
+  // Layers 0 and 2 attend to their last 32 tokens (Gemma-style), 1 and 3 to everything. The same
+  // data without windows, replayed at the global layers' share of the budget, must give the same
+  // global keep-sets: the budget goes where the cache grows.
+  SynthConfig cfg = replay_config();
+  const std::string plain = test::write_small_trace("replay_nowindow.h5", cfg);
+  cfg.geometry.sliding_window = {32, 0, 32, 0};
+  const std::string windowed = test::write_small_trace("replay_window.h5", cfg);
+  const TraceReader rw(windowed), rp(plain);
+  const ModelGeometry& g = rw.geometry();
+  const std::int64_t c = rw.header("r0").n_prompt;
+  const double held = 2.0 * 32 + 2.0 * static_cast<double>(c), token_bytes = 2.0 * 2 * g.head_dim;  // K+V fp16
+  for (const std::string policy : {"snapkv", "h2o", "streamingllm"})
+    for (const double budget : {0.4, 0.7}) {
+      INFO(policy << " @ " << budget);
+      Replayer with(rw, ReplayMode::QueryAware, configs({policy}, {budget}));
+      with.record_keep_sets(true);
+      const ConfigResult r = with.replay("r0").configs[0];
+      const ConfigResult full = Replayer(rw, ReplayMode::QueryAware, configs({"full"}, {1.0})).replay("r0").configs[0];
+      const double global = (budget * held - 64.0) / (2.0 * static_cast<double>(c));
+      Replayer without(rp, ReplayMode::QueryAware, configs({policy}, {global}));
+      without.record_keep_sets(true);
+      const ConfigResult ref = without.replay("r0").configs[0];
+      for (const int l : {1, 3}) CHECK(r.kept[static_cast<std::size_t>(l)] == ref.kept[static_cast<std::size_t>(l)]);
+      for (const int l : {0, 2}) {
+        std::vector<std::int32_t> window;
+        for (std::int64_t t = c - 32; t < c; ++t) window.push_back(static_cast<std::int32_t>(t));
+        for (const auto& entry : r.kept[static_cast<std::size_t>(l)]) CHECK(entry == window);
+        CHECK(r.layer_kl[static_cast<std::size_t>(l)] == 0);
+        for (const double k : r.head_kl[static_cast<std::size_t>(l)]) CHECK(k == 0);
+      }
+      CHECK(r.layer_kl[1] > 0);
+      // Bytes: the local layers' windows count as held; the budget is a share of that.
+      CHECK(full.budget_bytes == Approx(held * g.n_kv_heads * token_bytes));
+      CHECK(full.compressed_bytes == Approx(full.budget_bytes));
+      CHECK(r.budget_bytes == Approx(budget * full.budget_bytes));
+      CHECK(r.compressed_bytes <= r.budget_bytes + 1e-6);
+      CHECK(r.compressed_bytes > r.budget_bytes - 2.0 * g.n_kv_heads * 2 * token_bytes);  // within rounding
+    }
+  // A budget below what the windows alone hold cannot be met.
+  CHECK_THROWS_WITH(Replayer(rw, ReplayMode::QueryAware, configs({"snapkv"}, {0.15})).replay("r0"),
+                    Catch::Contains("sliding-window layers alone hold"));
+  CHECK_THROWS_WITH(Replayer(rw, ReplayMode::QueryAware, configs({"snapkv"}, {0.5}), 0, parse_budget_rule("peak", 8)),
+                    Catch::Contains("peak budget semantics on sliding-window layers"));
 }
 
 TEST_CASE("per-head KL: one value per (layer, query head), averaging to the layer's", "[replay]") {

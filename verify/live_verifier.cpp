@@ -37,17 +37,22 @@ void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, C
 LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res) {
   const auto L = static_cast<std::size_t>(g.n_layers);
   Compressed out;
-  out.budget = config_budget(*cfg.impl, cfg.budget, s.c, g.head_dim, opts.budget_rule, cfg.label());
+  // Sliding-window layers hold their window; the budget's rest goes to the global layers.
+  check_window_support(g, opts.budget_rule, *cfg.impl, cfg.label(), s.where);
+  const WindowShare windows = window_share(g, s.c);
+  const double global = global_fraction(cfg.budget, windows, s.c, cfg.label());
+  out.budget = config_budget(*cfg.impl, global, s.c, g.head_dim, opts.budget_rule, cfg.label());
   out.codec = cfg.impl->codec();
-  out.entry_budget = cfg.budget * static_cast<double>(s.c) * out.budget.kv_token_bytes;
+  out.entry_budget = global * static_cast<double>(s.c) * out.budget.kv_token_bytes;
   out.index.resize(L);
   out.states.resize(L);
   out.prefill_logits = s.prefill_logits;
   out.segments = s.header.segments;
   res.budget_tokens = out.budget.tokens;
   std::vector<bool> compresses(L);
-  for (std::size_t l = 0; l < L; ++l)  // (a compressing budget needs no signals to say so)
-    compresses[l] = out.budget.compress || kvcache::needs_compression(cfg, out.budget, signals_at(s, static_cast<int>(l)));
+  for (std::size_t l = 0; l < L; ++l)  // (a compressing budget needs no signals to say so; a local layer never compresses)
+    compresses[l] = g.window(static_cast<int>(l)) == 0 &&
+                    (out.budget.compress || kvcache::needs_compression(cfg, out.budget, signals_at(s, static_cast<int>(l))));
   for (int l = 0; l < g.n_layers; ++l)
     out.rows.push_back(std::make_unique<EngineRows>(model, l, g, out.codec, s.header.positions));
   const std::vector<std::int64_t> cuts = compression_cuts(s.c, opts.compress_every);
@@ -70,19 +75,24 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
     if (compresses[li]) compress_layer(s, cfg, out, l, chunked);
     check_mirror(model, l, out.index[li], cfg.label());
     res.kept.push_back(out.index[li].tokens);
+    if (const std::int64_t w = g.window(l); w > 0)  // what the layer holds: its window
+      for (auto& entry : res.kept.back())
+        if (static_cast<std::int64_t>(entry.size()) > w) entry.erase(entry.begin(), entry.end() - w);
   }
   start_rules(out);
   res.policy_steps = !out.any_state ? "none" : out.any_in_engine ? "engine" : "host";
   double bytes = 0, rows = 0;
-  for (const LayerIndex& index : out.index) {
-    bytes += kvcache::layer_bytes(index, out.budget, out.codec, g.head_dim);
-    rows += static_cast<double>(index.rows());
+  for (int l = 0; l < g.n_layers; ++l) {
+    const LayerIndex& index = out.index[static_cast<std::size_t>(l)];
+    bytes += layer_held_bytes(l, index, out);
+    for (const std::int64_t n : index.sizes()) rows += static_cast<double>(g.window(l) > 0 ? std::min<std::int64_t>(n, g.window(l)) : n);
   }
   res.compressed_bytes = bytes;
   out.peak_bytes = bytes;
   if (out.reapplies && !chunked) out.queries = s.queries;  // the config's own queries join them
-  res.budget_bytes = cfg.budget * static_cast<double>(s.c) * g.n_layers * g.n_kv_heads * out.budget.kv_token_bytes;
-  res.kept_fraction = rows / (static_cast<double>(g.n_layers) * g.n_kv_heads * static_cast<double>(s.c));
+  const double full_rows = static_cast<double>(windows.held_tokens) * g.n_kv_heads;
+  res.budget_bytes = cfg.budget * full_rows * out.budget.kv_token_bytes;
+  res.kept_fraction = rows / full_rows;
   res.position_fallback = out.fallback.share();
   return out;
 }
@@ -135,9 +145,17 @@ void LiveVerifier::Impl::start_rules(Compressed& out) {
   }
 }
 
+double LiveVerifier::Impl::layer_held_bytes(int layer, const LayerIndex& index, const Compressed& cs) const {
+  const std::int64_t w = g.window(layer);
+  if (w == 0) return kvcache::layer_bytes(index, cs.budget, cs.codec, g.head_dim);
+  double rows = 0;
+  for (const std::int64_t n : index.sizes()) rows += static_cast<double>(std::min(n, w));
+  return rows * cs.budget.kv_token_bytes;
+}
+
 double LiveVerifier::Impl::held_bytes(const Compressed& cs) const {
   double bytes = 0;
-  for (const LayerIndex& index : cs.index) bytes += kvcache::layer_bytes(index, cs.budget, cs.codec, g.head_dim);
+  for (int l = 0; l < g.n_layers; ++l) bytes += layer_held_bytes(l, cs.index[static_cast<std::size_t>(l)], cs);
   return bytes;
 }
 

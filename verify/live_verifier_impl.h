@@ -91,7 +91,6 @@ struct LiveVerifier::Impl {
       : gguf(f), opts(o), tok(f), engine(e ? std::move(e) : make_engine(f, EngineOptions{o.device, o.weights})), model(*engine), default_system(default_system_prompt(f)),
         ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
     g = model.config();
-    refuse_sliding_windows(g, f.path());
   }
 
   // What every config of one request shares.
@@ -204,6 +203,8 @@ struct LiveVerifier::Impl {
 
   // Bytes of the config's cache now, over every layer.
   double held_bytes(const Compressed& cs) const;
+  // One layer's bytes; a sliding-window layer holds at most its window (the engine masks the rest).
+  double layer_held_bytes(int layer, const LayerIndex& index, const Compressed& cs) const;
 
   // The question tokens after a query-agnostic compression point; returns the last logits (or
   // the prefill's, query-aware).
