@@ -45,6 +45,7 @@ void gemma3_config(const GgufFile& f, ModelConfig& c) {
 ModelConfig model_config(const GgufFile& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
+  if (f.has("general.name")) c.name = f.get_string("general.name");
   if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma3")
     throw FormatError(f.path() + ": general.architecture = '" + c.arch + "', expected llama, qwen2 or gemma3");
   const std::string p = c.arch + ".";

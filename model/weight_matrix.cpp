@@ -33,6 +33,10 @@ struct WeightMatrix::Impl {
   GgmlType type = GgmlType::F32;
   std::int64_t row_bytes = 0;
   const std::uint8_t* row_ptr(std::int64_t r) const { return data + r * row_bytes; }
+  // Scale-and-offset formats without a block dot (Q5_0, Q4_K, Q6_K, ...) unpacked at load: one
+  // byte per weight, an f32 scale and offset per 16 (dequant.h unpack_row_u8).
+  std::vector<std::uint8_t> u8;
+  std::vector<float> u8_scale, u8_offset;
 };
 
 namespace {
@@ -88,6 +92,21 @@ float dot_q8_0(const std::uint8_t* w, const float* x, std::int64_t nb) {
   }
   return hsum(acc);
 }
+
+// Unpacked groups of 16: w = s*q + o, so sum(w*x) = sum_g s_g*sum(q*x) + o_g*sum(x).
+float dot_u8(const std::uint8_t* q, const float* s, const float* o, const float* x, const float* xsum, std::int64_t ng) {
+  __m256 acc = _mm256_setzero_ps();
+  float offset = 0;
+  for (std::int64_t g = 0; g < ng; ++g, q += 16, x += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+    const __m256 part = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + 8), _mm256_mul_ps(lo, _mm256_loadu_ps(x)));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(s[g]), part, acc);
+    offset += o[g] * xsum[g];
+  }
+  return hsum(acc) + offset;
+}
 #endif
 
 bool has_block_dot(GgmlType t) {
@@ -127,9 +146,21 @@ WeightMatrix::WeightMatrix(const GgufFile& f, const std::string& name, std::int6
   const GgmlTypeInfo* info = ggml_type_info(static_cast<std::uint32_t>(t.type));
   impl_->data = t.data;
   impl_->row_bytes = cols / info->block * info->bytes;
+#ifdef KVSIM_QDOT_SIMD
+  if (unpacks_to_u8(t.type) && cols % 16 == 0) {
+    impl_->u8.resize(static_cast<std::size_t>(rows * cols));
+    impl_->u8_scale.resize(static_cast<std::size_t>(rows * cols / 16));
+    impl_->u8_offset.resize(impl_->u8_scale.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+      unpack_row_u8(t.type, impl_->row_ptr(r), cols, impl_->u8.data() + r * cols, impl_->u8_scale.data() + r * cols / 16,
+                    impl_->u8_offset.data() + r * cols / 16);
+  }
+#endif
 }
 
-std::size_t WeightMatrix::heap_bytes() const { return impl_ ? impl_->f32.size() * sizeof(float) : 0; }
+std::size_t WeightMatrix::heap_bytes() const {
+  return impl_ ? impl_->f32.size() * sizeof(float) + impl_->u8.size() + 2 * impl_->u8_scale.size() * sizeof(float) : 0;
+}
 
 void WeightMatrix::row(std::int64_t r, float* out) const {
   if (r < 0 || r >= rows_) throw Error("weight row " + std::to_string(r) + " out of range [0, " + std::to_string(rows_) + ")");
@@ -148,6 +179,20 @@ void WeightMatrix::multiply(const float* x, std::int64_t n, float* y) const {
     return;
   }
   if (n <= kGemvRows) {
+#ifdef KVSIM_QDOT_SIMD
+    if (!w.u8.empty()) {
+      const std::int64_t ng = cols_ / 16;
+      std::vector<float> xsum(static_cast<std::size_t>(n * ng));
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t g = 0; g < ng; ++g) xsum[static_cast<std::size_t>(i * ng + g)] = X.row(i).segment(g * 16, 16).sum();
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = 0; r < rows_; ++r)
+        for (std::int64_t i = 0; i < n; ++i)
+          y[i * rows_ + r] = dot_u8(w.u8.data() + r * cols_, w.u8_scale.data() + r * ng, w.u8_offset.data() + r * ng,
+                                    x + i * cols_, xsum.data() + i * ng, ng);
+      return;
+    }
+#endif
     if (has_block_dot(w.type)) {
 #ifdef KVSIM_QDOT_SIMD
       const std::int64_t nb = cols_ / 32;

@@ -2,7 +2,9 @@
 // A model weight W [rows = outputs, cols = inputs], either dequantized to f32 at load or kept in
 // its GGUF blocks inside the memory-mapped file. Kept quantized, a decode step reads ~6x fewer
 // bytes (Q4_1: 0.625 B per weight against 4) and the model costs no heap: GEMVs dot the blocks
-// directly, GEMMs dequantize L2-sized row tiles and hand them to Eigen.
+// directly, GEMMs dequantize L2-sized row tiles and hand them to Eigen. Formats without a block
+// dot (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are also unpacked at load to one byte per weight plus
+// a scale and offset per 16, exactly (dequant.h), which the GEMV reads at 1.5 B per weight.
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -1,5 +1,6 @@
 // Weights kept quantized multiply like the same weights dequantized to f32: the block-dot GEMV
-// (Q4_1, Q8_0), the generic dequantize-a-row GEMV (Q4_K) and the tiled GEMM, on a crafted GGUF.
+// (Q4_1, Q8_0), the unpacked one-byte GEMV (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, whose unpacking
+// is checked bit for bit against the dequantizer) and the tiled GEMM, on a crafted GGUF.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/dequant.h"
 #include "model/gguf.h"
 #include "model/weight_matrix.h"
 #include "core/error.h"
@@ -25,7 +27,9 @@ struct TypeSpec {
   std::uint32_t id;
   std::int64_t block, bytes;
 };
-const TypeSpec kTypes[] = {{"w_q4_1", 3, 32, 20}, {"w_q8_0", 8, 32, 34}, {"w_q4_k", 12, 256, 144}};
+const TypeSpec kTypes[] = {{"w_q4_1", 3, 32, 20},  {"w_q8_0", 8, 32, 34},  {"w_q4_k", 12, 256, 144},
+                           {"w_q4_0", 2, 32, 18},  {"w_q5_0", 6, 32, 22},  {"w_q5_1", 7, 32, 24},
+                           {"w_q5_k", 13, 256, 176}, {"w_q6_k", 14, 256, 210}};
 
 // Random blocks whose f16 scales are small and finite (the rest of each block is any bytes).
 std::vector<std::uint8_t> random_blocks(const TypeSpec& t, std::mt19937& rng) {
@@ -41,8 +45,13 @@ std::vector<std::uint8_t> random_blocks(const TypeSpec& t, std::mt19937& rng) {
       blk[at] = static_cast<std::uint8_t>(h & 0xFF);
       blk[at + 1] = static_cast<std::uint8_t>(h >> 8);
     };
-    put_half(0, scale(rng));
-    if (t.id != 8) put_half(2, t.id == 3 ? -scale(rng) * 8 : scale(rng));  // Q4_1 m / Q4_K dmin
+    if (t.id == 14) {  // Q6_K keeps its d last
+      put_half(208, scale(rng));
+    } else {
+      put_half(0, scale(rng));
+      if (t.id == 3 || t.id == 7 || t.id == 12 || t.id == 13)
+        put_half(2, t.id == 3 || t.id == 7 ? -scale(rng) * 8 : scale(rng));  // Q4_1/Q5_1 m, Q4_K/Q5_K dmin
+    }
     out.insert(out.end(), blk.begin(), blk.end());
   }
   return out;
@@ -78,7 +87,8 @@ TEST_CASE("quantized weights multiply like their f32 dequantization", "[weights]
     const WeightMatrix exact(f, t.name, kRows, kCols, WeightFormat::F32);
     const WeightMatrix quant(f, t.name, kRows, kCols, WeightFormat::Quantized);
     CHECK(exact.heap_bytes() == kRows * kCols * sizeof(float));
-    CHECK(quant.heap_bytes() == 0);
+    const bool unpacked = t.id != 3 && t.id != 8;  // 1 byte per weight + f32 scale and offset per 16
+    CHECK(quant.heap_bytes() == (unpacked ? kRows * kCols * 3 / 2 : 0));
     std::vector<float> a(kCols), b(kCols);
     for (std::int64_t r : {0L, 17L, kRows - 1}) {
       exact.row(r, a.data());
@@ -109,4 +119,28 @@ TEST_CASE("a weight of the wrong shape or format is named", "[weights]") {
   CHECK_THROWS_WITH(WeightMatrix(f, "w_q8_0", kRows, 128, WeightFormat::Quantized),
                     Catch::Contains("tensor 'w_q8_0' has shape [256, 300], expected [128, 300]"));
   CHECK_THROWS_WITH(parse_weight_format("int4"), Catch::Contains("'int4' is not a weight format (expected f32 or quant)"));
+}
+
+TEST_CASE("unpacking to one byte per weight is exact: s*q + o equals the dequantizer bit for bit", "[weights]") {
+  const GgufFile f(weights_file());
+  for (const TypeSpec& t : kTypes) {
+    const GgufTensor& tensor = f.tensor(t.name);
+    if (!unpacks_to_u8(tensor.type)) continue;
+    INFO(t.name);
+    std::vector<float> want(kCols), s(kCols / 16), o(kCols / 16);
+    std::vector<std::uint8_t> q(kCols);
+    bool same = true;
+    for (std::int64_t r = 0; r < kRows; ++r) {
+      const std::uint8_t* row = tensor.data + r * (kCols / t.block * t.bytes);
+      dequantize_row(tensor.type, row, want.data(), kCols);
+      unpack_row_u8(tensor.type, row, kCols, q.data(), s.data(), o.data());
+      for (std::int64_t i = 0; i < kCols; ++i) {
+        volatile float scaled = s[static_cast<std::size_t>(i / 16)] * static_cast<float>(q[static_cast<std::size_t>(i)]);
+        const float got = scaled + o[static_cast<std::size_t>(i / 16)];  // two roundings at most, as the dequantizer
+        same = same && got == want[static_cast<std::size_t>(i)];
+      }
+    }
+    CHECK(same);
+  }
+  CHECK_FALSE(unpacks_to_u8(GgmlType::Q8_0));
 }
