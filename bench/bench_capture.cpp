@@ -56,17 +56,46 @@ int rss_child(const std::string& model, const std::string& dir, const std::strin
 
 }  // namespace
 
+// Decode speed at a given context, as llama-bench measures it (-n 128 after an empty context,
+// -pg 1024,128 after a 1024-token prompt): 128 greedy steps, quantized weights, best of 2.
+void decode_at_contexts(const GgufFile& gguf, const std::vector<std::int32_t>& ids) {
+  LlamaModel m(gguf, WeightFormat::Quantized);
+  for (const std::int64_t context : {std::int64_t{128}, std::int64_t{1024}}) {
+    std::vector<std::int32_t> prompt(ids.begin(), ids.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(ids.size()), context));
+    while (static_cast<std::int64_t>(prompt.size()) < context) prompt.push_back(ids[prompt.size() % ids.size()]);
+    double best = 1e30, best_prefill = 1e30;
+    for (int rep = 0; rep < 2; ++rep) {
+      m.reset();
+      const auto tp = Clock::now();
+      std::vector<float> lg = m.prefill(prompt);
+      best_prefill = std::min(best_prefill, since(tp));
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 128; ++i)
+        lg = m.step(static_cast<std::int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin()));
+      best = std::min(best, since(t0));
+    }
+    std::printf("prefill of %4lld tokens: %6.1f tokens/s; decode after %4lld tokens: %6.1f tokens/s (128 steps, quantized "
+                "weights; set beside llama-bench -p %lld and %s)\n",
+                static_cast<long long>(context), static_cast<double>(context) / best_prefill, static_cast<long long>(context),
+                128 / best, static_cast<long long>(context), context == 128 ? "-n 128" : "-pg 1024,128");
+  }
+}
+
 int main(int argc, char** argv) {
   keep_freed_memory_for_reuse();  // as the kvsim command does
   if (argc == 6 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], argv[3], argv[4], std::atoi(argv[5]));
   std::string model = std::string(getenv("HOME") ? getenv("HOME") : ".") + "/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string dir = "out/bench";
+  bool decode_only = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (i + 1 < argc && a == "--model") model = argv[i + 1];
+    if (a == "--decode-only") {
+      decode_only = true;
+      --i;  // a flag without a value
+    } else if (i + 1 < argc && a == "--model") model = argv[i + 1];
     else if (i + 1 < argc && a == "--dir") dir = argv[i + 1];
     else {  // --help, an unknown option or one without its value
-      std::fprintf(stderr, "usage: bench_capture [--model M.gguf] [--dir D]\n");
+      std::fprintf(stderr, "usage: bench_capture [--model M.gguf] [--dir D] [--decode-only]\n");
       return 2;
     }
   }
@@ -79,6 +108,11 @@ int main(int argc, char** argv) {
   // weights dequantized to f32 at load, once kept in their GGUF blocks.
   const auto req = requests(1000, 1).front();
   std::vector<std::int32_t> ids = tok.encode(tok.chat(default_system_prompt(gguf), req.context + "\n\n" + req.question));
+  if (decode_only) {
+    std::printf("%s CPU engine, decode only\n", c.name.c_str());
+    decode_at_contexts(gguf, ids);
+    return 0;
+  }
   const double gemm = eigen_gemm_gflops();
   const double n = static_cast<double>(ids.size());
   std::printf("%s CPU engine, %zu-token prompt; Eigen GEMM 1024^3 %.1f GFLOP/s\n", c.name.c_str(), ids.size(), gemm);
@@ -106,26 +140,7 @@ int main(int argc, char** argv) {
                 prefill_gflops / gemm >= 0.5 ? "OK" : "BELOW TARGET", steps / t_decode, steps);
   }
 
-  // Decode speed at a given context, as llama-bench measures it (-n 128 after an empty context,
-  // -pg 1024,128 after a 1024-token prompt): 128 greedy steps, quantized weights, best of 2.
-  {
-    LlamaModel m(gguf, WeightFormat::Quantized);
-    for (const std::int64_t context : {std::int64_t{128}, std::int64_t{1024}}) {
-      std::vector<std::int32_t> prompt(ids.begin(), ids.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(ids.size()), context));
-      while (static_cast<std::int64_t>(prompt.size()) < context) prompt.push_back(ids[prompt.size() % ids.size()]);
-      double best = 1e30;
-      for (int rep = 0; rep < 2; ++rep) {
-        m.reset();
-        std::vector<float> lg = m.prefill(prompt);
-        const auto t0 = Clock::now();
-        for (int i = 0; i < 128; ++i)
-          lg = m.step(static_cast<std::int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin()));
-        best = std::min(best, since(t0));
-      }
-      std::printf("decode after %4lld tokens: %6.1f tokens/s (128 steps, quantized weights; set beside llama-bench %s)\n",
-                  static_cast<long long>(context), 128 / best, context == 128 ? "-n 128" : "-pg 1024,128");
-    }
-  }
+  decode_at_contexts(gguf, ids);
 
   // Capture against plain generation of the same requests (same prompts, same greedy length).
   const auto reqs = requests(1000, 3);

@@ -3,20 +3,13 @@
 #include <queue>
 
 #include "core/error.h"
+#include "model/utf8.h"
 
 namespace kvsim {
 
 namespace {
 
 const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
-
-std::size_t utf8_len(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 0x6) return 2;
-  if ((c >> 4) == 0xE) return 3;
-  if ((c >> 3) == 0x1E) return 4;
-  return 1;
-}
 
 struct Symbol {
   std::size_t start, len;

@@ -10,6 +10,7 @@
 #include "model/gguf.h"
 #include "model/spm.h"
 #include "core/error.h"
+#include "model/utf8.h"
 
 namespace kvsim {
 
@@ -48,15 +49,6 @@ struct ByteMap {
 const ByteMap& byte_map() {
   static const ByteMap m;
   return m;
-}
-
-// Length of the UTF-8 sequence starting with byte c (1 for stray continuation bytes).
-std::size_t utf8_len(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 0x6) return 2;
-  if ((c >> 4) == 0xE) return 3;
-  if ((c >> 3) == 0x1E) return 4;
-  return 1;
 }
 
 // Pre-tokenizer regexes per tokenizer.ggml.pre (llama.cpp src/llama-vocab.cpp), applied in turn.

@@ -230,7 +230,19 @@ void WeightMatrix::multiply(const float* x, std::int64_t n, float* y) const {
 #pragma omp for schedule(dynamic)
     for (std::int64_t t = 0; t < tiles; ++t) {
       const std::int64_t r0 = t * tile, nr = std::min(tile, rows_ - r0);
-      for (std::int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row_ptr(r0 + r), buf.row(r).data(), cols_);
+      for (std::int64_t r = 0; r < nr; ++r) {
+        if (w.u8.empty()) {
+          dequantize_row(w.type, w.row_ptr(r0 + r), buf.row(r).data(), cols_);
+          continue;
+        }
+        // The unpacked form dequantizes faster than the K-quant blocks: s*q + o per group of 16.
+        const std::uint8_t* q = w.u8.data() + (r0 + r) * cols_;
+        const float* s = w.u8_scale.data() + (r0 + r) * (cols_ / 16);
+        const float* o = w.u8_offset.data() + (r0 + r) * (cols_ / 16);
+        float* out = buf.row(r).data();
+        for (std::int64_t g = 0; g < cols_ / 16; ++g)
+          for (int k = 0; k < 16; ++k) out[g * 16 + k] = s[g] * static_cast<float>(q[g * 16 + k]) + o[g];
+      }
       Y.middleCols(r0, nr).noalias() = X * buf.topRows(nr).transpose();
     }
   }
