@@ -142,6 +142,17 @@ TEST_CASE("backend engine refuses a backend made for another model", "[backend_e
                     Catch::Contains("made for another model shape") && Catch::Contains("SmolLM2"));
 }
 
+TEST_CASE("the CUDA backend refuses gemma3 by name until it runs it", "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  const GgufFile gguf(KVSIM_TEST_GEMMA);
+  const ModelConfig c = model_config(gguf);
+  CHECK(c.qk_norm);
+  CHECK(c.window(0) == 512);
+  CHECK(c.window(5) == 0);
+  CHECK_THROWS_WITH(BackendEngine(gguf, std::make_unique<gpu::TransformerRef>(c, gpu::DeviceWeights::F32)),
+                    Catch::Contains("gemma3 is not supported by the") && Catch::Contains("--device cpu"));
+}
+
 TEST_CASE("device choice: names, and a clear refusal where CUDA cannot run", "[backend_engine]") {
   CHECK(parse_device("cpu") == Device::Cpu);
   CHECK(parse_device("cuda") == Device::Cuda);
