@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
       std::vector<float> lg = plain.prefill(p);
       for (int i = 0; i < o.max_new; ++i) {
         const auto next = static_cast<std::int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
-        if (next == tok.eos()) break;
+        if (tok.is_eog(next)) break;
         lg = plain.step(next);
       }
     }

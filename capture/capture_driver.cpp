@@ -270,7 +270,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         last_logits = model.step(next, hook);
         record_reference(ref, at, last_logits.data(), c.vocab);
         processed = at + 1;
-        if (r.answer.empty() && next == tok.eos()) break;
+        if (r.answer.empty() && tok.is_eog(next)) break;
       }
       const auto T = static_cast<std::int64_t>(p.tokens.size());
 

@@ -95,7 +95,7 @@ int tokenize(const Args& args) {
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
       "text", po::value(&text), "the text")("text-file", po::value(&text_file), "read the text from a file (UTF-8)")(
       "no-special", "treat <|...|> control-token text as plain text")(
-      "chat", "wrap the text as a ChatML user turn (with the default system prompt)");
+      "chat", "wrap the text as a user turn in the model's chat format (default system prompt, BOS where the vocabulary asks)");
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
@@ -108,7 +108,8 @@ int tokenize(const Args& args) {
   const GgufFile f(file);
   const Tokenizer tok(f);
   if (vm.count("chat")) text = tok.chat(default_system_prompt(f), text);
-  const auto ids = tok.encode(text, vm.count("no-special") == 0);
+  auto ids = tok.encode(text, vm.count("no-special") == 0);
+  if (vm.count("chat") && tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());  // as capture does
   nlohmann::json j;
   j["ids"] = ids;
   j["decoded"] = tok.decode(ids);
@@ -153,7 +154,7 @@ int generate(const Args& args) {
   for (int step = 0; step < max_new; ++step) {
     const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
-    if (next == tok.eos()) break;
+    if (tok.is_eog(next)) break;
     logits = model.step(next);
   }
   nlohmann::json j;

@@ -79,6 +79,9 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
                       "', expected 'gpt2' (byte-level BPE) or 'llama' (SentencePiece)");
   const std::string arch = f.get_string("general.architecture");
   gemma_chat_ = arch.rfind("gemma", 0) == 0;
+  if (model == "llama" && !gemma_chat_)  // the only SentencePiece family whose prompts are built here
+    throw FormatError(f.path() + ": a SentencePiece vocabulary on architecture '" + arch +
+                      "'; expected gemma3 (other SentencePiece families are not supported yet)");
   pre_ = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
   const auto& toks = f.get_array("tokenizer.ggml.tokens");
   const std::vector<GgufValue>* types = f.has("tokenizer.ggml.token_type") ? &f.get_array("tokenizer.ggml.token_type") : nullptr;
@@ -101,6 +104,9 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
   std::sort(specials_.begin(), specials_.end(), [](const auto& a, const auto& b) {
     return a.first.size() != b.first.size() ? a.first.size() > b.first.size() : a.second < b.second;
   });
+  eot_ = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.eot_token_id", -1));
+  if (eot_ < 0 && gemma_chat_)
+    if (const auto it = ids_.find("<end_of_turn>"); it != ids_.end()) eot_ = it->second;
   if (model == "llama") {
     load_sentencepiece(f);
     return;

@@ -31,6 +31,9 @@ class Tokenizer {
   std::int64_t vocab_size() const { return static_cast<std::int64_t>(tokens_.size()); }
   std::int32_t bos() const { return bos_; }
   std::int32_t eos() const { return eos_; }
+  // End of generation: eos, or the end-of-turn token where the model has one (Gemma's
+  // <end_of_turn>, or tokenizer.ggml.eot_token_id), as llama.cpp stops on either.
+  bool is_eog(std::int32_t id) const { return id == eos_ || (eot_ >= 0 && id == eot_); }
   bool add_bos() const { return add_bos_; }
   const std::string& pre() const { return pre_; }
 
@@ -54,7 +57,7 @@ class Tokenizer {
   std::unordered_map<std::string, std::int32_t> merge_rank_;  // "left right" -> rank
   std::vector<std::pair<std::string, std::int32_t>> specials_;  // literal text, id; longest first
   std::string pre_;
-  std::int32_t bos_ = -1, eos_ = -1;
+  std::int32_t bos_ = -1, eos_ = -1, eot_ = -1;
   bool add_bos_ = false;
   struct Regexes;
   std::unique_ptr<Regexes> re_;

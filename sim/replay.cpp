@@ -427,7 +427,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   result.attention_seconds = attention_s;
   result.config_seconds = config_s;
   // Per layer and query head: Q K^T and A V over all T keys, plus the tail product.
-  result.attention_flops = static_cast<double>(L) * Hq * 2.0 * static_cast<double>(E) * d *
+  result.attention_flops = static_cast<double>(windows.global_layers) * Hq * 2.0 * static_cast<double>(E) * d *
                            (2.0 * static_cast<double>(T) + static_cast<double>(T - c));
   for (std::size_t p = 0; p < P; ++p)
     result.configs.push_back(summarise(acc[p], configs_[p], budgets[p], g, ctx));

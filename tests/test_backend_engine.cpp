@@ -12,6 +12,7 @@
 #include "model/backend_engine.h"
 #include "capture/capture_driver.h"
 #include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "model/llama_model.h"
 #include "model/transformer_weights.h"
 #include "core/error.h"
@@ -142,9 +143,13 @@ TEST_CASE("backend engine refuses a backend made for another model", "[backend_e
                     Catch::Contains("made for another model shape") && Catch::Contains("SmolLM2"));
 }
 
-TEST_CASE("the CUDA backend refuses gemma3 by name until it runs it", "[backend_engine]") {
+TEST_CASE("gemma3: the CUDA backend refuses it by name; its turns end generation", "[backend_engine]") {
   if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
   const GgufFile gguf(KVSIM_TEST_GEMMA);
+  const Tokenizer tok(gguf);
+  CHECK(tok.is_eog(tok.eos()));
+  CHECK(tok.is_eog(tok.encode("<end_of_turn>").at(0)));  // as llama.cpp stops on it
+  CHECK_FALSE(tok.is_eog(tok.bos()));
   const ModelConfig c = model_config(gguf);
   CHECK(c.qk_norm);
   CHECK(c.window(0) == 512);

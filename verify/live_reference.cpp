@@ -95,7 +95,7 @@ void LiveVerifier::Impl::reference_run(Shared& s) {
     s.ref_logp.push_back(log_softmax(logits));
     s.eval_tokens.push_back(model.cached_tokens());
     logits = model.step(next, hook);
-    if (next == tok.eos()) break;
+    if (tok.is_eog(next)) break;
   }
   s.final_cache = std::as_const(model).cache();
   s.future.assign(static_cast<std::size_t>(c.n_layers), std::nullopt);
@@ -157,7 +157,7 @@ const CacheSignals& LiveVerifier::Impl::signals_at(Shared& s, int layer) {
 }
 
 std::vector<std::int32_t> LiveVerifier::Impl::strip_eos(std::vector<std::int32_t> ids) const {
-  if (!ids.empty() && ids.back() == tok.eos()) ids.pop_back();
+  if (!ids.empty() && tok.is_eog(ids.back())) ids.pop_back();
   return ids;
 }
 

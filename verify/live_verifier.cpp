@@ -266,10 +266,16 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
     throw Error("policy " + cfg.label() + " held " + std::to_string(res.decode_peak_bytes) + " bytes at a step after the " +
                 "compression point, over its peak budget " + std::to_string(res.budget_bytes) + " in " + s.where +
                 " (a kvsim bug)");
-  res.final_rows = std::as_const(model).cache().entries_rows();
+  res.final_rows = 0;  // a sliding-window layer holds at most its window (the engine masks the rest)
   for (int l = 0; l < g.n_layers; ++l) {
+    const std::int64_t w = g.window(l);
+    for (const KvEntry& e : std::as_const(model).cache().layers[static_cast<std::size_t>(l)])
+      res.final_rows += w > 0 ? std::min<std::int64_t>(e.rows(), w) : e.rows();
     check_mirror(model, l, cs.index[static_cast<std::size_t>(l)], cfg.label());
     res.final_kept.push_back(cs.index[static_cast<std::size_t>(l)].tokens);
+    if (w > 0)
+      for (auto& entry : res.final_kept.back())
+        if (static_cast<std::int64_t>(entry.size()) > w) entry.erase(entry.begin(), entry.end() - w);
   }
   const auto n = static_cast<double>(res.steps);
   res.mean_kl = res.steps ? kl_sum / n : 0;
@@ -286,7 +292,7 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
     for (int j = 0; j < opts.max_new; ++j) {
       const std::int32_t next = argmax(logits);
       generated.push_back(next);
-      if (next == tok.eos()) break;
+      if (tok.is_eog(next)) break;
       if (j + 1 < opts.max_new) logits = step(s, next, cs, cfg.label());
     }
     for (int l = 0; l < g.n_layers; ++l) check_mirror(model, l, cs.index[static_cast<std::size_t>(l)], cfg.label());

@@ -74,9 +74,9 @@ def main():
         if not ok:
             print("   sentencepiece:", want, "\n   kvsim:        ", got["ids"], "\n   decoded:", repr(got["decoded"]))
             failures += 1
-    sot, eot = sp.piece_to_id("<start_of_turn>"), sp.piece_to_id("<end_of_turn>")
+    sot, eot, bos = sp.piece_to_id("<start_of_turn>"), sp.piece_to_id("<end_of_turn>"), sp.piece_to_id("<bos>")
     for t in TEXTS[:3]:
-        want = [sot] + sp.encode("user\n" + t) + [eot] + sp.encode("\n") + [sot] + sp.encode("model\n")
+        want = [bos, sot] + sp.encode("user\n" + t) + [eot] + sp.encode("\n") + [sot] + sp.encode("model\n")
         got = kvsim_ids(kvsim, model, t, "--chat")["ids"]
         if got != want:
             print(f"FAIL chat prompt {t[:40]!r}:\n   want {want}\n   got  {got}")
