@@ -32,20 +32,13 @@ RopeTable& rope_table(const RopeSpec& s) {
   return tables.back();
 }
 
-// The codec API carries no layer, so a model whose layers rotate with different RoPE bases
-// (gemma3's local layers) is refused rather than un-rotated with the wrong one.
-const RopeSpec& one_rope(const ModelGeometry& g) {
-  if (g.rope_theta_local > 0 && g.rope_theta_local != g.rope.theta)
-    throw Error("lowrank/varrate: " + g.name + " rotates its sliding-window layers with another RoPE base (" +
-                std::to_string(g.rope_theta_local) + " vs " + std::to_string(g.rope.theta) +
-                "); low-rank keys need one base per model, which this model does not have");
-  return g.rope;
-}
-
+// g.rope, although the codec API carries no layer: codecs only run on layers that compress, and
+// a sliding-window layer (gemma3's, rotated with rope_theta_local) never does, so every layer a
+// codec sees rotates with the model's own base.
 RowMat unrotated_keys(const ModelGeometry& g, std::span<const float> keys, std::span<const std::int32_t> positions) {
   const auto n = static_cast<Eigen::Index>(positions.size());
   RowMat k = Eigen::Map<const RowMat>(keys.data(), n, g.head_dim);
-  RopeTable& rope = rope_table(one_rope(g));
+  RopeTable& rope = rope_table(g.rope);
   for (Eigen::Index j = 0; j < n; ++j) rope.apply(k.row(j).data(), 1, positions[static_cast<std::size_t>(j)], true);
   return k;
 }
@@ -345,7 +338,7 @@ int LowRankCodec::rebuild(const HeadPlan& plan, const ModelGeometry& g, std::spa
   }
   Eigen::Index i = 0;
   row = 0;
-  RopeTable& rope = rope_table(one_rope(g));
+  RopeTable& rope = rope_table(g.rope);
   for (std::size_t j = 0; j < plan.codec.size(); ++j) {
     if (plan.codec[j] == TokenCodec::Drop) continue;
     if (plan.codec[j] == TokenCodec::LowRank) {

@@ -16,9 +16,7 @@ models="${KVSIM_CACHE:-$HOME/.cache/kvsim}/models"
 policies="full,random,streamingllm,snapkv,pyramidkv,adakv,h2o:queries=recorded,tova,keydiff,expected_attention:queries=recorded,oracle_future,intn,kivi,varrate,qevict"
 case "$which_model" in
   smollm2) model="$models/SmolLM2-135M-Instruct.Q4_1.gguf" out=out/demo tokens=1024 budgets=0.1,0.25,0.5 keep=0.25 layer=15 ;;
-  gemma3)  # varrate's low-rank keys need one RoPE base per model; Gemma 3 has two
-    model="$models/gemma-3-270m-q4_k_m.gguf" out=out/demo-gemma3 tokens=3000 budgets=0.6,0.75,0.9 keep=0.6 layer=11
-    policies="${policies/,varrate/}" ;;
+  gemma3) model="$models/gemma-3-270m-q4_k_m.gguf" out=out/demo-gemma3 tokens=3000 budgets=0.6,0.75,0.9 keep=0.6 layer=11 ;;
   *) echo "usage: scripts/demo.sh [smollm2|gemma3]" >&2; exit 2 ;;
 esac
 scripts/setup.sh

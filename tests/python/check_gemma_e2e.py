@@ -37,7 +37,7 @@ def main():
         print("FAIL: trace info does not show the windows:\n" + info)
         failures += 1
     run(kvsim, "trace", "check", trace)
-    policies, budgets = "full;snapkv;h2o:queries=recorded;streamingllm;kivi", "0.8,0.9"
+    policies, budgets = "full;snapkv;h2o:queries=recorded;streamingllm;kivi;varrate", "0.8,0.9"
     run(kvsim, "sweep", trace, "-p", policies, "-b", budgets, "-o", f"{out}/sweep.csv", "--force", "-q")
     run(kvsim, "verify", "-m", model, "-t", tasks, "-p", policies.replace(":queries=recorded", ""), "-b", budgets,
         "--max-new", "8", "-o", f"{out}/verify.csv", "--force", "-q")
