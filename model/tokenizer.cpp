@@ -94,7 +94,7 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
     if (types && i < types->size() && (*types)[i].is_integer()) {
       const auto* v = std::get_if<std::int64_t>(&(*types)[i].value);
       const std::int64_t t = v ? *v : static_cast<std::int64_t>(std::get<std::uint64_t>((*types)[i].value));
-      if (t == 3 || t == 4) specials_.emplace_back(*s, static_cast<std::int32_t>(i));  // control, user-defined
+      if ((t == 3 || t == 4) && !s->empty()) specials_.emplace_back(*s, static_cast<std::int32_t>(i));  // control, user-defined
       if (t == 4) {
         user_defined_.resize(toks.size(), 0);
         user_defined_[i] = 1;
@@ -104,6 +104,13 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
   std::sort(specials_.begin(), specials_.end(), [](const auto& a, const auto& b) {
     return a.first.size() != b.first.size() ? a.first.size() > b.first.size() : a.second < b.second;
   });
+  // Gemma has ~6.4K of them: encode looks up only those starting with the current byte, decode
+  // reads a flag.
+  is_special_.assign(toks.size(), 0);
+  for (std::size_t k = 0; k < specials_.size(); ++k) {
+    special_by_byte_[static_cast<unsigned char>(specials_[k].first[0])].push_back(k);
+    is_special_[static_cast<std::size_t>(specials_[k].second)] = 1;
+  }
   eot_ = static_cast<std::int32_t>(f.get_int("tokenizer.ggml.eot_token_id", -1));
   if (eot_ < 0 && gemma_chat_)
     if (const auto it = ids_.find("<end_of_turn>"); it != ids_.end()) eot_ = it->second;
@@ -238,9 +245,9 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool parse_sp
   const bool split_user_defined = spm_ && !user_defined_.empty();
   while ((parse_special || split_user_defined) && i < text.size()) {
     bool matched = false;
-    for (const auto& [s, id] : specials_) {
+    for (const std::size_t k : special_by_byte_[static_cast<unsigned char>(text[i])]) {
+      const auto& [s, id] = specials_[k];
       if (!parse_special && !user_defined_[static_cast<std::size_t>(id)]) continue;
-      if (static_cast<unsigned char>(s[0]) != static_cast<unsigned char>(text[i])) continue;
       if (text.compare(i, s.size(), s) == 0) {
         flush(i);
         out.push_back(id);
@@ -261,7 +268,7 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids) const {
   std::string out;
   for (std::int32_t id : ids) {
     if (id < 0 || id >= vocab_size()) throw Error("tokenizer: token id " + std::to_string(id) + " out of range");
-    const bool special = std::any_of(specials_.begin(), specials_.end(), [&](const auto& p) { return p.second == id; });
+    const bool special = is_special_[static_cast<std::size_t>(id)] != 0;
     const std::string& t = tokens_[static_cast<std::size_t>(id)];
     if (special) {
       out += t;

@@ -74,10 +74,7 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
     const auto li = static_cast<std::size_t>(l);
     if (compresses[li]) compress_layer(s, cfg, out, l, chunked);
     check_mirror(model, l, out.index[li], cfg.label());
-    res.kept.push_back(out.index[li].tokens);
-    if (const std::int64_t w = g.window(l); w > 0)  // what the layer holds: its window
-      for (auto& entry : res.kept.back())
-        if (static_cast<std::int64_t>(entry.size()) > w) entry.erase(entry.begin(), entry.end() - w);
+    res.kept.push_back(held_tokens(l, out.index[li]));
   }
   start_rules(out);
   res.policy_steps = !out.any_state ? "none" : out.any_in_engine ? "engine" : "host";
@@ -85,7 +82,7 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
   for (int l = 0; l < g.n_layers; ++l) {
     const LayerIndex& index = out.index[static_cast<std::size_t>(l)];
     bytes += layer_held_bytes(l, index, out);
-    for (const std::int64_t n : index.sizes()) rows += static_cast<double>(g.window(l) > 0 ? std::min<std::int64_t>(n, g.window(l)) : n);
+    rows += static_cast<double>(held_rows(l, index));
   }
   res.compressed_bytes = bytes;
   out.peak_bytes = bytes;
@@ -146,11 +143,23 @@ void LiveVerifier::Impl::start_rules(Compressed& out) {
 }
 
 double LiveVerifier::Impl::layer_held_bytes(int layer, const LayerIndex& index, const Compressed& cs) const {
+  if (g.window(layer) == 0) return kvcache::layer_bytes(index, cs.budget, cs.codec, g.head_dim);
+  return static_cast<double>(held_rows(layer, index)) * cs.budget.kv_token_bytes;
+}
+
+std::int64_t LiveVerifier::Impl::held_rows(int layer, const LayerIndex& index) const {
   const std::int64_t w = g.window(layer);
-  if (w == 0) return kvcache::layer_bytes(index, cs.budget, cs.codec, g.head_dim);
-  double rows = 0;
-  for (const std::int64_t n : index.sizes()) rows += static_cast<double>(std::min(n, w));
-  return rows * cs.budget.kv_token_bytes;
+  std::int64_t rows = 0;
+  for (const std::int64_t n : index.sizes()) rows += w > 0 ? std::min(n, w) : n;
+  return rows;
+}
+
+std::vector<std::vector<std::int32_t>> LiveVerifier::Impl::held_tokens(int layer, const LayerIndex& index) const {
+  std::vector<std::vector<std::int32_t>> out = index.tokens;
+  if (const std::int64_t w = g.window(layer); w > 0)
+    for (auto& entry : out)
+      if (static_cast<std::int64_t>(entry.size()) > w) entry.erase(entry.begin(), entry.end() - w);
+  return out;
 }
 
 double LiveVerifier::Impl::held_bytes(const Compressed& cs) const {
@@ -266,16 +275,12 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
     throw Error("policy " + cfg.label() + " held " + std::to_string(res.decode_peak_bytes) + " bytes at a step after the " +
                 "compression point, over its peak budget " + std::to_string(res.budget_bytes) + " in " + s.where +
                 " (a kvsim bug)");
-  res.final_rows = 0;  // a sliding-window layer holds at most its window (the engine masks the rest)
+  res.final_rows = 0;
   for (int l = 0; l < g.n_layers; ++l) {
-    const std::int64_t w = g.window(l);
-    for (const KvEntry& e : std::as_const(model).cache().layers[static_cast<std::size_t>(l)])
-      res.final_rows += w > 0 ? std::min<std::int64_t>(e.rows(), w) : e.rows();
-    check_mirror(model, l, cs.index[static_cast<std::size_t>(l)], cfg.label());
-    res.final_kept.push_back(cs.index[static_cast<std::size_t>(l)].tokens);
-    if (w > 0)
-      for (auto& entry : res.final_kept.back())
-        if (static_cast<std::int64_t>(entry.size()) > w) entry.erase(entry.begin(), entry.end() - w);
+    const LayerIndex& index = cs.index[static_cast<std::size_t>(l)];
+    check_mirror(model, l, index, cfg.label());  // the engine's rows are the index's
+    res.final_rows += held_rows(l, index);
+    res.final_kept.push_back(held_tokens(l, index));
   }
   const auto n = static_cast<double>(res.steps);
   res.mean_kl = res.steps ? kl_sum / n : 0;

@@ -205,6 +205,8 @@ struct LiveVerifier::Impl {
   double held_bytes(const Compressed& cs) const;
   // One layer's bytes; a sliding-window layer holds at most its window (the engine masks the rest).
   double layer_held_bytes(int layer, const LayerIndex& index, const Compressed& cs) const;
+  std::int64_t held_rows(int layer, const LayerIndex& index) const;
+  std::vector<std::vector<std::int32_t>> held_tokens(int layer, const LayerIndex& index) const;
 
   // The question tokens after a query-agnostic compression point; returns the last logits (or
   // the prefill's, query-aware).

@@ -6,9 +6,7 @@ PNGs beside the page. Exits 77 (skipped) only where no browser is installed.
 Usage: check_report_browser.py KVSIM OUTDIR FIXTURE_DIR
 """
 import html
-import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -16,6 +14,8 @@ import sys
 
 import matplotlib.image as mpimg
 import numpy as np
+
+from branching_trace import write_branching_trace
 
 CHECK_SCRIPT = """<script>
 window.addEventListener('load', () => {
@@ -54,20 +54,7 @@ def run(*args):
 
 
 def mooncake(path):
-    rng = random.Random(2)
-    reqs, nxt = [], 0
-    for i in range(120):
-        ids = []
-        if reqs and rng.random() < 0.7:
-            base = rng.choice(reqs)["hash_ids"]
-            ids = base[: rng.randint(1, len(base))]
-        for _ in range(rng.randint(1, 4)):
-            ids.append(nxt)
-            nxt += 1
-        reqs.append({"timestamp": i * 200, "input_length": 512 * len(ids), "output_length": rng.randint(1, 40),
-                     "hash_ids": ids})
-    with open(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in reqs)
+    write_branching_trace(path, seed=2, n=120, max_new_blocks=4, ts_step=200, output=(1, 40))
 
 
 def main():

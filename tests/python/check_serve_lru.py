@@ -13,26 +13,14 @@ and exists.
 import heapq
 import json
 import os
-import random
 import subprocess
 import sys
 
+from branching_trace import write_branching_trace
+
 
 def generated_trace(path):
-    rng = random.Random(5)
-    reqs, nxt = [], 0
-    for i in range(400):
-        ids = []
-        if reqs and rng.random() < 0.7:
-            base = rng.choice(reqs)["hash_ids"]
-            ids = base[: rng.randint(1, len(base))]
-        for _ in range(rng.randint(1, 5)):
-            ids.append(nxt)
-            nxt += 1
-        reqs.append({"timestamp": i * 10, "input_length": 512 * len(ids), "output_length": 4, "hash_ids": ids})
-    with open(path, "w") as f:
-        for r in reqs:
-            f.write(json.dumps(r) + "\n")
+    write_branching_trace(path, seed=5, n=400, max_new_blocks=5, ts_step=10, output=4)
 
 
 def lru_reference(reqs, capacity):

@@ -8,9 +8,10 @@ Usage: check_serve_sim_cli.py KVSIM OUTDIR
 import csv
 import json
 import os
-import random
 import subprocess
 import sys
+
+from branching_trace import write_branching_trace
 
 failures = 0
 
@@ -31,21 +32,7 @@ def run(kvsim, *args, ok=True):
 
 
 def write_trace(path):
-    rng = random.Random(3)
-    reqs, nxt = [], 0
-    for i in range(300):
-        ids = []
-        if reqs and rng.random() < 0.7:
-            base = rng.choice(reqs)["hash_ids"]
-            ids = base[: rng.randint(1, len(base))]
-        for _ in range(rng.randint(1, 4)):
-            ids.append(nxt)
-            nxt += 1
-        reqs.append({"timestamp": i * 150, "input_length": 512 * len(ids),
-                     "output_length": rng.randint(1, 64), "hash_ids": ids})
-    with open(path, "w") as f:
-        for r in reqs:
-            f.write(json.dumps(r) + "\n")
+    write_branching_trace(path, seed=3, n=300, max_new_blocks=4, ts_step=150, output=(1, 64))
 
 
 def sweep_rows(path, policy, budget):
