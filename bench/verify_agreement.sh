@@ -19,6 +19,8 @@ MODES=${MODES:-query-aware query-agnostic}
 MAX_NEW=${MAX_NEW:-32}
 NEEDLES=${NEEDLES:-2}   # per needle kind (single, multikey, multivalue, vartrack)
 TEXTS=${TEXTS:-4}
+NEEDLE_TOKENS=${NEEDLE_TOKENS:-1200}  # prompt lengths: Gemma 3 needs longer ones (its windows)
+TEXT_TOKENS=${TEXT_TOKENS:-1000}
 POLICIES=${POLICIES:-"streamingllm;snapkv;pyramidkv;adakv;h2o;tova;expected_attention;keydiff;andpro;andpro:sign=clamp;andpro:sign=abs;kvzip;intn:bits=4;intn:bits=2;kivi;lowrank;varrate;qevict"}
 BUDGETS=${BUDGETS:-0.1,0.2,0.25,0.5}
 SEMANTICS=${SEMANTICS:-point}
@@ -29,10 +31,10 @@ mkdir -p "$OUT"
 seed=11
 : > "$OUT/tasks.jsonl"
 for kind in single multikey multivalue vartrack; do
-  "$KVSIM" tasks needle --kind "$kind" --count "$NEEDLES" --tokens 1200 --seed $((seed++)) -o "$OUT/$kind.jsonl" --force
+  "$KVSIM" tasks needle --kind "$kind" --count "$NEEDLES" --tokens "$NEEDLE_TOKENS" --seed $((seed++)) -o "$OUT/$kind.jsonl" --force
   cat "$OUT/$kind.jsonl" >> "$OUT/tasks.jsonl"
 done
-"$KVSIM" tasks text --file "$TEXT" --count "$TEXTS" --tokens 1000 -o "$OUT/text.jsonl" --force
+"$KVSIM" tasks text --file "$TEXT" --count "$TEXTS" --tokens "$TEXT_TOKENS" -o "$OUT/text.jsonl" --force
 cat "$OUT/text.jsonl" >> "$OUT/tasks.jsonl"
 # The split, by line: 1, 4, 7, ... calibrate; the rest are held out.
 awk 'NR % 3 == 1' "$OUT/tasks.jsonl" > "$OUT/calibration.jsonl"

@@ -20,8 +20,6 @@ namespace kvsim::gpu {
 
 namespace {
 
-constexpr int kIds = static_cast<int>(WeightId::Bv) + 1;
-
 #define KVSIM_CUBLAS_CHECK(call)                                                                        \
   do {                                                                                                  \
     const cublasStatus_t kvsim_st_ = (call);                                                            \
@@ -122,7 +120,7 @@ struct CudaTransformer::Impl {
   cudaStream_t compute = nullptr, copy = nullptr;
   cudaEvent_t rows_ready[2] = {}, copied[2] = {};
   cublasHandle_t blas = nullptr;
-  std::vector<DeviceMem> weights;  // [(layer + 1) * kIds + id]
+  std::vector<DeviceMem> weights;  // [(layer + 1) * kWeightIds + id]
   std::size_t weight_bytes = 0;
 
   // One tensor of an entry's packed prefix on the device: core/packed_kv.h's arrays, same layout.
@@ -149,12 +147,12 @@ struct CudaTransformer::Impl {
 
   // Work buffers for up to `work_rows` new rows.
   std::int64_t work_rows = 0, pinned_rows = 0;
-  DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
+  DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, block_out, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
   DeviceMem decode_scratch;  // split-K decode partials
   DeviceMem head_stats;      // [n_head, 2]: a packed decode's softmax (max, sum) for the last-row weights
   PackedDecode packed_decode = PackedDecode::Fused;
   DeviceMem keep_index, keep_scratch;  // keep_rows: the kept row indices and the gathered rows
-  DeviceMem cos_t, sin_t;
+  DeviceMem cos_t, sin_t, cos_local, sin_local;  // RoPE tables: every layer / sliding-window layers (gemma3)
   std::int64_t rope_rows = 0;
   PinnedMem pq[2], pk[2], pv[2];
   std::vector<std::vector<float>> last;  // [layer] -> [n_head, last_stride]
@@ -180,11 +178,12 @@ struct CudaTransformer::Impl {
   cudaDataType gemm_type() const { return f16 ? CUDA_R_16F : CUDA_R_32F; }
 
   const DeviceMem& w(WeightId id, int layer) const {
-    const DeviceMem& m = weights[static_cast<std::size_t>((layer + 1) * kIds + static_cast<int>(id))];
+    const DeviceMem& m = weights[static_cast<std::size_t>((layer + 1) * kWeightIds + static_cast<int>(id))];
     if (!m.ptr) throw std::logic_error(std::string("CUDA transformer: weight ") + weight_id_name(id) + " not set");
     return m;
   }
   const float* bias(WeightId id, int layer) const { return s.qkv_bias ? w(id, layer).as<float>() : nullptr; }
+  const float* qk_norm(WeightId id, int layer) const { return s.qk_norm ? w(id, layer).as<float>() : nullptr; }
 
   // y [n, rows] (+)= x [n, cols] W^T: cuBLAS is column-major, so this is Y^T = W^T^T X^T.
   void gemm(const void* xin, std::int64_t n, const DeviceMem& W, std::int64_t rows, std::int64_t cols, float* y,
@@ -194,6 +193,15 @@ struct CudaTransformer::Impl {
                                     static_cast<int>(cols), &alpha, W.ptr, gemm_type(), static_cast<int>(cols), xin,
                                     gemm_type(), static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(rows),
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // x += in W_proj^T ([n, cols] GEMM input in `in`), through the `post` norm first where the shape
+  // has post-norms (gemma3).
+  void project_into_residual(std::int64_t n, WeightId proj, WeightId post, int layer, std::int64_t cols) {
+    if (!s.post_norms) return gemm(in.ptr, n, w(proj, layer), s.n_embd, cols, x.as<float>(), true);
+    gemm(in.ptr, n, w(proj, layer), s.n_embd, cols, block_out.as<float>(), false);
+    KVSIM_CUDA_CHECK(rms_norm_add_rows(block_out.as<float>(), w(post, layer).as<float>(), static_cast<int>(n),
+                                       static_cast<int>(s.n_embd), static_cast<float>(s.rms_eps), x.as<float>(), compute));
   }
 
   // Work buffers for n new rows; the pinned host buffers only when a callback takes the rows
@@ -214,6 +222,7 @@ struct CudaTransformer::Impl {
       vh.ensure(un * K * sizeof(std::uint16_t), compute);
       gate.ensure(un * F * sizeof(float), compute);
       up.ensure(un * F * sizeof(float), compute);
+      if (s.post_norms) block_out.ensure(un * E * sizeof(float), compute);
       dev_tokens.ensure(un * sizeof(std::int32_t), compute);
       dev_positions.ensure(un * sizeof(std::int32_t), compute);
       work_rows = n;
@@ -240,13 +249,17 @@ struct CudaTransformer::Impl {
   void ensure_rope(std::int64_t max_pos) {
     if (max_pos < rope_rows) return;
     rope_rows = std::max<std::int64_t>(max_pos + 1, 2 * rope_rows);
-    std::vector<float> c, sn;
-    rope_tables(s.rope, rope_rows, c, sn);
-    cos_t.ensure(c.size() * sizeof(float), compute);
-    sin_t.ensure(sn.size() * sizeof(float), compute);
-    KVSIM_CUDA_CHECK(cudaMemcpyAsync(cos_t.ptr, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
-    KVSIM_CUDA_CHECK(cudaMemcpyAsync(sin_t.ptr, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
-    KVSIM_CUDA_CHECK(cudaStreamSynchronize(compute));  // the host tables go out of scope
+    auto upload_tables = [&](const RopeSpec& rope, DeviceMem& dc, DeviceMem& ds) {
+      std::vector<float> c, sn;
+      rope_tables(rope, rope_rows, c, sn);
+      dc.ensure(c.size() * sizeof(float), compute);
+      ds.ensure(sn.size() * sizeof(float), compute);
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(dc.ptr, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(ds.ptr, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
+      KVSIM_CUDA_CHECK(cudaStreamSynchronize(compute));  // the host tables go out of scope
+    };
+    upload_tables(s.rope, cos_t, sin_t);
+    if (s.rope_theta_local > 0) upload_tables(local_rope(s), cos_local, sin_local);
   }
 
   // The fewest fp16 rows per entry a layer's buffers are made with (they double as rows arrive).
@@ -403,7 +416,7 @@ CudaTransformer::CudaTransformer(const ModelConfig& s, DeviceWeights w, int devi
   }
   KVSIM_CUBLAS_CHECK(cublasCreate(&m.blas));
   KVSIM_CUBLAS_CHECK(cublasSetStream(m.blas, m.compute));
-  m.weights.resize(static_cast<std::size_t>((s.n_layers + 1) * kIds));
+  m.weights.resize(static_cast<std::size_t>((s.n_layers + 1) * kWeightIds));
   m.cache.resize(static_cast<std::size_t>(s.n_layers));
   reset();
 }
@@ -441,7 +454,7 @@ void CudaTransformer::set_weight(WeightId id, int layer, std::span<const float> 
   if (static_cast<std::int64_t>(data.size()) != rows * cols)
     throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " has " + std::to_string(data.size()) +
                                 " values, expected " + std::to_string(rows * cols));
-  DeviceMem& dst = m.weights[static_cast<std::size_t>((layer + 1) * kIds + static_cast<int>(id))];
+  DeviceMem& dst = m.weights[static_cast<std::size_t>((layer + 1) * kWeightIds + static_cast<int>(id))];
   const bool as_half = m.f16 && rows > 1;  // matrices in the GEMM type; norms and biases fp32
   const std::size_t bytes = data.size() * (as_half ? sizeof(std::uint16_t) : sizeof(float));
   if (!dst.ptr) m.weight_bytes += bytes;
@@ -491,6 +504,7 @@ void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) 
     const PackedEntry* p = entries[e].packed;
     if (!p) continue;
     check_host_packed(*p, entries[e].rows, m.s.head_dim, static_cast<int>(e));
+    check_unwindowed(m.s, layer, static_cast<int>(e));
     k_tables[e] = row_table(p->k, m.s.head_dim);
     v_tables[e] = row_table(p->v, m.s.head_dim);
     any_packed = true;
@@ -792,8 +806,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
   KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_positions.ptr, positions.data(), positions.size_bytes(), cudaMemcpyHostToDevice, st));
   const DeviceMem& embd = m.w(WeightId::TokenEmbd, -1);
   KVSIM_CUDA_CHECK(embed_rows(embd.ptr, f16, m.dev_tokens.as<std::int32_t>(), static_cast<int>(n), static_cast<int>(E),
-                              m.x.as<float>(), st));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+                              static_cast<float>(s.embd_scale), m.x.as<float>(), st));
+  const float scale = attention_scale(s);
   const auto eps = static_cast<float>(s.rms_eps);
   const QkvShape qs{s.n_q_heads, s.n_kv_heads, d, s.rope.rope_dim, s.rope.type == RopeType::Neox};
 
@@ -825,9 +839,13 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     m.gemm(m.in.ptr, n, m.w(WeightId::Wq, l), Q, E, qb, false);
     m.gemm(m.in.ptr, n, m.w(WeightId::Wk, l), K, E, kb, false);
     m.gemm(m.in.ptr, n, m.w(WeightId::Wv, l), K, E, vb, false);
-    KVSIM_CUDA_CHECK(qkv_finish(qs, static_cast<int>(n), qb, kb, vb, m.bias(WeightId::Bq, l), m.bias(WeightId::Bk, l),
-                                m.bias(WeightId::Bv, l), m.dev_positions.as<std::int32_t>(), m.cos_t.as<float>(),
-                                m.sin_t.as<float>(), m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), st));
+    const QkvFinish fin{m.bias(WeightId::Bq, l), m.bias(WeightId::Bk, l), m.bias(WeightId::Bv, l),
+                        m.qk_norm(WeightId::QNorm, l), m.qk_norm(WeightId::KNorm, l), eps};
+    const int window = s.window(l);
+    const bool local = window > 0 && s.rope_theta_local > 0;  // this layer's RoPE base
+    KVSIM_CUDA_CHECK(qkv_finish(qs, static_cast<int>(n), qb, kb, vb, fin, m.dev_positions.as<std::int32_t>(),
+                                (local ? m.cos_local : m.cos_t).as<float>(), (local ? m.sin_local : m.sin_t).as<float>(),
+                                m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), st));
     if (on_layer) {
       KVSIM_CUDA_CHECK(cudaEventRecord(m.rows_ready[b], st));
       KVSIM_CUDA_CHECK(cudaStreamWaitEvent(m.copy, m.rows_ready[b], 0));
@@ -875,23 +893,23 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
         for (std::size_t e = 0; e < ne; ++e) m.materialize(lc, e, n, ck + e * per, cv + e * per);
       }
       if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
-        KVSIM_CUDA_CHECK(attend_decode(qb, s.n_q_heads, d, head_div, ck, cv, cap, seen, scale, m.decode_scratch.as<float>(),
-                                       m.decode_floats(), m.in.ptr, f16, st));
+        KVSIM_CUDA_CHECK(attend_decode(qb, s.n_q_heads, d, head_div, ck, cv, cap, seen, window, scale,
+                                       m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, st));
       else
-        KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_q_heads, d, head_div, ck, cv, cap, past, scale, m.in.ptr,
-                                     f16, st));
+        KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_q_heads, d, head_div, ck, cv, cap, past, window, scale,
+                                     m.in.ptr, f16, st));
       if (record_last)
-        KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_q_heads, d, head_div, ck, cap, seen, scale, last_w,
+        KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_q_heads, d, head_div, ck, cap, seen, window, scale, last_w,
                                           static_cast<int>(m.last_stride), st));
     }
     for (auto& r : lc.rows) r += n;
-    m.gemm(m.in.ptr, n, m.w(WeightId::Wo, l), E, Q, m.x.as<float>(), true);
+    m.project_into_residual(n, WeightId::Wo, WeightId::PostAttnNorm, l, Q);
     KVSIM_CUDA_CHECK(rms_norm_rows(m.x.as<float>(), m.w(WeightId::FfnNorm, l).as<float>(), static_cast<int>(n),
                                    static_cast<int>(E), eps, m.in.ptr, f16, st));
     m.gemm(m.in.ptr, n, m.w(WeightId::Wgate, l), F, E, m.gate.as<float>(), false);
     m.gemm(m.in.ptr, n, m.w(WeightId::Wup, l), F, E, m.up.as<float>(), false);
-    KVSIM_CUDA_CHECK(swiglu(m.gate.as<float>(), m.up.as<float>(), n * F, m.in.ptr, f16, st));
-    m.gemm(m.in.ptr, n, m.w(WeightId::Wdown, l), E, F, m.x.as<float>(), true);
+    KVSIM_CUDA_CHECK(gated_act(m.gate.as<float>(), m.up.as<float>(), n * F, s.ffn_act == FfnAct::GeluTanh, m.in.ptr, f16, st));
+    m.project_into_residual(n, WeightId::Wdown, WeightId::PostFfnNorm, l, F);
     if (on_layer && l >= 1) deliver(l - 1);
   }
   if (on_layer) deliver(s.n_layers - 1);

@@ -1,8 +1,9 @@
 #pragma once
-// The CUDA transformer backend: a llama-family forward pass on one GPU with the interface, cache
-// layout and rounding points of its CPU reference (gpu/cuda_transformer_ref.h): fp16 (or fp32)
-// weights, cuBLAS GEMMs, gpu/transformer_kernels.cuh for the rest, packed cache entries attended
-// where they are, Q/K/V handed to a layer callback on a second stream. Design: docs/gpu.md.
+// The CUDA transformer backend: a llama/qwen2 or gemma3 forward pass on one GPU with the
+// interface, cache layout and rounding points of its CPU reference (gpu/cuda_transformer_ref.h):
+// fp16 (or fp32) weights, cuBLAS GEMMs, gpu/transformer_kernels.cuh for the rest, packed cache
+// entries attended where they are, Q/K/V handed to a layer callback on a second stream. Design:
+// docs/gpu.md.
 // No CUDA types here: callers compile as plain C++.
 #include <cstdint>
 #include <memory>

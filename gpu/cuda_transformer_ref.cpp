@@ -12,8 +12,6 @@ namespace kvsim::gpu {
 
 namespace {
 
-constexpr int kIds = static_cast<int>(WeightId::Bv) + 1;
-
 void round_all(std::vector<float>& x) { round_to_half(x.data(), x.size()); }
 
 // y [n, rows] (+)= x [n, cols] W^T with double accumulation.
@@ -44,11 +42,31 @@ std::vector<float> rms_norm(const std::vector<float>& x, std::int64_t n, std::in
   return y;
 }
 
+// Each head's slice of every row scaled to unit RMS times w [d] (gemma3's q/k norms).
+void head_rms_norm(float* x, std::int64_t n, int heads, int d, const std::vector<float>& w, double eps) {
+  for (std::int64_t r = 0; r < n * heads; ++r) {
+    float* v = x + r * d;
+    double ss = 0;
+    for (int c = 0; c < d; ++c) ss += static_cast<double>(v[c]) * v[c];
+    const auto scale = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+    for (int c = 0; c < d; ++c) v[c] = v[c] * scale * w[static_cast<std::size_t>(c)];
+  }
+}
+
+// The feed-forward gate's activation times up, in place in gate: SiLU or GELU (tanh form).
+void gated_activation(std::vector<float>& gate, const std::vector<float>& up, FfnAct act) {
+  const float k = std::sqrt(2.0f / 3.14159265358979f);
+  for (std::size_t c = 0; c < gate.size(); ++c) {
+    const float g = gate[c];
+    gate[c] = (act == FfnAct::Silu ? g / (1.0f + std::exp(-g)) : 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g)))) * up[c];
+  }
+}
+
 }  // namespace
 
 TransformerRef::TransformerRef(const ModelConfig& s, DeviceWeights w) : s_(s), dw_(w) {
   s_.check();
-  weights_.resize(static_cast<std::size_t>((s_.n_layers + 1) * kIds));
+  weights_.resize(static_cast<std::size_t>((s_.n_layers + 1) * kWeightIds));
   reset();
 }
 
@@ -59,7 +77,7 @@ void TransformerRef::set_weight(WeightId id, int layer, std::span<const float> d
   if (static_cast<std::int64_t>(data.size()) != rows * cols)
     throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " has " + std::to_string(data.size()) +
                                 " values, expected " + std::to_string(rows * cols));
-  auto& dst = weights_[static_cast<std::size_t>((layer + 1) * kIds + static_cast<int>(id))];
+  auto& dst = weights_[static_cast<std::size_t>((layer + 1) * kWeightIds + static_cast<int>(id))];
   dst.assign(data.begin(), data.end());
   // The GPU keeps matrices in fp16 (norm weights and biases stay fp32, as there).
   if (dw_ == DeviceWeights::F16 && rows > 1) round_all(dst);
@@ -70,7 +88,7 @@ WeightSink TransformerRef::sink() {
 }
 
 const std::vector<float>& TransformerRef::w(WeightId id, int layer) const {
-  const auto& v = weights_[static_cast<std::size_t>((layer + 1) * kIds + static_cast<int>(id))];
+  const auto& v = weights_[static_cast<std::size_t>((layer + 1) * kWeightIds + static_cast<int>(id))];
   if (v.empty()) throw std::logic_error(std::string("transformer reference: weight ") + weight_id_name(id) + " not set");
   return v;
 }
@@ -87,7 +105,10 @@ void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
     throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
   // Every packed prefix is checked before the layer changes: a refused load leaves it as it was.
   for (std::size_t e = 0; e < entries.size(); ++e)
-    if (const PackedEntry* p = entries[e].packed) check_host_packed(*p, entries[e].rows, s_.head_dim, static_cast<int>(e));
+    if (const PackedEntry* p = entries[e].packed) {
+      check_host_packed(*p, entries[e].rows, s_.head_dim, static_cast<int>(e));
+      check_unwindowed(s_, layer, static_cast<int>(e));
+    }
   auto& dst = cache_.at(static_cast<std::size_t>(layer));
   rules_.at(static_cast<std::size_t>(layer)).reset();
   rule_ready_ = false;  // the last pass's weights are not over these rows
@@ -199,6 +220,16 @@ std::vector<std::vector<std::vector<std::int64_t>>> TransformerRef::rule_step(st
   return out;
 }
 
+void TransformerRef::project_into_residual(const std::vector<float>& in, std::int64_t n, WeightId proj, WeightId post,
+                                           int layer, std::int64_t cols, std::vector<float>& x) const {
+  const std::int64_t E = s_.n_embd;
+  if (!s_.post_norms) return matmul(in, n, w(proj, layer), E, cols, x.data(), true);
+  std::vector<float> y(static_cast<std::size_t>(n * E));
+  matmul(in, n, w(proj, layer), E, cols, y.data(), false);
+  const std::vector<float> normed = rms_norm(y, n, E, w(post, layer), s_.rms_eps);
+  for (std::size_t c = 0; c < x.size(); ++c) x[c] += normed[c];
+}
+
 std::span<const float> TransformerRef::last_attention(int layer, int q_head) const {
   if (!last_handed_)
     throw std::logic_error("last_attention: the last forward() recorded no last-row weights, or left them on the device");
@@ -221,6 +252,7 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
   if (max_pos >= rope_rows_) {
     rope_rows_ = std::max<std::int64_t>(max_pos + 1, 2 * rope_rows_);
     rope_tables(s_.rope, rope_rows_, cos_, sin_);
+    if (s_.rope_theta_local > 0) rope_tables(local_rope(s_), rope_rows_, cos_local_, sin_local_);
   }
   std::vector<float> x(static_cast<std::size_t>(n * E));
   const auto& embd = w(WeightId::TokenEmbd, -1);
@@ -229,9 +261,11 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
     if (t < 0 || t >= V) throw std::invalid_argument("forward: token id " + std::to_string(t) + " out of range");
     std::copy_n(embd.begin() + t * E, E, x.begin() + i * E);
   }
+  if (s_.embd_scale != 1.0)
+    for (float& xi : x) xi *= static_cast<float>(s_.embd_scale);
   rule_ready_ = last_handed_ = false;
   if (record_last) last_.assign(static_cast<std::size_t>(s_.n_layers), std::vector<std::vector<float>>(static_cast<std::size_t>(Hq)));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = attention_scale(s_);
   std::vector<float> q(static_cast<std::size_t>(n * Q)), k(static_cast<std::size_t>(n * K)), v(k.size());
   for (int l = 0; l < s_.n_layers; ++l) {
     std::vector<float> h = rms_norm(x, n, E, w(WeightId::AttnNorm, l), s_.rms_eps);
@@ -239,15 +273,24 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
     matmul(h, n, w(WeightId::Wq, l), Q, E, q.data(), false);
     matmul(h, n, w(WeightId::Wk, l), K, E, k.data(), false);
     matmul(h, n, w(WeightId::Wv, l), K, E, v.data(), false);
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (s_.qkv_bias) {
-        const auto &bq = w(WeightId::Bq, l), &bk = w(WeightId::Bk, l), &bv = w(WeightId::Bv, l);
+    if (s_.qkv_bias) {
+      const auto &bq = w(WeightId::Bq, l), &bk = w(WeightId::Bk, l), &bv = w(WeightId::Bv, l);
+      for (std::int64_t i = 0; i < n; ++i) {
         for (std::int64_t c = 0; c < Q; ++c) q[i * Q + c] += bq[c];
         for (std::int64_t c = 0; c < K; ++c) k[i * K + c] += bk[c], v[i * K + c] += bv[c];
       }
+    }
+    if (s_.qk_norm) {
+      head_rms_norm(q.data(), n, Hq, d, w(WeightId::QNorm, l), s_.rms_eps);
+      head_rms_norm(k.data(), n, s_.n_kv_heads, d, w(WeightId::KNorm, l), s_.rms_eps);
+    }
+    const bool local = s_.rope_theta_local > 0 && s_.window(l) > 0;
+    const std::vector<float>& cos_l = local ? cos_local_ : cos_;
+    const std::vector<float>& sin_l = local ? sin_local_ : sin_;
+    for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t p = positions[static_cast<std::size_t>(i)];
-      const float* cs = cos_.data() + p * pairs;
-      const float* sn = sin_.data() + p * pairs;
+      const float* cs = cos_l.data() + p * pairs;
+      const float* sn = sin_l.data() + p * pairs;
       auto rotate = [&](float* row, int heads) {
         for (int hh = 0; hh < heads; ++hh)
           for (int j = 0; j < pairs; ++j) {
@@ -284,20 +327,21 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
       std::vector<double> sc;
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t seen = past[e] + i + 1;  // causal: everything cached plus itself
+        const std::int64_t lo = window_start(s_.window(l), seen);
         const float* qi = q.data() + i * Q + static_cast<std::int64_t>(hq) * d;
         sc.assign(static_cast<std::size_t>(seen), 0.0);
         double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < seen; ++j) {
+        for (std::int64_t j = lo; j < seen; ++j) {
           double dot = 0;
           for (int c = 0; c < d; ++c) dot += static_cast<double>(qi[c]) * en.k[static_cast<std::size_t>(j * d + c)];
           sc[static_cast<std::size_t>(j)] = dot * scale;
           m = std::max(m, sc[static_cast<std::size_t>(j)]);
         }
         double sum = 0;
-        for (auto& sj : sc) sum += (sj = std::exp(sj - m));
+        for (std::int64_t j = lo; j < seen; ++j) sum += (sc[static_cast<std::size_t>(j)] = std::exp(sc[static_cast<std::size_t>(j)] - m));
         for (int c = 0; c < d; ++c) {
           double o = 0;
-          for (std::int64_t j = 0; j < seen; ++j) o += sc[static_cast<std::size_t>(j)] * en.v[static_cast<std::size_t>(j * d + c)];
+          for (std::int64_t j = lo; j < seen; ++j) o += sc[static_cast<std::size_t>(j)] * en.v[static_cast<std::size_t>(j * d + c)];
           att[static_cast<std::size_t>(i * Q + static_cast<std::int64_t>(hq) * d + c)] = static_cast<float>(o / sum);
         }
         if (record_last && i == n - 1) {
@@ -308,15 +352,15 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
       }
     }
     gemm_input(att);
-    matmul(att, n, w(WeightId::Wo, l), E, Q, x.data(), true);
+    project_into_residual(att, n, WeightId::Wo, WeightId::PostAttnNorm, l, Q, x);
     std::vector<float> h2 = rms_norm(x, n, E, w(WeightId::FfnNorm, l), s_.rms_eps);
     gemm_input(h2);
     std::vector<float> gate(static_cast<std::size_t>(n * F)), up(gate.size());
     matmul(h2, n, w(WeightId::Wgate, l), F, E, gate.data(), false);
     matmul(h2, n, w(WeightId::Wup, l), F, E, up.data(), false);
-    for (std::size_t c = 0; c < gate.size(); ++c) gate[c] = gate[c] / (1.0f + std::exp(-gate[c])) * up[c];  // silu * up
+    gated_activation(gate, up, s_.ffn_act);
     gemm_input(gate);
-    matmul(gate, n, w(WeightId::Wdown, l), E, F, x.data(), true);
+    project_into_residual(gate, n, WeightId::Wdown, WeightId::PostFfnNorm, l, F, x);
   }
   std::vector<float> xr(logit_rows.size() * static_cast<std::size_t>(E));
   for (std::size_t j = 0; j < logit_rows.size(); ++j) {

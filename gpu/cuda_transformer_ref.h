@@ -42,6 +42,9 @@ class TransformerRef : public TransformerBackend {
     std::vector<float> k, v;
   };
   const std::vector<float>& w(WeightId id, int layer) const;
+  // x += in W_proj^T, through the `post` norm first where the shape has post-norms (gemma3).
+  void project_into_residual(const std::vector<float>& in, std::int64_t n, WeightId proj, WeightId post, int layer,
+                             std::int64_t cols, std::vector<float>& x) const;
   ModelConfig s_;
   DeviceWeights dw_;
   std::vector<std::vector<float>> weights_;  // [(layer + 1) * n_ids + id]
@@ -51,7 +54,7 @@ class TransformerRef : public TransformerBackend {
   std::vector<bool> packed_layer_;                   // [layer] loaded with packed entries
   std::vector<std::optional<DecodeRuleStart>> rules_;  // [layer]
   bool rule_ready_ = false;  // a one-row forward() with record_last since the last rule step
-  std::vector<float> cos_, sin_;
+  std::vector<float> cos_, sin_, cos_local_, sin_local_;  // RoPE tables: every layer / sliding-window layers
   std::int64_t rope_rows_ = 0;
 };
 

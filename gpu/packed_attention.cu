@@ -68,7 +68,7 @@ __global__ void packed_decode_kernel(const float* __restrict__ q, int head_div, 
                                      float* __restrict__ logits, int stride) {
   constexpr int d = kLanes * 32;
   __shared__ float bufs[kDecodeWarps * d];  // a row per warp, for the rotation of low-rank keys
-  split_decode<kLanes, kG>(q, scale, head_div, seen, chunk, scratch, logits, stride, [&](int e) {
+  split_decode<kLanes, kG>(q, scale, head_div, seen, 0, chunk, scratch, logits, stride, [&](int e) {
     const std::int64_t base = static_cast<std::int64_t>(e) * capacity * d;
     return PackedRows<kLanes, kG>{entries[e], cache_k + base, cache_v + base, rope, rope_cos, rope_sin, bufs + (threadIdx.x / 32) * d};
   });

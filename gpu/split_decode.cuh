@@ -25,7 +25,8 @@ struct HeadTile {
   }
 };
 
-// Block (split, head tile) of a split decode: keys [split * chunk, ...) of one entry, for the up
+// Block (split, head tile) of a split decode: keys [lo + split * chunk, ...) of one entry (lo: 0,
+// or the first row of a sliding window of `window` rows), for the up
 // to kG query heads of its group the tile holds (group = query heads per entry: 1 for
 // per-query-head entries). Its kDecodeWarps warps take tiles of 32 keys in turn, each warp with
 // its own running softmax state per head; the warps then merge in shared memory and the block
@@ -38,15 +39,18 @@ struct HeadTile {
 //   void value(int j, int lane, float (&x)[kLanes]): channels lane + 32 t of value row j.
 // With `logits` (or null) each key's logit is also stored at logits[head * stride + j].
 template <int kLanes, int kG, class MakeRows>
-__device__ void split_decode(const float* __restrict__ q, float scale, int group, const EntryRows& seen, int chunk,
-                             float* __restrict__ scratch, float* __restrict__ logits, int stride, const MakeRows& make_rows) {
+__device__ void split_decode(const float* __restrict__ q, float scale, int group, const EntryRows& seen, int window,
+                             int chunk, float* __restrict__ scratch, float* __restrict__ logits, int stride,
+                             const MakeRows& make_rows) {
   constexpr int d = kLanes * 32;
   __shared__ float qs[kG * d];
   __shared__ float wm[kDecodeWarps * kG], wl[kDecodeWarps * kG];
   __shared__ float wo[kDecodeWarps * kG * d];
   const HeadTile<kG> tile = HeadTile<kG>::of_block(group);
   const int split = blockIdx.x, splits = gridDim.x;
-  const int begin = split * chunk, stop = min(seen.rows[tile.entry], begin + chunk);
+  const int rows_seen = seen.rows[tile.entry];
+  const int lo = window > 0 && rows_seen > window ? rows_seen - window : 0;
+  const int begin = lo + split * chunk, stop = min(rows_seen, begin + chunk);
   for (int c = threadIdx.x; c < kG * d; c += blockDim.x)
     qs[c] = c / d < tile.heads ? q[static_cast<std::int64_t>(tile.first) * d + c] * scale : 0.0f;
   __syncthreads();

@@ -18,12 +18,14 @@ unsigned blocks_for(std::int64_t count, int threads = kThreads) {
   return static_cast<unsigned>((count + threads - 1) / threads);
 }
 
-__global__ void embed_kernel(const void* table, bool half_table, const std::int32_t* tokens, int n, int e, float* x) {
+__global__ void embed_kernel(const void* table, bool half_table, const std::int32_t* tokens, int n, int e, float scale,
+                             float* x) {
   const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<std::int64_t>(n) * e) return;
   const std::int64_t i = idx / e, c = idx % e;
   const std::int64_t src = static_cast<std::int64_t>(tokens[i]) * e + c;
-  x[idx] = half_table ? from_half(static_cast<const std::uint16_t*>(table)[src]) : static_cast<const float*>(table)[src];
+  const float v = half_table ? from_half(static_cast<const std::uint16_t*>(table)[src]) : static_cast<const float*>(table)[src];
+  x[idx] = scale == 1.0f ? v : v * scale;
 }
 
 __global__ void rms_norm_kernel(const float* x, const float* w, int e, float eps, void* y, bool half_out) {
@@ -37,18 +39,49 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int e, float eps
   for (int c = threadIdx.x; c < e; c += blockDim.x) store(y, row * e + c, xr[c] * scale * w[c], half_out);
 }
 
-// One block per row: biases, then the rotation of every (head, pair), then K/V rounding.
-__global__ void qkv_finish_kernel(QkvShape s, float* q, float* k, float* v, const float* bq, const float* bk,
-                                  const float* bv, const std::int32_t* positions, const float* cos_t,
-                                  const float* sin_t, std::uint16_t* k_half, std::uint16_t* v_half) {
+__global__ void rms_norm_add_kernel(const float* y, const float* w, int e, float eps, float* x) {
+  __shared__ float shared[kThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const float* yr = y + row * e;
+  float ss = 0;
+  for (int c = threadIdx.x; c < e; c += blockDim.x) ss += yr[c] * yr[c];
+  ss = block_reduce<false>(ss, shared);
+  const float scale = 1.0f / sqrtf(ss / static_cast<float>(e) + eps);
+  for (int c = threadIdx.x; c < e; c += blockDim.x) x[row * e + c] += yr[c] * scale * w[c];
+}
+
+// Each head of a row's q and k scaled to unit RMS times its norm's weights [d], a warp per head
+// (the warp reads the head's channels, reduces, then writes them: no other warp touches them).
+__device__ void head_norms(const QkvShape& s, float* qi, float* ki, const QkvFinish& f) {
+  const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, d = s.head_dim;
+  for (int h = static_cast<int>(threadIdx.x) / 32; h < s.n_q_heads + s.n_kv_heads; h += warps) {
+    const bool is_q = h < s.n_q_heads;
+    float* v = is_q ? qi + h * d : ki + (h - s.n_q_heads) * d;
+    const float* w = is_q ? f.q_norm : f.k_norm;
+    float ss = 0;
+    for (int c = lane; c < d; c += 32) ss += v[c] * v[c];
+    ss = warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(d) + f.eps);
+    for (int c = lane; c < d; c += 32) v[c] = v[c] * scale * w[c];
+  }
+}
+
+// One block per row: biases, then per-head norms, then the rotation of every (head, pair), then
+// K/V rounding.
+__global__ void qkv_finish_kernel(QkvShape s, float* q, float* k, float* v, QkvFinish f, const std::int32_t* positions,
+                                  const float* cos_t, const float* sin_t, std::uint16_t* k_half, std::uint16_t* v_half) {
   const std::int64_t i = blockIdx.x;
   const int d = s.head_dim, Q = s.n_q_heads * d, K = s.n_kv_heads * d, pairs = s.rope_dim / 2;
   float* qi = q + i * Q;
   float* ki = k + i * K;
   float* vi = v + i * K;
-  if (bq) {
-    for (int c = threadIdx.x; c < Q; c += blockDim.x) qi[c] += bq[c];
-    for (int c = threadIdx.x; c < K; c += blockDim.x) ki[c] += bk[c], vi[c] += bv[c];
+  if (f.bq) {
+    for (int c = threadIdx.x; c < Q; c += blockDim.x) qi[c] += f.bq[c];
+    for (int c = threadIdx.x; c < K; c += blockDim.x) ki[c] += f.bk[c], vi[c] += f.bv[c];
+    __syncthreads();
+  }
+  if (f.q_norm) {
+    head_norms(s, qi, ki, f);
     __syncthreads();
   }
   const float* cs = cos_t + static_cast<std::int64_t>(positions[i]) * pairs;
@@ -95,7 +128,8 @@ constexpr int kTile = 32;         // keys per shared-memory tile: one per lane
 template <int kLanes>
 __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_head, int head_div,
                                    const std::uint16_t* __restrict__ cache_k, const std::uint16_t* __restrict__ cache_v,
-                                   std::int64_t capacity, EntryRows past, float scale, void* out, bool half_out) {
+                                   std::int64_t capacity, EntryRows past, int window, float scale, void* out,
+                                   bool half_out) {
   constexpr int d = kLanes * 32, kstride = d + 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto* ks = reinterpret_cast<std::uint16_t*>(smem_raw);
@@ -107,6 +141,9 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
   const int p = past.rows[e];
   const int limit = p + i;                                     // the last key this row sees
   const int block_last = p + min(n - 1, first + kRowsPerBlock - 1);  // the last key any row sees
+  // A sliding window: the first key this row sees, and the first any row of the block sees.
+  const int lo = window > 0 ? max(0, limit - window + 1) : 0;
+  const int block_lo = window > 0 ? max(0, p + first - window + 1) : 0;
   const std::uint16_t* K = cache_k + static_cast<std::int64_t>(e) * capacity * d;
   const std::uint16_t* V = cache_v + static_cast<std::int64_t>(e) * capacity * d;
   float* qw = qs + warp * d;
@@ -114,7 +151,7 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
     for (int c = lane; c < d; c += 32) qw[c] = q[(static_cast<std::int64_t>(i) * n_head + h) * d + c] * scale;
   float m = -INFINITY, l = 0.0f, o[kLanes];
   for (int t = 0; t < kLanes; ++t) o[t] = 0.0f;
-  for (int t0 = 0; t0 <= block_last; t0 += kTile) {
+  for (int t0 = block_lo; t0 <= block_last; t0 += kTile) {
     const int keys = min(kTile, block_last + 1 - t0);
     __syncthreads();  // the previous tile is consumed (and qw written, first time round)
     for (int idx = threadIdx.x; idx < keys * (d / 2); idx += blockDim.x) {
@@ -124,9 +161,9 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
       *reinterpret_cast<std::uint32_t*>(vs + j * d + c) = *reinterpret_cast<const std::uint32_t*>(V + src);
     }
     __syncthreads();
-    if (!active || t0 > limit) continue;
+    if (!active || t0 > limit || t0 + keys <= lo) continue;
     float sc = -INFINITY;
-    if (lane < keys && t0 + lane <= limit) {
+    if (lane < keys && t0 + lane <= limit && t0 + lane >= lo) {
       const std::uint16_t* kr = ks + lane * kstride;
       float dot = 0.0f;
 #pragma unroll 8
@@ -138,7 +175,7 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
       }
       sc = dot;
     }
-    const float m_new = fmaxf(m, warp_max(sc));  // finite: key t0 <= limit is in every active tile
+    const float m_new = fmaxf(m, warp_max(sc));  // finite: every tile scored holds a key of [lo, limit]
     const float corr = expf(m - m_new);
     const float pj = sc == -INFINITY ? 0.0f : expf(sc - m_new);
     l = l * corr + warp_sum(pj);
@@ -191,8 +228,8 @@ struct HalfRows {
 template <int kLanes, int kG>
 __global__ void decode_split_kernel(const float* __restrict__ q, int group, const std::uint16_t* __restrict__ cache_k,
                                     const std::uint16_t* __restrict__ cache_v, std::int64_t capacity, EntryRows seen,
-                                    float scale, int chunk, float* __restrict__ scratch) {
-  split_decode<kLanes, kG>(q, scale, group, seen, chunk, scratch, nullptr, 0, [&](int e) {
+                                    int window, float scale, int chunk, float* __restrict__ scratch) {
+  split_decode<kLanes, kG>(q, scale, group, seen, window, chunk, scratch, nullptr, 0, [&](int e) {
     const std::int64_t base = static_cast<std::int64_t>(e) * capacity * HalfRows<kLanes, kG>::d;
     return HalfRows<kLanes, kG>{cache_k + base, cache_v + base};
   });
@@ -220,16 +257,18 @@ __global__ void decode_combine_kernel(const float* __restrict__ scratch, int spl
 }
 
 __global__ void last_row_kernel(const float* q_last, int head_dim, int head_div, const std::uint16_t* cache_k,
-                                std::int64_t capacity, EntryRows seen, float scale, float* probs, int stride) {
+                                std::int64_t capacity, EntryRows seen, int window, float scale, float* probs,
+                                int stride) {
   extern __shared__ float qshared[];  // [head_dim] then reduction slots
   float* red = qshared + head_dim;
   const int h = blockIdx.x, e = h / head_div, n = seen.rows[e], d = head_dim;
+  const int lo = window > 0 && n > window ? n - window : 0;  // a sliding window's first row
   const std::uint16_t* K = cache_k + static_cast<std::int64_t>(e) * capacity * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) qshared[c] = q_last[static_cast<std::int64_t>(h) * d + c] * scale;
   __syncthreads();
   float* w = probs + static_cast<std::int64_t>(h) * stride;
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+  for (int j = lo + static_cast<int>(threadIdx.x); j < n; j += blockDim.x) {
     float dot = 0.0f;
     for (int c = 0; c < d; ++c) dot = fmaf(qshared[c], from_half(K[static_cast<std::int64_t>(j) * d + c]), dot);
     w[j] = dot;
@@ -237,17 +276,20 @@ __global__ void last_row_kernel(const float* q_last, int head_dim, int head_div,
   }
   mx = block_reduce<true>(mx, red);
   float sum = 0.0f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += (w[j] = expf(w[j] - mx));
+  for (int j = lo + static_cast<int>(threadIdx.x); j < n; j += blockDim.x) sum += (w[j] = expf(w[j] - mx));
   sum = block_reduce<false>(sum, red);
   const float inv = 1.0f / sum;
-  for (int j = threadIdx.x; j < stride; j += blockDim.x) w[j] = j < n ? w[j] * inv : 0.0f;
+  for (int j = threadIdx.x; j < stride; j += blockDim.x) w[j] = j >= lo && j < n ? w[j] * inv : 0.0f;
 }
 
-__global__ void swiglu_kernel(const float* gate, const float* up, std::int64_t count, void* out, bool half_out) {
+__global__ void gated_act_kernel(const float* gate, const float* up, std::int64_t count, bool gelu, void* out,
+                                 bool half_out) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const float g = gate[i];
-  store(out, i, g / (1.0f + expf(-g)) * up[i], half_out);
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  const float a = gelu ? 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) : g / (1.0f + expf(-g));
+  store(out, i, a * up[i], half_out);
 }
 
 __global__ void gather_half_kernel(const std::uint16_t* src, const std::int32_t* rows, int n, int d, std::uint16_t* dst) {
@@ -264,27 +306,28 @@ __global__ void gather_kernel(const float* x, const std::int64_t* rows, int m, i
 
 template <int kLanes>
 cudaError_t launch_attend(const float* q, int n, int n_head, int head_div, const std::uint16_t* ck,
-                          const std::uint16_t* cv, std::int64_t capacity, const EntryRows& past, float scale, void* out,
-                          bool half_out, cudaStream_t stream) {
+                          const std::uint16_t* cv, std::int64_t capacity, const EntryRows& past, int window, float scale,
+                          void* out, bool half_out, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
   const std::size_t smem = (kTile * (d + 2) + kTile * d) * sizeof(std::uint16_t) + kRowsPerBlock * d * sizeof(float);
   const dim3 grid((n + kRowsPerBlock - 1) / kRowsPerBlock, n_head);
   attend_rows_kernel<kLanes><<<grid, kRowsPerBlock * 32, smem, stream>>>(q, n, n_head, head_div, ck, cv, capacity,
-                                                                         past, scale, out, half_out);
+                                                                         past, window, scale, out, half_out);
   return cudaGetLastError();
 }
 
 template <int kLanes, int kG>
 cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::uint16_t* ck, const std::uint16_t* cv,
-                          std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
+                          std::int64_t capacity, const EntryRows& seen, int window, float scale, float* scratch,
                           std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
   if (!decode_heads_fit(n_head, head_div, seen.count)) return cudaErrorInvalidValue;
   const int block_rows = decode_block_rows(n_head, head_div);
-  const DecodeSplit sp = decode_split(block_rows, seen);
+  const DecodeSplit sp = decode_split(block_rows, window_span(seen, window));
   if (static_cast<std::size_t>(n_head) * sp.splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
   decode_split_kernel<kLanes, kG><<<dim3(sp.splits, block_rows), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity,
-                                                                                                 seen, scale, sp.chunk, scratch);
+                                                                                                 seen, window, scale, sp.chunk,
+                                                                                                 scratch);
   return combine_decode(scratch, n_head, sp.splits, d, out, half_out, nullptr, stream);
 }
 
@@ -314,10 +357,10 @@ cudaError_t combine_decode(const float* scratch, int n_head, int splits, int hea
   return cudaGetLastError();
 }
 
-cudaError_t embed_rows(const void* table, bool half_table, const std::int32_t* tokens, int n, int n_embd, float* x,
-                       cudaStream_t stream) {
+cudaError_t embed_rows(const void* table, bool half_table, const std::int32_t* tokens, int n, int n_embd, float scale,
+                       float* x, cudaStream_t stream) {
   const std::int64_t count = static_cast<std::int64_t>(n) * n_embd;
-  embed_kernel<<<blocks_for(count), kThreads, 0, stream>>>(table, half_table, tokens, n, n_embd, x);
+  embed_kernel<<<blocks_for(count), kThreads, 0, stream>>>(table, half_table, tokens, n, n_embd, scale, x);
   return cudaGetLastError();
 }
 
@@ -327,10 +370,18 @@ cudaError_t rms_norm_rows(const float* x, const float* w, int n, int n_embd, flo
   return cudaGetLastError();
 }
 
-cudaError_t qkv_finish(const QkvShape& s, int n, float* q, float* k, float* v, const float* bq, const float* bk,
-                       const float* bv, const std::int32_t* positions, const float* cos_t, const float* sin_t,
-                       std::uint16_t* k_half, std::uint16_t* v_half, cudaStream_t stream) {
-  qkv_finish_kernel<<<n, kThreads, 0, stream>>>(s, q, k, v, bq, bk, bv, positions, cos_t, sin_t, k_half, v_half);
+cudaError_t rms_norm_add_rows(const float* y, const float* w, int n, int n_embd, float eps, float* x, cudaStream_t stream) {
+  rms_norm_add_kernel<<<n, kThreads, 0, stream>>>(y, w, n_embd, eps, x);
+  return cudaGetLastError();
+}
+
+cudaError_t qkv_finish(const QkvShape& s, int n, float* q, float* k, float* v, const QkvFinish& f,
+                       const std::int32_t* positions, const float* cos_t, const float* sin_t, std::uint16_t* k_half,
+                       std::uint16_t* v_half, cudaStream_t stream) {
+  if ((f.q_norm == nullptr) != (f.k_norm == nullptr) || (f.bq == nullptr) != (f.bk == nullptr) ||
+      (f.bq == nullptr) != (f.bv == nullptr))
+    return cudaErrorInvalidValue;  // the kernel reads both norms, or all three biases, or none
+  qkv_finish_kernel<<<n, kThreads, 0, stream>>>(s, q, k, v, f, positions, cos_t, sin_t, k_half, v_half);
   return cudaGetLastError();
 }
 
@@ -344,26 +395,30 @@ cudaError_t kv_append(const std::uint16_t* k_half, const std::uint16_t* v_half, 
 }
 
 cudaError_t attend_rows(const float* q, int n, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
-                        const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& past, float scale,
-                        void* out, bool half_out, cudaStream_t stream) {
+                        const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& past, int window,
+                        float scale, void* out, bool half_out, cudaStream_t stream) {
   switch (head_dim) {
-    case 32: return launch_attend<1>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
-    case 64: return launch_attend<2>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
-    case 96: return launch_attend<3>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
-    case 128: return launch_attend<4>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
-    case 256: return launch_attend<8>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, scale, out, half_out, stream);
+#define KVSIM_ATTEND(L) \
+  launch_attend<L>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, window, scale, out, half_out, stream)
+    case 32: return KVSIM_ATTEND(1);
+    case 64: return KVSIM_ATTEND(2);
+    case 96: return KVSIM_ATTEND(3);
+    case 128: return KVSIM_ATTEND(4);
+    case 256: return KVSIM_ATTEND(8);
+#undef KVSIM_ATTEND
     default: return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
-                          const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& seen, float scale,
-                          float* scratch, std::size_t scratch_floats, void* out, bool half_out, cudaStream_t stream) {
+                          const std::uint16_t* cache_v, std::int64_t capacity, const EntryRows& seen, int window,
+                          float scale, float* scratch, std::size_t scratch_floats, void* out, bool half_out,
+                          cudaStream_t stream) {
   switch (head_dim) {
-#define KVSIM_DECODE(L)                                                                                                 \
-  with_head_tile(head_div, [&](auto tile) {                                                                             \
-    return launch_decode<L, decltype(tile)::value>(q, n_head, head_div, cache_k, cache_v, capacity, seen, scale, scratch, \
-                                                   scratch_floats, out, half_out, stream);                               \
+#define KVSIM_DECODE(L)                                                                                              \
+  with_head_tile(head_div, [&](auto tile) {                                                                          \
+    return launch_decode<L, decltype(tile)::value>(q, n_head, head_div, cache_k, cache_v, capacity, seen, window,    \
+                                                   scale, scratch, scratch_floats, out, half_out, stream);           \
   })
     case 32: return KVSIM_DECODE(1);
     case 64: return KVSIM_DECODE(2);
@@ -376,16 +431,17 @@ cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div
 }
 
 cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int head_div, const std::uint16_t* cache_k,
-                             std::int64_t capacity, const EntryRows& seen, float scale, float* probs, int stride,
-                             cudaStream_t stream) {
+                             std::int64_t capacity, const EntryRows& seen, int window, float scale, float* probs,
+                             int stride, cudaStream_t stream) {
   const std::size_t smem = (static_cast<std::size_t>(head_dim) + kThreads / 32) * sizeof(float);
-  last_row_kernel<<<n_head, kThreads, smem, stream>>>(q_last, head_dim, head_div, cache_k, capacity, seen, scale, probs,
-                                                      stride);
+  last_row_kernel<<<n_head, kThreads, smem, stream>>>(q_last, head_dim, head_div, cache_k, capacity, seen, window, scale,
+                                                      probs, stride);
   return cudaGetLastError();
 }
 
-cudaError_t swiglu(const float* gate, const float* up, std::int64_t count, void* out, bool half_out, cudaStream_t stream) {
-  swiglu_kernel<<<blocks_for(count), kThreads, 0, stream>>>(gate, up, count, out, half_out);
+cudaError_t gated_act(const float* gate, const float* up, std::int64_t count, bool gelu, void* out, bool half_out,
+                      cudaStream_t stream) {
+  gated_act_kernel<<<blocks_for(count), kThreads, 0, stream>>>(gate, up, count, gelu, out, half_out);
   return cudaGetLastError();
 }
 

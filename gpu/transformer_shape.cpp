@@ -27,6 +27,10 @@ const char* weight_id_name(WeightId id) {
     case WeightId::Bq: return "attn_q.bias";
     case WeightId::Bk: return "attn_k.bias";
     case WeightId::Bv: return "attn_v.bias";
+    case WeightId::QNorm: return "attn_q_norm";
+    case WeightId::KNorm: return "attn_k_norm";
+    case WeightId::PostAttnNorm: return "post_attention_norm";
+    case WeightId::PostFfnNorm: return "post_ffw_norm";
   }
   return "?";
 }
@@ -41,7 +45,11 @@ std::pair<std::int64_t, std::int64_t> weight_shape(const ModelConfig& s, WeightI
     case WeightId::Output: return {s.vocab, s.n_embd};
     case WeightId::OutputNorm:
     case WeightId::AttnNorm:
-    case WeightId::FfnNorm: return {1, s.n_embd};
+    case WeightId::FfnNorm:
+    case WeightId::PostAttnNorm:
+    case WeightId::PostFfnNorm: return {1, s.n_embd};
+    case WeightId::QNorm:
+    case WeightId::KNorm: return {1, s.head_dim};
     case WeightId::Wq: return {s.q_dim(), s.n_embd};
     case WeightId::Wk:
     case WeightId::Wv: return {s.kv_dim(), s.n_embd};
@@ -65,6 +73,10 @@ std::vector<std::pair<WeightId, int>> weight_list(const ModelConfig& s) {
       out.emplace_back(id, l);
     if (s.qkv_bias)
       for (WeightId id : {WeightId::Bq, WeightId::Bk, WeightId::Bv}) out.emplace_back(id, l);
+    if (s.qk_norm)
+      for (WeightId id : {WeightId::QNorm, WeightId::KNorm}) out.emplace_back(id, l);
+    if (s.post_norms)
+      for (WeightId id : {WeightId::PostAttnNorm, WeightId::PostFfnNorm}) out.emplace_back(id, l);
   }
   return out;
 }
@@ -77,9 +89,10 @@ void random_weights(const ModelConfig& s, std::uint64_t seed, const WeightSink& 
     const auto [rows, cols] = weight_shape(s, id);
     buf.resize(static_cast<std::size_t>(rows * cols));
     float mean = 0.0f, sd = 1.0f;
-    if (id == WeightId::AttnNorm || id == WeightId::FfnNorm || id == WeightId::OutputNorm) mean = 1.0f, sd = 0.1f;
-    else if (id == WeightId::Bq || id == WeightId::Bk || id == WeightId::Bv) sd = 0.02f;
-    else if (id != WeightId::TokenEmbd) sd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols)));
+    if (rows == 1 && id != WeightId::Bq && id != WeightId::Bk && id != WeightId::Bv) mean = 1.0f, sd = 0.1f;  // norms
+    else if (rows == 1) sd = 0.02f;
+    else if (id == WeightId::TokenEmbd) sd = static_cast<float>(1.0 / s.embd_scale);
+    else sd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols)));
     // One stream per (tensor, block of 2^20 values): values do not depend on which tensors came
     // before, nor on the thread count, and a 7B-shaped layer is drawn on every core.
     const std::uint64_t tensor = n_tensor++;
@@ -106,6 +119,13 @@ void rope_tables(const RopeSpec& s, std::int64_t rows, std::vector<float>& cos_t
       cos_t[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::cos(angle));
       sin_t[static_cast<std::size_t>(p * pairs + i)] = static_cast<float>(std::sin(angle));
     }
+}
+
+void check_unwindowed(const ModelConfig& s, int layer, int entry) {
+  if (s.window(layer) > 0)
+    throw std::invalid_argument("load_layer: entry " + std::to_string(entry) + "'s packed rows: layer " + std::to_string(layer) +
+                                " is a sliding-window layer (window " + std::to_string(s.window(layer)) +
+                                "), whose entries hold fp16 rows only");
 }
 
 void check_host_packed(const PackedEntry& p, std::int64_t entry_rows, int head_dim, int entry) {

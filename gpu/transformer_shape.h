@@ -2,6 +2,7 @@
 // What the GPU transformer backend and its CPU reference agree on, in plain C++ (no CUDA, no
 // GGUF): the model's geometry, which weight tensors exist and their shapes, the KV-cache entry
 // layout, and synthetic random weights for checking the backend where real ones cannot travel.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -20,7 +21,13 @@ namespace kvsim::gpu {
 enum class DeviceWeights { F16, F32 };
 const char* device_weights_name(DeviceWeights w);
 
-enum class WeightId { TokenEmbd, Output, OutputNorm, AttnNorm, FfnNorm, Wq, Wk, Wv, Wo, Wgate, Wup, Wdown, Bq, Bk, Bv };
+// QNorm/KNorm (per head, [head_dim]) and the post-norms exist where the shape has qk_norm /
+// post_norms (gemma3).
+enum class WeightId {
+  TokenEmbd, Output, OutputNorm, AttnNorm, FfnNorm, Wq, Wk, Wv, Wo, Wgate, Wup, Wdown, Bq, Bk, Bv,
+  QNorm, KNorm, PostAttnNorm, PostFfnNorm
+};
+constexpr int kWeightIds = static_cast<int>(WeightId::PostFfnNorm) + 1;
 const char* weight_id_name(WeightId id);
 bool is_per_layer(WeightId id);
 // [rows, cols] of a weight (vectors: rows = 1), row-major, y = x W^T for matrices.
@@ -32,7 +39,8 @@ std::vector<std::pair<WeightId, int>> weight_list(const ModelConfig& s);
 using WeightSink = std::function<void(WeightId, int layer, std::span<const float>)>;
 
 // Deterministic random weights: matrices N(0, 1/cols), norms 1 + N(0, 0.1^2), biases N(0, 0.02^2),
-// embeddings N(0, 1): activations stay O(1) through any depth, attention is neither flat nor one-hot.
+// embeddings N(0, 1) (divided by embd_scale where the shape scales them),
+// so activations stay O(1) through any depth and attention is neither flat nor one-hot.
 void random_weights(const ModelConfig& s, std::uint64_t seed, const WeightSink& sink);
 
 // One cache entry's rows, host side: k and v [rows, head_dim] (f16-valued floats).
@@ -55,6 +63,26 @@ void check_host_packed(const PackedEntry& p, std::int64_t entry_rows, int head_d
 inline bool per_query_head(const ModelConfig& s, int entries) {
   return entries == s.n_q_heads && s.n_q_heads != s.n_kv_heads;
 }
+
+// The q.k scale both backends use: the shape's attn_scale, else 1/sqrt(head_dim).
+inline float attention_scale(const ModelConfig& s) {
+  return s.attn_scale > 0 ? static_cast<float>(s.attn_scale) : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+}
+// The RoPE of sliding-window layers where the shape gives them their own base (gemma3).
+inline RopeSpec local_rope(const ModelConfig& s) {
+  RopeSpec r = s.rope;
+  if (s.rope_theta_local > 0) r.theta = s.rope_theta_local;
+  return r;
+}
+// A sliding-window layer (window > 0) masks by row: a query whose entry holds `seen` rows up to
+// and including its own sees rows [window_start, seen). That is the model's window of tokens
+// while the entry holds the newest tokens without gaps, which the backend engine checks.
+inline std::int64_t window_start(std::int64_t window, std::int64_t seen) {
+  return window > 0 && seen > window ? seen - window : 0;
+}
+// Throws std::invalid_argument when `layer` is a sliding-window layer: its entries hold fp16
+// rows only (no codec compresses a local layer; the packed decode has no window).
+void check_unwindowed(const ModelConfig& s, int layer, int entry);
 
 // What a forward pass hands out per layer for its n new rows, post-RoPE, row-major:
 // q [n, n_head, head_dim] (null unless asked for), k and v [n, n_head_kv, head_dim] f16-valued.

@@ -13,16 +13,16 @@ namespace kvsim {
 
 BackendEngine::BackendEngine(const GgufFile& f, std::unique_ptr<gpu::TransformerBackend> backend)
     : cfg_(model_config(f)), backend_(std::move(backend)) {
-  // The CUDA transformer runs the llama/qwen2 block; gemma3's extra norms, GeGLU, scaled
-  // embeddings and sliding windows are on the CPU engine only so far (issue 28).
-  if (cfg_.qk_norm || cfg_.post_norms || cfg_.ffn_act != FfnAct::Silu || cfg_.embd_scale != 1.0 ||
-      !cfg_.sliding_window.empty())
-    throw Error(f.path() + ": " + cfg_.arch + " is not supported by the " + backend_->name() +
-                " backend yet; use --device cpu");
   const ModelConfig want = cfg_, &got = backend_->shape();
   if (got.n_layers != want.n_layers || got.n_embd != want.n_embd || got.n_q_heads != want.n_q_heads ||
       got.n_kv_heads != want.n_kv_heads || got.head_dim != want.head_dim || got.n_ff != want.n_ff || got.vocab != want.vocab)
     throw Error(f.path() + ": the " + backend_->name() + " backend was made for another model shape");
+  // The rest of the block (norms, activation, scales, windows, RoPE bases) must be the file's too.
+  if (got.qk_norm != want.qk_norm || got.post_norms != want.post_norms || got.ffn_act != want.ffn_act ||
+      got.embd_scale != want.embd_scale || got.attn_scale != want.attn_scale || got.sliding_window != want.sliding_window ||
+      got.rope_theta_local != want.rope_theta_local || got.rope != want.rope || got.qkv_bias != want.qkv_bias ||
+      got.tied_embeddings != want.tied_embeddings || got.rms_eps != want.rms_eps)
+    throw Error(f.path() + ": the " + backend_->name() + " backend was made for another " + want.arch + " block");
   load_transformer_weights(f, want, backend_->sink());
   cache_.head_dim = cfg_.head_dim;
   reset();
@@ -131,6 +131,28 @@ void BackendEngine::evict(int layer, int entry, std::span<const std::int32_t> to
 
 std::span<const float> BackendEngine::last_attention(int layer, int q_head) const { return backend_->last_attention(layer, q_head); }
 
+// The backends mask a sliding-window layer by row (gpu/transformer_shape.h's window_start), which
+// is the model's window of tokens while each entry's newest rows are the newest tokens without a
+// gap, as far back as the window reaches. Older rows may be gone; a gap inside the window may not.
+void BackendEngine::check_windows() const {
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const std::int64_t w = cfg_.window(l);
+    if (w == 0) continue;
+    const auto& entries = cache_.layers[static_cast<std::size_t>(l)];
+    for (std::size_t e = 0; e < entries.size(); ++e) {
+      const auto& t = entries[e].tokens;
+      const std::int64_t reach = std::min<std::int64_t>(static_cast<std::int64_t>(t.size()), w - 1);
+      if (reach == 0) continue;
+      const std::int64_t first = t[t.size() - static_cast<std::size_t>(reach)];
+      if (t.back() != cache_.seen - 1 || first != cache_.seen - reach)
+        throw Error("KV cache layer " + std::to_string(l) + " entry " + std::to_string(e) +
+                    ": a sliding-window layer (window " + std::to_string(w) + ") must hold its newest " +
+                    std::to_string(reach) + " tokens without a gap on the " + backend_->name() +
+                    " backend; verify a config that evicts inside the window with --device cpu");
+    }
+  }
+}
+
 void BackendEngine::load_backend() {
   for (int l = 0; l < cfg_.n_layers; ++l) {
     std::vector<gpu::HostEntry> entries;
@@ -164,6 +186,7 @@ void BackendEngine::load_backend() {
 
 std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                                        std::span<const std::int64_t> logit_rows, const LayerHook& hook) {
+  check_windows();
   try {
     if (edited_) {
       rule_on_.assign(rule_on_.size(), false);  // a reload ends the backend's rules

@@ -43,6 +43,7 @@ class BackendEngine : public Engine {
 
  private:
   void load_backend();
+  void check_windows() const;
   void end_rules();
   // Rules handed over but not yet in the backend (they start at the next forward(), after the
   // reload an edit asks for), and the layers whose rule the backend runs.

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trace_fixtures.h"
@@ -40,21 +41,28 @@ inline std::string write_scratch(const std::string& name, const std::vector<std:
   return path;
 }
 
+// A copy of the GGUF model at `src` with its UINT32 metadata keys `patch` set to other values
+// (the tensors stay as they are): fewer layers, a shorter sliding window, ...
+inline std::string patched_model(const std::string& src, const std::vector<std::pair<std::string, std::uint32_t>>& patch,
+                                 const std::string& name) {
+  std::ifstream in(src, std::ios::binary);
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [key, value] : patch) {
+    GgufBytes pattern;
+    pattern.str(key).put<std::uint32_t>(4);  // the key, then its type: UINT32
+    const auto at = std::search(bytes.begin(), bytes.end(), pattern.b.begin(), pattern.b.end());
+    if (at == bytes.end()) throw std::runtime_error(src + ": no UINT32 key " + key);
+    std::memcpy(&*(at + static_cast<std::ptrdiff_t>(pattern.b.size())), &value, sizeof(value));
+  }
+  return write_scratch(name, bytes);
+}
+
 // A copy of the GGUF model at `src` that declares only its first layer (`ARCH.block_count`
 // patched to 1; the other layers' tensors stay in the file, unread). Its keys, values and
 // queries then depend on the tokens alone, never on what a compressed cache did to earlier
 // layers: what makes live and offline inputs identical after a compression cut.
 inline std::string one_layer_model(const std::string& src, const std::string& arch, const std::string& name) {
-  std::ifstream in(src, std::ios::binary);
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string key = arch + ".block_count";
-  GgufBytes pattern;
-  pattern.str(key).put<std::uint32_t>(4);  // the key, then its type: UINT32
-  const auto at = std::search(bytes.begin(), bytes.end(), pattern.b.begin(), pattern.b.end());
-  if (at == bytes.end()) throw std::runtime_error(src + ": no UINT32 key " + key);
-  const std::uint32_t one = 1;
-  std::memcpy(&*(at + static_cast<std::ptrdiff_t>(pattern.b.size())), &one, sizeof(one));
-  return write_scratch(name, bytes);
+  return patched_model(src, {{arch + ".block_count", 1}}, name);
 }
 
 }  // namespace kvsim::test

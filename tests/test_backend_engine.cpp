@@ -25,6 +25,7 @@
 #include "trace_fixtures.h"
 #include "traces/trace_reader.h"
 #include "counting_backend.h"
+#include "gguf_fixtures.h"
 #include "nmse_check.h"
 
 using namespace kvsim;
@@ -143,7 +144,7 @@ TEST_CASE("backend engine refuses a backend made for another model", "[backend_e
                     Catch::Contains("made for another model shape") && Catch::Contains("SmolLM2"));
 }
 
-TEST_CASE("gemma3: the CUDA backend refuses it by name; its turns end generation", "[backend_engine]") {
+TEST_CASE("gemma3: its turns end generation; its block is the backends'", "[backend_engine]") {
   if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
   const GgufFile gguf(KVSIM_TEST_GEMMA);
   const Tokenizer tok(gguf);
@@ -154,8 +155,54 @@ TEST_CASE("gemma3: the CUDA backend refuses it by name; its turns end generation
   CHECK(c.qk_norm);
   CHECK(c.window(0) == 512);
   CHECK(c.window(5) == 0);
-  CHECK_THROWS_WITH(BackendEngine(gguf, std::make_unique<gpu::TransformerRef>(c, gpu::DeviceWeights::F32)),
-                    Catch::Contains("gemma3 is not supported by the") && Catch::Contains("--device cpu"));
+  // A backend made for the llama block of the same widths is refused: the block differs.
+  ModelConfig llama_block = c;
+  llama_block.qk_norm = llama_block.post_norms = false;
+  llama_block.ffn_act = FfnAct::Silu;
+  CHECK_THROWS_WITH(BackendEngine(gguf, std::make_unique<gpu::TransformerRef>(llama_block, gpu::DeviceWeights::F32)),
+                    Catch::Contains("backend was made for another gemma3 block"));
+}
+
+TEST_CASE("gemma3 on the backend engine: the CPU engine's logits, cache and weights; no gap inside a window",
+          "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  // Six layers (five local, one global) and a window of 6 tokens: every step below crosses it.
+  const std::string path = kvsim::test::patched_model(
+      KVSIM_TEST_GEMMA, {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 6}}, "gemma3_window6_engine.gguf");
+  const GgufFile gguf(path);
+  LlamaModel cpu(gguf, WeightFormat::F32);
+  BackendEngine be(gguf, reference_backend(gguf));
+  std::vector<std::int32_t> prompt(12), pos(12);
+  for (int i = 0; i < 12; ++i) prompt[static_cast<std::size_t>(i)] = 3000 + 131 * i, pos[static_cast<std::size_t>(i)] = i;
+  const std::span<const std::int32_t> all(prompt), at(pos);
+  const auto want = cpu.forward(all, at, std::vector<std::int64_t>{11});
+  be.forward(all.first(5), at.first(5), {});
+  CHECK(nmse(be.forward(all.subspan(5), at.subspan(5), std::vector<std::int64_t>{6}), want) < 1e-6);
+  require_same_cache(be.cache(), cpu.cache());
+
+  // Evictions a policy may make: any rows of the global layer, a local layer's rows older than its
+  // window. Then decode, with the last row's weights.
+  for (Engine* e : {static_cast<Engine*>(&cpu), static_cast<Engine*>(&be)}) {
+    e->evict(5, 0, std::vector<std::int32_t>{2, 3, 9});
+    e->evict(0, 0, std::vector<std::int32_t>{0, 1, 2});
+    e->record_last_attention(true);
+  }
+  for (std::int32_t t = 0; t < 3; ++t) {
+    const std::vector<std::int32_t> one{4000 + 7 * t}, p{12 + t};
+    const std::vector<std::int64_t> row0{0};
+    INFO("decode step " << t);
+    CHECK(nmse(be.forward(one, p, row0), cpu.forward(one, p, row0)) < 1e-6);
+    for (int layer : {0, 1, 5}) CHECK(nmse(be.last_attention(layer, 3), cpu.last_attention(layer, 3)) < 1e-6);
+  }
+  require_same_cache(be.cache(), cpu.cache());
+
+  // A gap inside a local layer's window: the backends mask by row, so this is refused by name.
+  be.evict(1, 0, std::vector<std::int32_t>{13});
+  const KvCache before = be.cache();
+  CHECK_THROWS_WITH(be.forward(std::vector<std::int32_t>{5}, std::vector<std::int32_t>{15}, std::vector<std::int64_t>{0}),
+                    Catch::Contains("KV cache layer 1 entry 0: a sliding-window layer (window 6)") &&
+                        Catch::Contains("--device cpu"));
+  require_same_cache(be.cache(), before);
 }
 
 TEST_CASE("device choice: names, and a clear refusal where CUDA cannot run", "[backend_engine]") {

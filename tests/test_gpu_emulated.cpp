@@ -103,11 +103,11 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     CHECK(unpacked_k == cache.dense_k);
     CHECK(unpacked_v == cache.dense_v);
     std::vector<float> out_unpack(out.size());
-    REQUIRE(attend_decode(q.data(), Hq, d, shape.group(), unpacked_k.data(), unpacked_v.data(), n, same_rows(c.entries, n), scale,
+    REQUIRE(attend_decode(q.data(), Hq, d, shape.group(), unpacked_k.data(), unpacked_v.data(), n, same_rows(c.entries, n), 0, scale,
                           scratch.data(), scratch.size(), out_unpack.data(), false, nullptr) == cudaSuccess);
     CHECK(nmse(out_unpack, out_ref) < 1e-10);
     std::vector<float> last(w_ref.size(), -1.0f);
-    REQUIRE(last_row_weights(q.data(), Hq, d, shape.group(), unpacked_k.data(), n, same_rows(c.entries, n), scale, last.data(), n,
+    REQUIRE(last_row_weights(q.data(), Hq, d, shape.group(), unpacked_k.data(), n, same_rows(c.entries, n), 0, scale, last.data(), n,
                              nullptr) == cudaSuccess);
     CHECK(nmse(last, w_ref) < 1e-10);
   }
@@ -120,7 +120,7 @@ TEST_CASE("emulated: prefill attention over past rows and the new rows, causally
   const auto k = halves(kf), v = halves(vf);
   const std::vector<float> q = gaussian(static_cast<std::size_t>(n * Hq * d), rng);
   std::vector<float> out(q.size());
-  REQUIRE(attend_rows(q.data(), n, Hq, d, Hq / entries, k.data(), v.data(), cap, same_rows(entries, past),
+  REQUIRE(attend_rows(q.data(), n, Hq, d, Hq / entries, k.data(), v.data(), cap, same_rows(entries, past), 0,
                       1.0f / std::sqrt(static_cast<float>(d)), out.data(), false, nullptr) == cudaSuccess);
   // Row i sees the entry's rows [0, past + i]: the reference keeps exactly those.
   std::vector<float> want(q.size());
@@ -133,6 +133,75 @@ TEST_CASE("emulated: prefill attention over past rows and the new rows, causally
                     want.data() + static_cast<std::ptrdiff_t>(i * Hq * d), nullptr);
   }
   CHECK(nmse(out, want) < 1e-10);
+}
+
+// kept[e * width + m]: the rows [lo_e, seen_e) of each entry, for attend_kept_ref.
+std::vector<std::int32_t> window_rows(const std::vector<int>& seen, int window, int width, std::vector<std::int32_t>& counts) {
+  std::vector<std::int32_t> kept(seen.size() * static_cast<std::size_t>(width), 0);
+  counts.assign(seen.size(), 0);
+  for (std::size_t e = 0; e < seen.size(); ++e) {
+    const auto lo = static_cast<int>(window_start(window, seen[e]));
+    counts[e] = seen[e] - lo;
+    for (int j = lo; j < seen[e]; ++j) kept[e * static_cast<std::size_t>(width) + static_cast<std::size_t>(j - lo)] = j;
+  }
+  return kept;
+}
+
+TEST_CASE("emulated: prefill attention over a sliding window sees each row's last `window` keys", "[gpu-emu]") {
+  std::mt19937 rng(18);
+  const int Hq = 4, entries = 2, d = 64, past = 40, n = 20, cap = past + n;
+  std::vector<float> kf = gaussian(static_cast<std::size_t>(entries * cap * d), rng), vf = gaussian(kf.size(), rng);
+  const auto k = halves(kf), v = halves(vf);
+  const std::vector<float> q = gaussian(static_cast<std::size_t>(n * Hq * d), rng);
+  for (const int window : {13, 33, 200}) {  // inside a tile, across tiles, wider than everything
+    INFO("window " << window);
+    std::vector<float> out(q.size());
+    REQUIRE(attend_rows(q.data(), n, Hq, d, Hq / entries, k.data(), v.data(), cap, same_rows(entries, past), window,
+                        1.0f / std::sqrt(static_cast<float>(d)), out.data(), false, nullptr) == cudaSuccess);
+    std::vector<float> want(q.size());
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::int32_t> counts;
+      const std::vector<std::int32_t> kept = window_rows(std::vector<int>(entries, past + i + 1), window, cap, counts);
+      const std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * Hq * d), q.begin() + static_cast<std::ptrdiff_t>((i + 1) * Hq * d));
+      attend_kept_ref(AttnShape{Hq, entries, d, cap}, qi.data(), k.data(), v.data(), kept.data(), counts.data(), cap,
+                      want.data() + static_cast<std::ptrdiff_t>(i * Hq * d), nullptr);
+    }
+    CHECK(nmse(out, want) < 1e-10);
+  }
+}
+
+TEST_CASE("emulated: split decode and last-row weights over a sliding window of a long entry", "[gpu-emu]") {
+  std::mt19937 rng(28);
+  const int Hq = 4, entries = 2, d = 64, cap = 700, window = 300;
+  const std::vector<int> seen = {700, 651};  // entries of different lengths: each its own window start
+  std::vector<float> kf = gaussian(static_cast<std::size_t>(entries * cap * d), rng), vf = gaussian(kf.size(), rng);
+  const auto k = halves(kf), v = halves(vf);
+  const std::vector<float> q = gaussian(static_cast<std::size_t>(Hq * d), rng);
+  EntryRows rows;
+  rows.count = entries;
+  for (int e = 0; e < entries; ++e) rows.rows[e] = seen[static_cast<std::size_t>(e)];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  REQUIRE(decode_split(decode_block_rows(Hq, Hq / entries), window_span(rows, window)).splits > 1);
+  std::vector<float> scratch(decode_scratch_floats(Hq, d)), out(q.size()), w(static_cast<std::size_t>(Hq * cap), -1.0f);
+  REQUIRE(attend_decode(q.data(), Hq, d, Hq / entries, k.data(), v.data(), cap, rows, window, scale, scratch.data(),
+                        scratch.size(), out.data(), false, nullptr) == cudaSuccess);
+  REQUIRE(last_row_weights(q.data(), Hq, d, Hq / entries, k.data(), cap, rows, window, scale, w.data(), cap, nullptr) ==
+          cudaSuccess);
+  std::vector<std::int32_t> counts;
+  const std::vector<std::int32_t> kept = window_rows(seen, window, cap, counts);
+  std::vector<float> want(q.size()), w_kept(static_cast<std::size_t>(Hq * cap));
+  attend_kept_ref(AttnShape{Hq, entries, d, cap}, q.data(), k.data(), v.data(), kept.data(), counts.data(), cap, want.data(),
+                  w_kept.data());
+  CHECK(nmse(out, want) < 1e-10);
+  // The weights sit at the rows' places in the entry, zero before the window and past the rows.
+  std::vector<float> w_want(w.size(), 0.0f);
+  for (int h = 0; h < Hq; ++h) {
+    const int e = h / (Hq / entries), lo = seen[static_cast<std::size_t>(e)] - window;
+    for (int m = 0; m < counts[static_cast<std::size_t>(e)]; ++m)
+      w_want[static_cast<std::size_t>(h * cap + lo + m)] = w_kept[static_cast<std::size_t>(h * cap + m)];
+  }
+  CHECK(nmse(w, w_want) < 1e-10);
+  CHECK(w[static_cast<std::size_t>(cap + seen[0] - window - 1)] == 0.0f);  // head 1, the row just before its window
 }
 
 TEST_CASE("emulated: KV append places each KV head's rows in its entries", "[gpu-emu]") {
@@ -252,10 +321,10 @@ TEST_CASE("emulated: a launch a GPU would refuse fails as it would", "[gpu-emu]"
   const std::vector<std::uint16_t> k(32, 0);
   std::vector<float> w(1, 0.0f);
   // No query heads: a grid of no blocks, which the runtime refuses (invalid configuration).
-  CHECK(last_row_weights(q.data(), 0, 32, 1, k.data(), 1, same_rows(1, 1), 1.0f, w.data(), 1, nullptr) ==
+  CHECK(last_row_weights(q.data(), 0, 32, 1, k.data(), 1, same_rows(1, 1), 0, 1.0f, w.data(), 1, nullptr) ==
         cudaErrorInvalidConfiguration);
   CHECK(cudaGetLastError() == cudaSuccess);  // the wrapper took it
-  CHECK(last_row_weights(q.data(), 1, 32, 1, k.data(), 1, same_rows(1, 1), 1.0f, w.data(), 1, nullptr) == cudaSuccess);
+  CHECK(last_row_weights(q.data(), 1, 32, 1, k.data(), 1, same_rows(1, 1), 0, 1.0f, w.data(), 1, nullptr) == cudaSuccess);
   CHECK(w[0] == 1.0f);  // one key: all the weight
 }
 
@@ -277,6 +346,14 @@ TEST_CASE("emulated: the CUDA transformer matches its reference, qwen2-like fp32
 
 TEST_CASE("emulated: the CUDA transformer matches its reference, qwen2-like fp16", "[gpu-emu]") {
   check_transformer("qwen2-like", qwen_like_shape(), DeviceWeights::F16);
+}
+
+TEST_CASE("emulated: the CUDA transformer matches its reference, gemma3-like fp32", "[gpu-emu]") {
+  check_transformer("gemma3-like", gemma_like_shape(), DeviceWeights::F32);
+}
+
+TEST_CASE("emulated: the CUDA transformer matches its reference, gemma3-like fp16", "[gpu-emu]") {
+  check_transformer("gemma3-like", gemma_like_shape(), DeviceWeights::F16);
 }
 
 void check_corner(std::size_t i) {

@@ -4,6 +4,7 @@
 // the result, the per-query-head cache layout reads the same rows, fp16 weights stay close to f32.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <numeric>
@@ -19,6 +20,7 @@
 #include "gpu/parity/random_inputs.h"
 #include "gpu/parity/random_packed.h"
 #include "gpu/cuda_transformer_ref.h"
+#include "gguf_fixtures.h"
 #include "nmse_check.h"
 
 using namespace kvsim;
@@ -92,6 +94,70 @@ TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transform
   TransformerRef half(s, DeviceWeights::F16);
   load_transformer_weights(gguf, s, half.sink());
   CHECK(nmse(half.forward(prompt, positions(0, 12), last, false, false), want) < 1e-3);
+}
+
+TEST_CASE("reference transformer matches the CPU engine on Gemma 3, sliding windows included", "[transformer_ref]") {
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  // Its first six layers (five local, the global one at the model's interval) with a window of 6
+  // tokens, so a 12-token prompt in two chunks and the decode after it cross every local window.
+  const std::string path = kvsim::test::patched_model(
+      KVSIM_TEST_GEMMA, {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 6}}, "gemma3_window6.gguf");
+  const GgufFile gguf(path);
+  LlamaModel engine(gguf, WeightFormat::F32);
+  const ModelConfig s = engine.config();
+  REQUIRE(s.window(0) == 6);
+  REQUIRE(s.window(5) == 0);
+  REQUIRE(s.qk_norm);
+  TransformerRef ref(s, DeviceWeights::F32);
+  load_transformer_weights(gguf, s, ref.sink());
+
+  const std::vector<std::int32_t> prompt = iota_tokens(12, 1000, 977, s.vocab);
+  std::vector<float> q_engine, k_engine, q_ref, k_ref;
+  const auto want = engine.forward(prompt, positions(0, 12), std::vector<std::int64_t>{11}, [&](const LayerActivations& a) {
+    q_engine.insert(q_engine.end(), a.q.begin(), a.q.end());
+    k_engine.insert(k_engine.end(), a.k.begin(), a.k.end());
+  });
+  const std::span<const std::int32_t> all(prompt);
+  const auto pos = positions(0, 12);
+  ref.forward(all.first(5), std::span(pos).first(5), {}, true, false);
+  const auto got = ref.forward(all.subspan(5), std::span(pos).subspan(5), std::vector<std::int64_t>{6}, true, false,
+                               [&](const LayerRows& r) {
+                                 q_ref.insert(q_ref.end(), r.q, r.q + r.n * s.q_dim());
+                                 k_ref.insert(k_ref.end(), r.k, r.k + r.n * s.kv_dim());
+                               });
+  // The engine's rows of the second chunk, layer by layer, against the reference's.
+  std::vector<float> q_tail, k_tail;
+  for (int l = 0; l < s.n_layers; ++l) {
+    const auto q0 = q_engine.begin() + static_cast<std::ptrdiff_t>((l * 12 + 5) * s.q_dim());
+    const auto k0 = k_engine.begin() + static_cast<std::ptrdiff_t>((l * 12 + 5) * s.kv_dim());
+    q_tail.insert(q_tail.end(), q0, q0 + 7 * s.q_dim());
+    k_tail.insert(k_tail.end(), k0, k0 + 7 * s.kv_dim());
+  }
+  CHECK(nmse(q_ref, q_tail) < 1e-6);
+  CHECK(nmse(k_ref, k_tail) < 1e-6);
+  CHECK(nmse(got, want) < 1e-6);
+
+  engine.record_last_attention(true);
+  for (std::int32_t t = 0; t < 3; ++t) {
+    const std::int32_t tok = 4242 + 17 * t;
+    const auto w = engine.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0});
+    const auto g = ref.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0}, false, true);
+    INFO("decode step " << t);
+    CHECK(nmse(g, w) < 1e-6);
+    // Gemma's q and k are unit-RMS per head (q/k norms) over 256 dims: logits of tens, softmax
+    // weights peaked enough that the engine's float sums move them by up to ~1e-5 NMSE.
+    for (int layer : {0, 5})
+      for (int h : {0, s.n_q_heads - 1}) {
+        INFO("layer " << layer << " head " << h);
+        CHECK(nmse(ref.last_attention(layer, h), engine.last_attention(layer, h)) < 1e-4);
+      }
+    // A local layer's weights: nothing before its last 6 rows, a distribution over those.
+    const auto w0 = ref.last_attention(0, 0);
+    REQUIRE(w0.size() == static_cast<std::size_t>(13 + t));
+    CHECK(std::all_of(w0.begin(), w0.end() - 6, [](float x) { return x == 0.0f; }));
+    CHECK(std::accumulate(w0.end() - 6, w0.end(), 0.0) == Approx(1.0).epsilon(1e-5));
+    CHECK(std::count(ref.last_attention(5, 0).begin(), ref.last_attention(5, 0).end(), 0.0f) == 0);
+  }
 }
 
 TEST_CASE("reference transformer: chunked prefill and decode equal one pass", "[transformer_ref]") {

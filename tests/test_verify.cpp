@@ -271,6 +271,38 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
 }
 
 
+TEST_CASE("live verify of Gemma 3 on the backend engine matches the CPU engine, windows held", "[verify]") {
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  // Six layers (five local, one global) with a window of 16 tokens, shorter than the request.
+  const GgufFile gguf(test::patched_model(
+      KVSIM_TEST_GEMMA, {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 16}}, "gemma3_window16_verify.gguf"));
+  VerifyOptions o;
+  o.max_new = 4;
+  o.weights = WeightFormat::F32;
+  std::vector<ReplayConfig> configs;  // budgets above the windows' share of the cache
+  for (const std::string spec : {"snapkv", "h2o", "intn:bits=4", "lowrank", "qevict"})
+    configs.push_back(config_of(spec, 0.75));
+  LiveVerifier cpu(gguf, o);
+  auto backend = std::make_unique<test::CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32);
+  const test::CountingBackend& counter = *backend;
+  LiveVerifier on_backend(gguf, o, std::make_unique<BackendEngine>(gguf, std::move(backend)));
+  const LiveRequestResult want = cpu.run(needle_request(), configs);
+  const LiveRequestResult got = on_backend.run(needle_request(), configs);
+  CHECK(got.reference == want.reference);
+  CHECK(counter.packed > 0);  // the global layer's codec rows reached the backend packed
+  REQUIRE(got.configs.size() == configs.size());
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    INFO(configs[i].label());
+    const LiveConfigResult &g = got.configs[i], &w = want.configs[i];
+    CHECK(g.kept == w.kept);
+    CHECK(g.compressed_bytes == Approx(w.compressed_bytes));
+    CHECK(g.final_rows == w.final_rows);
+    const bool quantized = configs[i].policy == "intn" || configs[i].policy == "qevict";  // as for SmolLM2 above
+    CHECK(g.mean_kl == Approx(w.mean_kl).margin(1e-4).epsilon(quantized ? 2e-2 : 5e-3));
+    CHECK(g.top1 == w.top1);
+  }
+}
+
 TEST_CASE("decode-time rules stepped inside the backend engine evict what the host steps evict", "[verify]") {
   require_model();
   const GgufFile gguf(KVSIM_TEST_MODEL);

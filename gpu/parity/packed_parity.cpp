@@ -187,14 +187,14 @@ void int4_decode_bench(const AttnShape& shape, const Bench& bench, ParityReport&
       KVSIM_CUDA_CHECK(unpack_packed(views[e].k, d, rope, nullptr, nullptr, unpacked_k.ptr + e * un * ud, nullptr));
       KVSIM_CUDA_CHECK(unpack_packed(views[e].v, d, rope, nullptr, nullptr, unpacked_v.ptr + e * un * ud, nullptr));
     }
-    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), unpacked_k.ptr, unpacked_v.ptr, n, seen, scale, dscratch.ptr,
+    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), unpacked_k.ptr, unpacked_v.ptr, n, seen, 0, scale, dscratch.ptr,
                                    dscratch.n, dout.ptr, false, nullptr));
   };
   unpack_then_attend();
   r.value("unpack then attend, int4 cache: output", nmse(dout.host(), out_ref), kKernelNmse);
   DeviceBuffer<std::uint16_t> fp16_k(fp16_kh), fp16_v(fp16_vh);
   auto fp16_decode = [&] {
-    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), fp16_k.ptr, fp16_v.ptr, n, seen, scale, dscratch.ptr, dscratch.n,
+    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), fp16_k.ptr, fp16_v.ptr, n, seen, 0, scale, dscratch.ptr, dscratch.n,
                                    dout.ptr, false, nullptr));
   };
   fp16_decode();

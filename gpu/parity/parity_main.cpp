@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
       // The transformer backend against its reference: fp32 weights (tight), then fp16 as deployed.
       {"transformer: qwen2-like fp32", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r); }},
       {"transformer: qwen2-like fp16", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r); }},
+      {"transformer: gemma3-like fp32", [&] { transformer_parity("gemma3-like", gemma_like_shape(), DeviceWeights::F32, r); }},
+      {"transformer: gemma3-like fp16", [&] { transformer_parity("gemma3-like", gemma_like_shape(), DeviceWeights::F16, r); }},
   };
   for (const auto& [label, shape] : kernel_corner_shapes())
     sections.push_back({"transformer: " + label, [&r, label = label, shape = shape] {

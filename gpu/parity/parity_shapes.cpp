@@ -1,5 +1,7 @@
 #include "gpu/parity/parity_shapes.h"
 
+#include <cmath>
+
 namespace kvsim::gpu {
 
 ModelConfig smollm2_shape() {
@@ -39,6 +41,23 @@ ModelConfig qwen_like_shape() {
   s.n_layers = 3, s.n_embd = 256, s.n_q_heads = 4, s.n_kv_heads = 2, s.head_dim = 64, s.n_ff = 704, s.vocab = 1000;
   s.rope = RopeSpec{RopeType::Neox, 64, 64, 1000000.0};
   s.qkv_bias = true;
+  s.rms_eps = 1e-6;
+  return s;
+}
+
+ModelConfig gemma_like_shape() {
+  ModelConfig s;
+  s.arch = "gemma3";
+  s.n_layers = 3, s.n_embd = 192, s.n_q_heads = 4, s.n_kv_heads = 1, s.head_dim = 64, s.n_ff = 384, s.vocab = 700;
+  s.rope = RopeSpec{RopeType::Neox, 64, 64, 1000000.0};
+  s.rope_theta_local = 10000.0;
+  s.sliding_window = {24, 24, 0};
+  s.tied_embeddings = true;
+  s.ffn_act = FfnAct::GeluTanh;
+  s.qk_norm = true;
+  s.post_norms = true;
+  s.embd_scale = std::sqrt(192.0);
+  s.attn_scale = 1.0 / std::sqrt(48.0);
   s.rms_eps = 1e-6;
   return s;
 }

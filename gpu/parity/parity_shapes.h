@@ -15,6 +15,10 @@ namespace kvsim::gpu {
 ModelConfig smollm2_shape();
 ModelConfig mistral7b_shape(int layers);
 ModelConfig qwen_like_shape();
+// A small Gemma 3-like block: q/k norms, post-norms, GeGLU, scaled embeddings, a q.k scale that is
+// not 1/sqrt(head_dim), and sliding-window layers (window 24, shorter than the harness's
+// prompts, not a tile's multiple) with their own RoPE base beside a global layer; MQA.
+ModelConfig gemma_like_shape();
 // Small models at the kernels' other head sizes (32, 96, 256), plain MHA and MQA, partial rotary.
 std::vector<std::pair<std::string, ModelConfig>> kernel_corner_shapes();
 

@@ -193,7 +193,9 @@ void transformer_parity(const std::string& name, const ModelConfig& s, DeviceWei
   r.line(name + " (" + device_weights_name(w) + " weights): " + std::to_string(s.n_layers) + " layers, n_embd " +
          std::to_string(s.n_embd) + ", " + std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) +
          " heads, head_dim " + std::to_string(s.head_dim) + ", rope " + (s.rope.type == RopeType::Neox ? "neox" : "norm") +
-         (s.qkv_bias ? ", QKV bias" : ""));
+         (s.qkv_bias ? ", QKV bias" : "") + (s.sliding_window.empty() ? "" : ", sliding windows") +
+         (s.qk_norm ? ", q/k norms" : "") + (s.post_norms ? ", post-norms" : "") +
+         (s.ffn_act == FfnAct::GeluTanh ? ", GeGLU" : ""));
   const double limit = w == DeviceWeights::F16 ? 1e-4 : 1e-5;
   TransformerRef ref(s, w);
   CudaTransformer gpu(s, w);
@@ -332,10 +334,38 @@ void transformer_parity(const std::string& name, const ModelConfig& s, DeviceWei
     std::mt19937 rng(19);
     std::vector<PackedLayer> layers;
     for (int l = 0; l < s.n_layers; ++l) {
-      layers.push_back(random_packed_layer(s, l, P, [&](int e, bool keys) {
+      PackedLayer layer = random_packed_layer(s, l, P, [&](int e, bool keys) {
         const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
         return std::vector<float>(x.begin(), x.end());
-      }, rng));
+      }, rng);
+      if (s.window(l) > 0) {
+        // A sliding-window layer holds fp16 rows only: both backends refuse its packed form.
+        bool ref_refused = false, gpu_refused = false;
+        try {
+          ref.load_layer(l, layer.entries());
+        } catch (const std::invalid_argument&) {
+          ref_refused = true;
+        }
+        try {
+          gpu.load_layer(l, layer.entries());
+        } catch (const std::invalid_argument&) {
+          gpu_refused = true;
+        }
+        r.same("packed cache: layer " + std::to_string(l) + " (sliding window) refuses packed rows", ref_refused && gpu_refused);
+        std::vector<std::vector<float>> ks, vs;  // both then hold the reference's fp16 rows
+        std::vector<HostEntry> plain;
+        for (int e = 0; e < ref.entries(l); ++e) {
+          const auto k = ref.entry_k(l, e), v = ref.entry_v(l, e);
+          ks.emplace_back(k.begin(), k.end());
+          vs.emplace_back(v.begin(), v.end());
+        }
+        for (int e = 0; e < ref.entries(l); ++e)
+          plain.push_back({ref.rows(l, e), ks[static_cast<std::size_t>(e)].data(), vs[static_cast<std::size_t>(e)].data()});
+        ref.load_layer(l, plain);
+        gpu.load_layer(l, plain);
+        continue;
+      }
+      layers.push_back(std::move(layer));
       const std::vector<HostEntry> entries = layers.back().entries();
       ref.load_layer(l, entries);
       gpu.load_layer(l, entries);
@@ -380,9 +410,11 @@ void transformer_parity(const std::string& name, const ModelConfig& s, DeviceWei
     decode(7, static_cast<std::int32_t>(P + 7), "fused decode after the chunk");
     r.value("packed cache: rows after decoding (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
     r.value("packed cache: rows after decoding (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    int packed_layer = 0;  // the first layer held packed (sliding-window layers are not)
+    while (packed_layer + 1 < s.n_layers && s.window(packed_layer) > 0) ++packed_layer;
     bool refused = false;
     try {
-      gpu.start_rule(0, DecodeRuleStart{DecodeRule{false, false, HeadCombine::Sum, 1}, {}});
+      gpu.start_rule(packed_layer, DecodeRuleStart{DecodeRule{false, false, HeadCombine::Sum, 1}, {}});
     } catch (const std::invalid_argument&) {
       refused = true;
     }
