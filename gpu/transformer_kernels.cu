@@ -28,25 +28,26 @@ __global__ void embed_kernel(const void* table, bool half_table, const std::int3
   x[idx] = scale == 1.0f ? v : v * scale;
 }
 
-__global__ void rms_norm_kernel(const float* x, const float* w, int e, float eps, void* y, bool half_out) {
+// 1 / rms of one row of e values, block-wide (every thread gets it).
+__device__ float inverse_rms(const float* xr, int e, float eps) {
   __shared__ float shared[kThreads / 32];
-  const std::int64_t row = blockIdx.x;
-  const float* xr = x + row * e;
   float ss = 0;
   for (int c = threadIdx.x; c < e; c += blockDim.x) ss += xr[c] * xr[c];
   ss = block_reduce<false>(ss, shared);
-  const float scale = 1.0f / sqrtf(ss / static_cast<float>(e) + eps);
+  return 1.0f / sqrtf(ss / static_cast<float>(e) + eps);
+}
+
+__global__ void rms_norm_kernel(const float* x, const float* w, int e, float eps, void* y, bool half_out) {
+  const std::int64_t row = blockIdx.x;
+  const float* xr = x + row * e;
+  const float scale = inverse_rms(xr, e, eps);
   for (int c = threadIdx.x; c < e; c += blockDim.x) store(y, row * e + c, xr[c] * scale * w[c], half_out);
 }
 
 __global__ void rms_norm_add_kernel(const float* y, const float* w, int e, float eps, float* x) {
-  __shared__ float shared[kThreads / 32];
   const std::int64_t row = blockIdx.x;
   const float* yr = y + row * e;
-  float ss = 0;
-  for (int c = threadIdx.x; c < e; c += blockDim.x) ss += yr[c] * yr[c];
-  ss = block_reduce<false>(ss, shared);
-  const float scale = 1.0f / sqrtf(ss / static_cast<float>(e) + eps);
+  const float scale = inverse_rms(yr, e, eps);
   for (int c = threadIdx.x; c < e; c += blockDim.x) x[row * e + c] += yr[c] * scale * w[c];
 }
 
