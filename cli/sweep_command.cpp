@@ -5,12 +5,14 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
 #include "policies/registry.h"
 #include "sim/sweep.h"
+#include "sim/sweep_merge.h"
 
 namespace po = boost::program_options;
 
@@ -27,10 +29,37 @@ void list_policies(std::ostream& os) {
   }
 }
 
+// `kvsim sweep merge`: the shards' result files joined into the serial sweep's.
+int merge_command(const Args& args) {
+  SweepMergeSpec spec;
+  po::options_description desc(
+      "kvsim sweep merge: join the result files of every shard of a sweep (kvsim sweep --shard i/n) into the\n"
+      "file one serial sweep would have written, byte for byte; prints its ranked table");
+  desc.add_options()("help,h", "show this help")("shard-file", po::value(&spec.inputs)->multitoken(),
+                                                  "the shards' result CSVs, in any order")(
+      "out,o", po::value(&spec.out_csv)->required(), "merged result CSV")(
+      "detail-from", po::value(&spec.detail_inputs)->multitoken(),
+      "the shards' --detail files, in the order of the CSVs")("detail", po::value(&spec.detail_jsonl),
+                                                              "merged per-layer detail (with --detail-from)")(
+      "force", "replace existing output files");
+  po::positional_options_description pos;
+  pos.add("shard-file", -1);
+  po::variables_map vm;
+  if (!parse_options(args, desc, pos, vm, "kvsim sweep merge SHARD.csv... -o merged.csv [--detail-from D... --detail merged.jsonl]"))
+    return 0;
+  spec.force = vm.count("force") > 0;
+  const auto rows = merge_sweeps(spec);
+  std::cout << "kvsim sweep merge: " << spec.inputs.size() << " shards, results in " << spec.out_csv << "\n\n";
+  print_summary(rows, std::cout);
+  return 0;
+}
+
 }  // namespace
 
 int sweep_command(const Args& args) {
+  if (!args.empty() && args.front() == "merge") return merge_command(Args(args.begin() + 1, args.end()));
   SweepSpec spec;
+  std::string shard;
   std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", sweep_file, semantics = "point";
   std::int64_t reapply_every = BudgetRule{}.every;
   po::options_description desc(
@@ -58,13 +87,16 @@ int sweep_command(const Args& args) {
       "a `kvsim calibrate` file: fill the est_kl column, the offline estimate of live KL (docs/estimator.md)")(
       "sweep-file", po::value(&sweep_file), "JSON sweep file: {traces, policies, budgets, mode} (CLI values win)")(
       "resume", "continue an interrupted sweep in --out (same configuration only)")(
+      "shard", po::value(&shard),
+      "i/n: sweep only every n-th request from the i-th (0 <= i < n), over all traces in order; "
+      "`kvsim sweep merge` joins the n result files into the serial sweep's")(
       "force", "replace an existing --out")("quiet,q", "no progress line")(
       "allow-training-requests", "let learned policies run on the prompts they were trained on")(
       "list-policies", "list every policy with its rule, citation and parameters, then exit");
   po::positional_options_description pos;
   pos.add("trace", -1);
   po::variables_map vm;
-  if (!parse_options(args, desc, pos, vm, "kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]")) return 0;
+  if (!parse_options(args, desc, pos, vm, "kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]\n       kvsim sweep merge SHARD.csv... -o merged.csv")) return 0;
   if (vm.count("prefill-chunk"))
     throw Error("--prefill-chunk is a forward-pass size (capture, verify); a sweep's compression schedule is "
                 "--compress-every N");
@@ -110,6 +142,7 @@ int sweep_command(const Args& args) {
   spec.budgets = parse_budgets(budgets);
   spec.mode = parse_mode(mode);
   spec.budget_rule = parse_budget_rule(semantics, reapply_every);
+  if (!shard.empty()) std::tie(spec.shard, spec.shards) = parse_shard(shard);
   spec.resume = vm.count("resume") > 0;
   spec.force = vm.count("force") > 0;
   spec.allow_training_requests = vm.count("allow-training-requests") > 0;

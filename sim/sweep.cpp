@@ -36,6 +36,31 @@ const std::vector<std::string> kColumns = {
     "host_bytes",  "eval_queries", "rows",          "keep_hash",  "position_fallback", "budget_semantics",
     "decode_peak_bytes", "mean_out_sq", "est_kl"};
 
+}  // namespace
+
+const char* const kSweepBanner = "# kvsim sweep results: one row per trace x request x policy x budget";
+const std::vector<std::string>& sweep_columns() { return kColumns; }
+
+std::pair<int, int> parse_shard(const std::string& s) {
+  const auto slash = s.find('/');
+  int i = -1, n = 0;
+  try {
+    std::size_t a = 0, b = 0;
+    if (slash != std::string::npos) {
+      i = std::stoi(s.substr(0, slash), &a);
+      n = std::stoi(s.substr(slash + 1), &b);
+    }
+    if (slash == std::string::npos || a != slash || b != s.size() - slash - 1) n = 0;
+  } catch (const std::exception&) {
+    n = 0;
+  }
+  if (n < 1 || i < 0 || i >= n)
+    throw Error("--shard '" + s + "': expected i/n with 0 <= i < n (e.g. 0/4 ... 3/4)");
+  return {i, n};
+}
+
+namespace {
+
 std::string num(double x) {
   std::ostringstream os;
   os << std::setprecision(9) << x;
@@ -116,6 +141,7 @@ std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayCon
   j["budget_semantics"] = spec.budget_rule.name();
   if (!spec.estimator.empty()) j["estimator"] = spec.estimator;
   j["budgets"] = spec.budgets;
+  if (spec.shards > 1) j["shard"] = std::to_string(spec.shard) + "/" + std::to_string(spec.shards);
   nlohmann::json cfgs = nlohmann::json::array();
   for (const auto& c : configs) cfgs.push_back({{"policy", c.label()}, {"budget", c.budget}});
   j["configs"] = cfgs;
@@ -125,6 +151,8 @@ std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayCon
 std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& progress) {
   if (spec.traces.empty()) throw Error("no trace files given");
   if (spec.out_csv.empty()) throw Error("no output file given (--out results.csv)");
+  if (spec.shards < 1 || spec.shard < 0 || spec.shard >= spec.shards)
+    throw Error("--shard " + std::to_string(spec.shard) + "/" + std::to_string(spec.shards) + ": expected 0 <= i < n");
   const std::vector<ReplayConfig> configs = expand_configs(spec);
   std::vector<std::unique_ptr<TraceReader>> readers;
   std::int64_t total_requests = 0;
@@ -147,7 +175,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
       throw Error(path + ": model geometry (" + geometry_string(r.geometry()) + ") differs from " +
                   spec.traces.front() + " (" + geometry_string(readers.front()->geometry()) +
                   "); one sweep compares configs on one model");
-    total_requests += static_cast<std::int64_t>(r.request_ids().size());
+    total_requests += static_cast<std::int64_t>(r.request_ids().size());  // this shard's share below
     if (!spec.allow_training_requests && kvcache::any_training_prompts(configs))  // else no header to read
       for (const auto& id : r.request_ids()) {
         const RequestHeader h = r.header(id);
@@ -165,6 +193,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     if (estimator->mode != mode_name(spec.mode))
       throw Error(spec.estimator + ": calibrated on " + estimator->mode + " runs, but this sweep is " + mode_name(spec.mode));
   }
+  if (spec.shards > 1) total_requests = (total_requests - spec.shard + spec.shards - 1) / spec.shards;
   const std::string config_line = "# config: " + sweep_config_json(spec, configs);
   CsvState state;
   const bool exists = std::filesystem::exists(spec.out_csv);
@@ -178,7 +207,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     const std::string tmp = spec.out_csv + ".tmp";
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) throw Error(spec.out_csv + ": cannot write");
-    out << "# kvsim sweep results: one row per trace x request x policy x budget\n" << config_line << "\n";
+    out << kSweepBanner << "\n" << config_line << "\n";
     out << csv_line(kColumns) << "\n";
     for (const auto& l : state.kept_lines) out << l << "\n";
     out.close();
@@ -217,11 +246,12 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
   }
 
   const bool tty = spec.progress && ::isatty(2);
-  std::int64_t done = 0;
+  std::int64_t done = 0, k = 0;
   for (std::size_t t = 0; t < readers.size(); ++t) {
     const TraceReader& reader = *readers[t];
     const Replayer replayer(reader, spec.mode, configs, spec.compress_every, spec.budget_rule);
     for (const auto& id : reader.request_ids()) {
+      if (k++ % spec.shards != spec.shard) continue;  // another shard's request
       ++done;
       if (state.done.count({spec.traces[t], id})) continue;
       if (spec.progress) {
@@ -265,9 +295,12 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
   if (tty) progress << "\n";
   csv.close();
 
-  // Summary over every row in the file (including resumed ones).
+  return summarize_sweep_csv(spec.out_csv);  // every row in the file, resumed ones included
+}
+
+std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path) {
   std::map<std::pair<double, std::string>, SweepSummaryRow> agg;
-  std::ifstream in(spec.out_csv);
+  std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;

@@ -3,6 +3,7 @@
 // pass per request. Rows go to a tidy CSV as each request finishes (flushed), so a killed sweep
 // resumes where it stopped; per-layer detail goes to a JSON-lines file beside it.
 #include <iosfwd>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,13 @@ struct SweepSpec {
   bool force = false;                 // replace an existing out_csv
   bool progress = true;               // progress line on stderr
   bool allow_training_requests = false;  // learned policies may be evaluated on their training prompts
+  // --shard i/n: only the requests k (over all traces, in order) with k % n == i; the results file
+  // records the shard, and `kvsim sweep merge` joins a complete set (sim/sweep_merge.h).
+  int shard = 0, shards = 1;
 };
+
+// "i/n" with 0 <= i < n; throws naming the expected form.
+std::pair<int, int> parse_shard(const std::string& s);
 
 // The configs a spec expands to: `full` once at budget 1.0, every other policy at every budget.
 std::vector<ReplayConfig> expand_configs(const SweepSpec& spec);
@@ -42,5 +49,12 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
 
 // Human-readable table, ranked by mean KL within each budget.
 void print_summary(const std::vector<SweepSummaryRow>& rows, std::ostream& os);
+
+// The per-(policy, budget) means over every row of a sweep result file.
+std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path);
+// The result file's column names, in order.
+const std::vector<std::string>& sweep_columns();
+// The first line of every sweep result file.
+extern const char* const kSweepBanner;
 
 }  // namespace kvsim

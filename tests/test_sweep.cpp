@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <iostream>
 #include <sstream>
 
 #include "core/error.h"
 #include "sim/sweep.h"
+#include "sim/sweep_merge.h"
 #include "trace_fixtures.h"
 
 using namespace kvsim;
@@ -137,4 +139,84 @@ TEST_CASE("bad sweep input is rejected with a clear message", "[sweep]") {
   spec.traces = {test::write_small_trace("sparse_queries.h5", sparse)};
   spec.policies = {"snapkv:window=16"};
   CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("needs the queries of the last 16 tokens"));
+}
+
+namespace {
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("sharded sweeps merge into the serial sweep's files byte for byte, a killed shard resumed", "[sweep]") {
+  // Two traces (3 + 2 requests): shards take requests round-robin across the trace boundary.
+  SweepSpec serial = small_spec("serial.csv");
+  SynthConfig second = test::small_synth_config(9);
+  second.n_requests = 2;
+  serial.traces.push_back(test::write_small_trace("sweep_second.h5", second));
+  serial.detail_jsonl = test::scratch_file("serial.jsonl");
+  run_sweep(serial, std::cerr);
+  const int n = 3;
+  SweepMergeSpec merge;
+  for (int i = 0; i < n; ++i) {
+    SweepSpec shard = serial;
+    shard.shard = i;
+    shard.shards = n;
+    shard.out_csv = test::scratch_file("shard" + std::to_string(i) + ".csv");
+    shard.detail_jsonl = test::scratch_file("shard" + std::to_string(i) + ".jsonl");
+    run_sweep(shard, std::cerr);
+    CHECK(data_lines(shard.out_csv).size() == (i < 2 ? 2u : 1u) * 7);  // requests 0,3 | 1,4 | 2
+    merge.inputs.insert(merge.inputs.begin(), shard.out_csv);  // any order
+    merge.detail_inputs.insert(merge.detail_inputs.begin(), shard.detail_jsonl);
+    if (i == 1) {
+      // Kill it half-way through its second request, then resume: the merge cannot tell.
+      const std::string text = file_text(shard.out_csv);
+      std::ofstream(shard.out_csv, std::ios::trunc) << text.substr(0, text.size() - 300);
+      CHECK_THROWS_WITH(merge_sweeps({{shard.out_csv}, {}, test::scratch_file("never.csv"), "", true}),
+                        Catch::Contains("last line is cut short") && Catch::Contains("--resume"));
+      shard.resume = true;
+      shard.force = false;
+      run_sweep(shard, std::cerr);
+    }
+  }
+  merge.out_csv = test::scratch_file("merged.csv");
+  merge.detail_jsonl = test::scratch_file("merged.jsonl");
+  merge.force = true;
+  const auto summary = merge_sweeps(merge);
+  CHECK(file_text(merge.out_csv) == file_text(serial.out_csv));
+  CHECK(file_text(merge.detail_jsonl) == file_text(serial.detail_jsonl));
+  CHECK(summary.size() == 7);
+  CHECK(summary.front().requests == 5);
+
+  // What cannot be merged is refused by name.
+  SweepMergeSpec bad = merge;
+  bad.detail_inputs.clear();
+  bad.detail_jsonl.clear();
+  bad.inputs.pop_back();
+  CHECK_THROWS_WITH(merge_sweeps(bad), Catch::Contains("shard 0/3 is missing"));
+  bad.inputs = {merge.inputs[0], merge.inputs[1], merge.inputs[1]};
+  CHECK_THROWS_WITH(merge_sweeps(bad), Catch::Contains("shard 1/3 is also"));
+  bad.inputs = {merge.inputs[0], merge.inputs[1], serial.out_csv};
+  CHECK_THROWS_WITH(merge_sweeps(bad), Catch::Contains("serial.csv: its configuration has no \"shard\""));
+  SweepSpec other = serial;  // shard 0 of another budget list
+  other.budgets = {0.3};
+  other.shards = n;
+  other.detail_jsonl.clear();
+  other.out_csv = test::scratch_file("other0.csv");
+  run_sweep(other, std::cerr);
+  bad.inputs = {other.out_csv, merge.inputs[0], merge.inputs[1]};
+  CHECK_THROWS_WITH(merge_sweeps(bad), Catch::Contains("a different sweep configuration"));
+  // A shard that lost a whole request (its file otherwise intact).
+  const std::string shard0 = test::scratch_file("shard0.csv"), lost = test::scratch_file("lost0.csv");
+  const std::string text = file_text(shard0);
+  std::size_t cut = text.size();  // back over its last 7 lines: the final newline, then 7 more
+  for (int lines = 0; lines < 8; ++lines) cut = text.rfind('\n', cut - 1);
+  std::ofstream(lost, std::ios::trunc) << text.substr(0, cut + 1);
+  bad.inputs = {lost, merge.inputs[0], merge.inputs[1]};
+  CHECK_THROWS_WITH(merge_sweeps(bad), Catch::Contains("1 requests, expected 2 for shard 0/3"));
+  bad.inputs = merge.inputs;
+  bad.out_csv = merge.inputs[0];
+  CHECK_THROWS_WITH(merge_sweeps(bad), Catch::Contains("is one of the inputs"));
 }
