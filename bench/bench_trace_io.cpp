@@ -47,9 +47,9 @@ RequestHeader header(const Shape& s, int r) {
 }
 
 double write_trace(const Shape& s, const std::string& path, const std::vector<std::uint16_t>& data, int deflate,
-                   int requests) {
+                   int requests, bool checksums = true) {
   const auto t0 = Clock::now();
-  TraceWriter w(path, s.g, {}, TraceWriterOptions{true, deflate});
+  TraceWriter w(path, s.g, {}, TraceWriterOptions{true, deflate, checksums});
   const std::uint16_t* k = data.data();
   const std::uint16_t* v = k + s.kv_elems();
   const std::uint16_t* q = v + s.kv_elems();
@@ -178,6 +178,25 @@ int main(int argc, char** argv) {
   std::printf("%-28s %6.2f GB/s | %-12s %6.2f GB/s | ratio %.2f (informational: writes 2x the bytes as f32)\n",
               "hot read + f16 -> f32", bytes / 1e9 / t_read_f32, "raw fread", bytes / 1e9 / t_raw_read,
               t_raw_read / t_read_f32);
+
+  // Checksums (Fletcher32 on every chunk, the default): what they cost, against the same trace
+  // written without them, interleaved.
+  const std::string unchecked = dir + "/bench_unchecked.h5";
+  double t_w_sum = 1e30, t_w_plain = 1e30, t_r_sum = 1e30, t_r_plain = 1e30;
+  for (int rep = 0; rep < 2; ++rep) {
+    ::sync();
+    t_w_plain = std::min(t_w_plain, write_trace(s, unchecked, data, 0, s.requests, false));
+    ::sync();
+    t_w_sum = std::min(t_w_sum, write_trace(s, trace, data, 0, s.requests, true));
+  }
+  read_trace(unchecked, true);
+  for (int rep = 0; rep < 2; ++rep) {
+    t_r_plain = std::min(t_r_plain, read_trace(unchecked, true));
+    t_r_sum = std::min(t_r_sum, read_trace(trace, true));
+  }
+  std::printf("%-28s write %.2fx, hot read + f32 %.2fx the time without (%.2f / %.2f GB/s)\n", "checksums (Fletcher32)",
+              t_w_sum / t_w_plain, t_r_sum / t_r_plain, bytes / 1e9 / t_r_sum, bytes / 1e9 / t_r_plain);
+  std::filesystem::remove(unchecked);
 
   // Compression: one request, shuffle + deflate(1), to decide the default.
   Shape one = s;

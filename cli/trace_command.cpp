@@ -150,6 +150,7 @@ int check(const Args& args) {
   const std::string file = vm["file"].as<std::string>();
   const TraceCheckReport report = check_trace_isolated(file);
   for (const auto& e : report.errors) std::cerr << "error: " << e << "\n";
+  for (const auto& n : report.notes) std::cerr << "note: " << n << "\n";
   if (!report.ok()) {
     std::cerr << file << ": FAILED, " << report.errors.size() << " problem(s)\n";
     return 1;

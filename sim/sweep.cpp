@@ -176,6 +176,12 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                   spec.traces.front() + " (" + geometry_string(readers.front()->geometry()) +
                   "); one sweep compares configs on one model");
     total_requests += static_cast<std::int64_t>(r.request_ids().size());  // this shard's share below
+    const auto unchecked = std::count_if(r.request_ids().begin(), r.request_ids().end(),
+                                         [&](const std::string& id) { return !r.checksummed(id); });
+    if (unchecked > 0)
+      progress << "note: " << path << ": " << unchecked << " of " << r.request_ids().size()
+               << " requests carry no checksums (written before kvsim added them): damaged data there would go "
+                  "unseen\n";
     if (!spec.allow_training_requests && kvcache::any_training_prompts(configs))  // else no header to read
       for (const auto& id : r.request_ids()) {
         const RequestHeader h = r.header(id);

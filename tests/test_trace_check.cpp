@@ -7,12 +7,18 @@
 #include <functional>
 #include <iterator>
 #include <random>
+#include <set>
+#include <algorithm>
+#include <iostream>
 
 #include "core/error.h"
 #include "trace_fixtures.h"
 #include "traces/h5_handle.h"
 #include "traces/trace_check.h"
 #include "traces/trace_reader.h"
+#include "traces/trace_writer.h"
+#include "traces/synth_trace.h"
+#include "sim/sweep.h"
 
 using namespace kvsim;
 using h5::Handle;
@@ -220,4 +226,132 @@ TEST_CASE("randomly corrupted files never take the checker down", "[check]") {
     }
   }
   CHECK(failed > 30);  // most metadata damage is detected, not silently accepted
+}
+
+namespace {
+
+// Where each chunk of a request's dataset lies in the file: (byte offset, size), one per chunk.
+struct ChunkSpot {
+  std::string request, dataset;
+  int layer = 0;  // the chunk index along the first dimension (the layer, for K/V/Q)
+  haddr_t offset = 0;
+  hsize_t size = 0;
+};
+
+std::vector<ChunkSpot> data_chunks(const std::string& path) {
+  std::vector<ChunkSpot> out;
+  const TraceReader reader(path);
+  Handle f = h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "open");
+  for (const auto& id : reader.request_ids())
+    for (const char* name : {"k", "v", "q", "tokens", "positions", "segments", "q_index", "ref/index", "ref/topk_ids",
+                             "ref/topk_logp", "ref/lse"}) {
+      const std::string where = "requests/" + id + "/" + name;
+      Handle d = h5::check(H5Dopen2(f.get(), where.c_str(), H5P_DEFAULT), where);
+      Handle space = h5::check(H5Dget_space(d.get()), where);
+      const int rank = H5Sget_simple_extent_ndims(space.get());
+      const int chunks = rank == 4 ? reader.geometry().n_layers : 1;
+      for (int c = 0; c < chunks; ++c) {
+        std::vector<hsize_t> coord(static_cast<std::size_t>(rank), 0);
+        coord[0] = static_cast<hsize_t>(c);
+        unsigned mask = 0;
+        ChunkSpot s{id, name, c, 0, 0};
+        h5::check_status(H5Dget_chunk_info_by_coord(d.get(), coord.data(), &mask, &s.offset, &s.size), where + ": chunk");
+        out.push_back(s);
+      }
+    }
+  return out;
+}
+
+void flip(const std::string& path, haddr_t at, char mask) {
+  std::fstream io(path, std::ios::binary | std::ios::in | std::ios::out);
+  io.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  io.get(c);
+  io.seekp(static_cast<std::streamoff>(at));
+  io.put(static_cast<char>(c ^ mask));
+}
+
+}  // namespace
+
+TEST_CASE("a damaged chunk fails its read and the check, naming request, tensor and layer", "[check]") {
+  const std::string path = test::write_small_trace("damaged.h5");
+  {
+    const TraceReader reader(path);
+    for (const auto& id : reader.request_ids()) CHECK(reader.checksummed(id));
+  }
+  const auto chunks = data_chunks(path);
+  auto spot = [&](const std::string& req, const std::string& ds, int layer) {
+    return *std::find_if(chunks.begin(), chunks.end(),
+                         [&](const ChunkSpot& s) { return s.request == req && s.dataset == ds && s.layer == layer; });
+  };
+  const ChunkSpot v1 = spot("r1", "v", 1), k2 = spot("r0", "k", 2), q0 = spot("r2", "q", 0);
+  flip(path, v1.offset + v1.size / 2, 0x10);   // one bit of a value
+  flip(path, k2.offset + 3, 0x01);             // the low bit of the first key's first half
+  flip(path, q0.offset + q0.size - 1, 0x7f);   // the chunk's last byte
+  const TraceCheckReport r = check_trace(path);
+  INFO(all_errors(r));
+  REQUIRE(r.errors.size() == 3);  // each damaged chunk once, the others read
+  CHECK_THAT(all_errors(r), Catch::Contains("request 'r1' dataset 'v': reading layer 1") &&
+                                Catch::Contains("request 'r0' dataset 'k': reading layer 2") &&
+                                Catch::Contains("request 'r2' dataset 'q': reading layer 0") &&
+                                Catch::Contains("Fletcher32"));
+  CHECK(r.requests_checked == 3);
+  const TraceReader reader(path);
+  std::vector<float> buf(reader.layer_elements("r1", Tensor::V));
+  CHECK_THROWS_WITH(reader.read_layer("r1", Tensor::V, 1, buf), Catch::Contains("'r1' dataset 'v': reading layer 1"));
+  CHECK_NOTHROW(reader.read_layer("r1", Tensor::V, 0, buf));
+}
+
+TEST_CASE("50 random byte flips in a trace's data never pass the check or change results silently", "[check]") {
+  const std::string pristine = test::write_small_trace("flips_base.h5");
+  const auto chunks = data_chunks(pristine);
+  std::mt19937 gen(5);
+  for (int round = 0; round < 5; ++round) {
+    const std::string path = test::scratch_file("flips.h5");
+    std::filesystem::copy_file(pristine, path, std::filesystem::copy_options::overwrite_existing);
+    std::set<std::string> damaged;
+    for (int i = 0; i < 50; ++i) {
+      const ChunkSpot& s = chunks[gen() % chunks.size()];
+      flip(path, s.offset + gen() % s.size, static_cast<char>(1 + gen() % 255));
+      if (s.dataset == "k" || s.dataset == "v" || s.dataset == "q")
+        damaged.insert("request '" + s.request + "' dataset '" + s.dataset + "': reading layer " + std::to_string(s.layer));
+    }
+    const TraceCheckReport r = check_trace(path);
+    INFO("round " << round << "\n" << all_errors(r));
+    CHECK_FALSE(r.ok());
+    for (const auto& d : damaged) CHECK_THAT(all_errors(r), Catch::Contains(d));  // every damaged tensor chunk
+    SweepSpec spec;
+    spec.traces = {path};
+    spec.policies = {"snapkv"};
+    spec.budgets = {0.5};
+    spec.out_csv = test::scratch_file("flips.csv");
+    spec.force = true;
+    spec.progress = false;
+    CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains(path + ": request '"));
+  }
+}
+
+TEST_CASE("a trace written before checksums still reads, with a note", "[check]") {
+  const std::string path = test::scratch_file("unchecked.h5");
+  {
+    TraceWriterOptions opts;
+    opts.overwrite = true;
+    opts.checksums = false;
+    const SynthConfig cfg = test::small_synth_config();
+    TraceWriter writer(path, cfg.geometry, synth_capture_info(cfg), opts);
+    write_synth_trace(cfg, writer);
+    writer.close();
+  }
+  const TraceReader reader(path);
+  CHECK_FALSE(reader.checksummed("r0"));
+  const TraceCheckReport r = check_trace(path);
+  CHECK(r.ok());
+  REQUIRE(r.notes.size() == 1);
+  CHECK_THAT(r.notes[0], Catch::Contains("3 of 3 requests carry no checksums"));
+  // Read the same as the checked file of the same data.
+  const TraceReader checked(test::write_small_trace("checked.h5"));
+  std::vector<float> a(reader.layer_elements("r2", Tensor::K)), b(a.size());
+  reader.read_layer("r2", Tensor::K, 1, a);
+  checked.read_layer("r2", Tensor::K, 1, b);
+  CHECK(a == b);
 }

@@ -1,7 +1,8 @@
 #pragma once
 // Full validation of a kvtrace file (`kvsim trace check`): everything the reader checks on
-// open, plus every request's header, every layer's K/V/Q for NaN/Inf, and the reference rows.
-// Collects all problems instead of stopping at the first, each naming request and dataset.
+// open, plus every request's header, every layer's K/V/Q (each chunk's checksum, and NaN/Inf),
+// the reference rows and the reconstruction pass. Collects all problems instead of stopping at
+// the first, each naming request, dataset and layer.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@ namespace kvsim {
 
 struct TraceCheckReport {
   std::vector<std::string> errors;
+  std::vector<std::string> notes;  // not errors: e.g. requests written before checksums
   std::int64_t requests_checked = 0;
   std::int64_t tokens_checked = 0;
   bool ok() const { return errors.empty(); }

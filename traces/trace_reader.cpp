@@ -23,7 +23,8 @@ struct TraceReader::OpenRequest {
   std::string id;
   Handle group;
   Handle tensors[3];  // k, v, q
-  bool filtered[3] = {false, false, false};  // compressed: must be read a whole chunk at a time
+  bool filtered[3] = {false, false, false};  // compressed or checksummed: read a whole chunk at a time
+  bool checksummed = true;                     // every tensor's chunks carry a Fletcher32 checksum
   std::int64_t T = 0, Tq = 0;
 };
 
@@ -42,10 +43,15 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Reads a 1-D dataset of integers, checking its rank and class; type conversion by HDF5.
-template <typename T>
-std::vector<T> read_ints(hid_t group, const char* name, hid_t mem_type, const std::string& ctx,
-                         std::vector<hsize_t>* shape_out = nullptr, int rank = 1) {
+struct CheckedDataset {
+  Handle d;
+  std::vector<hsize_t> shape;
+  std::size_t n = 0;  // elements
+};
+
+// Opens a dataset of `rank` dimensions holding integers (or floats, by mem_type's class), checking
+// its rank, class and extent; reads nothing.
+CheckedDataset open_checked(hid_t group, const char* name, hid_t mem_type, const std::string& ctx, int rank) {
   if (!h5::link_exists(group, name)) throw FormatError(ctx + ": dataset '" + name + "' is missing");
   Handle d = check(H5Dopen2(group, name, H5P_DEFAULT), ctx + ": opening dataset '" + name + "'");
   const auto shape = h5::dataset_shape(d.get());
@@ -62,6 +68,14 @@ std::vector<T> read_ints(hid_t group, const char* name, hid_t mem_type, const st
   // Token-indexed data is int32-addressed; a larger extent is a corrupt or hostile file.
   if (n > (std::size_t{1} << 31))
     throw FormatError(ctx + ": dataset '" + name + "' claims " + std::to_string(n) + " elements, expected < 2^31");
+  return {std::move(d), shape, n};
+}
+
+// Reads a dataset of integers (or floats) checked by open_checked; type conversion by HDF5.
+template <typename T>
+std::vector<T> read_ints(hid_t group, const char* name, hid_t mem_type, const std::string& ctx,
+                         std::vector<hsize_t>* shape_out = nullptr, int rank = 1) {
+  auto [d, shape, n] = open_checked(group, name, mem_type, ctx, rank);
   std::vector<T> out(n);
   if (n > 0)
     check_status(H5Dread(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()),
@@ -166,11 +180,9 @@ const TraceReader::OpenRequest& TraceReader::open_request(const std::string& id)
   }
   cur = OpenRequest{};
   cur.group = check(H5Gopen2(impl_->requests.get(), id.c_str(), H5P_DEFAULT), ctx + ": opening group");
-  const auto T = static_cast<hsize_t>(
-      read_ints<std::int32_t>(cur.group.get(), "tokens", H5T_NATIVE_INT32, ctx).size());
-  std::vector<hsize_t> qshape;
-  const auto Tq = static_cast<hsize_t>(
-      read_ints<std::int32_t>(cur.group.get(), "q_index", H5T_NATIVE_INT32, ctx, &qshape).size());
+  // Lengths only: the tensors stay readable (and checkable) when the header's data is damaged.
+  const auto T = static_cast<hsize_t>(open_checked(cur.group.get(), "tokens", H5T_NATIVE_INT32, ctx, 1).n);
+  const auto Tq = static_cast<hsize_t>(open_checked(cur.group.get(), "q_index", H5T_NATIVE_INT32, ctx, 1).n);
   const hsize_t L = static_cast<hsize_t>(geometry_.n_layers), d = static_cast<hsize_t>(geometry_.head_dim);
   const std::vector<hsize_t> expected[3] = {{L, T, static_cast<hsize_t>(geometry_.n_kv_heads), d},
                                             {L, T, static_cast<hsize_t>(geometry_.n_kv_heads), d},
@@ -185,6 +197,12 @@ const TraceReader::OpenRequest& TraceReader::open_request(const std::string& id)
     cur.tensors[i] = check(H5Dopen2(cur.group.get(), name, dapl.get()), ctx + ": opening dataset '" + name + "'");
     Handle dcpl = check(H5Dget_create_plist(cur.tensors[i].get()), ctx + ": creation list of '" + name + "'");
     cur.filtered[i] = H5Pget_nfilters(dcpl.get()) > 0;
+    unsigned flags = 0;
+    std::size_t values = 0;
+    if (H5Pget_filter_by_id2(dcpl.get(), H5Z_FILTER_FLETCHER32, &flags, &values, nullptr, 0, nullptr, nullptr) < 0) {
+      cur.checksummed = false;  // written before checksums (HDF5 notes the missing filter as an error)
+      H5Eclear2(H5E_DEFAULT);
+    }
     const auto shape = h5::dataset_shape(cur.tensors[i].get());
     if (shape != expected[i])
       throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(shape) + ", expected " +
@@ -296,6 +314,8 @@ std::string TraceReader::layer_context(const std::string& id, Tensor t, int laye
     throw Error(ctx + ": destination holds " + std::to_string(dst_size) + " values, a layer has " + std::to_string(n));
   return ctx;
 }
+
+bool TraceReader::checksummed(const std::string& id) const { return open_request(id).checksummed; }
 
 void TraceReader::read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const {
   const OpenRequest& r = open_request(id);

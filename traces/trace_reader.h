@@ -38,6 +38,9 @@ class TraceReader {
   // layer_elements(); layout [tokens, heads, head_dim].
   void read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const;
   void read_layer(const std::string& id, Tensor t, int layer, std::span<float> dst) const;
+  // Whether the request's K/V/Q chunks carry checksums (every file since they were added; HDF5
+  // then verifies each chunk it reads and a damaged one fails naming request, tensor and layer).
+  bool checksummed(const std::string& id) const;
   // KVzip's reconstruction pass, when the capture recorded one: its chunk table and rows, and one
   // layer of its queries [rows, n_q_heads, d] and keys [rows, n_kv_heads, d] (q.k left empty).
   bool has_repeat_pass(const std::string& id) const;

@@ -49,6 +49,8 @@ struct TraceWriter::Impl {
       check_status(H5Pset_deflate(dcpl.get(), static_cast<unsigned>(options.deflate_level)),
                    ctx() + ": deflate filter for " + name);
     }
+    // Last in the pipeline: the checksum covers the bytes as stored.
+    if (options.checksums) check_status(H5Pset_fletcher32(dcpl.get()), ctx() + ": checksum filter for " + name);
     // Whole-chunk writes: the chunk cache would only add a copy.
     Handle dapl = check(H5Pcreate(H5P_DATASET_ACCESS), "dataset access list");
     check_status(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), ctx() + ": chunk cache for " + name);
@@ -72,12 +74,20 @@ struct TraceWriter::Impl {
 
 namespace {
 
+// A small dataset written whole: one chunk with a checksum when `checksums` (and it has data).
 template <typename T>
 void write_vector(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, const std::vector<T>& data,
-                  const std::string& ctx, std::vector<hsize_t> dims = {}) {
+                  const std::string& ctx, bool checksums, std::vector<hsize_t> dims = {}) {
   if (dims.empty()) dims = {static_cast<hsize_t>(data.size())};
   Handle space = check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), ctx + ": dataspace");
-  Handle dset = check(H5Dcreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+  Handle dcpl = check(H5Pcreate(H5P_DATASET_CREATE), "dataset property list");
+  if (checksums && !data.empty()) {
+    std::vector<hsize_t> chunk = dims;
+    if (chunk.size() == 4) chunk[0] = 1;  // a layer a chunk, as the tensors: HDF5 caps a chunk at 4 GiB
+    check_status(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), ctx + ": chunking " + name);
+    check_status(H5Pset_fletcher32(dcpl.get()), ctx + ": checksum filter for " + name);
+  }
+  Handle dset = check(H5Dcreate2(loc, name, file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                       ctx + ": creating dataset " + name);
   if (!data.empty())
     check_status(H5Dwrite(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()),
@@ -134,7 +144,8 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
   h5::write_attr_i64(model.get(), "rope_dim", geometry.rope.rope_dim);
   if (geometry.rope_theta_local > 0) h5::write_attr_f64(model.get(), "rope_theta_local", geometry.rope_theta_local);
   if (!geometry.sliding_window.empty())
-    write_vector(model.get(), "sliding_window", H5T_STD_I32LE, H5T_NATIVE_INT, geometry.sliding_window, path);
+    write_vector(model.get(), "sliding_window", H5T_STD_I32LE, H5T_NATIVE_INT, geometry.sliding_window, path,
+                 options.checksums);
 
   Handle cap = check(H5Gcreate2(root, layout::kCaptureGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path + ": /capture");
   h5::write_attr_string(cap.get(), "tool_version", capture.tool_version);
@@ -188,10 +199,10 @@ void TraceWriter::begin_request(const RequestHeader& header) {
   h5::write_attr_i64(g, "question_start", header.question_start);
   h5::write_attr_i64(g, "needle_start", header.needle_start);
   h5::write_attr_i64(g, "needle_end", header.needle_end);
-  write_vector(g, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, header.tokens, ctx);
-  write_vector(g, "positions", H5T_STD_I32LE, H5T_NATIVE_INT32, header.positions, ctx);
-  write_vector(g, "segments", H5T_STD_I8LE, H5T_NATIVE_INT8, header.segments, ctx);
-  write_vector(g, "q_index", H5T_STD_I32LE, H5T_NATIVE_INT32, header.q_index, ctx);
+  write_vector(g, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, header.tokens, ctx, s.options.checksums);
+  write_vector(g, "positions", H5T_STD_I32LE, H5T_NATIVE_INT32, header.positions, ctx, s.options.checksums);
+  write_vector(g, "segments", H5T_STD_I8LE, H5T_NATIVE_INT8, header.segments, ctx, s.options.checksums);
+  write_vector(g, "q_index", H5T_STD_I32LE, H5T_NATIVE_INT32, header.q_index, ctx, s.options.checksums);
   const auto T = static_cast<hsize_t>(header.n_tokens());
   const auto Tq = static_cast<hsize_t>(header.n_queries());
   s.k = s.create_tensor("k", T, static_cast<hsize_t>(s.geometry.n_kv_heads));
@@ -256,10 +267,10 @@ void TraceWriter::write_reference(const ReferenceDistribution& ref) {
   Handle g = check(H5Gcreate2(s.group.get(), layout::kRefGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                    s.ctx() + ": creating ref group");
   const std::vector<hsize_t> dims2 = {rows, k};
-  write_vector(g.get(), "index", H5T_STD_I32LE, H5T_NATIVE_INT32, ref.index, s.ctx());
-  write_vector(g.get(), "topk_ids", H5T_STD_I32LE, H5T_NATIVE_INT32, ref.topk_ids, s.ctx(), dims2);
-  write_vector(g.get(), "topk_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ref.topk_logp, s.ctx(), dims2);
-  write_vector(g.get(), "lse", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ref.lse, s.ctx());
+  write_vector(g.get(), "index", H5T_STD_I32LE, H5T_NATIVE_INT32, ref.index, s.ctx(), s.options.checksums);
+  write_vector(g.get(), "topk_ids", H5T_STD_I32LE, H5T_NATIVE_INT32, ref.topk_ids, s.ctx(), s.options.checksums, dims2);
+  write_vector(g.get(), "topk_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ref.topk_logp, s.ctx(), s.options.checksums, dims2);
+  write_vector(g.get(), "lse", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ref.lse, s.ctx(), s.options.checksums);
   s.reference_written = true;
 }
 
@@ -295,10 +306,11 @@ void TraceWriter::write_repeat_pass(const RepeatPass& pass) {
                    ctx + ": creating group");
   std::vector<std::int64_t> table;
   for (const RepeatChunk& c : pass.chunks) table.insert(table.end(), {c.begin, c.end, c.row_begin, c.row_end});
-  write_vector(g.get(), "chunks", H5T_STD_I64LE, H5T_NATIVE_INT64, table, ctx, {pass.chunks.size(), 4});
-  write_vector(g.get(), "q", h5::half_type(), h5::half_type(), q, ctx,
+  write_vector(g.get(), "chunks", H5T_STD_I64LE, H5T_NATIVE_INT64, table, ctx, s.options.checksums,
+               {pass.chunks.size(), 4});
+  write_vector(g.get(), "q", h5::half_type(), h5::half_type(), q, ctx, s.options.checksums,
                {L, rows, static_cast<hsize_t>(s.geometry.n_q_heads), d});
-  write_vector(g.get(), "k", h5::half_type(), h5::half_type(), k, ctx,
+  write_vector(g.get(), "k", h5::half_type(), h5::half_type(), k, ctx, s.options.checksums,
                {L, rows, static_cast<hsize_t>(s.geometry.n_kv_heads), d});
 }
 

@@ -16,6 +16,9 @@ namespace kvsim {
 struct TraceWriterOptions {
   bool overwrite = false;  // refuse to replace an existing file unless asked: no lost data
   int deflate_level = 0;   // 0 = uncompressed (default: f16 K/V barely compress, see bench/)
+  // A Fletcher32 checksum on every chunk of every dataset, which HDF5 verifies on every read
+  // (docs/trace-format.md). Off only to write a file as kvsim did before checksums (tests).
+  bool checksums = true;
 };
 
 class TraceWriter {
