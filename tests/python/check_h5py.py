@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A kvtrace file is standard HDF5: h5py opens it, K/V/Q are numpy float16, and the values
-equal what kvsim's own reader returns (`kvsim trace dump`)."""
+equal what kvsim's own reader returns (`kvsim trace dump`). Its chunk checksums are the library's
+Fletcher32 both ways: stock HDF5 (under h5py) verifies what kvsim wrote, and kvsim verifies
+chunks the stock library wrote, and catches one it damaged."""
 import json
 import os
 import subprocess
@@ -49,6 +51,36 @@ def main() -> int:
             expect(ref["topk_logp"].dtype == np.float32, "ref/topk_logp dtype")
             expect(bool(np.all(np.diff(ref["index"][:]) > 0)), "ref/index increasing")
             expect(bool(np.all(np.isfinite(req["k"][:]))), f"{rid}/k finite")
+            expect(all(req[n].fletcher32 for n in ("k", "v", "q", "tokens", "q_index")), f"{rid} checksummed")
+
+    # The stock library re-writes every tensor with its own Fletcher32; kvsim reads them checked.
+    restamped = os.path.join(workdir, "h5py_restamped.h5")
+    with h5py.File(path, "r") as src, h5py.File(restamped, "w") as dst:
+        for key in src.attrs:
+            dst.attrs[key] = src.attrs[key]
+        for name in ("model", "capture"):
+            src.copy(name, dst)
+        for rid in ("r0", "r1"):
+            g = dst.create_group(f"requests/{rid}")
+            for key, value in src["requests"][rid].attrs.items():
+                g.attrs[key] = value
+            for name, obj in src["requests"][rid].items():
+                if isinstance(obj, h5py.Group):
+                    src["requests"][rid].copy(name, g)
+                else:
+                    g.create_dataset(name, data=obj[()], chunks=obj.chunks, fletcher32=True)
+    check = subprocess.run([kvsim, "trace", "check", restamped], capture_output=True, text=True)
+    expect(check.returncode == 0 and "OK" in check.stdout, f"kvsim reads stock checksums: {check.stderr.strip()}")
+    with h5py.File(restamped, "r") as f:
+        offset = f["requests/r1/v"].id.get_chunk_info_by_coord((2, 0, 0, 0)).byte_offset
+    with open(restamped, "r+b") as io:
+        io.seek(offset + 5)
+        byte = io.read(1)[0]
+        io.seek(offset + 5)
+        io.write(bytes([byte ^ 0x20]))
+    check = subprocess.run([kvsim, "trace", "check", restamped], capture_output=True, text=True)
+    expect(check.returncode == 1 and "request 'r1' dataset 'v': reading layer 2" in check.stderr,
+           f"kvsim catches a damaged stock chunk: {check.stderr.strip()}")
     for f in failures:
         print("FAIL:", f)
     print(f"h5py check: {0 if failures else 1} passed, {1 if failures else 0} failed")
