@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 #include <thread>
 #include <unistd.h>
 
@@ -184,6 +185,10 @@ void check_output_path(const std::string& out, bool overwrite) {
 CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts,
                            const EngineFactory& make) {
   const auto t0 = std::chrono::steady_clock::now();
+  const std::string tmp = opts.out_path + ".partial";
+  const bool resuming = opts.resume && std::filesystem::exists(tmp);
+  if (opts.resume && !resuming && std::filesystem::exists(opts.out_path))
+    throw Error(opts.out_path + ": already complete, nothing to resume (pass --force to capture again)");
   check_output_path(opts.out_path, opts.overwrite);
   const GgufFile gguf(opts.model_path);
   const Tokenizer tok(gguf);
@@ -202,13 +207,17 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
                         {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass},
                         {"device", model.device()}};
   CaptureInfo info{"kvsim 0.1.0", device_name(opts.device), utc_now(), 0, cfg.dump()};
-  const std::string tmp = opts.out_path + ".partial";
   CaptureSummary summary;
   {
-    TraceWriter writer(tmp, g, info, TraceWriterOptions{true, 0});
+    TraceWriterOptions wo;
+    wo.overwrite = true;
+    wo.append = resuming;
+    TraceWriter writer(tmp, g, info, wo);
+    const std::set<std::string> done = writer.written_ids();  // resuming: these are in the file
     QuerySpill spill(tmp, c.n_layers, static_cast<std::int64_t>(c.n_q_heads) * c.head_dim);
     WriterThread io;
     for (const CaptureRequest& r : requests) {
+      if (done.count(r.id)) continue;
       const std::string where = "request '" + r.id + "' (line " + std::to_string(r.line) + ")";
       Prompt p = build_prompt(tok, r, default_system);
       const auto n_prompt = static_cast<std::int64_t>(p.tokens.size());

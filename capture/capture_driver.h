@@ -31,6 +31,9 @@ struct CaptureOptions {
   int query_window = 64;
   int prefill_chunk = 256;     // tokens per prefill forward pass
   bool overwrite = false;
+  // Continue a capture that was stopped: OUT.partial keeps its committed requests (a request left
+  // half-written is captured again) and the missing ones follow, with the same configuration.
+  bool resume = false;
   bool repeat_pass = false;    // also record KVzip's context-reconstruction pass (capture/repeat_pass.h)
   WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
   Device device = Device::Cpu;

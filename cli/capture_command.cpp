@@ -33,7 +33,8 @@ int capture_command(const Args& args) {
       "quant (keep the GGUF blocks, dequantize on the fly) | f32 (dequantize once at load)")(
       "device", po::value(&device)->default_value(device),
       "cpu | cuda (the CUDA engine: fp16 weights on the GPU, Q/K/V copied to the host while the next layer runs)")(
-      "force", "replace an existing output file");
+      "force", "replace an existing output file")(
+      "resume", "continue a capture that was stopped (OUT.partial): keep its finished requests, capture the rest");
   po::variables_map vm;
   if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]")) return 0;
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
@@ -44,6 +45,7 @@ int capture_command(const Args& args) {
   o.device = parse_device(device);
   require_device(o.device);
   o.overwrite = vm.count("force") > 0;
+  o.resume = vm.count("resume") > 0;
   o.repeat_pass = vm.count("repeat-pass") > 0;
   const auto reqs = read_capture_requests(requests);
   const CaptureSummary s = run_capture(reqs, o);

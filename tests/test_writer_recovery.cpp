@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <set>
 #include <csignal>
 #include <sys/wait.h>
 #include <thread>
@@ -75,11 +76,45 @@ TEST_CASE("a writer killed at any point inside a request loses only that request
   REQUIRE(WTERMSIG(status) == SIGKILL);
 
   verify_committed(path, cfg, 2);
-  TraceReader reader(path);
-  REQUIRE(reader.incomplete_request_ids() == std::vector<std::string>{"r2"});
+  REQUIRE(TraceReader(path).incomplete_request_ids() == std::vector<std::string>{"r2"});
   const TraceCheckReport report = check_trace(path);
   REQUIRE(report.errors.size() == 1);
   CHECK_THAT(report.errors[0], Catch::Contains("request 'r2' is incomplete"));
+
+  // Appending (capture --resume): the two committed requests stay, the torn r2 is written again,
+  // and the file then holds what one uninterrupted writer writes.
+  {
+    TraceWriterOptions append;
+    append.append = true;
+    TraceWriter w(path, cfg.geometry, synth_capture_info(cfg), append);
+    CHECK(w.written_ids() == std::set<std::string>{"r0", "r1"});
+    const SynthPlan plan = plan_synth_request(cfg, 2);
+    w.begin_request(plan.header);
+    for (int l = 0; l < cfg.geometry.n_layers; ++l) {
+      const SynthLayer layer = synth_layer(cfg, plan, 2, l);
+      w.write_layer_f32(l, layer.k, layer.v, layer.q);
+    }
+    w.write_reference(synth_reference(cfg, plan, 2));
+    w.commit_request();
+    w.close();
+  }
+  verify_committed(path, cfg, 3);
+  CHECK(check_trace(path).ok());
+}
+
+TEST_CASE("appending to a trace of another model or capture configuration is refused", "[recovery]") {
+  const SynthConfig cfg = test::small_synth_config();
+  const std::string path = test::write_small_trace("append_refused.h5");
+  TraceWriterOptions append;
+  append.append = true;
+  CaptureInfo other = synth_capture_info(cfg);
+  other.config = "{\"tool\":\"something else\"}";
+  CHECK_THROWS_WITH(TraceWriter(path, cfg.geometry, other, append),
+                    Catch::Contains("--resume with a different capture configuration"));
+  ModelGeometry g = cfg.geometry;
+  g.n_layers += 1;
+  CHECK_THROWS_WITH(TraceWriter(path, g, synth_capture_info(cfg), append), Catch::Contains("another model geometry"));
+  CHECK(TraceReader(path).request_ids().size() == 3);  // untouched
 }
 
 TEST_CASE("a writer killed from outside at an arbitrary moment leaves a readable file", "[recovery]") {

@@ -10,6 +10,7 @@
 #include "traces/fletcher32.h"
 #include "traces/h5_handle.h"
 #include "traces/trace_layout.h"
+#include "traces/trace_reader.h"
 
 namespace kvsim {
 
@@ -124,11 +125,15 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
   join_problems(geometry_problems(geometry, "trace writer for " + path));
   if (options.deflate_level < 0 || options.deflate_level > 9)
     throw Error("trace writer: deflate level " + std::to_string(options.deflate_level) + ", expected 0..9");
-  if (!options.overwrite && std::filesystem::exists(path))
-    throw Error(path + ": file exists; refusing to overwrite it (pass --force / overwrite to replace)");
   impl_->geometry = geometry;
   impl_->options = options;
   impl_->path = path;
+  if (options.append && std::filesystem::exists(path)) {
+    open_for_append(geometry, capture);
+    return;
+  }
+  if (!options.overwrite && std::filesystem::exists(path))
+    throw Error(path + ": file exists; refusing to overwrite it (pass --force / overwrite to replace)");
   // Default (1.8-compatible) format on purpose: the newest superblock records "open for
   // writing" and a killed writer would leave a file that needs h5clear before it can be read.
   // Never reuse freed file space: a block freed by a metadata change (a grown group heap) could
@@ -172,6 +177,31 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
       check(H5Gcreate2(root, layout::kRequestsGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path + ": /requests");
   impl_->flush();
 }
+
+void TraceWriter::open_for_append(const ModelGeometry& geometry, const CaptureInfo& capture) {
+  Impl& s = *impl_;
+  std::vector<std::string> committed, incomplete;
+  {
+    const TraceReader earlier(path_);  // checks format and version; closed before the file reopens
+    if (!(earlier.geometry() == geometry))
+      throw Error(path_ + ": was written for another model geometry; resume needs the same model");
+    if (earlier.capture().config != capture.config)
+      throw Error(path_ + ": --resume with a different capture configuration; the file was written with\n  " +
+                  earlier.capture().config + "\nbut this run is\n  " + capture.config +
+                  "\n(use a new output, or --force to start again)");
+    committed = earlier.request_ids();
+    incomplete = earlier.incomplete_request_ids();
+  }
+  s.file = check(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), path_ + ": cannot open for appending");
+  s.requests = check(H5Gopen2(s.file.get(), layout::kRequestsGroup, H5P_DEFAULT), path_ + ": /requests");
+  for (const auto& id : incomplete)  // what its writer left half-written goes; it is captured again
+    check_status(H5Ldelete(s.requests.get(), id.c_str(), H5P_DEFAULT), path_ + ": removing incomplete request '" + id + "'");
+  s.ids.insert(committed.begin(), committed.end());
+  n_committed_ = static_cast<std::int64_t>(committed.size());
+  s.flush();
+}
+
+const std::set<std::string>& TraceWriter::written_ids() const { return impl_->ids; }
 
 TraceWriter::~TraceWriter() {
   try {

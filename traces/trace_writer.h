@@ -6,6 +6,7 @@
 // killed midway leaves every earlier request readable and this one detectably incomplete.
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 
@@ -19,6 +20,10 @@ struct TraceWriterOptions {
   // A Fletcher32 checksum on every chunk of every dataset, which HDF5 verifies on every read
   // (docs/trace-format.md). Off only to write a file as kvsim did before checksums (tests).
   bool checksums = true;
+  // Continue a file an earlier writer was stopped in (kvsim capture --resume): its committed
+  // requests stay, a request it left incomplete is removed, new ones follow. The file's geometry
+  // and capture configuration must be this writer's.
+  bool append = false;
 };
 
 class TraceWriter {
@@ -47,9 +52,12 @@ class TraceWriter {
   // Flushes and closes; a request begun but not committed stays marked incomplete.
   void close();
   const std::string& path() const { return path_; }
+  // Request ids in this file: committed by earlier writers (append), and begun by this one.
+  const std::set<std::string>& written_ids() const;
   std::int64_t requests_written() const { return n_committed_; }
 
  private:
+  void open_for_append(const ModelGeometry& geometry, const CaptureInfo& capture);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_;

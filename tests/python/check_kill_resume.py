@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""kill -9 at random points: `kvsim capture` and `kvsim sweep` are killed several times and resumed
+each time. Every result committed before a kill survives it, and the resumed output equals an
+uninterrupted run's: the same trace data request by request (capture), the same files byte for
+byte (sweep)."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def run(cmd):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def killed_runs(first, again, rng, kills, low, high):
+    """Runs `first`, then `again` (the resume) until one finishes; SIGKILL after a random delay
+    in [low, high) seconds, `kills` times. `after_kill()` of each is checked by the caller."""
+    cmd, n = first, 0
+    while True:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if n < kills:
+            try:
+                p.wait(timeout=rng.uniform(low, high))
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                n += 1
+                yield n
+                cmd = again
+                continue
+        err = p.communicate()[1].decode()
+        expect(p.returncode == 0, f"{' '.join(cmd[:2])} finished with {p.returncode}: {err.strip()}")
+        return
+
+
+def committed(path):
+    if not os.path.exists(path):
+        return set()
+    with h5py.File(path, "r") as f:
+        return {rid for rid, g in f["requests"].items() if g.attrs["status"].decode() == "complete"}
+
+
+def trace_data(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        reqs = sorted(f["requests"].items(), key=lambda kv: int(kv[1].attrs["index"]))
+        out["order"] = [rid for rid, _ in reqs]
+        for rid, g in reqs:
+            for name in ("tokens", "positions", "segments", "q_index", "k", "v", "q", "ref/index", "ref/topk_ids",
+                         "ref/topk_logp", "ref/lse"):
+                out[f"{rid}/{name}"] = g[name][()]
+    return out
+
+
+def check_capture(kvsim, model, workdir, rng):
+    tasks = os.path.join(workdir, "kill_tasks.jsonl")
+    run([kvsim, "tasks", "needle", "--count", "4", "--tokens", "240", "--seed", "3", "-o", tasks, "--force"])
+    full, resumed = os.path.join(workdir, "kill_full.h5"), os.path.join(workdir, "kill_resumed.h5")
+    base = [kvsim, "capture", "-m", model, "-r", tasks, "--max-new", "8", "--queries", "all"]
+    run(base + ["-o", full, "--force"])
+    for p in (resumed, resumed + ".partial"):
+        if os.path.exists(p):
+            os.remove(p)
+    seen = set()
+    for n in killed_runs(base + ["-o", resumed], base + ["-o", resumed, "--resume"], rng, 4, 0.5, 4.0):
+        now = committed(resumed + ".partial")
+        expect(seen <= now, f"capture kill {n}: committed requests lost: {sorted(seen - now)}")
+        seen = now
+        print(f"capture: kill {n}, {len(now)} requests committed", flush=True)
+    expect(not os.path.exists(resumed + ".partial"), "capture: the partial file was renamed at the end")
+    a, b = trace_data(full), trace_data(resumed)
+    expect(a["order"] == b["order"], f"capture: request order {b['order']} != {a['order']}")
+    for key in a:
+        if key != "order":
+            expect(key in b and np.array_equal(a[key], b[key]), f"capture: {key} differs from the uninterrupted run")
+
+
+def check_sweep(kvsim, workdir, rng):
+    trace = os.path.join(workdir, "kill_sweep.h5")
+    run([kvsim, "trace", "synth", "-o", trace, "--force", "--requests", "8", "--context", "1536", "--layers", "6"])
+    out = {k: os.path.join(workdir, f"kill_{k}") for k in ("full.csv", "full.jsonl", "res.csv", "res.jsonl")}
+    base = [kvsim, "sweep", trace, "-p", "snapkv;h2o;tova;streamingllm;kivi", "-b", "0.2,0.5", "-q"]
+    run(base + ["-o", out["full.csv"], "--detail", out["full.jsonl"], "--force"])
+    first = base + ["-o", out["res.csv"], "--detail", out["res.jsonl"], "--force"]
+    again = base + ["-o", out["res.csv"], "--detail", out["res.jsonl"], "--resume"]
+
+    def finished_rows(path):
+        if not os.path.exists(path):
+            return []
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")[:-1]  # the last, unterminated line may be torn
+        return [l for l in lines if l and not l.startswith(b"#") and not l.startswith(b"trace,")]
+
+    seen = []
+    for n in killed_runs(first, again, rng, 4, 0.3, 2.5):
+        rows = finished_rows(out["res.csv"])
+        expect(rows[:len(seen)] == seen, f"sweep kill {n}: rows written before are gone")
+        seen = rows
+        print(f"sweep: kill {n}, {len(rows)} rows on disk", flush=True)
+    for a, b in (("full.csv", "res.csv"), ("full.jsonl", "res.jsonl")):
+        with open(out[a], "rb") as fa, open(out[b], "rb") as fb:
+            expect(fa.read() == fb.read(), f"sweep: {b} differs from the uninterrupted {a}")
+
+
+def main() -> int:
+    kvsim, model, workdir = sys.argv[1], sys.argv[2], sys.argv[3]
+    rng = random.Random(int(os.environ.get("KVSIM_KILL_SEED", "7")))
+    check_capture(kvsim, model, workdir, rng)
+    check_sweep(kvsim, workdir, rng)
+    print(f"kill -9 check: {'failed' if failures else 'passed'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
