@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <condition_variable>
 #include <ctime>
@@ -180,6 +181,19 @@ void check_output_path(const std::string& out, bool overwrite) {
   if (access(dir.c_str(), W_OK) != 0) throw Error(out + ": output directory '" + dir.string() + "' is not writable");
 }
 
+// A digest of the requests (FNV-1a over every field), so --resume refuses another request list.
+std::string requests_digest(const std::vector<CaptureRequest>& requests) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto add = [&](const std::string& s) {
+    for (const unsigned char c : s + '\x1f') h = (h ^ c) * 1099511628211ull;
+  };
+  for (const CaptureRequest& r : requests)
+    for (const std::string* f : {&r.id, &r.system, &r.context, &r.question, &r.answer, &r.task, &r.expected}) add(*f);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::to_string(requests.size()) + " requests, fnv1a " + hex;
+}
+
 }  // namespace
 
 CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts,
@@ -187,8 +201,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   const auto t0 = std::chrono::steady_clock::now();
   const std::string tmp = opts.out_path + ".partial";
   const bool resuming = opts.resume && std::filesystem::exists(tmp);
-  if (opts.resume && !resuming && std::filesystem::exists(opts.out_path))
-    throw Error(opts.out_path + ": already complete, nothing to resume (pass --force to capture again)");
+  // A capture that finished (the kill came after the rename) has nothing left to do.
+  if (opts.resume && !resuming && std::filesystem::exists(opts.out_path)) return {};
   check_output_path(opts.out_path, opts.overwrite);
   const GgufFile gguf(opts.model_path);
   const Tokenizer tok(gguf);
@@ -205,7 +219,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
                         {"queries", opts.all_queries ? "all" : "eval"},
                         {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk},
                         {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass},
-                        {"device", model.device()}};
+                        {"device", model.device()},
+                        {"requests", requests_digest(requests)}};
   CaptureInfo info{"kvsim 0.1.0", device_name(opts.device), utc_now(), 0, cfg.dump()};
   CaptureSummary summary;
   {

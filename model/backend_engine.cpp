@@ -18,11 +18,24 @@ BackendEngine::BackendEngine(const GgufFile& f, std::unique_ptr<gpu::Transformer
       got.n_kv_heads != want.n_kv_heads || got.head_dim != want.head_dim || got.n_ff != want.n_ff || got.vocab != want.vocab)
     throw Error(f.path() + ": the " + backend_->name() + " backend was made for another model shape");
   // The rest of the block (norms, activation, scales, windows, RoPE bases) must be the file's too.
-  if (got.qk_norm != want.qk_norm || got.post_norms != want.post_norms || got.ffn_act != want.ffn_act ||
-      got.embd_scale != want.embd_scale || got.attn_scale != want.attn_scale || got.sliding_window != want.sliding_window ||
-      got.rope_theta_local != want.rope_theta_local || got.rope != want.rope || got.qkv_bias != want.qkv_bias ||
-      got.tied_embeddings != want.tied_embeddings || got.rms_eps != want.rms_eps)
-    throw Error(f.path() + ": the " + backend_->name() + " backend was made for another " + want.arch + " block");
+  std::string differ;
+  auto field = [&](bool same, const char* name) {
+    if (!same) differ += std::string(differ.empty() ? "" : ", ") + name;
+  };
+  field(got.qk_norm == want.qk_norm, "qk_norm");
+  field(got.post_norms == want.post_norms, "post_norms");
+  field(got.ffn_act == want.ffn_act, "ffn_act");
+  field(got.embd_scale == want.embd_scale, "embd_scale");
+  field(got.attn_scale == want.attn_scale, "attn_scale");
+  field(got.sliding_window == want.sliding_window, "sliding_window");
+  field(got.rope_theta_local == want.rope_theta_local, "rope_theta_local");
+  field(got.rope == want.rope, "rope");
+  field(got.qkv_bias == want.qkv_bias, "qkv_bias");
+  field(got.tied_embeddings == want.tied_embeddings, "tied_embeddings");
+  field(got.rms_eps == want.rms_eps, "rms_eps");
+  if (!differ.empty())
+    throw Error(f.path() + ": the " + backend_->name() + " backend was made for another " + want.arch + " block (" +
+                differ + " differ from the file's)");
   load_transformer_weights(f, want, backend_->sink());
   cache_.head_dim = cfg_.head_dim;
   reset();

@@ -72,24 +72,54 @@ std::string geometry_string(const ModelGeometry& g) {
          std::to_string(g.n_kv_heads) + " kv heads, head_dim " + std::to_string(g.head_dim);
 }
 
-struct CsvState {
-  std::vector<std::string> kept_lines;          // rows of requests that finished
-  std::set<std::pair<std::string, std::string>> done;  // (trace, request)
+using RequestKey = std::pair<std::string, std::string>;  // (trace, request)
+
+// What --resume keeps of an earlier run: each finished request's rows, in the order they were
+// written (which is the sweep's order).
+struct ResumeState {
+  std::vector<std::pair<RequestKey, std::vector<std::string>>> kept;
+  std::set<RequestKey> done;
+  void keep_only(const std::set<RequestKey>& keys) {
+    std::erase_if(kept, [&](const auto& k) { return !keys.count(k.first); });
+    std::erase_if(done, [&](const RequestKey& k) { return !keys.count(k); });
+  }
 };
+
+// A file's lines with a last line the kill cut (no newline, even if it has every field) dropped.
+std::vector<std::string> whole_lines(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (!text.empty() && text.back() != '\n') text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Groups rows by request in first-seen order; a request with every config row is finished.
+ResumeState finished_requests(const std::vector<std::pair<RequestKey, std::string>>& rows, std::size_t per_request) {
+  std::vector<RequestKey> order;
+  std::map<RequestKey, std::vector<std::string>> by_request;
+  for (const auto& [key, line] : rows) {
+    auto& v = by_request[key];
+    if (v.empty()) order.push_back(key);
+    v.push_back(line);
+  }
+  ResumeState st;
+  for (const auto& key : order)
+    if (by_request[key].size() == per_request) {
+      st.done.insert(key);
+      st.kept.emplace_back(key, std::move(by_request[key]));
+    }
+  return st;
+}
 
 // Reads an existing result file for --resume: checks the configuration line and keeps only the
 // rows of requests whose every config row is present (a request cut short is redone).
-CsvState read_for_resume(const std::string& path, const std::string& config_line, std::size_t configs_per_request) {
-  std::ifstream file(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  // A line without its newline was cut by the kill, even if it happens to have every field.
-  if (!text.empty() && text.back() != '\n') text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
-  std::istringstream in(text);
-  CsvState st;
-  std::string line;
-  std::map<std::pair<std::string, std::string>, std::vector<std::string>> by_request;
+ResumeState read_for_resume(const std::string& path, const std::string& config_line, std::size_t configs_per_request) {
+  std::vector<std::pair<RequestKey, std::string>> rows;
   bool saw_config = false;
-  while (std::getline(in, line)) {
+  for (const auto& line : whole_lines(path)) {
     if (line.rfind("# config: ", 0) == 0) {
       saw_config = true;
       if (line != config_line)
@@ -101,15 +131,28 @@ CsvState read_for_resume(const std::string& path, const std::string& config_line
     if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
     const auto f = parse_csv_line(line);
     if (f.size() != kColumns.size()) continue;  // a row cut short by the kill
-    by_request[{f[0], f[1]}].push_back(line);
+    rows.push_back({{f[0], f[1]}, line});
   }
   if (!saw_config) throw Error(path + ": --resume: no '# config:' line, expected a kvsim sweep result file");
-  for (auto& [key, rows] : by_request) {
-    if (rows.size() != configs_per_request) continue;
-    st.done.insert(key);
-    st.kept_lines.insert(st.kept_lines.end(), rows.begin(), rows.end());
+  return finished_requests(rows, configs_per_request);
+}
+
+// The detail file's finished requests (every config's line), for --resume; a missing file has none.
+ResumeState read_detail_for_resume(const std::string& path, const std::string& config_json, std::size_t per_request) {
+  std::vector<std::pair<RequestKey, std::string>> rows;
+  if (!std::filesystem::exists(path)) return {};
+  const std::vector<std::string> lines = whole_lines(path);
+  if (!lines.empty() && lines.front() != config_json)
+    throw Error(path + ": --resume with a different configuration than this detail file's");
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    try {
+      const auto j = nlohmann::json::parse(lines[i]);
+      rows.push_back({{j.at("trace").get<std::string>(), j.at("request").get<std::string>()}, lines[i]});
+    } catch (const std::exception&) {
+      // a line cut by the kill: its request is redone
+    }
   }
-  return st;
+  return finished_requests(rows, per_request);
 }
 
 }  // namespace
@@ -132,7 +175,7 @@ std::vector<ReplayConfig> expand_configs(const SweepSpec& spec) {
   return out;
 }
 
-std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs) {
+std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs, std::int64_t all_requests) {
   nlohmann::json j;
   j["tool"] = std::string("kvsim sweep ") + KVSIM_VERSION_STRING;
   j["traces"] = spec.traces;
@@ -141,7 +184,11 @@ std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayCon
   j["budget_semantics"] = spec.budget_rule.name();
   if (!spec.estimator.empty()) j["estimator"] = spec.estimator;
   j["budgets"] = spec.budgets;
-  if (spec.shards > 1) j["shard"] = std::to_string(spec.shard) + "/" + std::to_string(spec.shards);
+  if (spec.shards > 1) {
+    // With the whole sweep's request count, so a merge can tell a complete set of shards.
+    j["shard"] = std::to_string(spec.shard) + "/" + std::to_string(spec.shards);
+    j["shard_of_requests"] = all_requests;
+  }
   nlohmann::json cfgs = nlohmann::json::array();
   for (const auto& c : configs) cfgs.push_back({{"policy", c.label()}, {"budget", c.budget}});
   j["configs"] = cfgs;
@@ -199,12 +246,17 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     if (estimator->mode != mode_name(spec.mode))
       throw Error(spec.estimator + ": calibrated on " + estimator->mode + " runs, but this sweep is " + mode_name(spec.mode));
   }
+  const std::string config_line = "# config: " + sweep_config_json(spec, configs, total_requests);
   if (spec.shards > 1) total_requests = (total_requests - spec.shard + spec.shards - 1) / spec.shards;
-  const std::string config_line = "# config: " + sweep_config_json(spec, configs);
-  CsvState state;
+  ResumeState state, detail_state;
   const bool exists = std::filesystem::exists(spec.out_csv);
   if (exists && spec.resume) {
     state = read_for_resume(spec.out_csv, config_line, configs.size());
+    if (!spec.detail_jsonl.empty()) {
+      // A request is finished when its detail is whole too: a kill may fall between the files.
+      detail_state = read_detail_for_resume(spec.detail_jsonl, config_line.substr(10), configs.size());
+      state.keep_only(detail_state.done);
+    }
   } else if (exists && !spec.force) {
     throw Error(spec.out_csv + ": exists; pass --resume to continue that sweep or --force to replace it");
   }
@@ -215,40 +267,22 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     if (!out) throw Error(spec.out_csv + ": cannot write");
     out << kSweepBanner << "\n" << config_line << "\n";
     out << csv_line(kColumns) << "\n";
-    for (const auto& l : state.kept_lines) out << l << "\n";
+    for (const auto& [key, rows] : state.kept)
+      for (const auto& l : rows) out << l << "\n";
     out.close();
     std::filesystem::rename(tmp, spec.out_csv);
   }
   std::ofstream csv(spec.out_csv, std::ios::app);
   std::ofstream detail;
   if (!spec.detail_jsonl.empty()) {
-    // Keep the detail of finished requests only (a cut request is redone), behind the same
-    // configuration line as the CSV.
-    std::vector<std::string> kept_detail;
-    if (spec.resume && std::filesystem::exists(spec.detail_jsonl)) {
-      std::ifstream in(spec.detail_jsonl);
-      std::string line;
-      bool first = true;
-      while (std::getline(in, line)) {
-        if (first) {
-          first = false;
-          if (line != config_line.substr(10))
-            throw Error(spec.detail_jsonl + ": --resume with a different configuration than this detail file's");
-          continue;
-        }
-        try {
-          const auto j = nlohmann::json::parse(line);
-          if (state.done.count({j.at("trace").get<std::string>(), j.at("request").get<std::string>()}))
-            kept_detail.push_back(line);
-        } catch (const std::exception&) {
-          // a line cut by the kill: its request is redone
-        }
-      }
-    }
+    // The detail of the finished requests, in the CSV's order, behind the same configuration line.
+    std::map<RequestKey, const std::vector<std::string>*> lines_of;
+    for (const auto& [key, rows] : detail_state.kept) lines_of[key] = &rows;
     detail.open(spec.detail_jsonl, std::ios::trunc);
     if (!detail) throw Error(spec.detail_jsonl + ": cannot write");
     detail << config_line.substr(10) << "\n";
-    for (const auto& l : kept_detail) detail << l << "\n";
+    for (const auto& [key, rows] : state.kept)
+      for (const auto& l : *lines_of.at(key)) detail << l << "\n";
   }
 
   const bool tty = spec.progress && ::isatty(2);
@@ -293,9 +327,9 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                  << "\n";
         }
       }
+      if (detail.is_open()) detail.flush();  // detail first: resume redoes a request whose detail is torn
       csv << rows.str();
       csv.flush();  // a finished request is never lost
-      if (detail.is_open()) detail.flush();
     }
   }
   if (tty) progress << "\n";

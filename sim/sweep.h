@@ -35,8 +35,10 @@ std::pair<int, int> parse_shard(const std::string& s);
 
 // The configs a spec expands to: `full` once at budget 1.0, every other policy at every budget.
 std::vector<ReplayConfig> expand_configs(const SweepSpec& spec);
-// The resolved configuration echoed at the top of every result file (JSON).
-std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs);
+// The resolved configuration echoed at the top of every result file (JSON); a shard's also
+// names the whole sweep's request count (all_requests).
+std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
+                              std::int64_t all_requests = -1);
 
 struct SweepSummaryRow {
   std::string label;

@@ -30,6 +30,7 @@ struct ShardFile {
   std::string own_config;   // the configuration JSON as written (with its shard)
   std::string base_config;  // the same without the shard: what a serial sweep writes
   std::size_t configs = 0;  // rows per request
+  std::int64_t all_requests = -1;  // the whole sweep's request count
   std::vector<RequestRows> requests;
 };
 
@@ -60,8 +61,10 @@ void read_config(const std::string& path, const std::string& json_text, ShardFil
   } catch (const nlohmann::json::exception&) {
     throw Error(path + ": its '# config:' line is not JSON; expected a kvsim sweep result file");
   }
-  if (!j.is_object() || !j.contains("shard") || !j["shard"].is_string() || !j.contains("configs") || !j["configs"].is_array())
-    throw Error(path + ": its configuration has no \"shard\"; expected the result file of kvsim sweep --shard i/n");
+  if (!j.is_object() || !j.contains("shard") || !j["shard"].is_string() || !j.contains("configs") ||
+      !j["configs"].is_array() || !j.contains("shard_of_requests") || !j["shard_of_requests"].is_number_integer())
+    throw Error(path + ": its configuration has no \"shard\" and \"shard_of_requests\"; expected the result file of "
+                "kvsim sweep --shard i/n");
   try {
     std::tie(f.shard, f.shards) = parse_shard(j["shard"].get<std::string>());
   } catch (const Error& e) {
@@ -69,7 +72,9 @@ void read_config(const std::string& path, const std::string& json_text, ShardFil
   }
   f.own_config = dump(j);
   f.configs = j["configs"].size();
+  f.all_requests = j["shard_of_requests"].get<std::int64_t>();
   j.erase("shard");
+  j.erase("shard_of_requests");
   f.base_config = dump(j);
 }
 
@@ -147,6 +152,9 @@ std::vector<ShardFile> read_shard_set(const std::vector<std::string>& inputs) {
     if (f.base_config != files.front().base_config)
       throw Error(f.path + ": a different sweep configuration than " + files.front().path +
                   "'s (traces, policies, budgets and options must be the same in every shard)");
+    if (f.all_requests != files.front().all_requests)
+      throw Error(f.path + ": a shard of a sweep of " + std::to_string(f.all_requests) + " requests, but " +
+                  files.front().path + "'s sweep has " + std::to_string(files.front().all_requests));
     if (f.shards != n)
       throw Error(f.path + ": shard " + std::to_string(f.shard) + "/" + std::to_string(f.shards) + ", but " +
                   files.front().path + " is one of " + std::to_string(n));
@@ -158,9 +166,8 @@ std::vector<ShardFile> read_shard_set(const std::vector<std::string>& inputs) {
       throw Error("shard " + std::to_string(i) + "/" + std::to_string(n) + " is missing (given: " +
                   std::to_string(files.size()) + " of " + std::to_string(n) + " shard files)");
   std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.shard < b.shard; });
-  // Round-robin over the serial order: shard i holds ceil((total - i) / n) requests.
-  std::size_t total = 0;
-  for (const auto& f : files) total += f.requests.size();
+  // Round-robin over the serial order: shard i holds ceil((total - i) / n) of the sweep's requests.
+  const auto total = static_cast<std::size_t>(files.front().all_requests);
   for (const auto& f : files) {
     const std::size_t want = (total - static_cast<std::size_t>(f.shard) + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
     if (f.requests.size() != want)

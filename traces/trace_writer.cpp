@@ -183,8 +183,14 @@ void TraceWriter::open_for_append(const ModelGeometry& geometry, const CaptureIn
   std::vector<std::string> committed, incomplete;
   {
     const TraceReader earlier(path_);  // checks format and version; closed before the file reopens
-    if (!(earlier.geometry() == geometry))
-      throw Error(path_ + ": was written for another model geometry; resume needs the same model");
+    const ModelGeometry& had = earlier.geometry();
+    auto describe = [](const ModelGeometry& x) {
+      return x.name + " (" + x.arch + ", " + std::to_string(x.n_layers) + " layers, " + std::to_string(x.n_q_heads) + "/" +
+             std::to_string(x.n_kv_heads) + " heads of " + std::to_string(x.head_dim) + ", vocab " + std::to_string(x.vocab) + ")";
+    };
+    if (!(had == geometry))
+      throw Error(path_ + ": was written for another model geometry, " + describe(had) + "; this run's is " +
+                  describe(geometry) + " (resume needs the same model)");
     if (earlier.capture().config != capture.config)
       throw Error(path_ + ": --resume with a different capture configuration; the file was written with\n  " +
                   earlier.capture().config + "\nbut this run is\n  " + capture.config +

@@ -30,6 +30,7 @@ def killed_runs(first, again, rng, kills, low, high):
     """Runs `first`, then `again` (the resume) until one finishes; SIGKILL after a random delay
     in [low, high) seconds, `kills` times. `after_kill()` of each is checked by the caller."""
     cmd, n = first, 0
+    killed_runs.kills = 0
     while True:
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if n < kills:
@@ -39,6 +40,7 @@ def killed_runs(first, again, rng, kills, low, high):
                 p.send_signal(signal.SIGKILL)
                 p.wait()
                 n += 1
+                killed_runs.kills = n
                 yield n
                 cmd = again
                 continue
@@ -66,6 +68,10 @@ def trace_data(path):
     return out
 
 
+def a_order(path):
+    return trace_data(path)["order"]
+
+
 def check_capture(kvsim, model, workdir, rng):
     tasks = os.path.join(workdir, "kill_tasks.jsonl")
     run([kvsim, "tasks", "needle", "--count", "4", "--tokens", "240", "--seed", "3", "-o", tasks, "--force"])
@@ -81,7 +87,12 @@ def check_capture(kvsim, model, workdir, rng):
         expect(seen <= now, f"capture kill {n}: committed requests lost: {sorted(seen - now)}")
         seen = now
         print(f"capture: kill {n}, {len(now)} requests committed", flush=True)
+    expect(killed_runs.kills >= 2 and 0 < len(seen), f"capture: {killed_runs.kills} kills, {len(seen)} requests "
+           "committed before the last: the test must kill mid-capture and resume with requests kept")
     expect(not os.path.exists(resumed + ".partial"), "capture: the partial file was renamed at the end")
+    # Resuming a capture that finished is a no-op (the kill may land after the rename).
+    run(base + ["-o", resumed, "--resume"])
+    expect(trace_data(resumed)["order"] == a_order(full), "capture: a no-op resume changed the trace")
     a, b = trace_data(full), trace_data(resumed)
     expect(a["order"] == b["order"], f"capture: request order {b['order']} != {a['order']}")
     for key in a:
@@ -111,6 +122,8 @@ def check_sweep(kvsim, workdir, rng):
         expect(rows[:len(seen)] == seen, f"sweep kill {n}: rows written before are gone")
         seen = rows
         print(f"sweep: kill {n}, {len(rows)} rows on disk", flush=True)
+    expect(killed_runs.kills >= 2 and len(seen) > 0, f"sweep: {killed_runs.kills} kills, {len(seen)} rows kept "
+           "before the last: the test must kill mid-sweep and resume with rows kept")
     for a, b in (("full.csv", "res.csv"), ("full.jsonl", "res.jsonl")):
         with open(out[a], "rb") as fa, open(out[b], "rb") as fb:
             expect(fa.read() == fb.read(), f"sweep: {b} differs from the uninterrupted {a}")
