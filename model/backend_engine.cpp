@@ -60,6 +60,10 @@ void BackendEngine::end_rules() {
 void BackendEngine::start_decode_rule(int layer, const DecodeRuleStart& start) {
   if (layer < 0 || layer >= cfg_.n_layers)
     throw Error("start_decode_rule: layer " + std::to_string(layer) + " of a model of " + std::to_string(cfg_.n_layers));
+  // An eviction inside a window would break the row masking (check_windows); no policy runs there.
+  if (cfg_.window(layer) > 0)
+    throw Error("start_decode_rule: layer " + std::to_string(layer) + " is a sliding-window layer (window " +
+                std::to_string(cfg_.window(layer)) + "); decode rules run on global layers only");
   pending_rules_[static_cast<std::size_t>(layer)] = start;
 }
 

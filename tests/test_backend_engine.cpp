@@ -196,6 +196,9 @@ TEST_CASE("gemma3 on the backend engine: the CPU engine's logits, cache and weig
   }
   require_same_cache(be.cache(), cpu.cache());
 
+  // A decode rule may not start on a local layer (it would evict inside the window).
+  CHECK_THROWS_WITH(be.start_decode_rule(2, DecodeRuleStart{DecodeRule{false, false, HeadCombine::Sum, 1}, {}}),
+                    Catch::Contains("layer 2 is a sliding-window layer (window 6)"));
   // A gap inside a local layer's window: the backends mask by row, so this is refused by name.
   be.evict(1, 0, std::vector<std::int32_t>{13});
   const KvCache before = be.cache();
