@@ -26,19 +26,25 @@ def run(cmd):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def killed_runs(first, again, rng, kills, low, high):
-    """Runs `first`, then `again` (the resume) until one finishes; SIGKILL after a random delay
-    in [low, high) seconds, `kills` times. `after_kill()` of each is checked by the caller."""
+def killed_runs(first, again, rng, kills, low, high, progress):
+    """Runs `first`, then `again` (the resume) until one finishes. Each run is killed (SIGKILL),
+    `kills` times in all, at a random moment in [low, high) seconds after `progress()` (work on
+    disk) first grows in that run, so every kill lands after some work and at a random point of
+    the next piece, whatever the machine's load. Yields the kill count after each kill."""
     cmd, n = first, 0
     killed_runs.kills = 0
     while True:
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if n < kills:
-            try:
-                p.wait(timeout=rng.uniform(low, high))
-            except subprocess.TimeoutExpired:
-                p.send_signal(signal.SIGKILL)
-                p.wait()
+            start, deadline = progress(), None
+            while p.poll() is None:
+                if deadline is None and progress() > start:
+                    deadline = time.monotonic() + rng.uniform(low, high)
+                if deadline is not None and time.monotonic() >= deadline:
+                    p.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.02)
+            if p.wait() == -signal.SIGKILL:
                 n += 1
                 killed_runs.kills = n
                 yield n
@@ -74,7 +80,7 @@ def a_order(path):
 
 def check_capture(kvsim, model, workdir, rng):
     tasks = os.path.join(workdir, "kill_tasks.jsonl")
-    run([kvsim, "tasks", "needle", "--count", "4", "--tokens", "240", "--seed", "3", "-o", tasks, "--force"])
+    run([kvsim, "tasks", "needle", "--count", "6", "--tokens", "240", "--seed", "3", "-o", tasks, "--force"])
     full, resumed = os.path.join(workdir, "kill_full.h5"), os.path.join(workdir, "kill_resumed.h5")
     base = [kvsim, "capture", "-m", model, "-r", tasks, "--max-new", "8", "--queries", "all"]
     run(base + ["-o", full, "--force"])
@@ -82,7 +88,11 @@ def check_capture(kvsim, model, workdir, rng):
         if os.path.exists(p):
             os.remove(p)
     seen = set()
-    for n in killed_runs(base + ["-o", resumed], base + ["-o", resumed, "--resume"], rng, 4, 0.5, 4.0):
+    partial = resumed + ".partial"
+    # Progress: the partial file grows when a request ends (its K/V are written then), and HDF5's
+    # lock keeps other readers out of a file being written, so its size is what is watched.
+    for n in killed_runs(base + ["-o", resumed], base + ["-o", resumed, "--resume"], rng, 3, 0.0, 0.8,
+                         lambda: os.path.getsize(partial) // 1_000_000 if os.path.exists(partial) else 0):
         now = committed(resumed + ".partial")
         expect(seen <= now, f"capture kill {n}: committed requests lost: {sorted(seen - now)}")
         seen = now
@@ -106,6 +116,9 @@ def check_sweep(kvsim, workdir, rng):
     out = {k: os.path.join(workdir, f"kill_{k}") for k in ("full.csv", "full.jsonl", "res.csv", "res.jsonl")}
     base = [kvsim, "sweep", trace, "-p", "snapkv;h2o;tova;streamingllm;kivi", "-b", "0.2,0.5", "-q"]
     run(base + ["-o", out["full.csv"], "--detail", out["full.jsonl"], "--force"])
+    for key in ("res.csv", "res.jsonl"):
+        if os.path.exists(out[key]):
+            os.remove(out[key])
     first = base + ["-o", out["res.csv"], "--detail", out["res.jsonl"], "--force"]
     again = base + ["-o", out["res.csv"], "--detail", out["res.jsonl"], "--resume"]
 
@@ -117,7 +130,7 @@ def check_sweep(kvsim, workdir, rng):
         return [l for l in lines if l and not l.startswith(b"#") and not l.startswith(b"trace,")]
 
     seen = []
-    for n in killed_runs(first, again, rng, 4, 0.3, 2.5):
+    for n in killed_runs(first, again, rng, 4, 0.0, 0.6, lambda: len(finished_rows(out["res.csv"]))):
         rows = finished_rows(out["res.csv"])
         expect(rows[:len(seen)] == seen, f"sweep kill {n}: rows written before are gone")
         seen = rows
