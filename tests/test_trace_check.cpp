@@ -285,12 +285,17 @@ TEST_CASE("a damaged chunk fails its read and the check, naming request, tensor 
                          [&](const ChunkSpot& s) { return s.request == req && s.dataset == ds && s.layer == layer; });
   };
   const ChunkSpot v1 = spot("r1", "v", 1), k2 = spot("r0", "k", 2), q0 = spot("r2", "q", 0);
+  const ChunkSpot tokens = spot("r2", "tokens", 0), lse = spot("r2", "ref/lse", 0);
   flip(path, v1.offset + v1.size / 2, 0x10);   // one bit of a value
   flip(path, k2.offset + 3, 0x01);             // the low bit of the first key's first half
   flip(path, q0.offset + q0.size - 1, 0x7f);   // the chunk's last byte
+  flip(path, tokens.offset + 2, 0x08);         // two of r2's header and reference arrays
+  flip(path, lse.offset, 0x01);
   const TraceCheckReport r = check_trace(path);
   INFO(all_errors(r));
-  REQUIRE(r.errors.size() == 3);  // each damaged chunk once, the others read
+  REQUIRE(r.errors.size() == 5);  // each damaged chunk once, the others read
+  CHECK_THAT(all_errors(r), Catch::Contains("request 'r2': reading dataset 'tokens'") &&
+                                Catch::Contains("request 'r2': reading dataset 'ref/lse'"));
   CHECK_THAT(all_errors(r), Catch::Contains("request 'r1' dataset 'v': reading layer 1") &&
                                 Catch::Contains("request 'r0' dataset 'k': reading layer 2") &&
                                 Catch::Contains("request 'r2' dataset 'q': reading layer 0") &&

@@ -123,15 +123,20 @@ TraceCheckReport check_trace(const std::string& path) {
           report.errors.push_back(path + ": request '" + id + "': unreadable (" + e.what() + ")");
         }
       };
+      // Every header and reference array first, each on its own: a damaged one hides no other.
+      std::vector<std::string> broken;
+      part([&] { broken = reader.unreadable_arrays(id); });
+      report.errors.insert(report.errors.end(), broken.begin(), broken.end());
       std::optional<RequestHeader> h;
-      part([&] {
-        h = reader.header(id);
-        report.tokens_checked += h->n_tokens();
-      });
+      if (broken.empty())
+        part([&] {
+          h = reader.header(id);
+          report.tokens_checked += h->n_tokens();
+        });
       ++report.requests_checked;
       part([&] { unchecked += reader.checksummed(id) ? 0 : 1; });
       part([&] { check_tensors(reader, id, h ? &*h : nullptr, report); });
-      part([&] { check_reference(reader, id, report); });
+      if (broken.empty()) part([&] { check_reference(reader, id, report); });
       part([&] { check_repeat_pass(reader, id, report); });
     }
     if (unchecked > 0)

@@ -344,6 +344,33 @@ std::string TraceReader::layer_context(const std::string& id, Tensor t, int laye
 
 bool TraceReader::checksummed(const std::string& id) const { return open_request(id).checksummed; }
 
+std::vector<std::string> TraceReader::unreadable_arrays(const std::string& id) const {
+  const OpenRequest& r = open_request(id);
+  const std::string ctx = path_ + ": request '" + id + "'";
+  std::vector<std::string> errors;
+  std::vector<std::string> names = {"tokens", "positions", "segments", "q_index"};
+  if (h5::link_exists(r.group.get(), layout::kRefGroup))
+    for (const char* n : {"index", "topk_ids", "topk_logp", "lse"}) names.push_back(std::string(layout::kRefGroup) + "/" + n);
+  std::vector<std::uint8_t> buf;
+  for (const auto& name : names) {
+    try {
+      Handle d = check(H5Dopen2(r.group.get(), name.c_str(), H5P_DEFAULT), ctx + ": opening dataset '" + name + "'");
+      Handle type = check(H5Dget_type(d.get()), ctx + ": type of '" + name + "'");
+      Handle native = check(H5Tget_native_type(type.get(), H5T_DIR_ASCEND), ctx + ": type of '" + name + "'");
+      std::size_t n = H5Tget_size(native.get());
+      for (auto x : h5::dataset_shape(d.get())) n *= static_cast<std::size_t>(x);
+      if (n > (std::size_t{1} << 33)) throw FormatError(ctx + ": dataset '" + name + "' claims " + std::to_string(n) + " bytes");
+      buf.resize(n);
+      if (n > 0)
+        check_status(H5Dread(d.get(), native.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
+                     ctx + ": reading dataset '" + name + "'");
+    } catch (const Error& e) {
+      errors.push_back(e.what());
+    }
+  }
+  return errors;
+}
+
 void TraceReader::read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const {
   const OpenRequest& r = open_request(id);
   const std::string ctx = layer_context(id, t, layer, dst.size());

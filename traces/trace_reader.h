@@ -38,6 +38,10 @@ class TraceReader {
   // layer_elements(); layout [tokens, heads, head_dim].
   void read_layer_half(const std::string& id, Tensor t, int layer, std::span<std::uint16_t> dst) const;
   void read_layer(const std::string& id, Tensor t, int layer, std::span<float> dst) const;
+  // Every header and reference dataset of the request read once (checksums checked): one error
+  // line per dataset that fails, naming it; empty when all read. `trace check` runs it so that one
+  // damaged array does not hide another.
+  std::vector<std::string> unreadable_arrays(const std::string& id) const;
   // Whether the request's K/V/Q chunks carry checksums (every file since they were added; HDF5
   // then verifies each chunk it reads and a damaged one fails naming request, tensor and layer).
   bool checksummed(const std::string& id) const;
