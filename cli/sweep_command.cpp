@@ -13,6 +13,9 @@
 #include "policies/registry.h"
 #include "sim/sweep.h"
 #include "sim/sweep_merge.h"
+#ifdef KVSIM_HAVE_MPI
+#include "cli/sweep_mpi.h"
+#endif
 
 namespace po = boost::program_options;
 
@@ -148,6 +151,17 @@ int sweep_command(const Args& args) {
   spec.allow_training_requests = vm.count("allow-training-requests") > 0;
   spec.progress = vm.count("quiet") == 0;
   if (spec.traces.empty()) throw Error("no trace files given (kvsim sweep TRACE... or \"traces\" in --sweep-file)");
+#ifdef KVSIM_HAVE_MPI
+  if (mpi_launched()) {
+    std::vector<SweepSummaryRow> mpi_rows;
+    if (run_sweep_mpi(spec, mpi_rows, std::cerr)) {
+      std::cout << "kvsim sweep (MPI): " << spec.traces.size() << " trace(s), " << mode_name(spec.mode) << ", results in "
+                << spec.out_csv << "\n\n";
+      print_summary(mpi_rows, std::cout);
+      return 0;
+    }
+  }
+#endif
   const auto rows = run_sweep(spec, std::cerr);
   std::cout << "kvsim sweep: " << spec.traces.size() << " trace(s), " << mode_name(spec.mode) << ", results in "
             << spec.out_csv << "\n\n";

@@ -4,6 +4,7 @@
 #   KVSIM_CACHE   cache folder outside the repo (default ~/.cache/kvsim): Python venv, model weights
 #   KVSIM_BUILD   build folder (default build/)
 #   KVSIM_CUDA    AUTO | ON | OFF (default AUTO: the CUDA parts are built when nvcc is found)
+#   KVSIM_MPI     AUTO | ON | OFF (default AUTO: MPI sweeps are built when OpenMPI is found)
 #   KVSIM_JOBS    parallel build jobs (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +16,10 @@ required=(cmake make g++ pkg-config python3 python3-venv
   libhdf5-dev libboost-program-options-dev libboost-graph-dev libeigen3-dev
   catch2 nlohmann-json3-dev libpcre2-dev)
 optional=(ccache)  # faster rebuilds; installed alongside the others, never a reason to ask for root
-# Wanted, not required: a headless browser renders the report in its test (`kvsim report`); where
-# it cannot be installed, that one test is skipped.
-wanted=(chromium)
+# Wanted, not required: a headless browser renders the report in its test (`kvsim report`), and
+# OpenMPI gives `mpirun -np N kvsim sweep` (docs/scale_out.md); where they cannot be installed,
+# kvsim builds without MPI and those tests are skipped.
+wanted=(chromium openmpi-bin libopenmpi-dev)
 
 is_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
@@ -49,12 +51,12 @@ for p in "${wanted[@]}"; do is_installed "$p" || want+=("$p"); done
 if [ ${#want[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
     root=(); [ "$(id -u)" -eq 0 ] || root=(sudo)
-    echo "setup: installing ${want[*]} (renders reports in the tests)"
+    echo "setup: installing ${want[*]} (report rendering in the tests, MPI sweeps)"
     "${root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     "${root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${want[@]}" ||
-      echo "setup: could not install ${want[*]}; the report's browser test will be skipped" >&2
+      echo "setup: could not install ${want[*]}; the report's browser test and MPI sweeps are skipped" >&2
   else
-    echo "setup: ${want[*]} missing and this user cannot install it; the report's browser test will be skipped" >&2
+    echo "setup: ${want[*]} missing and this user cannot install them; the report's browser test and MPI sweeps are skipped" >&2
   fi
 fi
 
@@ -72,7 +74,7 @@ fi
 scripts/fetch_model.sh "$venv/bin/python" "$cache"
 
 mkdir -p "$build"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVSIM_CUDA="${KVSIM_CUDA:-AUTO}" \
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVSIM_CUDA="${KVSIM_CUDA:-AUTO}" -DKVSIM_MPI="${KVSIM_MPI:-AUTO}" \
   -DPython3_EXECUTABLE="$venv/bin/python" -DKVSIM_MODEL_DIR="$cache/models" > "$build/configure.log" 2>&1 || {
   cat "$build/configure.log"
   exit 1

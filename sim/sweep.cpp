@@ -157,6 +157,14 @@ ResumeState read_detail_for_resume(const std::string& path, const std::string& c
 
 }  // namespace
 
+SweepRequestRows finished_sweep_rows(const std::string& path, const std::string& config_line, std::size_t per_request) {
+  return read_for_resume(path, config_line, per_request).kept;
+}
+
+SweepRequestRows finished_detail_rows(const std::string& path, const std::string& config_json, std::size_t per_request) {
+  return read_detail_for_resume(path, config_json, per_request).kept;
+}
+
 std::vector<ReplayConfig> expand_configs(const SweepSpec& spec) {
   if (spec.policies.empty()) throw Error("no policies given (--policies name[:key=value,...],...)");
   if (spec.budgets.empty()) throw Error("no budgets given (--budgets 0.1,0.25,0.5)");
@@ -294,6 +302,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
       if (k++ % spec.shards != spec.shard) continue;  // another shard's request
       ++done;
       if (state.done.count({spec.traces[t], id})) continue;
+      if (spec.claim && !spec.claim(spec.traces[t], id)) continue;  // another process's
       if (spec.progress) {
         progress << (tty ? "\r" : "") << "sweep: request " << done << "/" << total_requests << " (" << spec.traces[t]
                  << " " << id << ", " << configs.size() << " configs)" << (tty ? "   " : "\n") << std::flush;

@@ -2,6 +2,7 @@
 // `kvsim sweep`: every (policy, budget) config over every complete request of every trace, one
 // pass per request. Rows go to a tidy CSV as each request finishes (flushed), so a killed sweep
 // resumes where it stopped; per-layer detail goes to a JSON-lines file beside it.
+#include <functional>
 #include <iosfwd>
 #include <utility>
 #include <string>
@@ -28,6 +29,9 @@ struct SweepSpec {
   // --shard i/n: only the requests k (over all traces, in order) with k % n == i; the results file
   // records the shard, and `kvsim sweep merge` joins a complete set (sim/sweep_merge.h).
   int shard = 0, shards = 1;
+  // Optional, for a shared work queue (MPI ranks): asked before each request this sweep has not
+  // finished yet; false means another process takes it.
+  std::function<bool(const std::string& trace, const std::string& request)> claim;
 };
 
 // "i/n" with 0 <= i < n; throws naming the expected form.
@@ -51,6 +55,13 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
 
 // Human-readable table, ranked by mean KL within each budget.
 void print_summary(const std::vector<SweepSummaryRow>& rows, std::ostream& os);
+
+// A result file's finished requests (every config's row; a torn tail dropped), in file order, each
+// with its rows; throws when its configuration line is not `config_line`. For detail files,
+// `config_line` is the configuration JSON their first line holds.
+using SweepRequestRows = std::vector<std::pair<std::pair<std::string, std::string>, std::vector<std::string>>>;
+SweepRequestRows finished_sweep_rows(const std::string& path, const std::string& config_line, std::size_t per_request);
+SweepRequestRows finished_detail_rows(const std::string& path, const std::string& config_json, std::size_t per_request);
 
 // The per-(policy, budget) means over every row of a sweep result file.
 std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path);
