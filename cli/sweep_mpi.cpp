@@ -18,7 +18,6 @@
 #include "cli/sweep_mpi.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "sim/csv.h"
 #include "traces/trace_reader.h"
 
 namespace kvsim::cli {
@@ -145,7 +144,7 @@ std::vector<SweepSummaryRow> coordinate(const SweepSpec& spec, int size, std::os
   log << "\n";
   // Merge: every finished request from every file, in the serial order.
   const std::map<Key, Finished> finished = finished_requests(spec, config_line, configs.size());
-  std::string csv = std::string(kSweepBanner) + "\n" + config_line + "\n" + csv_line(sweep_columns()) + "\n";
+  std::string csv = sweep_file_head(config_line);
   std::string detail = config_json + "\n";
   for (const auto& key : order) {
     const auto it = finished.find(key);

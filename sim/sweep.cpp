@@ -41,6 +41,10 @@ const std::vector<std::string> kColumns = {
 const char* const kSweepBanner = "# kvsim sweep results: one row per trace x request x policy x budget";
 const std::vector<std::string>& sweep_columns() { return kColumns; }
 
+std::string sweep_file_head(const std::string& config_line) {
+  return std::string(kSweepBanner) + "\n" + config_line + "\n" + csv_line(kColumns) + "\n";
+}
+
 std::pair<int, int> parse_shard(const std::string& s) {
   const auto slash = s.find('/');
   int i = -1, n = 0;
@@ -273,8 +277,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     const std::string tmp = spec.out_csv + ".tmp";
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) throw Error(spec.out_csv + ": cannot write");
-    out << kSweepBanner << "\n" << config_line << "\n";
-    out << csv_line(kColumns) << "\n";
+    out << sweep_file_head(config_line);
     for (const auto& [key, rows] : state.kept)
       for (const auto& l : rows) out << l << "\n";
     out.close();

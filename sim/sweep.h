@@ -69,5 +69,8 @@ std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path);
 const std::vector<std::string>& sweep_columns();
 // The first line of every sweep result file.
 extern const char* const kSweepBanner;
+// A result file's first three lines (banner, configuration, column names), newline-terminated;
+// config_line is "# config: {...}".
+std::string sweep_file_head(const std::string& config_line);
 
 }  // namespace kvsim

@@ -212,7 +212,7 @@ std::vector<SweepSummaryRow> merge_sweeps(const SweepMergeSpec& spec) {
     details[at] = read_detail(spec.detail_inputs[i], files[at]);
   }
   const std::string config = files.front().base_config;
-  std::string csv = std::string(kSweepBanner) + "\n# config: " + config + "\n" + csv_line(sweep_columns()) + "\n";
+  std::string csv = sweep_file_head("# config: " + config);
   std::string detail = config + "\n";
   for (std::size_t j = 0; j < files.front().requests.size(); ++j)
     for (std::size_t s = 0; s < files.size(); ++s) {
