@@ -11,8 +11,10 @@
 #include "cli/dispatch.h"
 #include "cli/options.h"
 #include "cli/serve_commands.h"
+#include "cli/serve_grid.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/sha256.h"
 #include "model/engine.h"
 #include "model/gguf.h"
 #include "serve/hit_rate.h"
@@ -75,18 +77,27 @@ int hit_rate_cmd(const Args& args) {
       "eviction policies, comma-separated: lru, lfu, slru, hits_per_token, rppc")(
       "slru-protected", po::value(&slru_protected)->default_value(slru_protected), "SLRU: protected share of the capacity")(
       "out,o", po::value(&out), "result CSV (one row per policy and capacity)")(
-      "json", po::value(&json), "summary JSON (the rows, the trace and its reuse ceiling)")("force", "replace existing outputs");
+      "json", po::value(&json), "summary JSON (the rows, the trace and its reuse ceiling)")(
+      "resume", "continue a run that was stopped: its finished rows are kept in OUT.progress")("force", "replace existing outputs");
   po::positional_options_description pos;
   pos.add("trace", 1);
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim serve hit-rate TRACE.jsonl [-c 1000,5000] [-e lru,rppc] [-o out.csv]"))
     return 0;
-  refuse_overwrite({out, json}, vm.count("force") > 0);
   const std::vector<std::int64_t> caps = parse_counts(capacities, "--capacity", "block count");
   if (!(slru_protected > 0 && slru_protected <= 1))
     throw Error("--slru-protected: got " + std::to_string(slru_protected) + "; expected a share in (0, 1]");
   std::vector<serve::Eviction> kinds;
   for (const std::string& e : split(evictions, ',')) kinds.push_back(serve::parse_eviction(e));
+  ServeGrid grid;
+  grid.points = kinds.size() * caps.size();
+  grid.progress = grid_progress_path(out, json);
+  grid.resume = vm.count("resume") > 0;
+  grid.force = vm.count("force") > 0;
+  grid.config = {{"command", "serve hit-rate"}, {"trace", trace_path}, {"trace_sha256", sha256_file_hex(trace_path)},
+                 {"capacities", caps}, {"evictions", evictions}, {"slru_protected", slru_protected}};
+  if (grid_finished(grid, {out, json})) return 0;
+  if (!grid.resume) refuse_overwrite({out, json}, grid.force);
   const serve::RequestTrace trace = serve::read_mooncake_trace(trace_path);
   const serve::BlockTree tree(trace);
   const serve::ReuseCeiling ceiling = serve::reuse_ceiling(trace);
@@ -95,6 +106,30 @@ int hit_rate_cmd(const Args& args) {
               trace_path.c_str(), trace.requests.size(), static_cast<long long>(trace.block_references()),
               static_cast<long long>(ceiling.distinct_blocks), ceiling.blocks, ceiling.tokens);
   std::printf("%-15s %10s %10s %10s %10s %12s\n", "eviction", "capacity", "block hit", "token hit", "evictions", "Mrefs/s");
+  grid.run = [&](std::size_t p) {
+    serve::EvictionOptions o;
+    o.kind = kinds[p / caps.size()];
+    o.slru_protected = slru_protected;
+    const serve::HitRateResult r = serve::hit_rate(tree, caps[p % caps.size()], o);
+    return nlohmann::json{{"eviction", r.eviction},
+                          {"capacity_blocks", r.capacity},
+                          {"requests", r.requests},
+                          {"block_refs", r.block_refs},
+                          {"hit_blocks", r.hit_blocks},
+                          {"block_hit_rate", r.block_hit_rate()},
+                          {"tokens", r.tokens},
+                          {"hit_tokens", r.hit_tokens},
+                          {"token_hit_rate", r.token_hit_rate()},
+                          {"evictions", r.evictions},
+                          {"seconds", r.seconds}};  // printed only: not in the outputs, which stay reproducible
+  };
+  grid.report = [](std::size_t, const nlohmann::json& row) {
+    std::printf("%-15s %10lld %10.4f %10.4f %10lld %12.1f\n", row["eviction"].get<std::string>().c_str(),
+                row["capacity_blocks"].get<long long>(), row["block_hit_rate"].get<double>(),
+                row["token_hit_rate"].get<double>(), row["evictions"].get<long long>(),
+                row["block_refs"].get<double>() / std::max(row.value("seconds", 0.0), 1e-9) / 1e6);
+  };
+  std::vector<nlohmann::json> rows = run_grid(grid);
   nlohmann::json summary = {{"trace", trace_path},
                             {"requests", trace.requests.size()},
                             {"block_refs", trace.block_references()},
@@ -102,26 +137,10 @@ int hit_rate_cmd(const Args& args) {
                             {"reuse_ceiling_blocks", ceiling.blocks},
                             {"reuse_ceiling_tokens", ceiling.tokens},
                             {"results", nlohmann::json::array()}};
-  for (const serve::Eviction kind : kinds)
-    for (const std::int64_t cap : caps) {
-      serve::EvictionOptions o;
-      o.kind = kind;
-      o.slru_protected = slru_protected;
-      const serve::HitRateResult r = serve::hit_rate(tree, cap, o);
-      std::printf("%-15s %10lld %10.4f %10.4f %10lld %12.1f\n", r.eviction.c_str(), static_cast<long long>(cap),
-                  r.block_hit_rate(), r.token_hit_rate(), static_cast<long long>(r.evictions),
-                  static_cast<double>(r.block_refs) / std::max(r.seconds, 1e-9) / 1e6);
-      summary["results"].push_back({{"eviction", r.eviction},
-                                    {"capacity_blocks", cap},
-                                    {"requests", r.requests},
-                                    {"block_refs", r.block_refs},
-                                    {"hit_blocks", r.hit_blocks},
-                                    {"block_hit_rate", r.block_hit_rate()},
-                                    {"tokens", r.tokens},
-                                    {"hit_tokens", r.hit_tokens},
-                                    {"token_hit_rate", r.token_hit_rate()},
-                                    {"evictions", r.evictions}});
-    }
+  for (nlohmann::json& row : rows) {
+    row.erase("seconds");
+    summary["results"].push_back(std::move(row));
+  }
   if (!out.empty()) {  // one CSV row per result, the trace's ceiling repeated on each
     const std::vector<std::string> header = {"eviction", "capacity_blocks", "requests", "block_refs", "hit_blocks",
                                              "block_hit_rate", "tokens", "hit_tokens", "token_hit_rate", "evictions",
@@ -129,6 +148,7 @@ int hit_rate_cmd(const Args& args) {
     write_file_atomically(out, csv_from_rows(summary, header));
   }
   if (!json.empty()) write_file_atomically(json, summary.dump(2) + "\n");
+  finish_grid(grid);
   return 0;
 }
 

@@ -8,8 +8,10 @@
 
 #include "cli/options.h"
 #include "cli/serve_commands.h"
+#include "cli/serve_grid.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/sha256.h"
 #include "serve/simulator.h"
 
 namespace po = boost::program_options;
@@ -151,7 +153,32 @@ void describe(po::options_description& desc, Flags& f) {
       "kv-page-tokens", po::value(&o.kv_page_tokens)->default_value(o.kv_page_tokens), "a compressed block's tokens round up to pages of this size")(
       "time-scale", po::value(&o.time_scale)->default_value(o.time_scale), "arrival rate multiplier (timestamps divided by it)")(
       "out,o", po::value(&f.out), "result CSV, one row per eviction x HBM size x KV config")(
-      "json", po::value(&f.json), "summary JSON")("quiet,q", "no progress line")("force", "replace existing outputs");
+      "json", po::value(&f.json), "summary JSON")(
+      "resume", "continue a run that was stopped: its finished rows are kept in OUT.progress")(
+      "quiet,q", "no progress line")("force", "replace existing outputs");
+}
+
+// What a grid's rows depend on, for --resume: every flag, the trace's and the KV results' content.
+nlohmann::json grid_config(const Flags& f, const nlohmann::json& summary, const std::vector<KvPolicyRow>& kvs) {
+  nlohmann::json c = summary;
+  c.erase("results");
+  c["command"] = "serve simulate";
+  c["trace_sha256"] = sha256_file_hex(f.trace);
+  c["evictions"] = f.evictions;
+  c["hbm_gb"] = f.hbm;
+  c["profile_spec"] = f.profile;
+  c["tiers"] = {f.o.dram.gbps, f.o.dram.latency_ms, f.o.ssd.gbps, f.o.ssd.latency_ms};
+  c["slru_protected"] = f.o.slru_protected;
+  for (const KvPolicyRow& kv : kvs) c["kv"].push_back({kv.spec, kv.label, kv.ratio});
+  return c;
+}
+
+// A result row as the table prints it (from the row, so resumed rows print the same).
+void print_row(const nlohmann::json& row, const KvPolicyRow& kv) {
+  auto num = [&](const char* key) { return row[key].is_number() ? row[key].get<double>() : std::nan(""); };
+  std::printf("%-15s %7.3g %-28s %6.3f %6lld %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", row["eviction"].get<std::string>().c_str(),
+              num("hbm_gb"), kv.label.substr(0, 28).c_str(), kv.ratio, row["completed"].get<long long>(), num("hit_rate"),
+              num("ttft_p50_ms"), num("ttft_p99_ms"), num("tbt_p50_ms"), num("queue_p99_ms"), num("throughput_tokens_s"));
 }
 
 }  // namespace
@@ -170,7 +197,6 @@ int serve_simulate(const Args& args) {
   po::variables_map vm;
   if (!parse_options(args, desc, pos, vm, "kvsim serve simulate TRACE.jsonl [-e lru,rppc] [--hbm-gb 4,8] [--kv-policy 'none;snapkv@0.25' --kv-results sweep.csv] [-o out.csv]"))
     return 0;
-  refuse_overwrite({f.out, f.json}, vm.count("force") > 0);
   check_flags(f.o);
   f.o.transitions = vm.count("transitions") > 0;
   f.o.route = serve::parse_route(f.route);
@@ -179,14 +205,6 @@ int serve_simulate(const Args& args) {
   for (const std::string& e : split(f.evictions, ',')) kinds.push_back(serve::parse_eviction(e));
   const std::vector<double> hbm = parse_sizes(f.hbm, "--hbm-gb");
   const std::vector<KvPolicyRow> kvs = read_kv_policies(f.kv_policy, f.kv_results.empty() ? std::vector<std::string>{} : split(f.kv_results, ','));
-  const serve::RequestTrace trace = serve::read_mooncake_trace(f.trace);
-  const serve::BlockTree tree(trace);
-  const bool tty = !vm.count("quiet") && ::isatty(2);
-  std::printf("%s: %zu requests; profile %s; %d instance(s), route %s (done: requests completed; the rest were larger "
-              "than an instance's HBM)\n", f.trace.c_str(), trace.requests.size(),
-              f.o.profile.name.c_str(), f.o.instances, f.route.c_str());
-  std::printf("%-15s %7s %-28s %6s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "done", "hit",
-              "TTFT p50", "TTFT p99", "TBT p50", "queue p99", "tok/s");
   nlohmann::json summary = {{"trace", f.trace},
                             {"profile", f.o.profile.name},
                             {"instances", f.o.instances},
@@ -200,27 +218,45 @@ int serve_simulate(const Args& args) {
                             {"kv_page_tokens", f.o.kv_page_tokens},
                             {"time_scale", f.o.time_scale},
                             {"results", nlohmann::json::array()}};
-  for (const KvPolicyRow& kv : kvs)
-    for (const serve::Eviction kind : kinds)
-      for (const double gb : hbm) {
-        serve::SimOptions o = f.o;
-        o.eviction = kind;
-        o.hbm_gb = gb;
-        o.kv_ratio = kv.ratio;
-        if (tty)
-          o.progress = [&](double ms, std::int64_t done, std::int64_t all) {
-            std::fprintf(stderr, "\r%s %s %.3g GB: simulated %.1f s, %lld/%lld requests done   ", serve::eviction_name(kind).c_str(),
-                         kv.spec.c_str(), gb, ms / 1e3, static_cast<long long>(done), static_cast<long long>(all));
-          };
-        const serve::SimResult r = serve::simulate(tree, o);
-        if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
-        std::printf("%-15s %7.3g %-28s %6.3f %6lld %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", serve::eviction_name(kind).c_str(),
-                    gb, kv.label.substr(0, 28).c_str(), kv.ratio, static_cast<long long>(r.completed), r.hit_rate(),
-                    r.ttft_ms.p50, r.ttft_ms.p99, r.tbt_ms.p50, r.queue_ms.p99, r.throughput_tokens_s);
-        summary["results"].push_back(result_row(r, o, kv));
-      }
+  ServeGrid grid;
+  grid.points = kvs.size() * kinds.size() * hbm.size();
+  grid.progress = grid_progress_path(f.out, f.json);
+  grid.resume = vm.count("resume") > 0;
+  grid.force = vm.count("force") > 0;
+  grid.config = grid_config(f, summary, kvs);
+  if (grid_finished(grid, {f.out, f.json})) return 0;
+  if (!grid.resume) refuse_overwrite({f.out, f.json}, grid.force);
+  const serve::RequestTrace trace = serve::read_mooncake_trace(f.trace);
+  const serve::BlockTree tree(trace);
+  const bool tty = !vm.count("quiet") && ::isatty(2);
+  std::printf("%s: %zu requests; profile %s; %d instance(s), route %s (done: requests completed; the rest were larger "
+              "than an instance's HBM)\n", f.trace.c_str(), trace.requests.size(),
+              f.o.profile.name.c_str(), f.o.instances, f.route.c_str());
+  std::printf("%-15s %7s %-28s %6s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "done", "hit",
+              "TTFT p50", "TTFT p99", "TBT p50", "queue p99", "tok/s");
+  // Point p in the serial order: KV config, then eviction, then HBM size.
+  grid.run = [&](std::size_t p) {
+    const KvPolicyRow& kv = kvs[p / (kinds.size() * hbm.size())];
+    const serve::Eviction kind = kinds[p / hbm.size() % kinds.size()];
+    const double gb = hbm[p % hbm.size()];
+    serve::SimOptions o = f.o;
+    o.eviction = kind;
+    o.hbm_gb = gb;
+    o.kv_ratio = kv.ratio;
+    if (tty)
+      o.progress = [&](double ms, std::int64_t done, std::int64_t all) {
+        std::fprintf(stderr, "\r%s %s %.3g GB: simulated %.1f s, %lld/%lld requests done   ", serve::eviction_name(kind).c_str(),
+                     kv.spec.c_str(), gb, ms / 1e3, static_cast<long long>(done), static_cast<long long>(all));
+      };
+    const serve::SimResult r = serve::simulate(tree, o);
+    if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
+    return result_row(r, o, kv);
+  };
+  grid.report = [&](std::size_t p, const nlohmann::json& row) { print_row(row, kvs[p / (kinds.size() * hbm.size())]); };
+  for (nlohmann::json& row : run_grid(grid)) summary["results"].push_back(std::move(row));
   if (!f.out.empty()) write_file_atomically(f.out, csv_from_rows(summary, kColumns));
   if (!f.json.empty()) write_file_atomically(f.json, summary.dump(2) + "\n");
+  finish_grid(grid);
   return 0;
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""kill -9 at random points: `kvsim capture` and `kvsim sweep` are killed several times and resumed
-each time. Every result committed before a kill survives it, and the resumed output equals an
-uninterrupted run's: the same trace data request by request (capture), the same files byte for
-byte (sweep)."""
+"""kill -9 at random points: `kvsim capture`, `kvsim sweep` and `kvsim serve simulate` are killed
+several times and resumed each time. Every result committed before a kill survives it, and the
+resumed output equals an uninterrupted run's: the same trace data request by request (capture), the
+same files byte for byte (sweep), the same rows but for their wall-clock `seconds` (serve)."""
+import csv
+import json
 import os
 import random
 import signal
@@ -142,11 +144,61 @@ def check_sweep(kvsim, workdir, rng):
             expect(fa.read() == fb.read(), f"sweep: {b} differs from the uninterrupted {a}")
 
 
+def serve_rows(path):
+    """The CSV's rows without the wall-clock column, and the JSON summary without it."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f)]
+    for r in rows:
+        r.pop("seconds")
+    with open(path[:-4] + ".json") as f:
+        summary = json.load(f)
+    for r in summary["results"]:
+        r.pop("seconds")
+    return rows, summary
+
+
+def check_serve(kvsim, workdir, rng):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from branching_trace import write_branching_trace
+    trace = os.path.join(workdir, "kill_serve.jsonl")
+    write_branching_trace(trace, 5, 12000, 4, 5, (1, 256))
+    full, res = os.path.join(workdir, "kill_serve_full.csv"), os.path.join(workdir, "kill_serve_res.csv")
+    base = [kvsim, "serve", "simulate", trace, "-e", "lru,slru,rppc", "--hbm-gb", "0.5,1,2,4", "-q"]
+    run(base + ["-o", full, "--json", full[:-4] + ".json", "--force"])
+    for p in (res, res[:-4] + ".json", res + ".progress"):
+        if os.path.exists(p):
+            os.remove(p)
+    progress = res + ".progress"
+
+    def finished_points():
+        if not os.path.exists(progress):
+            return []
+        with open(progress, "rb") as f:
+            return f.read().split(b"\n")[1:-1]  # the header, then whole lines only
+
+    outputs = ["-o", res, "--json", res[:-4] + ".json"]
+    seen = []
+    for n in killed_runs(base + outputs, base + outputs + ["--resume"], rng, 3, 0.0, 0.4, lambda: len(finished_points())):
+        points = finished_points()
+        expect(points[:len(seen)] == seen, f"serve kill {n}: points finished before are gone")
+        seen = points
+        print(f"serve: kill {n}, {len(points)} grid points on disk", flush=True)
+    expect(killed_runs.kills >= 2 and len(seen) > 0, f"serve: {killed_runs.kills} kills, {len(seen)} points kept "
+           "before the last: the test must kill mid-grid and resume with points kept")
+    expect(not os.path.exists(progress), "serve: the progress file was removed at the end")
+    expect(serve_rows(full) == serve_rows(res), "serve: the resumed rows differ from the uninterrupted run's")
+    # Resuming a grid that finished says so and changes nothing.
+    before = open(res, "rb").read()
+    out = subprocess.run(base + outputs + ["--resume"], check=True, capture_output=True, text=True).stdout
+    expect("nothing to resume" in out and open(res, "rb").read() == before, "serve: a resume after the end is a no-op")
+
+
 def main() -> int:
     kvsim, model, workdir = sys.argv[1], sys.argv[2], sys.argv[3]
     rng = random.Random(int(os.environ.get("KVSIM_KILL_SEED", "7")))
     check_capture(kvsim, model, workdir, rng)
     check_sweep(kvsim, workdir, rng)
+    check_serve(kvsim, workdir, rng)
     print(f"kill -9 check: {'failed' if failures else 'passed'}")
     return 1 if failures else 0
 

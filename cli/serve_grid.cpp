@@ -1,0 +1,149 @@
+#include "cli/serve_grid.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+#ifdef KVSIM_HAVE_MPI
+#include "cli/sweep_mpi.h"
+#endif
+
+namespace kvsim::cli {
+
+std::string grid_progress_path(const std::string& out, const std::string& json) {
+  if (!out.empty()) return out + ".progress";
+  if (!json.empty()) return json + ".progress";
+  return "";
+}
+
+namespace {
+
+// Rows a progress file holds, by point (terminated lines only: a kill's torn line is not read).
+std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const std::string& path, const nlohmann::json& config,
+                                                                       std::size_t points) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot read the progress file");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) break;  // unterminated: cut by a kill
+    lines.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  nlohmann::json head;
+  try {
+    if (!lines.empty()) head = nlohmann::json::parse(lines[0]);
+  } catch (const nlohmann::json::exception&) {
+  }
+  if (!head.is_object() || !head.contains("config"))
+    throw Error(path + ": line 1: expected a kvsim serve progress header {\"config\": ...}; not a progress file");
+  if (head["config"] != nlohmann::json::parse(config.dump()))  // as written: a NaN reads back as null
+    throw Error(path + ": --resume with a different configuration; the file was written for\n  " + head["config"].dump() +
+                "\nbut this run is\n  " + config.dump() + "\n(use --force to start again)");
+  std::map<std::size_t, nlohmann::json> rows;
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(lines[i]);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(path + ": line " + std::to_string(i + 1) + ": not valid JSON (" + e.what() + ")");
+    }
+    if (!j.is_object() || !j.contains("point") || !j["point"].is_number_unsigned() || !j.contains("row") ||
+        !j["row"].is_object())
+      throw Error(path + ": line " + std::to_string(i + 1) + ": expected {\"point\": N, \"row\": {...}}");
+    const std::size_t p = j["point"].get<std::size_t>();
+    if (p >= points)
+      throw Error(path + ": line " + std::to_string(i + 1) + ": point " + std::to_string(p) + " is outside the grid's " +
+                  std::to_string(points) + " points");
+    rows[p] = std::move(j["row"]);
+  }
+  return {rows.begin(), rows.end()};
+}
+
+// Opens the progress file for appending, after a fresh header unless resuming one.
+std::ofstream open_progress(const ServeGrid& g, bool fresh) {
+  std::ofstream out(g.progress, fresh ? std::ios::binary | std::ios::trunc : std::ios::binary | std::ios::app);
+  if (!out) throw Error(g.progress + ": cannot write the progress file");
+  if (fresh) out << nlohmann::json{{"config", g.config}}.dump() << "\n" << std::flush;
+  return out;
+}
+
+// Cuts a torn last line (what a kill leaves) so that appending starts on a line of its own; false
+// when not even the header line is whole (then the file is started again).
+bool cut_torn_tail(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t last = text.rfind('\n');
+  if (last == std::string::npos) return false;
+  if (last + 1 != text.size()) std::filesystem::resize_file(path, last + 1);
+  return true;
+}
+
+}  // namespace
+
+GridState open_grid(const ServeGrid& g) {
+  GridState st;
+  st.rows.resize(g.points);
+  st.done.assign(g.points, false);
+  bool fresh = true;
+  if (!g.progress.empty() && std::filesystem::exists(g.progress)) {
+    if (!g.resume && !g.force)
+      throw Error(g.progress + ": an earlier run of this grid stopped here; pass --resume to continue it or --force to "
+                  "start again");
+    if (g.resume && cut_torn_tail(g.progress)) {
+      for (auto& [p, row] : read_grid_progress(g.progress, g.config, g.points)) {
+        st.rows[p] = std::move(row);
+        st.done[p] = true;
+      }
+      fresh = false;
+    }
+  }
+  if (!g.progress.empty()) st.progress = open_progress(g, fresh);
+  return st;
+}
+
+void record_point(GridState& st, std::size_t p, nlohmann::json row) {
+  if (st.progress.is_open()) st.progress << nlohmann::json{{"point", p}, {"row", row}}.dump() << "\n" << std::flush;
+  st.rows[p] = std::move(row);
+  st.done[p] = true;
+}
+
+bool grid_finished(const ServeGrid& g, const std::vector<std::string>& outputs) {
+  if (!g.resume || g.progress.empty() || std::filesystem::exists(g.progress)) return false;
+  for (const std::string& f : outputs)
+    if (!f.empty() && !std::filesystem::exists(f)) return false;
+  std::printf("nothing to resume: no %s, and the outputs are there (that run finished; --force runs it again)\n",
+              g.progress.c_str());
+  return true;
+}
+
+std::vector<nlohmann::json> run_grid(const ServeGrid& g) {
+#ifdef KVSIM_HAVE_MPI
+  if (mpi_launched()) {
+    std::vector<nlohmann::json> rows;
+    if (run_grid_mpi(g, rows)) return rows;
+  }
+#endif
+  GridState st = open_grid(g);
+  // For tests: stop as a kill would, after this many points are on disk, at a known point.
+  const char* stop = std::getenv("KVSIM_GRID_STOP_AFTER");
+  std::size_t ran = 0;
+  for (std::size_t p = 0; p < g.points; ++p) {
+    if (!st.done[p]) {
+      if (stop && ran++ == std::stoul(stop)) throw Error("stopped after " + std::string(stop) + " points (KVSIM_GRID_STOP_AFTER)");
+      record_point(st, p, g.run(p));
+    }
+    if (g.report) g.report(p, st.rows[p]);
+  }
+  return std::move(st.rows);
+}
+
+void finish_grid(const ServeGrid& g) {
+  if (!g.progress.empty()) std::filesystem::remove(g.progress);
+}
+
+}  // namespace kvsim::cli
