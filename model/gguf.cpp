@@ -57,6 +57,7 @@ class Cursor {
  public:
   Cursor(const std::string& path, const std::uint8_t* data, std::size_t size) : path_(path), data_(data), size_(size) {}
   std::size_t pos() const { return pos_; }
+  std::size_t remaining() const { return size_ - pos_; }
   const std::uint8_t* take(std::size_t n, const char* what) {
     if (n > size_ - pos_)
       throw FormatError(path_ + ": truncated at byte " + std::to_string(pos_) + " while reading " + what + " (" +
@@ -103,8 +104,11 @@ GgufValue read_value(Cursor& c, std::uint32_t type, const std::string& key, cons
       if (depth > 0) throw FormatError(path + ": metadata '" + key + "' is a nested array (not allowed in GGUF)");
       const auto elem = c.read<std::uint32_t>("an array element type");
       const auto n = c.read<std::uint64_t>("an array length");
-      if (n > (std::uint64_t{1} << 28))
-        throw FormatError(path + ": metadata '" + key + "' claims " + std::to_string(n) + " array elements");
+      // Every element takes at least a byte: a longer array than the bytes left is a hostile or
+      // truncated file, refused before anything is reserved for it.
+      if (n > (std::uint64_t{1} << 28) || n > c.remaining())
+        throw FormatError(path + ": metadata '" + key + "' claims " + std::to_string(n) + " array elements with " +
+                          std::to_string(c.remaining()) + " bytes left in the file");
       std::vector<GgufValue> items;
       items.reserve(static_cast<std::size_t>(n));
       for (std::uint64_t i = 0; i < n; ++i) items.push_back(read_value(c, elem, key, path, depth + 1));
@@ -196,7 +200,11 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
       throw FormatError(path + ": tensor '" + t.name + "' row of " + std::to_string(t.ne[0]) + " elements is not a whole "
                         "number of " + info->name + " blocks (" + std::to_string(info->block) + ")");
     std::uint64_t elems = 1;
-    for (auto ne : t.ne) elems *= static_cast<std::uint64_t>(ne);
+    for (auto ne : t.ne) {
+      if (elems > (std::uint64_t{1} << 50) / static_cast<std::uint64_t>(ne))
+        throw FormatError(path + ": tensor '" + t.name + "' has more than 2^50 elements");
+      elems *= static_cast<std::uint64_t>(ne);
+    }
     t.nbytes = elems / static_cast<std::uint64_t>(info->block) * static_cast<std::uint64_t>(info->bytes);
     tensors_.push_back(std::move(t));
   }

@@ -3,6 +3,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "model/gguf.h"
 #include "model/weight_matrix.h"
@@ -20,23 +21,41 @@ namespace {
 // base, q.k scale when given), and the architecture's fixed conventions where the file says
 // nothing, as llama.cpp applies them: every 6th layer global, the rest local with RoPE base 10000,
 // GeGLU (tanh GELU), per-head Q/K RMSNorm, post-norms, embeddings times sqrt(n_embd).
+// A count or size from the file's metadata, checked before anything divides by it or sizes a
+// vector with it: positive and no larger than any real model's. The error names the key.
+int dimension(const GgufFile& f, const std::string& key, std::int64_t value) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 24;
+  if (value < 1 || value > kMax)
+    throw FormatError(f.path() + ": " + key + " = " + std::to_string(value) + ", expected 1.." + std::to_string(kMax));
+  return static_cast<int>(value);
+}
+
+// A positive, finite real from the metadata (an epsilon, a RoPE base, a scale).
+double positive(const GgufFile& f, const std::string& key, double value) {
+  if (!(value > 0 && std::isfinite(value)))
+    throw FormatError(f.path() + ": " + key + " = " + std::to_string(value) + ", expected a positive finite number");
+  return value;
+}
+
 void gemma3_config(const GgufFile& f, ModelConfig& c) {
   const std::string p = "gemma3.";
-  const int window = static_cast<int>(f.get_int(p + "attention.sliding_window", 0));
-  const int pattern = static_cast<int>(f.get_int(p + "attention.sliding_window_pattern", 6));
+  const std::int64_t window_raw = f.get_int(p + "attention.sliding_window", 0);
+  const int window = window_raw == 0 ? 0 : dimension(f, p + "attention.sliding_window", window_raw);
+  const int pattern = dimension(f, p + "attention.sliding_window_pattern", f.get_int(p + "attention.sliding_window_pattern", 6));
   if (window > 0 && pattern > 0) {
     c.sliding_window.assign(static_cast<std::size_t>(c.n_layers), 0);
     for (int l = 0; l < c.n_layers; ++l)
       if (l % pattern < pattern - 1) c.sliding_window[static_cast<std::size_t>(l)] = window;
   }
   c.rope.type = RopeType::Neox;
-  c.rope_theta_local = f.get_float(p + "rope.freq_base_swa", 10000.0);
+  c.rope_theta_local = positive(f, p + "rope.freq_base_swa", f.get_float(p + "rope.freq_base_swa", 10000.0));
   c.ffn_act = FfnAct::GeluTanh;
   c.qk_norm = true;
   c.post_norms = true;
   c.tied_embeddings = f.find("output.weight") == nullptr;
   c.embd_scale = std::sqrt(static_cast<double>(c.n_embd));
-  const double pre_attn = f.get_float(p + "attention.query_pre_attn_scalar", static_cast<double>(c.head_dim));
+  const double pre_attn = positive(f, p + "attention.query_pre_attn_scalar",
+                                   f.get_float(p + "attention.query_pre_attn_scalar", static_cast<double>(c.head_dim)));
   c.attn_scale = 1.0 / std::sqrt(pre_attn);
 }
 
@@ -49,24 +68,31 @@ ModelConfig model_config(const GgufFile& f) {
   if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "gemma3")
     throw FormatError(f.path() + ": general.architecture = '" + c.arch + "', expected llama, qwen2 or gemma3");
   const std::string p = c.arch + ".";
-  c.n_layers = static_cast<int>(f.get_int(p + "block_count"));
-  c.n_embd = static_cast<int>(f.get_int(p + "embedding_length"));
-  c.n_q_heads = static_cast<int>(f.get_int(p + "attention.head_count"));
-  c.n_kv_heads = static_cast<int>(f.get_int(p + "attention.head_count_kv", c.n_q_heads));
-  c.n_ff = static_cast<int>(f.get_int(p + "feed_forward_length"));
-  c.head_dim = static_cast<int>(f.get_int(p + "attention.key_length", c.n_embd / c.n_q_heads));
-  c.rms_eps = f.get_float(p + "attention.layer_norm_rms_epsilon");
+  const auto dim = [&](const std::string& key, std::optional<std::int64_t> fallback = std::nullopt) {
+    return dimension(f, p + key, fallback ? f.get_int(p + key, *fallback) : f.get_int(p + key));
+  };
+  c.n_layers = dim("block_count");
+  c.n_embd = dim("embedding_length");
+  c.n_q_heads = dim("attention.head_count");
+  c.n_kv_heads = dim("attention.head_count_kv", c.n_q_heads);
+  c.n_ff = dim("feed_forward_length");
+  c.head_dim = dim("attention.key_length", c.n_embd / c.n_q_heads);
+  c.rms_eps = positive(f, p + "attention.layer_norm_rms_epsilon", f.get_float(p + "attention.layer_norm_rms_epsilon"));
   c.vocab = static_cast<std::int64_t>(f.get_array("tokenizer.ggml.tokens").size());
   c.rope.type = c.arch == "llama" ? RopeType::Norm : RopeType::Neox;  // formats.md §3
   c.rope.head_dim = c.head_dim;
-  c.rope.rope_dim = static_cast<int>(f.get_int(p + "rope.dimension_count", c.head_dim));
-  c.rope.theta = f.get_float(p + "rope.freq_base", 10000.0);
+  c.rope.rope_dim = dim("rope.dimension_count", c.head_dim);
+  c.rope.theta = positive(f, p + "rope.freq_base", f.get_float(p + "rope.freq_base", 10000.0));
   c.tied_embeddings = f.find("output.weight") == nullptr;
   c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
   if (c.arch == "gemma3") gemma3_config(f, c);
-  if (c.n_layers <= 0 || c.n_q_heads <= 0 || c.n_kv_heads <= 0 || c.n_q_heads % c.n_kv_heads != 0 || c.head_dim <= 0)
+  if (c.n_q_heads % c.n_kv_heads != 0)
     throw FormatError(f.path() + ": inconsistent head counts (" + std::to_string(c.n_q_heads) + " heads, " +
                       std::to_string(c.n_kv_heads) + " KV heads)");
+  if (c.rope.rope_dim > c.head_dim || c.rope.rope_dim % 2 != 0)
+    throw FormatError(f.path() + ": " + p + "rope.dimension_count = " + std::to_string(c.rope.rope_dim) +
+                      ", expected an even number <= the head size " + std::to_string(c.head_dim));
+  if (c.vocab < 1) throw FormatError(f.path() + ": tokenizer.ggml.tokens is empty");
   return c;
 }
 

@@ -90,7 +90,7 @@ ServeProfile load_profile(const std::string& name_or_path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // syntax, and numbers out of range
     throw Error(name_or_path + ": not a JSON profile (" + e.what() + ")");
   }
   auto text = [&](const char* key) {

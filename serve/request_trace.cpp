@@ -45,7 +45,7 @@ RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_siz
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // syntax, and numbers out of range (1e+4111)
       throw Error(where + ": not a JSON object (" + e.what() + ")");
     }
     if (!j.is_object()) throw Error(where + ": not a JSON object");

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -100,6 +101,22 @@ std::vector<std::string> whole_lines(const std::string& path) {
   return lines;
 }
 
+// A result row kept by --resume must be a row this sweep could have written: every column, and
+// numbers where numbers go (est_kl may be empty), so that a damaged file is refused, not summed.
+void check_row(const std::vector<std::string>& f, const std::string& where) {
+  if (f.size() != kColumns.size())
+    throw FormatError(where + ": " + std::to_string(f.size()) + " fields, expected " + std::to_string(kColumns.size()) +
+                      " (not a kvsim sweep row; use --force to start again)");
+  static const std::set<std::string> text = {"trace", "request", "mode", "policy", "params", "budget_semantics", "est_kl"};
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (text.count(kColumns[i]) && !(kColumns[i] == "est_kl" && !f[i].empty())) continue;
+    char* end = nullptr;
+    (void)std::strtod(f[i].c_str(), &end);
+    if (f[i].empty() || end != f[i].c_str() + f[i].size())
+      throw FormatError(where + ": column '" + kColumns[i] + "' is '" + f[i] + "', expected a number (use --force to start again)");
+  }
+}
+
 // Groups rows by request in first-seen order; a request with every config row is finished.
 ResumeState finished_requests(const std::vector<std::pair<RequestKey, std::string>>& rows, std::size_t per_request) {
   std::vector<RequestKey> order;
@@ -123,7 +140,9 @@ ResumeState finished_requests(const std::vector<std::pair<RequestKey, std::strin
 ResumeState read_for_resume(const std::string& path, const std::string& config_line, std::size_t configs_per_request) {
   std::vector<std::pair<RequestKey, std::string>> rows;
   bool saw_config = false;
-  for (const auto& line : whole_lines(path)) {
+  const std::vector<std::string> lines = whole_lines(path);
+  for (std::size_t n = 0; n < lines.size(); ++n) {
+    const std::string& line = lines[n];
     if (line.rfind("# config: ", 0) == 0) {
       saw_config = true;
       if (line != config_line)
@@ -134,7 +153,7 @@ ResumeState read_for_resume(const std::string& path, const std::string& config_l
     }
     if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
     const auto f = parse_csv_line(line);
-    if (f.size() != kColumns.size()) continue;  // a row cut short by the kill
+    check_row(f, path + ":" + std::to_string(n + 1));  // whole lines only: the line a kill cut is not read
     rows.push_back({{f[0], f[1]}, line});
   }
   if (!saw_config) throw Error(path + ": --resume: no '# config:' line, expected a kvsim sweep result file");
@@ -352,21 +371,18 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
 
 std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path) {
   std::map<std::pair<double, std::string>, SweepSummaryRow> agg;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
-    const auto f = parse_csv_line(line);
-    const double budget = std::stod(f[5]);
-    const std::string label = PolicyRegistry::instance().compact_label(f[3], f[4]);
+  CsvReader in(path, kColumns, "a kvsim sweep result file");
+  while (in.next()) {
+    const double budget = in.number("budget");
+    const std::string label = PolicyRegistry::instance().compact_label(in.text("policy"), in.text("params"));
     SweepSummaryRow& s = agg[{budget, label}];
     s.label = label;
     s.budget = budget;
-    s.mean_recall += std::stod(f[8]);
-    s.mean_kl += std::stod(f[9]);
-    s.p95_kl += std::stod(f[10]);
-    s.mean_err += std::stod(f[11]);
-    s.kept_fraction += std::stod(f[7]);
+    s.mean_recall += in.number("mean_recall");
+    s.mean_kl += in.number("mean_kl");
+    s.p95_kl += in.number("p95_kl");
+    s.mean_err += in.number("mean_out_err");
+    s.kept_fraction += in.number("kept_fraction");
     ++s.requests;
   }
   std::vector<SweepSummaryRow> rows;

@@ -1,10 +1,13 @@
 // The GGUF reader on small files built byte by byte: the happy path and each error it must name.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "model/engine.h"
 #include "model/gguf.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -98,5 +101,40 @@ TEST_CASE("broken GGUF files are rejected with the reason", "[gguf]") {
   }
   SECTION("missing file") {
     CHECK_THROWS_WITH(GgufFile(test::scratch_file("none.gguf")), Catch::Contains("cannot open"));
+  }
+  // Found by fuzz_gguf: an array length was reserved before it was checked against the file, so a
+  // 200-byte file could ask for 8 GB.
+  SECTION("an array longer than the bytes left") {
+    Bytes f;
+    f.put<std::uint32_t>(0x46554747u).put<std::uint32_t>(3).put<std::uint64_t>(0).put<std::uint64_t>(1);
+    f.str("tokenizer.ggml.tokens").put<std::uint32_t>(9).put<std::uint32_t>(8).put<std::uint64_t>(150'000'000).str("a");
+    CHECK_THROWS_WITH(GgufFile(write("long_array.gguf", f.b)),
+                      Catch::Contains("'tokenizer.ggml.tokens' claims 150000000 array elements with 9 bytes left"));
+  }
+  SECTION("a tensor whose element count overflows") {
+    Bytes f;
+    f.put<std::uint32_t>(0x46554747u).put<std::uint32_t>(3).put<std::uint64_t>(1).put<std::uint64_t>(0);
+    f.str("w").put<std::uint32_t>(4);
+    for (int d = 0; d < 4; ++d) f.put<std::uint64_t>(std::uint64_t{1} << 20);
+    f.put<std::uint32_t>(0).put<std::uint64_t>(0);
+    CHECK_THROWS_WITH(GgufFile(write("huge_tensor.gguf", f.b)), Catch::Contains("tensor 'w' has more than 2^50 elements"));
+  }
+}
+
+// Found by fuzz_gguf: a head count of 0 divided the embedding width by zero (undefined behaviour)
+// before any check; a negative layer count would have sized a vector. Every dimension is now
+// checked as it is read, naming its key.
+TEST_CASE("model metadata out of range is refused naming the key", "[gguf]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const std::vector<std::pair<std::string, std::pair<std::uint32_t, std::string>>> cases = {
+      {"llama.attention.head_count", {0, "llama.attention.head_count = 0, expected 1..16777216"}},
+      {"llama.block_count", {0xFFFFFFFFu, "llama.block_count = 4294967295, expected 1..16777216"}},
+      {"llama.rope.dimension_count", {63, "rope.dimension_count = 63, expected an even number <= the head size 64"}},
+      {"llama.attention.head_count_kv", {4, "inconsistent head counts (9 heads, 4 KV heads)"}}};
+  for (const auto& [key, expect] : cases) {
+    INFO(key);
+    const std::string path = test::patched_model(KVSIM_TEST_MODEL, {{key, expect.first}}, "bad_meta.gguf");
+    const GgufFile f(path);
+    CHECK_THROWS_WITH(model_config(f), Catch::Contains(expect.second));
   }
 }

@@ -108,6 +108,35 @@ TEST_CASE("a killed sweep resumes without losing or repeating rows", "[sweep]") 
   CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("exists; pass --resume"));
 }
 
+// Found by fuzz_sweep_resume: --resume counted any row with every column as finished, and the
+// summary then met a bare std::stod on a damaged number (std::invalid_argument, no file named).
+TEST_CASE("a resumed result file with a damaged whole row is refused naming line and column", "[sweep]") {
+  SweepSpec spec = small_spec("damaged.csv");
+  run_sweep(spec, std::cerr);
+  std::ifstream in(spec.out_csv);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  in.close();
+  REQUIRE(lines.size() > 6);
+  auto damaged = lines;
+  const std::size_t at = damaged[5].find(",0.5,");  // the budget column of a SnapKV row
+  REQUIRE(at != std::string::npos);
+  damaged[5].replace(at, 5, ",0.5x,");
+  std::ostringstream text;
+  for (const auto& l : damaged) text << l << "\n";
+  std::ofstream(spec.out_csv, std::ios::trunc) << text.str();
+  CHECK_THROWS_WITH(summarize_sweep_csv(spec.out_csv), Catch::Contains("damaged.csv:") &&
+                                                           Catch::Contains("column 'budget' is '0.5x', expected a number"));
+  spec.force = false;
+  spec.resume = true;
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("damaged.csv:6: column 'budget' is '0.5x', expected a number"));
+  damaged[5] = damaged[5].substr(0, damaged[5].rfind(','));  // a whole line with a column missing
+  text.str("");
+  for (const auto& l : damaged) text << l << "\n";
+  std::ofstream(spec.out_csv, std::ios::trunc) << text.str();
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("damaged.csv:6:") && Catch::Contains("fields, expected 27"));
+}
+
 TEST_CASE("bad sweep input is rejected with a clear message", "[sweep]") {
   SweepSpec spec = small_spec("bad.csv");
   spec.policies = {"nope"};
