@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVSIM_X86 1
 #endif
@@ -92,9 +93,16 @@ __attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* src,
   for (; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
+// CPUID directly: clang's __builtin_cpu_supports does not know "f16c". AVX also needs the OS to
+// save the YMM registers (OSXSAVE, then XCR0 bits 1 and 2).
 bool detect_f16c() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+  if (!(osxsave && avx && f16c)) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 6u) == 6u;
 }
 
 }  // namespace

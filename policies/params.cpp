@@ -9,7 +9,8 @@ namespace kvsim {
 
 Params::Params(std::string policy, const std::vector<ParamSpec>& specs, const std::map<std::string, std::string>& given)
     : policy_(std::move(policy)) {
-  for (const auto& [key, value] : given) {
+  for (const auto& entry : given) {
+    const std::string& key = entry.first;  // a named reference: clang 14 cannot capture a structured binding
     const bool known = std::any_of(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.key == key; });
     if (!known) {
       std::string valid;

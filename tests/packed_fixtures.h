@@ -1,5 +1,5 @@
 #pragma once
-// Rows, geometries and plans the packed-cache tests share (tests/test_packed_kv.cpp: what each
+// PackedRows, geometries and plans the packed-cache tests share (tests/test_packed_kv.cpp: what each
 // codec stores; tests/test_gpu_ref.cpp: the device's row table over the same codec output).
 #include <cstdint>
 #include <random>
@@ -21,14 +21,14 @@ inline ModelGeometry geometry(int d, RopeType type = RopeType::Norm) {
 }
 
 // n rows of fp16 values with an outlier channel (as real keys have) and positions 3, 5, 7, ...
-struct Rows {
+struct PackedRows {
   std::vector<float> k, v;
   std::vector<std::int32_t> pos;
 };
-inline Rows make_rows(const ModelGeometry& g, std::int64_t n, unsigned seed = 5) {
+inline PackedRows make_rows(const ModelGeometry& g, std::int64_t n, unsigned seed = 5) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
-  Rows r;
+  PackedRows r;
   const int d = g.head_dim;
   for (std::int64_t j = 0; j < n; ++j) {
     r.pos.push_back(static_cast<std::int32_t>(3 + 2 * j));
@@ -43,8 +43,8 @@ inline Rows make_rows(const ModelGeometry& g, std::int64_t n, unsigned seed = 5)
 }
 
 // The kept tokens' rows in cached order, as the engines hand them to a codec.
-inline Rows kept_rows(const Rows& all, const HeadPlan& plan, int d) {
-  Rows r;
+inline PackedRows kept_rows(const PackedRows& all, const HeadPlan& plan, int d) {
+  PackedRows r;
   for (std::size_t j = 0; j < plan.codec.size(); ++j) {
     if (plan.codec[j] == TokenCodec::Drop) continue;
     r.k.insert(r.k.end(), all.k.begin() + static_cast<std::ptrdiff_t>(j * d), all.k.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));

@@ -216,8 +216,8 @@ TEST_CASE("the device's run table reads back every codec's packed output", "[gpu
   // What verify hands the device: each codec's packed entries, as plans from the codec tests
   // make them (tests/packed_fixtures.h). A codec's rows come in runs: the table is small.
   const ModelGeometry g = geometry(64);
-  const Rows all = make_rows(g, 23);
-  auto pack = [&](const KvCodec* codec, const HeadPlan& plan, const Rows& rows) {
+  const PackedRows all = make_rows(g, 23);
+  auto pack = [&](const KvCodec* codec, const HeadPlan& plan, const PackedRows& rows) {
     PackedEntry e;
     pack_plan(codec, plan, g, rows.pos, rows.k, rows.v, e);
     return e;
@@ -240,7 +240,7 @@ TEST_CASE("the device's run table reads back every codec's packed output", "[gpu
   for (const char* spec : {"kivi:bits=2,group=16,residual=32", "kivi:bits=4,group=32,residual=0"}) {
     INFO(spec);
     const PolicyInstance p = PolicyRegistry::instance().create(spec);
-    const Rows rows = make_rows(g, 101, 11);
+    const PackedRows rows = make_rows(g, 101, 11);
     HeadPlan plan;
     plan.codec.assign(101, TokenCodec::Int2);
     const PackedEntry e = pack(p.policy->codec(), plan, rows);

@@ -25,7 +25,7 @@ namespace {
 
 // Packs the plan's kept rows and checks the read-back against reconstruct (rounded to fp16):
 // exactly (max_err 0) or to max_err; and the payload against the codec's byte count.
-void check_pack(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, const Rows& kept, float max_err = 0) {
+void check_pack(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, const PackedRows& kept, float max_err = 0) {
   PackedEntry e;
   pack_plan(codec, plan, g, kept.pos, kept.k, kept.v, e);
   REQUIRE(e.rows() == plan.kept());
@@ -65,7 +65,7 @@ TEST_CASE("packed codes: a hand-packed int2 byte and its fp16 pair", "[packed]")
 
 TEST_CASE("packed intN reads back as its reconstruction, bytes as counted", "[packed]") {
   const ModelGeometry g = geometry(64);
-  const Rows all = make_rows(g, 23);
+  const PackedRows all = make_rows(g, 23);
   for (const int bits : {2, 4, 8})
     for (const bool symmetric : {false, true})
       for (const int group : {16, 32, 64, 128}) {
@@ -82,7 +82,7 @@ TEST_CASE("packed KIVI: shared key pairs per token group, fp16 residual rows", "
     for (const std::int64_t n : {std::int64_t{10}, std::int64_t{64}, std::int64_t{70}, std::int64_t{101}}) {
       INFO(spec << ", " << n << " tokens");
       const PolicyInstance p = PolicyRegistry::instance().create(spec);
-      const Rows all = make_rows(g, n, 11);
+      const PackedRows all = make_rows(g, n, 11);
       HeadPlan plan;
       plan.codec.assign(static_cast<std::size_t>(n), TokenCodec::Int2);
       check_pack(p.policy->codec(), plan, g, all);
@@ -92,7 +92,7 @@ TEST_CASE("packed KIVI: shared key pairs per token group, fp16 residual rows", "
 TEST_CASE("packed low rank: coefficients and bases rebuild the codec's rows, both RoPE pairings", "[packed]") {
   for (const RopeType type : {RopeType::Norm, RopeType::Neox}) {
     const ModelGeometry g = geometry(32, type);
-    const Rows all = make_rows(g, 40, 3);
+    const PackedRows all = make_rows(g, 40, 3);
     HeadPlan plan = mixed_plan(40, TokenCodec::LowRank);
     for (std::size_t j = 0; j < plan.codec.size(); ++j) plan.rank.push_back(static_cast<std::uint16_t>(j % 33));
     const LowRankCodec codec;
@@ -106,18 +106,18 @@ TEST_CASE("packed low rank: coefficients and bases rebuild the codec's rows, bot
 
 TEST_CASE("packed fp16-only plans need no codec", "[packed]") {
   const ModelGeometry g = geometry(16);
-  const Rows all = make_rows(g, 9);
+  const PackedRows all = make_rows(g, 9);
   HeadPlan plan = mixed_plan(9, TokenCodec::Fp16);
   check_pack(nullptr, plan, g, kept_rows(all, plan, g.head_dim));
   plan.codec[2] = TokenCodec::Int4;
-  const Rows kept = kept_rows(all, plan, g.head_dim);
+  const PackedRows kept = kept_rows(all, plan, g.head_dim);
   PackedEntry e;
   CHECK_THROWS_WITH(pack_plan(nullptr, plan, g, kept.pos, kept.k, kept.v, e), Catch::Contains("has no codec"));
 }
 
 TEST_CASE("malformed packed entries are refused naming the row and field", "[packed]") {
   const ModelGeometry g = geometry(16);
-  const Rows all = make_rows(g, 4);
+  const PackedRows all = make_rows(g, 4);
   const IntCodec codec(IntSpec{4, 16, false});
   HeadPlan plan;
   plan.codec.assign(4, TokenCodec::Int4);
@@ -185,7 +185,7 @@ TEST_CASE("a codec without a packed form says so", "[packed]") {
                      std::span<float>) const override {}
   } codec;
   const ModelGeometry g = geometry(16);
-  const Rows all = make_rows(g, 2);
+  const PackedRows all = make_rows(g, 2);
   HeadPlan plan;
   plan.codec.assign(2, TokenCodec::Int8);
   PackedEntry e;
