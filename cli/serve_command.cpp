@@ -3,6 +3,7 @@
 // `simulate` (serve_simulate_command.cpp): the timed simulation.
 #include <boost/program_options.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -63,6 +64,20 @@ void refuse_overwrite(const std::vector<std::string>& files, bool force) {
 
 namespace {
 
+nlohmann::json hit_rate_row(const serve::HitRateResult& r) {
+  return nlohmann::json{{"eviction", r.eviction},
+                        {"capacity_blocks", r.capacity},
+                        {"requests", r.requests},
+                        {"block_refs", r.block_refs},
+                        {"hit_blocks", r.hit_blocks},
+                        {"block_hit_rate", r.block_hit_rate()},
+                        {"tokens", r.tokens},
+                        {"hit_tokens", r.hit_tokens},
+                        {"token_hit_rate", r.token_hit_rate()},
+                        {"evictions", r.evictions},
+                        {"seconds", r.seconds}};  // printed only: not in the outputs, which stay reproducible
+}
+
 int hit_rate_cmd(const Args& args) {
   std::string trace_path, capacities = "1000,2000,5000,10000,20000", evictions = "lru", out, json;
   double slru_protected = 0.8;
@@ -96,38 +111,31 @@ int hit_rate_cmd(const Args& args) {
   grid.force = vm.count("force") > 0;
   grid.config = {{"command", "serve hit-rate"}, {"trace", trace_path}, {"trace_sha256", sha256_file_hex(trace_path)},
                  {"capacities", caps}, {"evictions", evictions}, {"slru_protected", slru_protected}};
+  grid.row_template = hit_rate_row(serve::HitRateResult{});
   if (grid_finished(grid, {out, json})) return 0;
-  if (!grid.resume) refuse_overwrite({out, json}, grid.force);
+  refuse_grid_overwrite(grid, {out, json});
   const serve::RequestTrace trace = serve::read_mooncake_trace(trace_path);
   const serve::BlockTree tree(trace);
   const serve::ReuseCeiling ceiling = serve::reuse_ceiling(trace);
-  std::printf("%s: %zu requests, %lld block references, %lld distinct blocks; reuse ceiling %.4f of blocks, %.4f of "
+  const bool quiet = grid_worker_rank();
+  if (!quiet) std::printf("%s: %zu requests, %lld block references, %lld distinct blocks; reuse ceiling %.4f of blocks, %.4f of "
               "tokens\n",
               trace_path.c_str(), trace.requests.size(), static_cast<long long>(trace.block_references()),
               static_cast<long long>(ceiling.distinct_blocks), ceiling.blocks, ceiling.tokens);
-  std::printf("%-15s %10s %10s %10s %10s %12s\n", "eviction", "capacity", "block hit", "token hit", "evictions", "Mrefs/s");
+  if (!quiet)
+    std::printf("%-15s %10s %10s %10s %10s %12s\n", "eviction", "capacity", "block hit", "token hit", "evictions", "Mrefs/s");
   grid.run = [&](std::size_t p) {
     serve::EvictionOptions o;
     o.kind = kinds[p / caps.size()];
     o.slru_protected = slru_protected;
-    const serve::HitRateResult r = serve::hit_rate(tree, caps[p % caps.size()], o);
-    return nlohmann::json{{"eviction", r.eviction},
-                          {"capacity_blocks", r.capacity},
-                          {"requests", r.requests},
-                          {"block_refs", r.block_refs},
-                          {"hit_blocks", r.hit_blocks},
-                          {"block_hit_rate", r.block_hit_rate()},
-                          {"tokens", r.tokens},
-                          {"hit_tokens", r.hit_tokens},
-                          {"token_hit_rate", r.token_hit_rate()},
-                          {"evictions", r.evictions},
-                          {"seconds", r.seconds}};  // printed only: not in the outputs, which stay reproducible
+    return hit_rate_row(serve::hit_rate(tree, caps[p % caps.size()], o));
   };
-  grid.report = [](std::size_t, const nlohmann::json& row) {
-    std::printf("%-15s %10lld %10.4f %10.4f %10lld %12.1f\n", row["eviction"].get<std::string>().c_str(),
-                row["capacity_blocks"].get<long long>(), row["block_hit_rate"].get<double>(),
-                row["token_hit_rate"].get<double>(), row["evictions"].get<long long>(),
-                row["block_refs"].get<double>() / std::max(row.value("seconds", 0.0), 1e-9) / 1e6);
+  grid.report = [&](std::size_t, const nlohmann::json& row) {
+    if (quiet) return;
+    auto num = [&](const char* key) { return row.at(key).is_number() ? row.at(key).get<double>() : std::nan(""); };
+    std::printf("%-15s %10.0f %10.4f %10.4f %10.0f %12.1f\n", row.at("eviction").get<std::string>().c_str(),
+                num("capacity_blocks"), num("block_hit_rate"), num("token_hit_rate"), num("evictions"),
+                num("block_refs") / std::max(num("seconds"), 1e-9) / 1e6);
   };
   std::vector<nlohmann::json> rows = run_grid(grid);
   nlohmann::json summary = {{"trace", trace_path},

@@ -22,8 +22,20 @@ std::string grid_progress_path(const std::string& out, const std::string& json) 
 namespace {
 
 // Rows a progress file holds, by point (terminated lines only: a kill's torn line is not read).
+// A kept row must have the template's keys, with a string where the template has one and a number
+// or null elsewhere: the table printer and the outputs read them without further checks.
+void check_row(const nlohmann::json& row, const nlohmann::json& templ, const std::string& where) {
+  for (const auto& [key, value] : templ.items()) {
+    if (!row.contains(key)) throw Error(where + ": the row has no '" + key + "'; not a row of this grid");
+    const nlohmann::json& v = row[key];
+    const bool ok = value.is_string() ? v.is_string() : value.is_array() ? v.is_array() : (v.is_number() || v.is_null());
+    if (!ok) throw Error(where + ": '" + key + "' is " + v.dump() + ", not what this grid writes there");
+  }
+  if (row.size() != templ.size()) throw Error(where + ": the row has keys this grid does not write");
+}
+
 std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const std::string& path, const nlohmann::json& config,
-                                                                       std::size_t points) {
+                                                                       const nlohmann::json& templ, std::size_t points) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot read the progress file");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -55,6 +67,7 @@ std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const std
     if (!j.is_object() || !j.contains("point") || !j["point"].is_number_unsigned() || !j.contains("row") ||
         !j["row"].is_object())
       throw Error(path + ": line " + std::to_string(i + 1) + ": expected {\"point\": N, \"row\": {...}}");
+    check_row(j["row"], templ, path + ": line " + std::to_string(i + 1));
     const std::size_t p = j["point"].get<std::size_t>();
     if (p >= points)
       throw Error(path + ": line " + std::to_string(i + 1) + ": point " + std::to_string(p) + " is outside the grid's " +
@@ -95,19 +108,26 @@ GridState open_grid(const ServeGrid& g) {
       throw Error(g.progress + ": an earlier run of this grid stopped here; pass --resume to continue it or --force to "
                   "start again");
     if (g.resume && cut_torn_tail(g.progress)) {
-      for (auto& [p, row] : read_grid_progress(g.progress, g.config, g.points)) {
+      for (auto& [p, row] : read_grid_progress(g.progress, g.config, g.row_template, g.points)) {
         st.rows[p] = std::move(row);
         st.done[p] = true;
       }
       fresh = false;
     }
   }
+  st.path = g.progress;
   if (!g.progress.empty()) st.progress = open_progress(g, fresh);
   return st;
 }
 
 void record_point(GridState& st, std::size_t p, nlohmann::json row) {
-  if (st.progress.is_open()) st.progress << nlohmann::json{{"point", p}, {"row", row}}.dump() << "\n" << std::flush;
+  // As it reads back from the file (a NaN becomes null), so that a resumed or MPI run's rows and
+  // an uninterrupted serial run's are the same.
+  row = nlohmann::json::parse(row.dump());
+  if (st.progress.is_open()) {
+    st.progress << nlohmann::json{{"point", p}, {"row", row}}.dump() << "\n" << std::flush;
+    if (!st.progress) throw Error(st.path + ": cannot write the progress file (disk full?)");
+  }
   st.rows[p] = std::move(row);
   st.done[p] = true;
 }
@@ -116,9 +136,26 @@ bool grid_finished(const ServeGrid& g, const std::vector<std::string>& outputs) 
   if (!g.resume || g.progress.empty() || std::filesystem::exists(g.progress)) return false;
   for (const std::string& f : outputs)
     if (!f.empty() && !std::filesystem::exists(f)) return false;
-  std::printf("nothing to resume: no %s, and the outputs are there (that run finished; --force runs it again)\n",
-              g.progress.c_str());
+  if (!grid_worker_rank())
+    std::printf("nothing to resume: no %s, and the outputs are there (that run finished; --force runs it again)\n",
+                g.progress.c_str());
   return true;
+}
+
+void refuse_grid_overwrite(const ServeGrid& g, const std::vector<std::string>& outputs) {
+  if (g.force || (g.resume && !g.progress.empty() && std::filesystem::exists(g.progress))) return;
+  for (const std::string& f : outputs)
+    if (!f.empty() && std::filesystem::exists(f))
+      throw Error(f + ": file exists; refusing to overwrite it (pass --force to replace)");
+}
+
+bool grid_worker_rank() {
+#ifdef KVSIM_HAVE_MPI
+  if (!mpi_launched()) return false;
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* r = std::getenv(v)) return std::string(r) != "0";
+#endif
+  return false;
 }
 
 std::vector<nlohmann::json> run_grid(const ServeGrid& g) {
@@ -129,7 +166,8 @@ std::vector<nlohmann::json> run_grid(const ServeGrid& g) {
   }
 #endif
   GridState st = open_grid(g);
-  // For tests: stop as a kill would, after this many points are on disk, at a known point.
+  // For tests: stop after this many points are on disk (an error exit, not a kill: the test then
+  // tears the last line itself), so that a resume starts from a known point.
   const char* stop = std::getenv("KVSIM_GRID_STOP_AFTER");
   std::size_t ran = 0;
   for (std::size_t p = 0; p < g.points; ++p) {

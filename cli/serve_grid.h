@@ -17,6 +17,7 @@ struct ServeGrid {
   std::size_t points = 0;
   std::string progress;  // OUT.progress; empty: no outputs, nothing kept
   nlohmann::json config; // what the rows depend on: a resume must have the same
+  nlohmann::json row_template;  // a row's keys, and which hold strings: kept rows must match it
   bool resume = false;
   bool force = false;
   std::function<nlohmann::json(std::size_t)> run;                 // one point's row
@@ -29,6 +30,11 @@ std::string grid_progress_path(const std::string& out, const std::string& json);
 // With --resume: true when there is nothing to resume (no progress file, and every output is
 // there: the run finished), after saying so.
 bool grid_finished(const ServeGrid& grid, const std::vector<std::string>& outputs);
+// Refuses existing outputs unless --force, or --resume of a run whose progress file is there.
+void refuse_grid_overwrite(const ServeGrid& grid, const std::vector<std::string>& outputs);
+// Whether this process is an MPI rank other than 0 (started by mpirun): such ranks run points and
+// print nothing; rank 0 reports.
+bool grid_worker_rank();
 
 // Every point's row in grid order, over MPI ranks when started by mpirun. Throws naming the progress file when it belongs to another
 // configuration, or when one exists and neither --resume nor --force is given. The caller writes
@@ -40,6 +46,7 @@ void finish_grid(const ServeGrid& grid);
 struct GridState {
   std::vector<nlohmann::json> rows;
   std::vector<bool> done;
+  std::string path;
   std::ofstream progress;
 };
 // The rows an earlier run kept (with --resume), the progress file opened for appending.

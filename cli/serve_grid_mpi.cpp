@@ -10,6 +10,7 @@
 #include <map>
 
 #include "cli/serve_grid.h"
+#include "cli/sweep_mpi.h"
 #include "core/error.h"
 
 namespace kvsim::cli {
@@ -71,25 +72,12 @@ void work(const ServeGrid& g) {
 }  // namespace
 
 bool run_grid_mpi(const ServeGrid& g, std::vector<nlohmann::json>& rows) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init(nullptr, nullptr);
   int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size < 2) {
-    MPI_Finalize();
-    return false;  // one process: the serial grid
-  }
-  try {
+  if (!mpi_start(rank, size)) return false;  // one process: the serial grid
+  mpi_run("kvsim serve", rank, [&] {
     if (rank == 0) rows = coordinate(g, size);
     else work(g);
-  } catch (const std::exception& e) {
-    std::cerr << "kvsim serve (rank " << rank << "): error: " << e.what() << "\n";
-    MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks would wait for this one forever
-  }
-  MPI_Finalize();
-  if (rank != 0) std::exit(0);  // only rank 0 writes and reports
+  });
   return true;
 }
 

@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 
 #include "cli/options.h"
@@ -158,7 +159,8 @@ void describe(po::options_description& desc, Flags& f) {
       "quiet,q", "no progress line")("force", "replace existing outputs");
 }
 
-// What a grid's rows depend on, for --resume: every flag, the trace's and the KV results' content.
+// What a grid's rows depend on, for --resume: every flag, the trace's and the profile file's
+// content, and every KV config's measured ratio and fidelity.
 nlohmann::json grid_config(const Flags& f, const nlohmann::json& summary, const std::vector<KvPolicyRow>& kvs) {
   nlohmann::json c = summary;
   c.erase("results");
@@ -167,17 +169,21 @@ nlohmann::json grid_config(const Flags& f, const nlohmann::json& summary, const 
   c["evictions"] = f.evictions;
   c["hbm_gb"] = f.hbm;
   c["profile_spec"] = f.profile;
+  if (std::filesystem::is_regular_file(f.profile)) c["profile_sha256"] = sha256_file_hex(f.profile);
   c["tiers"] = {f.o.dram.gbps, f.o.dram.latency_ms, f.o.ssd.gbps, f.o.ssd.latency_ms};
   c["slru_protected"] = f.o.slru_protected;
-  for (const KvPolicyRow& kv : kvs) c["kv"].push_back({kv.spec, kv.label, kv.ratio});
+  for (const KvPolicyRow& kv : kvs)
+    c["kv"].push_back({kv.spec, kv.label, kv.ratio, number_or_null(kv.est_kl), number_or_null(kv.mean_kl),
+                       number_or_null(kv.live_kl), number_or_null(kv.top1), number_or_null(kv.task_score)});
   return c;
 }
 
 // A result row as the table prints it (from the row, so resumed rows print the same).
 void print_row(const nlohmann::json& row, const KvPolicyRow& kv) {
-  auto num = [&](const char* key) { return row[key].is_number() ? row[key].get<double>() : std::nan(""); };
-  std::printf("%-15s %7.3g %-28s %6.3f %6lld %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", row["eviction"].get<std::string>().c_str(),
-              num("hbm_gb"), kv.label.substr(0, 28).c_str(), kv.ratio, row["completed"].get<long long>(), num("hit_rate"),
+  auto num = [&](const char* key) { return row.at(key).is_number() ? row.at(key).get<double>() : std::nan(""); };
+  std::printf("%-15s %7.3g %-28s %6.3f %6lld %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", row.at("eviction").get<std::string>().c_str(),
+              num("hbm_gb"), kv.label.substr(0, 28).c_str(), kv.ratio,
+              row.at("completed").is_number() ? row.at("completed").get<long long>() : -1LL, num("hit_rate"),
               num("ttft_p50_ms"), num("ttft_p99_ms"), num("tbt_p50_ms"), num("queue_p99_ms"), num("throughput_tokens_s"));
 }
 
@@ -224,16 +230,19 @@ int serve_simulate(const Args& args) {
   grid.resume = vm.count("resume") > 0;
   grid.force = vm.count("force") > 0;
   grid.config = grid_config(f, summary, kvs);
+  grid.row_template = result_row(serve::SimResult{}, f.o, kvs.front());
   if (grid_finished(grid, {f.out, f.json})) return 0;
-  if (!grid.resume) refuse_overwrite({f.out, f.json}, grid.force);
+  refuse_grid_overwrite(grid, {f.out, f.json});
   const serve::RequestTrace trace = serve::read_mooncake_trace(f.trace);
   const serve::BlockTree tree(trace);
-  const bool tty = !vm.count("quiet") && ::isatty(2);
-  std::printf("%s: %zu requests; profile %s; %d instance(s), route %s (done: requests completed; the rest were larger "
+  const bool quiet = grid_worker_rank();
+  const bool tty = !vm.count("quiet") && !quiet && ::isatty(2);
+  if (!quiet) std::printf("%s: %zu requests; profile %s; %d instance(s), route %s (done: requests completed; the rest were larger "
               "than an instance's HBM)\n", f.trace.c_str(), trace.requests.size(),
               f.o.profile.name.c_str(), f.o.instances, f.route.c_str());
-  std::printf("%-15s %7s %-28s %6s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "done", "hit",
-              "TTFT p50", "TTFT p99", "TBT p50", "queue p99", "tok/s");
+  if (!quiet)
+    std::printf("%-15s %7s %-28s %6s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "done", "hit",
+                "TTFT p50", "TTFT p99", "TBT p50", "queue p99", "tok/s");
   // Point p in the serial order: KV config, then eviction, then HBM size.
   grid.run = [&](std::size_t p) {
     const KvPolicyRow& kv = kvs[p / (kinds.size() * hbm.size())];
@@ -252,7 +261,9 @@ int serve_simulate(const Args& args) {
     if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
     return result_row(r, o, kv);
   };
-  grid.report = [&](std::size_t p, const nlohmann::json& row) { print_row(row, kvs[p / (kinds.size() * hbm.size())]); };
+  grid.report = [&](std::size_t p, const nlohmann::json& row) {
+    if (!quiet) print_row(row, kvs[p / (kinds.size() * hbm.size())]);
+  };
   for (nlohmann::json& row : run_grid(grid)) summary["results"].push_back(std::move(row));
   if (!f.out.empty()) write_file_atomically(f.out, csv_from_rows(summary, kColumns));
   if (!f.json.empty()) write_file_atomically(f.json, summary.dump(2) + "\n");

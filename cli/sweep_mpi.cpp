@@ -170,30 +170,39 @@ bool mpi_launched() {
   return false;
 }
 
-bool run_sweep_mpi(const SweepSpec& spec, std::vector<SweepSummaryRow>& rows, std::ostream& log) {
+bool mpi_start(int& rank, int& size) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) MPI_Init(nullptr, nullptr);
-  int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size < 2) {
-    MPI_Finalize();
-    return false;  // one process: the plain sweep
+  if (size >= 2) return true;
+  MPI_Finalize();
+  return false;
+}
+
+void mpi_run(const char* command, int rank, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::cerr << command << " (rank " << rank << "): error: " << e.what() << "\n";
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  MPI_Finalize();
+  if (rank != 0) std::exit(0);
+}
+
+bool run_sweep_mpi(const SweepSpec& spec, std::vector<SweepSummaryRow>& rows, std::ostream& log) {
+  int rank = 0, size = 1;
+  if (!mpi_start(rank, size)) return false;  // one process: the plain sweep
   if (spec.shards > 1) {
     if (rank == 0) std::cerr << "kvsim sweep: error: --shard and MPI are two ways to split one sweep; use one\n";
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  try {
+  mpi_run("kvsim sweep", rank, [&] {
     if (rank == 0) rows = coordinate(spec, size, log);
     else work(spec, rank);
-  } catch (const std::exception& e) {
-    std::cerr << "kvsim sweep (rank " << rank << "): error: " << e.what() << "\n";
-    MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks would wait for this one forever
-  }
-  MPI_Finalize();
-  if (rank != 0) std::exit(0);  // only rank 0 reports
+  });
   return true;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -110,7 +111,9 @@ GgufValue read_value(Cursor& c, std::uint32_t type, const std::string& key, cons
         throw FormatError(path + ": metadata '" + key + "' claims " + std::to_string(n) + " array elements with " +
                           std::to_string(c.remaining()) + " bytes left in the file");
       std::vector<GgufValue> items;
-      items.reserve(static_cast<std::size_t>(n));
+      // A GgufValue is ~48 bytes: reserve no more than a real vocabulary needs up front, so that a
+      // large hostile file cannot turn its length into gigabytes before the elements are read.
+      items.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n, 1 << 20)));
       for (std::uint64_t i = 0; i < n; ++i) items.push_back(read_value(c, elem, key, path, depth + 1));
       v.value = std::move(items);
       break;

@@ -17,10 +17,6 @@ using Vec = Eigen::VectorXf;
 
 namespace {
 
-// Gemma 3 (docs/models.md): what its GGUF declares (sliding window, head sizes, the global RoPE
-// base, q.k scale when given), and the architecture's fixed conventions where the file says
-// nothing, as llama.cpp applies them: every 6th layer global, the rest local with RoPE base 10000,
-// GeGLU (tanh GELU), per-head Q/K RMSNorm, post-norms, embeddings times sqrt(n_embd).
 // A count or size from the file's metadata, checked before anything divides by it or sizes a
 // vector with it: positive and no larger than any real model's. The error names the key.
 int dimension(const GgufFile& f, const std::string& key, std::int64_t value) {
@@ -37,6 +33,10 @@ double positive(const GgufFile& f, const std::string& key, double value) {
   return value;
 }
 
+// Gemma 3 (docs/models.md): what its GGUF declares (sliding window, head sizes, the global RoPE
+// base, q.k scale when given), and the architecture's fixed conventions where the file says
+// nothing, as llama.cpp applies them: every 6th layer global, the rest local with RoPE base 10000,
+// GeGLU (tanh GELU), per-head Q/K RMSNorm, post-norms, embeddings times sqrt(n_embd).
 void gemma3_config(const GgufFile& f, ModelConfig& c) {
   const std::string p = "gemma3.";
   const std::int64_t window_raw = f.get_int(p + "attention.sliding_window", 0);
@@ -76,6 +76,9 @@ ModelConfig model_config(const GgufFile& f) {
   c.n_q_heads = dim("attention.head_count");
   c.n_kv_heads = dim("attention.head_count_kv", c.n_q_heads);
   c.n_ff = dim("feed_forward_length");
+  if (!f.has(p + "attention.key_length") && c.n_embd < c.n_q_heads)
+    throw FormatError(f.path() + ": " + p + "embedding_length = " + std::to_string(c.n_embd) + " is less than " + p +
+                      "attention.head_count = " + std::to_string(c.n_q_heads) + " (no key_length): no head size");
   c.head_dim = dim("attention.key_length", c.n_embd / c.n_q_heads);
   c.rms_eps = positive(f, p + "attention.layer_norm_rms_epsilon", f.get_float(p + "attention.layer_norm_rms_epsilon"));
   c.vocab = static_cast<std::int64_t>(f.get_array("tokenizer.ggml.tokens").size());

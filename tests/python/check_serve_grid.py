@@ -72,9 +72,19 @@ def main() -> int:
         # same way again, then resumed to the end: the serial rows.
         stopped = kvsim_run(base + outs(res) + ["--force"], ok=False, env={"KVSIM_GRID_STOP_AFTER": "2"})
         expect("stopped after 2 points" in stopped, f"{name}: the stop hook: {stopped.strip()}")
+        # A row that is not this grid's is refused by file and line, not printed or written.
+        with open(res + ".progress") as f:
+            kept = f.read()
+        with open(res + ".progress", "a") as f:
+            f.write(json.dumps({"point": 2, "row": {"eviction": "lru"}}) + "\n")
+        err = kvsim_run(base + outs(res) + ["--resume"], ok=False)
+        expect(".progress: line 4: the row has no" in err, f"{name}: a foreign row: {err.strip()}")
+        with open(res + ".progress", "w") as f:
+            f.write(kept)
         with open(res + ".progress", "a") as f:
             f.write('{"point": 2, "row": {"evic')
-        kvsim_run(base + outs(res) + ["--resume"], ok=False, env={"KVSIM_GRID_STOP_AFTER": "2"})
+        stopped = kvsim_run(base + outs(res) + ["--resume"], ok=False, env={"KVSIM_GRID_STOP_AFTER": "2"})
+        expect("stopped after 2 points" in stopped, f"{name}: the second stop: {stopped.strip()}")
         with open(res + ".progress", "a") as f:
             f.write('{"point": 4, "r')
         with open(res + ".progress") as f:
