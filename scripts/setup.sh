@@ -6,8 +6,18 @@
 #   KVSIM_CUDA    AUTO | ON | OFF (default AUTO: the CUDA parts are built when nvcc is found)
 #   KVSIM_MPI     AUTO | ON | OFF (default AUTO: MPI sweeps are built when OpenMPI is found)
 #   KVSIM_JOBS    parallel build jobs (default 2)
+# --sanitize also installs what scripts/test.sh --sanitize builds with: clang, its sanitizer and
+# libFuzzer runtimes, clang's OpenMP, and llvm-symbolizer (package llvm), without which sanitizer
+# reports have no function names and fuzz/triage.py cannot place a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+sanitize=0
+for a in "$@"; do
+  case "$a" in
+    --sanitize) sanitize=1 ;;
+    *) echo "usage: scripts/setup.sh [--sanitize]" >&2; exit 2 ;;
+  esac
+done
 
 cache="${KVSIM_CACHE:-$HOME/.cache/kvsim}"
 build="${KVSIM_BUILD:-build}"
@@ -15,6 +25,7 @@ build="${KVSIM_BUILD:-build}"
 required=(cmake make g++ pkg-config python3 python3-venv
   libhdf5-dev libboost-program-options-dev libboost-graph-dev libeigen3-dev
   catch2 nlohmann-json3-dev libpcre2-dev)
+[ "$sanitize" = 0 ] || required+=(clang libclang-rt-dev libomp-dev llvm)
 optional=(ccache)  # faster rebuilds; installed alongside the others, never a reason to ask for root
 # Wanted, not required: a headless browser renders the report in its test (`kvsim report`), and
 # OpenMPI gives `mpirun -np N kvsim sweep` (docs/scale_out.md); where they cannot be installed,
