@@ -6,9 +6,10 @@
 #include <fstream>
 #include <map>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #ifdef KVSIM_HAVE_MPI
-#include "cli/sweep_mpi.h"
+#include "cli/mpi_ranks.h"
 #endif
 
 namespace kvsim::cli {
@@ -21,7 +22,6 @@ std::string grid_progress_path(const std::string& out, const std::string& json) 
 
 namespace {
 
-// Rows a progress file holds, by point (terminated lines only: a kill's torn line is not read).
 // A kept row must have the template's keys, with a string where the template has one and a number
 // or null elsewhere: the table printer and the outputs read them without further checks.
 void check_row(const nlohmann::json& row, const nlohmann::json& templ, const std::string& where) {
@@ -34,28 +34,20 @@ void check_row(const nlohmann::json& row, const nlohmann::json& templ, const std
   if (row.size() != templ.size()) throw Error(where + ": the row has keys this grid does not write");
 }
 
-std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const std::string& path, const nlohmann::json& config,
-                                                                       const nlohmann::json& templ, std::size_t points) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot read the progress file");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> lines;
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t end = text.find('\n', at);
-    if (end == std::string::npos) break;  // unterminated: cut by a kill
-    lines.push_back(text.substr(at, end - at));
-    at = end + 1;
-  }
+// Rows a progress file's whole lines hold, by point, after its header is checked.
+std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const ServeGrid& g,
+                                                                       const std::vector<std::string>& lines) {
+  const std::string& path = g.progress;
   nlohmann::json head;
   try {
-    if (!lines.empty()) head = nlohmann::json::parse(lines[0]);
+    head = nlohmann::json::parse(lines.at(0));
   } catch (const nlohmann::json::exception&) {
   }
   if (!head.is_object() || !head.contains("config"))
     throw Error(path + ": line 1: expected a kvsim serve progress header {\"config\": ...}; not a progress file");
-  if (head["config"] != nlohmann::json::parse(config.dump()))  // as written: a NaN reads back as null
+  if (head["config"] != nlohmann::json::parse(g.config.dump()))  // as written: a NaN reads back as null
     throw Error(path + ": --resume with a different configuration; the file was written for\n  " + head["config"].dump() +
-                "\nbut this run is\n  " + config.dump() + "\n(use --force to start again)");
+                "\nbut this run is\n  " + g.config.dump() + "\n(use --force to start again)");
   std::map<std::size_t, nlohmann::json> rows;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     nlohmann::json j;
@@ -67,11 +59,11 @@ std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const std
     if (!j.is_object() || !j.contains("point") || !j["point"].is_number_unsigned() || !j.contains("row") ||
         !j["row"].is_object())
       throw Error(path + ": line " + std::to_string(i + 1) + ": expected {\"point\": N, \"row\": {...}}");
-    check_row(j["row"], templ, path + ": line " + std::to_string(i + 1));
+    check_row(j["row"], g.row_template, path + ": line " + std::to_string(i + 1));
     const std::size_t p = j["point"].get<std::size_t>();
-    if (p >= points)
+    if (p >= g.points)
       throw Error(path + ": line " + std::to_string(i + 1) + ": point " + std::to_string(p) + " is outside the grid's " +
-                  std::to_string(points) + " points");
+                  std::to_string(g.points) + " points");
     rows[p] = std::move(j["row"]);
   }
   return {rows.begin(), rows.end()};
@@ -85,17 +77,6 @@ std::ofstream open_progress(const ServeGrid& g, bool fresh) {
   return out;
 }
 
-// Cuts a torn last line (what a kill leaves) so that appending starts on a line of its own; false
-// when not even the header line is whole (then the file is started again).
-bool cut_torn_tail(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::size_t last = text.rfind('\n');
-  if (last == std::string::npos) return false;
-  if (last + 1 != text.size()) std::filesystem::resize_file(path, last + 1);
-  return true;
-}
-
 }  // namespace
 
 GridState open_grid(const ServeGrid& g) {
@@ -107,11 +88,17 @@ GridState open_grid(const ServeGrid& g) {
     if (!g.resume && !g.force)
       throw Error(g.progress + ": an earlier run of this grid stopped here; pass --resume to continue it or --force to "
                   "start again");
-    if (g.resume && cut_torn_tail(g.progress)) {
-      for (auto& [p, row] : read_grid_progress(g.progress, g.config, g.row_template, g.points)) {
+    // Without a whole header line the file is started again.
+    const std::vector<std::string> lines = g.resume ? whole_lines(g.progress) : std::vector<std::string>{};
+    if (!lines.empty()) {
+      for (auto& [p, row] : read_grid_progress(g, lines)) {
         st.rows[p] = std::move(row);
         st.done[p] = true;
       }
+      // A torn last line (what a kill leaves) is cut, so that appending starts on a line of its own.
+      std::uintmax_t whole = 0;
+      for (const std::string& l : lines) whole += l.size() + 1;
+      if (whole != std::filesystem::file_size(g.progress)) std::filesystem::resize_file(g.progress, whole);
       fresh = false;
     }
   }
@@ -151,11 +138,10 @@ void refuse_grid_overwrite(const ServeGrid& g, const std::vector<std::string>& o
 
 bool grid_worker_rank() {
 #ifdef KVSIM_HAVE_MPI
-  if (!mpi_launched()) return false;
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-    if (const char* r = std::getenv(v)) return std::string(r) != "0";
-#endif
+  return mpi_launched() && mpi_worker_process();
+#else
   return false;
+#endif
 }
 
 std::vector<nlohmann::json> run_grid(const ServeGrid& g) {

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "cli/serve_grid.h"
-#include "cli/sweep_mpi.h"
+#include "cli/mpi_ranks.h"
 #include "core/error.h"
 
 namespace kvsim::cli {
@@ -28,13 +28,9 @@ std::vector<nlohmann::json> coordinate(const ServeGrid& g, int size) {
             << " worker ranks\n";
   std::map<int, int> took;
   for (int finished = 0; finished < size - 1;) {
-    MPI_Status status;
-    MPI_Probe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &status);
-    int n = 0;
-    MPI_Get_count(&status, MPI_CHAR, &n);
-    std::string msg(static_cast<std::size_t>(n), '\0');
-    MPI_Recv(msg.data(), n, MPI_CHAR, status.MPI_SOURCE, status.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    if (status.MPI_TAG == kRow) {
+    int source = 0, tag = 0;
+    const std::string msg = mpi_receive_any(source, tag);
+    if (tag == kRow) {
       const std::size_t cut = msg.find('\n');
       record_point(st, std::stoul(msg.substr(0, cut)), nlohmann::json::parse(msg.substr(cut + 1)));
       continue;
@@ -44,11 +40,11 @@ std::vector<nlohmann::json> coordinate(const ServeGrid& g, int size) {
     if (next < g.points) {
       point = static_cast<long long>(next);
       st.done[next++] = true;  // taken; its row arrives later
-      ++took[status.MPI_SOURCE];
+      ++took[source];
     } else {
       ++finished;
     }
-    MPI_Send(&point, 1, MPI_LONG_LONG, status.MPI_SOURCE, kPoint, MPI_COMM_WORLD);
+    MPI_Send(&point, 1, MPI_LONG_LONG, source, kPoint, MPI_COMM_WORLD);
   }
   std::cerr << "serve (MPI): points run per rank:";
   for (int r = 1; r < size; ++r) std::cerr << " " << r << ":" << took[r];

@@ -14,6 +14,7 @@
 #include "sim/sweep.h"
 #include "sim/sweep_merge.h"
 #ifdef KVSIM_HAVE_MPI
+#include "cli/mpi_ranks.h"
 #include "cli/sweep_mpi.h"
 #endif
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/mpi_ranks.h"
 #include "cli/sweep_mpi.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -124,20 +125,16 @@ std::vector<SweepSummaryRow> coordinate(const SweepSpec& spec, int size, std::os
   MPI_Barrier(MPI_COMM_WORLD);
   std::map<int, int> took;  // requests each rank took
   for (int done = 0; done < size - 1;) {
-    MPI_Status st;
-    MPI_Probe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
-    int n = 0;
-    MPI_Get_count(&st, MPI_CHAR, &n);
-    std::string key(static_cast<std::size_t>(n), '\0');
-    MPI_Recv(key.data(), n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    if (st.MPI_TAG == kDone) {
+    int source = 0, tag = 0;
+    const std::string key = mpi_receive_any(source, tag);
+    if (tag == kDone) {
       ++done;
       continue;
     }
     const auto cut = key.find('\x1f');
     const int yes = taken.insert({key.substr(0, cut), key.substr(cut + 1)}).second ? 1 : 0;
-    took[st.MPI_SOURCE] += yes;
-    MPI_Send(&yes, 1, MPI_INT, st.MPI_SOURCE, kReply, MPI_COMM_WORLD);
+    took[source] += yes;
+    MPI_Send(&yes, 1, MPI_INT, source, kReply, MPI_COMM_WORLD);
   }
   log << "sweep (MPI): requests swept per rank:";
   for (int r = 1; r < size; ++r) log << " " << r << ":" << took[r];
@@ -163,34 +160,6 @@ std::vector<SweepSummaryRow> coordinate(const SweepSpec& spec, int size, std::os
 }
 
 }  // namespace
-
-bool mpi_launched() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
-    if (std::getenv(v)) return true;
-  return false;
-}
-
-bool mpi_start(int& rank, int& size) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init(nullptr, nullptr);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size >= 2) return true;
-  MPI_Finalize();
-  return false;
-}
-
-void mpi_run(const char* command, int rank, const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    std::cerr << command << " (rank " << rank << "): error: " << e.what() << "\n";
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  if (rank != 0) std::exit(0);
-}
 
 bool run_sweep_mpi(const SweepSpec& spec, std::vector<SweepSummaryRow>& rows, std::ostream& log) {
   int rank = 0, size = 1;

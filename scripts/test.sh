@@ -14,7 +14,7 @@ for a in "$@"; do
     *) echo "usage: scripts/test.sh [--sanitize]" >&2; exit 2 ;;
   esac
 done
-if [ "$sanitize" = 1 ]; then scripts/setup.sh --sanitize; else scripts/setup.sh; fi
+scripts/setup.sh "$@"
 # Parallel test processes share the cores: OpenMP threads that spin while waiting starve each other.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 ctest --test-dir "${KVSIM_BUILD:-build}" --output-on-failure -j "${KVSIM_JOBS:-2}"

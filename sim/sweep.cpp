@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/isolated_call.h"
 #include "traces/trace_check.h"
@@ -89,17 +90,6 @@ struct ResumeState {
     std::erase_if(done, [&](const RequestKey& k) { return !keys.count(k); });
   }
 };
-
-// A file's lines with a last line the kill cut (no newline, even if it has every field) dropped.
-std::vector<std::string> whole_lines(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (!text.empty() && text.back() != '\n') text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
 
 // A result row kept by --resume must be a row this sweep could have written: every column, and
 // numbers where numbers go (est_kl may be empty), so that a damaged file is refused, not summed.

@@ -3,8 +3,6 @@
 several times and resumed each time. Every result committed before a kill survives it, and the
 resumed output equals an uninterrupted run's: the same trace data request by request (capture), the
 same files byte for byte (sweep), the same rows but for their wall-clock `seconds` (serve)."""
-import csv
-import json
 import os
 import random
 import signal
@@ -144,22 +142,10 @@ def check_sweep(kvsim, workdir, rng):
             expect(fa.read() == fb.read(), f"sweep: {b} differs from the uninterrupted {a}")
 
 
-def serve_rows(path):
-    """The CSV's rows without the wall-clock column, and the JSON summary without it."""
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f)]
-    for r in rows:
-        r.pop("seconds")
-    with open(path[:-4] + ".json") as f:
-        summary = json.load(f)
-    for r in summary["results"]:
-        r.pop("seconds")
-    return rows, summary
-
-
 def check_serve(kvsim, workdir, rng):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from branching_trace import write_branching_trace
+    from serve_results import serve_rows
     trace = os.path.join(workdir, "kill_serve.jsonl")
     write_branching_trace(trace, 5, 12000, 4, 5, (1, 256))
     full, res = os.path.join(workdir, "kill_serve_full.csv"), os.path.join(workdir, "kill_serve_res.csv")

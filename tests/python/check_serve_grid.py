@@ -4,7 +4,6 @@ grid over 2 and 3 MPI ranks and a resume under MPI from a serial run's progress 
 the serial run but for the wall-clock `seconds`.
 
 usage: check_serve_grid.py KVSIM WORKDIR [MPIRUN]"""
-import csv
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from branching_trace import write_branching_trace  # noqa: E402
+from serve_results import serve_rows as rows  # noqa: E402
 
 failures = []
 
@@ -20,18 +20,6 @@ def expect(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what, flush=True)
-
-
-def rows(path):
-    with open(path, newline="") as f:
-        out = list(csv.DictReader(f))
-    for r in out:
-        r.pop("seconds", None)
-    with open(path[:-4] + ".json") as f:
-        summary = json.load(f)
-    for r in summary["results"]:
-        r.pop("seconds", None)
-    return out, summary
 
 
 def kvsim_run(cmd, ok=True, env=None):
