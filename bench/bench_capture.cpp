@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "capture/capture_driver.h"
-#include "capture/prompt.h"
+#include "prompts/prompt.h"
 #include "model/gguf.h"
 #include "model/llama_model.h"
 #include "capture/task_gen.h"

@@ -9,19 +9,9 @@
 #include <vector>
 
 #include "model/engine.h"
+#include "prompts/request_file.h"
 
 namespace kvsim {
-
-struct CaptureRequest {
-  std::string id, system, context, question, answer, task;
-  std::string expected;   // JSON array of strings the output should contain (free generation)
-  std::int64_t line = 0;  // in the JSONL file, for error messages
-};
-
-// Parses JSONL: one object per line with id, context, question (strings), optional system,
-// answer (teacher-forced), expected (array of strings to score free generation), task; or
-// {"id", "text"} for raw text (all context). Errors name the file and line.
-std::vector<CaptureRequest> read_capture_requests(const std::string& path);
 
 struct CaptureOptions {
   std::string model_path, out_path;

@@ -150,24 +150,5 @@ std::vector<CaptureRequest> make_text_windows(const std::string& path, int appro
   return out;
 }
 
-void write_requests_jsonl(const std::vector<CaptureRequest>& requests, const std::string& path, bool overwrite) {
-  if (!overwrite && std::filesystem::exists(path))
-    throw Error(path + ": file exists; refusing to overwrite it (pass --force to replace)");
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) throw Error(path + ": cannot write");
-  for (const auto& r : requests) {
-    nlohmann::json j = {{"id", r.id}, {"task", r.task}};
-    if (r.question.empty()) {
-      j["text"] = r.context;
-    } else {
-      j["context"] = r.context;
-      j["question"] = r.question;
-    }
-    if (!r.answer.empty()) j["answer"] = r.answer;
-    if (!r.expected.empty()) j["expected"] = nlohmann::json::parse(r.expected);
-    if (!r.system.empty()) j["system"] = r.system;
-    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  }
-}
 
 }  // namespace kvsim

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/capture_driver.h"
+#include "prompts/request_file.h"
 
 namespace kvsim {
 
@@ -29,8 +29,5 @@ std::vector<CaptureRequest> make_needle_tasks(const NeedleSpec& spec);
 
 // Consecutive windows of about `approx_tokens` tokens of a text file: {id, text} requests.
 std::vector<CaptureRequest> make_text_windows(const std::string& path, int approx_tokens, int count);
-
-// One JSON object per line, in read_capture_requests' format.
-void write_requests_jsonl(const std::vector<CaptureRequest>& requests, const std::string& path, bool overwrite);
 
 }  // namespace kvsim

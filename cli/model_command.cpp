@@ -11,7 +11,7 @@
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
 #include "cli/dispatch.h"
-#include "capture/prompt.h"
+#include "prompts/prompt.h"
 #include "cli/options.h"
 #include "core/error.h"
 

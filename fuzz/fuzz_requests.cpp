@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "capture/capture_driver.h"
-#include "capture/prompt.h"
+#include "prompts/prompt.h"
 #include "core/error.h"
 #include "fuzz/fuzz_input.h"
 #include "model/gguf.h"

@@ -8,7 +8,7 @@
 
 #include "model/backend_engine.h"
 #include "capture/capture_driver.h"
-#include "capture/prompt.h"
+#include "prompts/prompt.h"
 #include "model/tokenizer.h"
 #include "model/gguf.h"
 #include "model/llama_model.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/prompt.h"
+#include "prompts/prompt.h"
 #include "model/gguf.h"
 #include "train/training_set.h"
 #include "verify/live_verifier.h"

@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "capture/capture_driver.h"
+#include "model/engine.h"
+#include "prompts/request_file.h"
 #include "model/weight_matrix.h"
 #include "policies/policy.h"
 #include "kvcache/budget.h"

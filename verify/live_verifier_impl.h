@@ -11,8 +11,8 @@
 #include <optional>
 #include <utility>
 
-#include "capture/prompt.h"
-#include "capture/repeat_pass.h"
+#include "prompts/prompt.h"
+#include "prompts/repeat_pass.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "kvcache/budget.h"

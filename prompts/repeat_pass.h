@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "capture/prompt.h"
+#include "prompts/prompt.h"
 #include "traces/trace_schema.h"
 
 namespace kvsim {

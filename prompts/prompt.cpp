@@ -1,4 +1,4 @@
-#include "capture/prompt.h"
+#include "prompts/prompt.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

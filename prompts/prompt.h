@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "capture/capture_driver.h"
+#include "prompts/request_file.h"
 
 namespace kvsim {
 

@@ -1,4 +1,4 @@
-#include "capture/repeat_pass.h"
+#include "prompts/repeat_pass.h"
 
 #include <algorithm>
 #include <utility>
