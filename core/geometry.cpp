@@ -4,6 +4,15 @@
 
 namespace kvsim {
 
+bool same_kv_shape(const ModelGeometry& a, const ModelGeometry& b) {
+  return a.n_layers == b.n_layers && a.n_q_heads == b.n_q_heads && a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim;
+}
+
+std::string kv_shape(const ModelGeometry& g) {
+  return std::to_string(g.n_layers) + " layers, " + std::to_string(g.n_q_heads) + "/" + std::to_string(g.n_kv_heads) +
+         " query/KV heads, head_dim " + std::to_string(g.head_dim);
+}
+
 void ModelConfig::check() const {
   auto bad = [](const std::string& what) { throw std::invalid_argument("model config: " + what); };
   if (n_layers <= 0) bad("n_layers must be > 0");

@@ -39,6 +39,12 @@ struct ModelGeometry {
   bool operator==(const ModelGeometry&) const = default;
 };
 
+// What a trace, a learned model file and a live engine must share for one to stand for another:
+// layers, query heads, KV heads and head size (names, vocabularies and RoPE may differ).
+bool same_kv_shape(const ModelGeometry& a, const ModelGeometry& b);
+// That shape in words, for the error that refuses a mismatch: "30 layers, 9/3 query/KV heads, head_dim 64".
+std::string kv_shape(const ModelGeometry& g);
+
 enum class FfnAct { Silu, GeluTanh };  // the gate's activation: SwiGLU (llama) or GeGLU (gemma)
 
 struct ModelConfig : ModelGeometry {

@@ -213,6 +213,18 @@ void append_token(LayerIndex& cache, std::int32_t token) {
   }
 }
 
+KeepBits keep_bits(const HeadPlan& plan, std::int64_t n) {
+  if (static_cast<std::int64_t>(plan.codec.size()) < n) throw Error("keep_bits: a plan over fewer tokens than " + std::to_string(n));
+  KeepBits out;
+  out.words.assign(static_cast<std::size_t>((n + 63) / 64), 0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (plan.codec[static_cast<std::size_t>(j)] == TokenCodec::Drop) continue;
+    out.words[static_cast<std::size_t>(j / 64)] |= std::uint64_t{1} << (j % 64);
+    ++out.kept;
+  }
+  return out;
+}
+
 namespace {
 
 // Removes the encoding entry of held token m (the m-th non-Drop one).

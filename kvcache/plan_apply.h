@@ -99,6 +99,17 @@ bool apply_cut(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignal
 // Whether some entry holds more than `tokens`.
 bool over_budget(const LayerIndex& cache, std::int64_t tokens);
 
+// One cut of a compression schedule, on either side: only a cache that outgrew the budget is cut,
+// and only then are its signals built (`with_signals(f)` builds them over the cache as it is and
+// calls f with them). Returns whether it cut.
+template <class WithSignals>
+bool cut_if_over(const ReplayConfig& cfg, const ConfigBudget& b, LayerIndex& cache, RowSink* rows, WithSignals&& with_signals) {
+  if (!over_budget(cache, b.tokens)) return false;
+  bool cut = false;
+  with_signals([&](const LayerSignals& s) { cut = apply_cut(cfg, b, s, cache, rows); });
+  return cut;
+}
+
 // A head's encoding with its Drop entries left out: one entry per kept token, in order. The
 // codec data stays (its charges still hold; a codec refits data that no longer lines up).
 HeadPlan without_drops(const HeadPlan& plan);
@@ -109,6 +120,14 @@ LayerPlan widen_plan(const LayerPlan& plan, const LayerIndex& cache, std::int64_
 
 // A decode step's token joins every entry, in fp16.
 void append_token(LayerIndex& cache, std::int32_t token);
+
+// A one-shot head plan as a bit set over [0, n): bit j set where token j is kept (not Drop), and
+// how many are kept. What replay shares partial attention outputs over.
+struct KeepBits {
+  std::vector<std::uint64_t> words;
+  std::int64_t kept = 0;
+};
+KeepBits keep_bits(const HeadPlan& plan, std::int64_t n);
 
 // Drops evict[e] from entry e after decode step `step` (one list per entry), checking each is
 // held and, when max_rows >= 0, that no entry holds more than max_rows afterwards. Throws naming

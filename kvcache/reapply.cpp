@@ -113,4 +113,28 @@ std::unique_ptr<DecodeState> reapply_state(const ReplayConfig& cfg, const Config
   return std::make_unique<Reapply>(cfg, b, initial, c, head_dim);
 }
 
+DecodeStart decode_start(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& plan, std::unique_ptr<DecodeState> own,
+                         std::int64_t c, int n_kv_heads, int head_dim) {
+  const bool per_query_head = static_cast<int>(plan.heads.size()) != n_kv_heads;
+  DecodeStart out{std::move(own), false};
+  if (!out.state && b.peak_tokens > 0) {
+    if (per_query_head)
+      throw Error("policy " + cfg.label() + ": per-query-head plans cannot be re-applied under --budget-semantics peak");
+    out.state = reapply_state(cfg, b, plan, c, head_dim);
+    out.reapplied = true;
+  }
+  if (out.state && per_query_head)
+    throw Error("policy " + cfg.label() + ": decode-time plans must have one entry per KV head (per-query-head plans "
+                "cannot be stepped)");
+  return out;
+}
+
+void check_peak_bytes(const ReplayConfig& cfg, const ConfigBudget& b, double peak_bytes, double budget_bytes,
+                      const std::string& where) {
+  if (b.peak_tokens > 0 && peak_bytes > budget_bytes * (1 + 1e-9) + 1e-6)
+    throw Error("policy " + cfg.label() + " held " + std::to_string(peak_bytes) + " bytes at a step after the " +
+                "compression point, over its peak budget " + std::to_string(budget_bytes) + " in " + where +
+                " (a kvsim bug)");
+}
+
 }  // namespace kvsim::kvcache

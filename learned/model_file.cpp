@@ -262,12 +262,8 @@ void check_learned_model(const LearnedModel& m, const std::string& path, const s
 
 void check_learned_geometry(const LearnedModel& m, const std::string& path, const ModelGeometry& g) {
   const ModelGeometry& t = m.geometry;
-  auto shape = [](const ModelGeometry& x) {
-    return std::to_string(x.n_layers) + " layers, " + std::to_string(x.n_q_heads) + "/" + std::to_string(x.n_kv_heads) +
-           " query/KV heads, head_dim " + std::to_string(x.head_dim);
-  };
-  if (t.n_layers != g.n_layers || t.n_q_heads != g.n_q_heads || t.n_kv_heads != g.n_kv_heads || t.head_dim != g.head_dim)
-    throw Error(path + ": /geometry is " + shape(t) + " (" + t.name + "); expected " + shape(g) + " (" + g.name +
+  if (!same_kv_shape(t, g))
+    throw Error(path + ": /geometry is " + kv_shape(t) + " (" + t.name + "); expected " + kv_shape(g) + " (" + g.name +
                 "), the model this run replays");
 }
 

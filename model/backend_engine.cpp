@@ -14,8 +14,7 @@ namespace kvsim {
 BackendEngine::BackendEngine(const GgufFile& f, std::unique_ptr<gpu::TransformerBackend> backend)
     : cfg_(model_config(f)), backend_(std::move(backend)) {
   const ModelConfig want = cfg_, &got = backend_->shape();
-  if (got.n_layers != want.n_layers || got.n_embd != want.n_embd || got.n_q_heads != want.n_q_heads ||
-      got.n_kv_heads != want.n_kv_heads || got.head_dim != want.head_dim || got.n_ff != want.n_ff || got.vocab != want.vocab)
+  if (!same_kv_shape(got, want) || got.n_embd != want.n_embd || got.n_ff != want.n_ff || got.vocab != want.vocab)
     throw Error(f.path() + ": the " + backend_->name() + " backend was made for another model shape");
   // The rest of the block (norms, activation, scales, windows, RoPE bases) must be the file's too.
   std::string differ;

@@ -20,8 +20,7 @@ BasisSet fit_calibration_bases(const std::vector<std::string>& traces, int reque
       g = mg;
       model = mg.name;
       grams.resize(static_cast<std::size_t>(g.n_layers * g.n_kv_heads));
-    } else if (mg.n_layers != g.n_layers || mg.n_kv_heads != g.n_kv_heads || mg.head_dim != g.head_dim ||
-               mg.rope.type != g.rope.type || mg.rope.rope_dim != g.rope.rope_dim) {
+    } else if (!same_kv_shape(mg, g) || mg.rope.type != g.rope.type || mg.rope.rope_dim != g.rope.rope_dim) {
       throw Error("trace '" + path + "' has another geometry than '" + traces.front() + "' (model " + mg.name + " vs " +
                   model + "): calibration traces must come from one model");
     }

@@ -10,6 +10,7 @@
 #include "policies/codec.h"
 #include "kvcache/budget.h"
 #include "kvcache/plan_apply.h"
+#include "kvcache/reapply.h"
 #include "sim/replay_internal.h"
 
 namespace kvsim {
@@ -129,10 +130,7 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   if (cfg.impl->respects_budget() && cfg.budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
     throw Error("policy " + cfg.label() + " kept " + std::to_string(r.compressed_bytes) +
                 " bytes over budget " + std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
-  if (b.peak_tokens > 0 && r.decode_peak_bytes > r.budget_bytes * (1 + 1e-9) + 1e-6)
-    throw Error("policy " + cfg.label() + " held " + std::to_string(r.decode_peak_bytes) + " bytes at some step after " +
-                "the compression point, over its peak budget " + std::to_string(r.budget_bytes) + " in " + ctx +
-                " (a kvsim bug)");
+  kvcache::check_peak_bytes(cfg, b, r.decode_peak_bytes, r.budget_bytes, ctx);
   return r;
 }
 

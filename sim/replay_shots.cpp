@@ -48,19 +48,21 @@ LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const Layer
     }
     prev = cut;
   };
-  auto cut = [&](std::int64_t at) {
-    const bool last = at == c;
-    if (!last && !kvcache::over_budget(cache, b.tokens)) return;
+  auto with_signals = [&](std::int64_t at, const auto& f) {
     const CacheView view = gather_view(cache.tokens, w.full_k, w.full_v, w.attn, G);
-    const CacheSignals signals(w.where, w.g, w.layer, at, w.tokens, w.q, view);
-    if (!last) {
-      kvcache::apply_cut(cfg, b, signals, cache, nullptr);
+    f(CacheSignals(w.where, w.g, w.layer, at, w.tokens, w.q, view));
+  };
+  auto cut = [&](std::int64_t at) {
+    if (at < c) {
+      kvcache::cut_if_over(cfg, b, cache, nullptr, [&](const auto& f) { with_signals(at, f); });
       return;
     }
-    const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache.sizes(), true);
-    a.fallback.add(plan);
-    d.state = cfg.impl->start_decode(signals, plan, budget);
-    d.plan = kvcache::widen_plan(plan, cache, c);
+    with_signals(at, [&](const LayerSignals& signals) {
+      const LayerPlan plan = kvcache::make_plan(cfg, b, signals, cache.sizes(), true);
+      a.fallback.add(plan);
+      d.state = cfg.impl->start_decode(signals, plan, budget);
+      d.plan = kvcache::widen_plan(plan, cache, c);
+    });
   };
   for (const std::int64_t at : cuts) {
     clock.schedule(at, kJoin, [&, at] { join(at); });
@@ -102,13 +104,8 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
   const bool per_query_head = static_cast<int>(plan.heads.size()) != Hkv;
   // Peak semantics: a one-shot policy re-applies its rule as the cache grows, stepped as a
   // decode-time policy is.
-  if (!d.state && budget.peak_tokens > 0) {
-    if (per_query_head)
-      throw Error("policy " + cfg.label() + ": per-query-head plans cannot be re-applied under --budget-semantics peak");
-    d.state = kvcache::reapply_state(cfg, budget, plan, c, w.g.head_dim);
-  }
+  d.state = kvcache::decode_start(cfg, budget, plan, std::move(d.state), c, Hkv, w.g.head_dim).state;
   if (d.state) {
-    if (per_query_head) throw Error("policy " + cfg.policy + ": decode-time plans must have one entry per KV head");
     a.entries = Hkv;
     if (cfg.impl->codec()) replay_codec_decode(cfg, budget, w, plan, *d.state, a);
     else replay_decode(cfg, budget, w, plan, *d.state, a);
@@ -122,16 +119,11 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
   a.entries = static_cast<std::int64_t>(plan.heads.size());
   OneShot shot;
   shot.config = index;
-  const auto words = static_cast<std::size_t>((c + 63) / 64);
   for (const HeadPlan& hp : plan.heads) {
-    std::vector<std::uint64_t> bits(words, 0);
-    std::int64_t kept = 0;
-    for (std::int64_t j = 0; j < c; ++j) {
-      const bool keep = hp.codec[static_cast<std::size_t>(j)] != TokenCodec::Drop;
-      if (keep) bits[static_cast<std::size_t>(j / 64)] |= std::uint64_t{1} << (j % 64);
-      kept += keep;
-      a.mix(keep ? 0x9dull : 0x3bull);
-    }
+    kvcache::KeepBits kb = kvcache::keep_bits(hp, c);
+    std::vector<std::uint64_t>& bits = kb.words;
+    const std::int64_t kept = kb.kept;
+    for (std::int64_t j = 0; j < c; ++j) a.mix(bits[static_cast<std::size_t>(j / 64)] >> (j % 64) & 1 ? 0x9dull : 0x3bull);
     // Memory: every entry holds its own K/V (a per-query-head plan stores G copies per group).
     a.kept += kept;
     for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept + i + 1);

@@ -1,6 +1,6 @@
 #include "train/live_tasks.h"
 
-#include "capture/capture_driver.h"
+#include "prompts/request_file.h"
 #include "core/error.h"
 #include "core/fingerprint.h"
 #include "model/tokenizer.h"
@@ -19,11 +19,8 @@ LiveTasks open_live_tasks(const std::string& who, const TrainingSet& set, const 
   vo.allow_training_requests = true;  // a trainer runs on its own requests
   out.verifier = std::make_unique<LiveVerifier>(*out.gguf, vo);
   const ModelGeometry lg = out.verifier->geometry();
-  if (lg.n_layers != g.n_layers || lg.n_q_heads != g.n_q_heads || lg.n_kv_heads != g.n_kv_heads || lg.head_dim != g.head_dim)
-    throw Error(model + ": a " + std::to_string(lg.n_layers) + "-layer model with " + std::to_string(lg.n_q_heads) + "/" +
-                std::to_string(lg.n_kv_heads) + " heads of " + std::to_string(lg.head_dim) + "; the traces were captured from " +
-                g.name + " (" + std::to_string(g.n_layers) + " layers, " + std::to_string(g.n_q_heads) + "/" +
-                std::to_string(g.n_kv_heads) + " heads of " + std::to_string(g.head_dim) + ")");
+  if (!same_kv_shape(lg, g))
+    throw Error(model + ": a model of " + kv_shape(lg) + "; the traces were captured from " + g.name + " (" + kv_shape(g) + ")");
   for (CaptureRequest& r : read_capture_requests(tasks)) out.tasks.emplace(r.id, std::move(r));
   const Tokenizer tok(*out.gguf);
   const std::string system = default_system_prompt(*out.gguf);

@@ -25,11 +25,12 @@ void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, C
       for (std::int64_t j = b; j < e; ++j) kvcache::append_token(index, static_cast<std::int32_t>(j));
     if (e == s.c || std::find(cuts.begin(), cuts.end(), e) == cuts.end()) continue;
     for (int l = 0; l < g.n_layers; ++l) {
-      auto& index = cs.index[static_cast<std::size_t>(l)];
-      if (!compresses[static_cast<std::size_t>(l)] || !kvcache::over_budget(index, cs.budget.tokens)) continue;
-      const auto view = live_view(s, l, std::as_const(model).cache().layers[static_cast<std::size_t>(l)], true);
-      const CacheSignals signals(s.where, g, l, e, tokens_of(s.header), cs.queries[static_cast<std::size_t>(l)], *view);
-      kvcache::apply_cut(cfg, cs.budget, signals, index, cs.rows[static_cast<std::size_t>(l)].get());
+      const auto li = static_cast<std::size_t>(l);
+      if (!compresses[li]) continue;
+      kvcache::cut_if_over(cfg, cs.budget, cs.index[li], cs.rows[li].get(), [&](const auto& f) {
+        const auto view = live_view(s, l, std::as_const(model).cache().layers[li], true);
+        f(CacheSignals(s.where, g, l, e, tokens_of(s.header), cs.queries[li], *view));
+      });
     }
   }
 }
@@ -108,16 +109,12 @@ void LiveVerifier::Impl::compress_layer(Shared& s, const ReplayConfig& cfg, Comp
   EngineRows& rows = *out.rows[li];
   if (out.codec) rows.keep_originals();
   kvcache::apply_plan(cfg, plan, g, out.index[li], &rows);
-  out.states[li] = cfg.impl->start_decode(signals, plan, out.budget.policy_budget());
-  if (!out.states[li] && out.budget.peak_tokens > 0) {  // peak semantics: a one-shot rule re-applies
-    if (static_cast<int>(plan.heads.size()) != g.n_kv_heads)
-      throw Error("policy " + cfg.label() + ": per-query-head plans cannot be re-applied under --budget-semantics peak");
-    out.states[li] = kvcache::reapply_state(cfg, out.budget, plan, s.c, g.head_dim);
-    out.reapplies = true;
-  }
+  kvcache::DecodeStart started = kvcache::decode_start(cfg, out.budget, plan,
+                                                       cfg.impl->start_decode(signals, plan, out.budget.policy_budget()),
+                                                       s.c, g.n_kv_heads, g.head_dim);
+  out.states[li] = std::move(started.state);
+  out.reapplies = out.reapplies || started.reapplied;  // peak semantics: a one-shot rule re-applies
   if (out.states[li]) {
-    if (static_cast<int>(plan.heads.size()) != g.n_kv_heads)
-      throw Error("policy " + cfg.policy + ": per-query-head plans with decode-time eviction are not supported");
     out.any_state = true;
   } else {
     rows.drop_originals();  // a one-shot codec never re-encodes
@@ -271,10 +268,7 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
     if (j + 1 < len) logits = step(s, s.reference[j], cs, cfg.label());
   }
   res.decode_peak_bytes = cs.peak_bytes;
-  if (cs.budget.peak_tokens > 0 && res.decode_peak_bytes > res.budget_bytes * (1 + 1e-9) + 1e-6)
-    throw Error("policy " + cfg.label() + " held " + std::to_string(res.decode_peak_bytes) + " bytes at a step after the " +
-                "compression point, over its peak budget " + std::to_string(res.budget_bytes) + " in " + s.where +
-                " (a kvsim bug)");
+  kvcache::check_peak_bytes(cfg, cs.budget, res.decode_peak_bytes, res.budget_bytes, s.where);
   res.final_rows = 0;
   for (int l = 0; l < g.n_layers; ++l) {
     const LayerIndex& index = cs.index[static_cast<std::size_t>(l)];

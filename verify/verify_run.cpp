@@ -72,11 +72,9 @@ void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv,
     }
     const TraceReader reader(path);
     const ModelGeometry& m = reader.geometry();
-    if (m.n_layers != g.n_layers || m.n_q_heads != g.n_q_heads || m.n_kv_heads != g.n_kv_heads || m.head_dim != g.head_dim)
-      throw Error(csv + ": its trace " + t + " has " + std::to_string(m.n_layers) + " layers, " + std::to_string(m.n_q_heads) +
-                  " q heads, " + std::to_string(m.n_kv_heads) + " kv heads, head_dim " + std::to_string(m.head_dim) +
-                  ", but the model " + model + " has " + std::to_string(g.n_layers) + ", " + std::to_string(g.n_q_heads) +
-                  ", " + std::to_string(g.n_kv_heads) + ", " + std::to_string(g.head_dim) + " (a sweep of another model?)");
+    if (!same_kv_shape(m, g))
+      throw Error(csv + ": its trace " + t + " has " + kv_shape(m) + ", but the model " + model + " has " + kv_shape(g) +
+                  " (a sweep of another model?)");
   }
 }
 
