@@ -2,10 +2,10 @@
 // over the same file, as a user who skipped the check would run it. Seeds: synthetic traces from
 // the writer every capture uses (make_corpus.sh).
 //
-// The HDF5 library is not instrumented, and a byte-level mutation can reach bugs inside it (HDF5
-// 1.10 segfaults on some corrupt object headers; `kvsim trace` isolates those in a child process,
-// core/isolated_call.h). scripts/fuzz.sh runs this target with -fork so that such a crash is
-// recorded and the run goes on; docs/fuzzing.md says how crashes are triaged.
+// Both open the file as every command does: probed first, in a forked child that walks every
+// object a read may touch (traces/trace_probe.h), so HDF5 1.10's own crashes on corrupt metadata
+// end in that child and come back as a named error. A crash here, in this process, is a hole in
+// the probe: a read that the walk does not make. fuzz_trace_hdf5 fuzzes the unprotected reads.
 #include <hdf5.h>
 
 #include <cstdint>

@@ -21,8 +21,6 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "core/isolated_call.h"
-#include "traces/trace_check.h"
 #include "policies/registry.h"
 #include "sim/csv.h"
 #include "sim/estimator.h"
@@ -225,15 +223,8 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
   std::vector<std::unique_ptr<TraceReader>> readers;
   std::int64_t total_requests = 0;
   for (const auto& path : spec.traces) {
-    // Parse the metadata once in a child first: HDF5 1.10 can crash on corrupt object headers,
-    // and a sweep should stop with a message naming the file, not die.
-    const IsolatedResult probe = run_isolated([&] {
-      const TraceReader r(path);
-      for (const auto& id : r.request_ids()) r.header(id);
-      return std::string();
-    });
-    if (probe.status == IsolatedResult::Status::Crashed) throw FormatError(crashed_parser_message(path, probe.signal));
-    if (probe.status == IsolatedResult::Status::Threw) throw FormatError(probe.output);
+    // The open walks the file in a child first (traces/trace_probe.h): a file that crashes HDF5
+    // stops the sweep with a message naming it, before any in-process read.
     readers.push_back(std::make_unique<TraceReader>(path));
     const TraceReader& r = *readers.back();
     if (r.request_ids().empty())

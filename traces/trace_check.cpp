@@ -1,4 +1,5 @@
 #include "traces/trace_check.h"
+#include "traces/trace_probe.h"
 
 #include <cmath>
 #include <cstring>
@@ -103,10 +104,10 @@ void check_repeat_pass(const TraceReader& reader, const std::string& id, TraceCh
 
 }  // namespace
 
-TraceCheckReport check_trace(const std::string& path) {
+TraceCheckReport check_trace(const std::string& path, TraceOpen how) {
   TraceCheckReport report;
   try {
-    TraceReader reader(path);
+    TraceReader reader(path, how);
     for (const auto& id : reader.incomplete_request_ids())
       report.errors.push_back(path + ": request '" + id +
                               "' is incomplete (status is not \"complete\": its writer stopped before committing "
@@ -151,15 +152,9 @@ TraceCheckReport check_trace(const std::string& path) {
   return report;
 }
 
-std::string crashed_parser_message(const std::string& path, int signal) {
-  return path + ": reading this file crashed the HDF5 library (" +
-         (signal ? std::string(strsignal(signal)) : std::string("no result")) +
-         "): its HDF5 metadata is corrupt; expected a valid kvtrace HDF5 file";
-}
-
 TraceCheckReport check_trace_isolated(const std::string& path) {
   const IsolatedResult r = run_isolated([&] {
-    const TraceCheckReport report = check_trace(path);
+    const TraceCheckReport report = check_trace(path, TraceOpen::Trusted);
     return nlohmann::json{{"errors", report.errors},
                           {"notes", report.notes},
                           {"requests", report.requests_checked},

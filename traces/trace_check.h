@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "traces/trace_reader.h"
+
 namespace kvsim {
 
 struct TraceCheckReport {
@@ -17,14 +19,13 @@ struct TraceCheckReport {
   bool ok() const { return errors.empty(); }
 };
 
-TraceCheckReport check_trace(const std::string& path);
+// `how`: Probed (the default) walks the file in a child first (traces/trace_probe.h), so a file
+// that crashes the HDF5 library is one error line; Trusted where the caller is that child.
+TraceCheckReport check_trace(const std::string& path, TraceOpen how = TraceOpen::Probed);
 
-// check_trace in a child process: a file corrupt enough to crash the HDF5 library yields an
-// error line saying so, and the caller survives. What `kvsim trace check` runs.
+// check_trace in a child process, all of it: a file corrupt enough to crash the HDF5 library
+// yields an error line saying so, and the caller survives. What `kvsim trace check` runs.
 TraceCheckReport check_trace_isolated(const std::string& path);
-
-// The error line for a file whose parsing killed a child process with `signal`.
-std::string crashed_parser_message(const std::string& path, int signal);
 
 // Index of the first non-finite half (exponent all ones) in `bits`, or -1.
 std::int64_t first_nonfinite_half(const std::uint16_t* bits, std::size_t n, std::size_t* count);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "traces/fletcher32.h"
+#include "traces/trace_probe.h"
 #include "traces/h5_handle.h"
 #include "traces/trace_layout.h"
 
@@ -94,9 +95,10 @@ std::int64_t attr_or(hid_t obj, const char* name, std::int64_t fallback, const s
 
 }  // namespace
 
-TraceReader::TraceReader(const std::string& path) : path_(path), impl_(std::make_unique<Impl>()) {
+TraceReader::TraceReader(const std::string& path, TraceOpen how) : path_(path), impl_(std::make_unique<Impl>()) {
   h5::silence_library_errors();
   if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
+  if (how == TraceOpen::Probed) probe_trace(path);
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw FormatError(path + ": not an HDF5 file (expected a kvtrace HDF5 file)");
   impl_->file = check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path + ": cannot open HDF5 file");
@@ -405,6 +407,37 @@ void TraceReader::read_layer(const std::string& id, Tensor t, int layer, std::sp
     read_rows(dset, shape, layer, row0, n, buf.data(), ctx);
     halves_to_floats(buf.data(), dst.data() + row0 * row_elems, static_cast<std::size_t>(n) * row_elems);
   }
+}
+
+void TraceReader::walk_request(const std::string& id) const {
+  auto part = [](const auto& f) {
+    try {
+      f();
+    } catch (const std::exception&) {  // the read raises it in-process too; the walk goes on
+    }
+  };
+  part([&] { header(id); });
+  part([&] { reference(id); });
+  part([&] { unreadable_arrays(id); });
+  std::vector<float> values, q, k;
+  for (int ti = 0; ti < 3; ++ti) {
+    const auto t = static_cast<Tensor>(ti);
+    for (int layer = 0; layer < geometry_.n_layers; ++layer)
+      part([&] {
+        const OpenRequest& r = open_request(id);
+        if (!r.direct[ti]) {  // HDF5's own pipeline reads it: read it here, whole
+          values.resize(layer_elements(id, t));
+          read_layer(id, t, layer, values);
+          return;
+        }
+        const hsize_t offset[4] = {static_cast<hsize_t>(layer), 0, 0, 0};
+        hsize_t stored = 0;
+        check_status(H5Dget_chunk_storage_size(r.tensors[ti].get(), offset, &stored), path_ + ": chunk size");
+      });
+  }
+  if (!has_repeat_pass(id)) return;
+  part([&] { repeat_pass_table(id); });
+  for (int layer = 0; layer < geometry_.n_layers; ++layer) part([&] { read_repeat_layer(id, layer, q, k); });
 }
 
 bool TraceReader::has_repeat_pass(const std::string& id) const {

@@ -1,6 +1,7 @@
 #pragma once
 // Read-only kvtrace access. Streams one (request, layer, tensor) at a time into caller buffers
-// so replay never holds more than a layer of a request; opening checks format and version.
+// so replay never holds more than a layer of a request; opening checks format and version, and
+// first survives a hostile file (see TraceOpen).
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -12,9 +13,15 @@
 
 namespace kvsim {
 
+// HDF5 1.10 itself can crash on a corrupt object header or chunk index (docs/fuzzing.md). So by
+// default an open first walks, in a forked child, every object a reader may touch
+// (probe_trace, traces/trace_probe.h); a crash there is a FormatError naming the file, before this
+// process touches it. Code that already runs in such a child opens Trusted.
+enum class TraceOpen { Probed, Trusted };
+
 class TraceReader {
  public:
-  explicit TraceReader(const std::string& path);
+  explicit TraceReader(const std::string& path, TraceOpen how = TraceOpen::Probed);
   ~TraceReader();
   TraceReader(const TraceReader&) = delete;
   TraceReader& operator=(const TraceReader&) = delete;
@@ -50,6 +57,12 @@ class TraceReader {
   bool has_repeat_pass(const std::string& id) const;
   RepeatPass repeat_pass_table(const std::string& id) const;
   void read_repeat_layer(const std::string& id, int layer, std::vector<float>& q, std::vector<float>& k) const;
+
+  // Touches every HDF5 object of request `id` that the reads above may touch, as they touch it:
+  // header, reference and every header array; per tensor and layer the chunk index entry that a
+  // checksummed layer is read through, or the whole layer where HDF5's pipeline reads it; the
+  // repeat pass. What probe_trace runs in its child; errors are skipped (the reads raise them).
+  void walk_request(const std::string& id) const;
 
  private:
   struct OpenRequest;
