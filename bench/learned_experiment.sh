@@ -87,4 +87,4 @@ for mode in $MODES; do
   inputs+=("$OUT/$mode/sweep.csv" "$OUT/$mode/verify.csv")
   for m in "$OUT/$mode"/*.h5; do inputs+=("$m"); done
 done
-"$KVSIM" report "${inputs[@]}" -o "$OUT/report.html"
+"$KVSIM" report "${inputs[@]}" -o "$OUT/report.html" --force

@@ -55,4 +55,4 @@ done
   --time-scale 2 --transitions --quiet -o "$OUT/overload_transitions.csv" --force | tee "$OUT/overload_transitions.txt"
 "$PYTHON" analysis/serving_tables.py "$OUT" | tee "$OUT/tables.md"
 # The figures (docs/reports.md); docs/experiments/figures/serving/ holds a copy for the page.
-"$KVSIM" report "$OUT/sweep.csv" "$OUT/verify.csv" "$OUT/capacity.json" "$OUT/compression.json" -o "$OUT/report.html"
+"$KVSIM" report "$OUT/sweep.csv" "$OUT/verify.csv" "$OUT/capacity.json" "$OUT/compression.json" -o "$OUT/report.html" --force

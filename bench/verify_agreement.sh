@@ -88,4 +88,4 @@ inputs=()
 for mode in $MODES; do
   inputs+=("$OUT/$mode/sweep.csv" "$OUT/$mode/sweep.jsonl" "$OUT/$mode/verify_heldout.csv" "$OUT/$mode/agreement.csv")
 done
-"$KVSIM" report "${inputs[@]}" -o "$OUT/report.html"
+"$KVSIM" report "${inputs[@]}" -o "$OUT/report.html" --force

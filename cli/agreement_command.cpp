@@ -28,12 +28,12 @@ int agreement_command(const Args& args) {
       "wider", po::value(&wider)->default_value(wider), "the live top-k is also sought in the offline top of this many")(
       "out,o", po::value(&out), "write the agreement table as CSV too")("force", "replace an existing --out file");
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, po::positional_options_description(), vm,
                      "kvsim agreement --offline S.csv [--detail S.jsonl] --live V.csv [--estimator E.json] [-o A.csv]"))
     return 0;
   if (top < 1 || wider < top) throw Error("--top must be >= 1 and --wider >= --top");
-  if (!out.empty() && !vm.count("force") && std::filesystem::exists(out))
-    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  refuse_overwrite(out, vm.count("force") > 0);
   std::vector<OfflineRow> rows = read_sweep_csv(offline);
   if (!detail.empty()) add_sweep_detail(rows, detail);
   const std::vector<std::string> fitted_on = apply_estimator_file(rows, estimator, detail);

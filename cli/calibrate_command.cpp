@@ -28,11 +28,11 @@ int calibrate_command(const Args& args) {
       "strength of the second-difference penalty on the layer weights (0: plain non-negative least squares)")(
       "out,o", po::value(&out)->required(), "estimator file to write (JSON)")("force", "replace an existing --out file");
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, po::positional_options_description(), vm,
                      "kvsim calibrate --offline S.csv --detail S.jsonl --live V.csv -o estimator.json"))
     return 0;
-  if (!vm.count("force") && std::filesystem::exists(out))
-    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  refuse_overwrite(out, vm.count("force") > 0);
   std::vector<OfflineRow> rows = read_sweep_csv(offline);
   add_sweep_detail(rows, detail);
   const Estimator e = calibrate_estimator(rows, read_verify_csv(live), smoothness, offline + " / " + detail);

@@ -36,6 +36,7 @@ int capture_command(const Args& args) {
       "force", "replace an existing output file")(
       "resume", "continue a capture that was stopped (OUT.partial): keep its finished requests, capture the rest");
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]")) return 0;
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
   if (o.prefill_chunk < 1 || o.ref_topk < 1 || o.query_window < 0 || o.max_new < 0)

@@ -26,6 +26,11 @@ int dispatch(const std::string& prog, std::span<const Subcommand> subs, const Ar
     if (args[0] != s.name) continue;
     const std::string who = prog + " " + s.name;
     try {
+      // -q quiets std::cerr for the command's run only: errors below are always printed.
+      struct RestoreStderr {
+        std::streambuf* saved = std::cerr.rdbuf();
+        ~RestoreStderr() { std::cerr.rdbuf(saved); }
+      } restore;
       return s.run({args.begin() + 1, args.end()});
     } catch (const boost::program_options::error& e) {
       std::cerr << who << ": " << e.what() << " (see --help)\n";

@@ -1,7 +1,29 @@
 #include "cli/options.h"
+
+#include <filesystem>
+#include <streambuf>
+
 #include "core/error.h"
 
 namespace kvsim::cli {
+
+void add_output_flags(boost::program_options::options_description& desc) {
+  if (!desc.find_nothrow("force", false)) desc.add_options()("force", "replace existing output files");
+  if (!desc.find_nothrow("quiet", false)) desc.add_options()("quiet,q", "no progress lines or notes (results still print)");
+}
+
+void refuse_overwrite(const std::string& path, bool force) {
+  if (!force && !path.empty() && std::filesystem::exists(path))
+    throw Error(path + ": file exists; refusing to overwrite it (pass --force to replace)");
+}
+
+void quiet_stderr() {
+  struct Discard : std::streambuf {
+    int overflow(int c) override { return traits_type::not_eof(c); }
+  };
+  static Discard discard;
+  std::cerr.rdbuf(&discard);
+}
 
 std::vector<std::string> split_policies(const std::string& s) {
   std::vector<std::string> out;

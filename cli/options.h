@@ -11,7 +11,17 @@
 
 namespace kvsim::cli {
 
-// False when --help was asked for (the help is printed); throws po::error on bad options.
+// The flags every command that writes a file takes, meaning the same everywhere (cli/README.md):
+// --force replaces an existing output, which is refused otherwise; -q/--quiet prints no progress
+// lines or notes (stderr), while results and tables still go to stdout. Adds those `desc` lacks.
+void add_output_flags(boost::program_options::options_description& desc);
+// Throws naming `path` and --force when it exists and `force` is false.
+void refuse_overwrite(const std::string& path, bool force);
+// Silences std::cerr until the command returns (dispatch restores it before reporting an error).
+void quiet_stderr();
+
+// False when --help was asked for (the help is printed); throws po::error on bad options. With
+// -q given, stderr is quiet from here on.
 inline bool parse_options(const Args& args, const boost::program_options::options_description& desc,
                           const boost::program_options::positional_options_description& pos,
                           boost::program_options::variables_map& vm, const std::string& usage_line) {
@@ -22,6 +32,7 @@ inline bool parse_options(const Args& args, const boost::program_options::option
     return false;
   }
   po::notify(vm);
+  if (vm.count("quiet")) quiet_stderr();
   return true;
 }
 

@@ -57,9 +57,7 @@ std::string csv_from_rows(const nlohmann::json& summary, const std::vector<std::
 }
 
 void refuse_overwrite(const std::vector<std::string>& files, bool force) {
-  for (const std::string& f : files)
-    if (!f.empty() && !force && std::filesystem::exists(f))
-      throw Error(f + ": file exists; refusing to overwrite it (pass --force to replace)");
+  for (const std::string& f : files) refuse_overwrite(f, force);
 }
 
 namespace {
@@ -97,6 +95,7 @@ int hit_rate_cmd(const Args& args) {
   po::positional_options_description pos;
   pos.add("trace", 1);
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim serve hit-rate TRACE.jsonl [-c 1000,5000] [-e lru,rppc] [-o out.csv]"))
     return 0;
   const std::vector<std::int64_t> caps = parse_counts(capacities, "--capacity", "block count");
@@ -187,6 +186,7 @@ int profile_cmd(const Args& args) {
       "steps", po::value(&steps)->default_value(steps), "decode steps timed per context")(
       "show", po::value<std::string>(), "print a profile (built-in name or file) and exit")("force", "replace --out");
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, po::positional_options_description(), vm,
                      "kvsim serve profile -m MODEL.gguf -o profile.json | --show llama2-7b-h100"))
     return 0;
@@ -199,8 +199,7 @@ int profile_cmd(const Args& args) {
     return 0;
   }
   if (model.empty() || out.empty()) throw Error("--model and --out are required (or --show NAME)");
-  if (!vm.count("force") && std::filesystem::exists(out))
-    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  refuse_overwrite(out, vm.count("force") > 0);
   if (steps < 1) throw Error("--steps: got " + std::to_string(steps) + "; expected >= 1");
   const std::vector<std::int64_t> ls = parse_counts(lengths, "--lengths", "token count"), cs = parse_counts(contexts, "--contexts", "token count");
   const GgufFile gguf(model);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "core/atomic_file.h"
+#include "cli/options.h"
 #include "core/error.h"
 #ifdef KVSIM_HAVE_MPI
 #include "cli/mpi_ranks.h"
@@ -131,9 +132,7 @@ bool grid_finished(const ServeGrid& g, const std::vector<std::string>& outputs) 
 
 void refuse_grid_overwrite(const ServeGrid& g, const std::vector<std::string>& outputs) {
   if (g.force || (g.resume && !g.progress.empty() && std::filesystem::exists(g.progress))) return;
-  for (const std::string& f : outputs)
-    if (!f.empty() && std::filesystem::exists(f))
-      throw Error(f + ": file exists; refusing to overwrite it (pass --force to replace)");
+  for (const std::string& f : outputs) refuse_overwrite(f, false);
 }
 
 bool grid_worker_rank() {

@@ -201,6 +201,7 @@ int serve_simulate(const Args& args) {
   po::positional_options_description pos;
   pos.add("trace", 1);
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim serve simulate TRACE.jsonl [-e lru,rppc] [--hbm-gb 4,8] [--kv-policy 'none;snapkv@0.25' --kv-results sweep.csv] [-o out.csv]"))
     return 0;
   check_flags(f.o);

@@ -49,6 +49,7 @@ int merge_command(const Args& args) {
   po::positional_options_description pos;
   pos.add("shard-file", -1);
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim sweep merge SHARD.csv... -o merged.csv [--detail-from D... --detail merged.jsonl]"))
     return 0;
   spec.force = vm.count("force") > 0;
@@ -56,6 +57,44 @@ int merge_command(const Args& args) {
   std::cout << "kvsim sweep merge: " << spec.inputs.size() << " shards, results in " << spec.out_csv << "\n\n";
   print_summary(rows, std::cout);
   return 0;
+}
+
+// A JSON sweep file ({traces, policies, budgets, mode}) fills what the command line left unset:
+// traces and policies when none were given, budgets and mode when they are the defaults.
+void apply_sweep_file(const std::string& sweep_file, bool default_budgets, bool default_mode, bool no_policies,
+                      SweepSpec& spec, std::string& budgets, std::string& mode) {
+  std::ifstream in(sweep_file);
+  if (!in) throw Error(sweep_file + ": cannot open sweep file");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(sweep_file + ": not valid JSON (" + e.what() + ")");
+  }
+  auto strings = [&](const char* key) {
+    std::vector<std::string> v;
+    if (!j.contains(key)) return v;
+    if (!j[key].is_array()) throw Error(sweep_file + ": field '" + key + "' must be an array of strings");
+    for (const auto& x : j[key]) {
+      if (!x.is_string()) throw Error(sweep_file + ": field '" + key + "' must be an array of strings");
+      v.push_back(x.get<std::string>());
+    }
+    return v;
+  };
+  if (spec.traces.empty()) spec.traces = strings("traces");
+  if (no_policies) spec.policies = strings("policies");
+  if (default_budgets && j.contains("budgets")) {
+    if (!j["budgets"].is_array()) throw Error(sweep_file + ": field 'budgets' must be an array of numbers");
+    budgets.clear();
+    for (const auto& x : j["budgets"]) {
+      if (!x.is_number()) throw Error(sweep_file + ": field 'budgets' must be an array of numbers");
+      budgets += (budgets.empty() ? "" : ",") + x.dump();
+    }
+  }
+  if (default_mode && j.contains("mode")) {
+    if (!j["mode"].is_string()) throw Error(sweep_file + ": field 'mode' must be a string");
+    mode = j["mode"].get<std::string>();
+  }
 }
 
 }  // namespace
@@ -100,6 +139,7 @@ int sweep_command(const Args& args) {
   po::positional_options_description pos;
   pos.add("trace", -1);
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]\n       kvsim sweep merge SHARD.csv... -o merged.csv")) return 0;
   if (vm.count("prefill-chunk"))
     throw Error("--prefill-chunk is a forward-pass size (capture, verify); a sweep's compression schedule is "
@@ -108,40 +148,8 @@ int sweep_command(const Args& args) {
     list_policies(std::cout);
     return 0;
   }
-  if (!sweep_file.empty()) {
-    std::ifstream in(sweep_file);
-    if (!in) throw Error(sweep_file + ": cannot open sweep file");
-    nlohmann::json j;
-    try {
-      in >> j;
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(sweep_file + ": not valid JSON (" + e.what() + ")");
-    }
-    auto strings = [&](const char* key) {
-      std::vector<std::string> v;
-      if (!j.contains(key)) return v;
-      if (!j[key].is_array()) throw Error(sweep_file + ": field '" + key + "' must be an array of strings");
-      for (const auto& x : j[key]) {
-        if (!x.is_string()) throw Error(sweep_file + ": field '" + key + "' must be an array of strings");
-        v.push_back(x.get<std::string>());
-      }
-      return v;
-    };
-    if (spec.traces.empty()) spec.traces = strings("traces");
-    if (policies.empty()) spec.policies = strings("policies");
-    if (vm["budgets"].defaulted() && j.contains("budgets")) {
-      if (!j["budgets"].is_array()) throw Error(sweep_file + ": field 'budgets' must be an array of numbers");
-      budgets.clear();
-      for (const auto& x : j["budgets"]) {
-        if (!x.is_number()) throw Error(sweep_file + ": field 'budgets' must be an array of numbers");
-        budgets += (budgets.empty() ? "" : ",") + x.dump();
-      }
-    }
-    if (vm["mode"].defaulted() && j.contains("mode")) {
-      if (!j["mode"].is_string()) throw Error(sweep_file + ": field 'mode' must be a string");
-      mode = j["mode"].get<std::string>();
-    }
-  }
+  if (!sweep_file.empty())
+    apply_sweep_file(sweep_file, vm["budgets"].defaulted(), vm["mode"].defaulted(), policies.empty(), spec, budgets, mode);
   if (!policies.empty()) spec.policies = split_policies(policies);
   spec.budgets = parse_budgets(budgets);
   spec.mode = parse_mode(mode);

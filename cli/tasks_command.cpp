@@ -26,6 +26,7 @@ int needle(const Args& args) {
       "depth", po::value(&spec.depth)->default_value(spec.depth), "needle depth in [0, 1]; < 0 spreads them")(
       "seed", po::value(&spec.seed)->default_value(spec.seed), "random seed")("force", "replace an existing file");
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim tasks needle --out F.jsonl [options]"))
     return 0;
   spec.kind = parse_needle_kind(kind);
@@ -46,6 +47,7 @@ int text(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim tasks text FILE --out F.jsonl [options]")) return 0;
   const auto reqs = make_text_windows(file, tokens, count);
   write_requests_jsonl(reqs, out, vm.count("force") > 0);

@@ -201,6 +201,7 @@ int synth(const Args& args) {
       "deflate", po::value(&deflate)->default_value(deflate), "shuffle+deflate level 0-9 (0 = uncompressed)");
   po::positional_options_description pos;
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim trace synth --out FILE [options]")) return 0;
   if (queries != "all" && queries != "eval")
     throw Error("--queries is '" + queries + "', expected 'all' or 'eval'");
@@ -229,8 +230,7 @@ int synth(const Args& args) {
   opts.deflate_level = deflate;
   // Write to a temporary name and rename on success: an interrupted synth leaves no half file
   // under the requested name, and never clobbers an existing one it was not allowed to.
-  if (!opts.overwrite && std::filesystem::exists(out))
-    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  refuse_overwrite(out, opts.overwrite);
   const std::string tmp = out + ".partial";
   {
     TraceWriterOptions tmp_opts = opts;
@@ -304,9 +304,9 @@ int keep_sets(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim trace keep-sets FILE [-r ID] -p snapkv,h2o -b 0.25 -o kept.json")) return 0;
-  if (!vm.count("force") && std::filesystem::exists(out))
-    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  refuse_overwrite(out, vm.count("force") > 0);
   SweepSpec spec;
   spec.policies = split_policies(policies);
   spec.budgets = parse_budgets(budgets);
@@ -354,9 +354,11 @@ int fit_basis_cmd(const Args& args) {
   po::positional_options_description pos;
   pos.add("traces", -1);
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim trace fit-basis --out FILE TRACE...")) return 0;
   const auto traces = vm["traces"].as<std::vector<std::string>>();
   const std::string out = vm["out"].as<std::string>();
+  refuse_overwrite(out, vm.count("force") > 0);
   const BasisSet set = fit_calibration_bases(traces, vm["requests"].as<int>());
   save_basis_set(set, out);
   std::cout << out << ": bases for " << set.n_layers << " layers x " << set.n_kv_heads << " KV heads (head_dim "

@@ -40,9 +40,7 @@ std::vector<int> parse_hidden(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-int train_command(const Args& args) {
+struct TrainFlags {
   std::string method, out, mode = "query-aware", requests, hidden = "32,32", activation = "tanh", import;
   std::vector<std::string> traces;
   train::ForesightOptions fo;
@@ -54,6 +52,9 @@ int train_command(const Args& args) {
   std::int64_t reapply_every = BudgetRule{}.every;
   std::int64_t rows = 8;
   train::StreamingWindow window;
+};
+
+po::options_description train_options(TrainFlags& f) {
   po::options_description desc(
       "kvsim train: fit a learned KV-cache policy to captured traces and write its model file (HDF5), which the\n"
       "policy of the same name reads (e.g. --policies foresight:model=MODEL.h5). Methods: " + std::string(kMethods) +
@@ -65,135 +66,152 @@ int train_command(const Args& args) {
       "  per (request, budget) episode: the trace's offline estimate (--reward trace) or the live model (--reward live)\n"
       "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, fitted to each head's streaming error\n"
       "  with a sparsity term; or --import RLKV's adapter_weights.tsv (the trace gives the model geometry)");
-  desc.add_options()("help,h", "show this help")("method", po::value(&method), "training method")(
-      "trace", po::value(&traces)->multitoken(), "trace files to learn from")(
-      "out,o", po::value(&out)->required(), "model file to write (HDF5)")(
-      "mode", po::value(&mode)->default_value(mode), "compression point: query-aware | query-agnostic")(
-      "requests", po::value(&requests), "comma-separated request ids to train on (default: every complete request)")(
-      "hidden", po::value(&hidden)->default_value(hidden), "hidden layer sizes")(
-      "activation", po::value(&activation)->default_value(activation), "hidden activation: tanh | relu")(
-      "steps", po::value(&fo.steps)->default_value(fo.steps), "Adam steps")(
-      "lr", po::value(&fo.lr)->default_value(fo.lr), "Adam learning rate")(
-      "heads-per-step", po::value(&fo.heads_per_step)->default_value(fo.heads_per_step),
+  desc.add_options()("help,h", "show this help")("method", po::value(&f.method), "training method")(
+      "trace", po::value(&f.traces)->multitoken(), "trace files to learn from")(
+      "out,o", po::value(&f.out)->required(), "model file to write (HDF5)")(
+      "mode", po::value(&f.mode)->default_value(f.mode), "compression point: query-aware | query-agnostic")(
+      "requests", po::value(&f.requests), "comma-separated request ids to train on (default: every complete request)")(
+      "hidden", po::value(&f.hidden)->default_value(f.hidden), "hidden layer sizes")(
+      "activation", po::value(&f.activation)->default_value(f.activation), "hidden activation: tanh | relu")(
+      "steps", po::value(&f.fo.steps)->default_value(f.fo.steps), "Adam steps")(
+      "lr", po::value(&f.fo.lr)->default_value(f.fo.lr), "Adam learning rate")(
+      "heads-per-step", po::value(&f.fo.heads_per_step)->default_value(f.fo.heads_per_step),
       "(request, layer, KV head) samples per step")(
-      "pairs", po::value(&fo.pairs_per_head)->default_value(fo.pairs_per_head), "token pairs per head sample")(
-      "margin", po::value(&fo.margin)->default_value(fo.margin), "hinge margin")(
-      "top-share", po::value(&fo.top_share)->default_value(fo.top_share),
+      "pairs", po::value(&f.fo.pairs_per_head)->default_value(f.fo.pairs_per_head), "token pairs per head sample")(
+      "margin", po::value(&f.fo.margin)->default_value(f.fo.margin), "hinge margin")(
+      "top-share", po::value(&f.fo.top_share)->default_value(f.fo.top_share),
       "the better token of each pair is drawn from this top share by golden label")(
-      "seed", po::value(&fo.seed)->default_value(fo.seed), "random seed (same seed, same machine: same model)")(
-      "capacity", po::value(&so.capacity)->default_value(so.capacity),
+      "seed", po::value(&f.fo.seed)->default_value(f.fo.seed), "random seed (same seed, same machine: same model)")(
+      "capacity", po::value(&f.so.capacity)->default_value(f.so.capacity),
       "sigmoid_gate: the mean gate allowed without penalty")(
-      "penalty", po::value(&so.penalty)->default_value(so.penalty), "sigmoid_gate: weight of the capacity penalty")(
-      "rows", po::value(&rows)->default_value(rows),
+      "penalty", po::value(&f.so.penalty)->default_value(f.so.penalty), "sigmoid_gate: weight of the capacity penalty")(
+      "rows", po::value(&f.rows)->default_value(f.rows),
       "sigmoid_gate: evaluation rows per query head kept for the loss (evenly spaced)")(
-      "episodes", po::value(&dco.episodes)->default_value(dco.episodes), "distillcache: (request, budget) episodes")(
-      "samples", po::value(&dco.samples)->default_value(dco.samples),
+      "episodes", po::value(&f.dco.episodes)->default_value(f.dco.episodes), "distillcache: (request, budget) episodes")(
+      "samples", po::value(&f.dco.samples)->default_value(f.dco.samples),
       "distillcache: sampled evictions per episode (each one's baseline is the others' mean reward)")(
-      "temperature", po::value(&dco.temperature)->default_value(dco.temperature), "distillcache: Plackett-Luce temperature")(
-      "budgets", po::value(&train_budgets)->default_value(train_budgets), "distillcache: budgets the episodes draw from")(
-      "reward", po::value(&dco.reward)->default_value(dco.reward), "distillcache: trace | live")(
-      "estimator", po::value(&dco.estimator), "distillcache: kvsim calibrate file weighting the trace reward's layers")(
-      "init", po::value(&dco.init), "distillcache: start from this foresight or distillcache model")(
-      "model,m", po::value(&dco.model),
+      "temperature", po::value(&f.dco.temperature)->default_value(f.dco.temperature), "distillcache: Plackett-Luce temperature")(
+      "budgets", po::value(&f.train_budgets)->default_value(f.train_budgets), "distillcache: budgets the episodes draw from")(
+      "reward", po::value(&f.dco.reward)->default_value(f.dco.reward), "distillcache: trace | live")(
+      "estimator", po::value(&f.dco.estimator), "distillcache: kvsim calibrate file weighting the trace reward's layers")(
+      "init", po::value(&f.dco.init), "distillcache: start from this foresight or distillcache model")(
+      "model,m", po::value(&f.dco.model),
       "distillcache --reward live, sigmoid_gate's live soft-to-hard gap: the GGUF model the traces were captured from")(
-      "tasks,t", po::value(&dco.tasks), "with --model: the task file of the traces' requests")(
-      "max-new", po::value(&dco.max_new)->default_value(dco.max_new), "with --model: continuation length")(
-      "budget-semantics", po::value(&semantics)->default_value(semantics),
+      "tasks,t", po::value(&f.dco.tasks), "with --model: the task file of the traces' requests")(
+      "max-new", po::value(&f.dco.max_new)->default_value(f.dco.max_new), "with --model: continuation length")(
+      "budget-semantics", po::value(&f.semantics)->default_value(f.semantics),
       "distillcache: point (actions at the compression point) | peak (also at every decode step where the rule "
       "re-applies to hold the budget, as sweep --budget-semantics peak)")(
-      "reapply-every", po::value(&reapply_every)->default_value(reapply_every),
+      "reapply-every", po::value(&f.reapply_every)->default_value(f.reapply_every),
       "distillcache, peak: the re-application cadence in tokens, as sweep --reapply-every")(
-      "sparsity", po::value(&ro.sparsity)->default_value(ro.sparsity),
+      "sparsity", po::value(&f.ro.sparsity)->default_value(f.ro.sparsity),
       "rlkv: a head keeps its whole cache when its streaming error exceeds this x the mean error")(
-      "requests-per-step", po::value(&ro.requests_per_step)->default_value(ro.requests_per_step),
+      "requests-per-step", po::value(&f.ro.requests_per_step)->default_value(f.ro.requests_per_step),
       "rlkv: requests per Adam step")(
-      "sinks", po::value(&window.sinks)->default_value(window.sinks), "rlkv: the streaming window's sink tokens")(
-      "recent", po::value(&window.recent)->default_value(window.recent), "rlkv: the streaming window's recent tokens")(
-      "import", po::value(&import), "rlkv: import RLKV's adapter_weights.tsv instead of training")(
+      "sinks", po::value(&f.window.sinks)->default_value(f.window.sinks), "rlkv: the streaming window's sink tokens")(
+      "recent", po::value(&f.window.recent)->default_value(f.window.recent), "rlkv: the streaming window's recent tokens")(
+      "import", po::value(&f.import), "rlkv: import RLKV's adapter_weights.tsv instead of training")(
       "force", "replace an existing --out file");
-  po::positional_options_description pos;
-  pos.add("method", 1).add("trace", -1);
-  po::variables_map vm;
-  if (!parse_options(args, desc, pos, vm, "kvsim train METHOD TRACE... -o MODEL.h5 [options]")) return 0;
-  if (method.empty()) throw Error(std::string("no training method given; expected one of: ") + kMethods);
-  if (method != "foresight" && method != "rlkv" && method != "sigmoid_gate" && method != "distillcache")
-    throw Error("unknown training method '" + method + "'; expected one of: " + kMethods);
-  if (traces.empty()) throw Error("no trace files given (kvsim train " + method + " TRACE... -o MODEL.h5)");
-  if (!vm.count("force") && std::filesystem::exists(out))
-    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
-  if (!import.empty() && method != "rlkv") throw Error("--import reads RLKV's gate files: kvsim train rlkv --import FILE");
-  // Refuse what cannot work before any training time is spent.
-  const std::filesystem::path folder = std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
-  if (!std::filesystem::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)
-    throw Error(out + ": folder '" + folder.string() + "' does not exist or is not writable");
-  if (window.sinks < 0 || window.recent < 0)
-    throw Error("--sinks and --recent: got " + std::to_string(window.sinks) + " and " + std::to_string(window.recent) +
-                "; expected >= 0");
-  if (!(fo.margin > 0)) throw Error("--margin: got " + std::to_string(fo.margin) + "; expected > 0");
-  if (dco.max_new < 1) throw Error("--max-new: got " + std::to_string(dco.max_new) + "; expected >= 1");
-  const bool tty = ::isatty(2) != 0;
+  return desc;
+}
 
+// Refuses what cannot work before any training time is spent.
+void check_train_flags(const TrainFlags& f, const po::variables_map& vm) {
+  if (f.method.empty()) throw Error(std::string("no training method given; expected one of: ") + kMethods);
+  if (f.method != "foresight" && f.method != "rlkv" && f.method != "sigmoid_gate" && f.method != "distillcache")
+    throw Error("unknown training method '" + f.method + "'; expected one of: " + kMethods);
+  if (f.traces.empty()) throw Error("no trace files given (kvsim train " + f.method + " TRACE... -o MODEL.h5)");
+  refuse_overwrite(f.out, vm.count("force") > 0);
+  if (!f.import.empty() && f.method != "rlkv") throw Error("--import reads RLKV's gate files: kvsim train rlkv --import FILE");
+  const std::filesystem::path folder = std::filesystem::path(f.out).parent_path().empty() ? "." : std::filesystem::path(f.out).parent_path();
+  if (!std::filesystem::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)
+    throw Error(f.out + ": folder '" + folder.string() + "' does not exist or is not writable");
+  if (f.window.sinks < 0 || f.window.recent < 0)
+    throw Error("--sinks and --recent: got " + std::to_string(f.window.sinks) + " and " + std::to_string(f.window.recent) +
+                "; expected >= 0");
+  if (!(f.fo.margin > 0)) throw Error("--margin: got " + std::to_string(f.fo.margin) + "; expected > 0");
+  if (f.dco.max_new < 1) throw Error("--max-new: got " + std::to_string(f.dco.max_new) + "; expected >= 1");
+}
+
+// The model: imported (rlkv --import) or trained by the method's trainer.
+learned::LearnedModel train_model(TrainFlags& f, const po::variables_map& vm) {
+  const bool tty = ::isatty(2) != 0;
   learned::LearnedModel m;
-  if (!import.empty()) {
-    m = train::import_rlkv_tsv(import, TraceReader(traces.front()).geometry(), traces.front());
+  if (!f.import.empty()) {
+    m = train::import_rlkv_tsv(f.import, TraceReader(f.traces.front()).geometry(), f.traces.front());
   } else {
     train::TrainingInputs in;
-    in.traces = traces;
-    in.mode = parse_mode(mode);
-    in.samples.window = window;
-    if (!requests.empty()) in.requests = split(requests, ',');
-    if (method == "sigmoid_gate") {
-      if (rows < 1) throw Error("--rows must be >= 1");
-      in.samples.output_rows = rows;
+    in.traces = f.traces;
+    in.mode = parse_mode(f.mode);
+    in.samples.window = f.window;
+    if (!f.requests.empty()) in.requests = split(f.requests, ',');
+    if (f.method == "sigmoid_gate") {
+      if (f.rows < 1) throw Error("--rows must be >= 1");
+      in.samples.output_rows = f.rows;
     }
     const train::TrainingSet set = train::load_training_set(in, std::cerr);
     std::cerr << "train: " << set.requests << " requests, " << set.heads.size() << " (layer, KV head) samples\n";
-    if (method == "foresight") {
-      fo.hidden = parse_hidden(hidden);
-      fo.activation = learned::parse_activation(activation, "--activation");
-      fo.tty = tty;
-      m = train::train_foresight(set, fo, std::cerr);
-    } else if (method == "distillcache") {
-      dco.hidden = parse_hidden(hidden);
-      dco.activation = learned::parse_activation(activation, "--activation");
-      dco.budgets = parse_budgets(train_budgets);
-      dco.rule = parse_budget_rule(semantics, reapply_every);
-      dco.lr = fo.lr;
-      dco.seed = fo.seed;
-      dco.tty = tty;
-      m = train::train_distillcache(set, in, dco, std::cerr);
-    } else if (method == "sigmoid_gate") {
-      so.hidden = parse_hidden(hidden);
-      so.activation = learned::parse_activation(activation, "--activation");
-      so.steps = fo.steps;
-      so.lr = fo.lr;
-      so.heads_per_step = fo.heads_per_step;
-      so.seed = fo.seed;
-      so.tty = tty;
-      so.model = dco.model;
-      so.tasks = dco.tasks;
-      so.max_new = dco.max_new;
-      m = train::train_sigmoid_gate(set, in, so, std::cerr);
+    if (f.method == "foresight") {
+      f.fo.hidden = parse_hidden(f.hidden);
+      f.fo.activation = learned::parse_activation(f.activation, "--activation");
+      f.fo.tty = tty;
+      m = train::train_foresight(set, f.fo, std::cerr);
+    } else if (f.method == "distillcache") {
+      f.dco.hidden = parse_hidden(f.hidden);
+      f.dco.activation = learned::parse_activation(f.activation, "--activation");
+      f.dco.budgets = parse_budgets(f.train_budgets);
+      f.dco.rule = parse_budget_rule(f.semantics, f.reapply_every);
+      f.dco.lr = f.fo.lr;
+      f.dco.seed = f.fo.seed;
+      f.dco.tty = tty;
+      m = train::train_distillcache(set, in, f.dco, std::cerr);
+    } else if (f.method == "sigmoid_gate") {
+      f.so.hidden = parse_hidden(f.hidden);
+      f.so.activation = learned::parse_activation(f.activation, "--activation");
+      f.so.steps = f.fo.steps;
+      f.so.lr = f.fo.lr;
+      f.so.heads_per_step = f.fo.heads_per_step;
+      f.so.seed = f.fo.seed;
+      f.so.tty = tty;
+      f.so.model = f.dco.model;
+      f.so.tasks = f.dco.tasks;
+      f.so.max_new = f.dco.max_new;
+      m = train::train_sigmoid_gate(set, in, f.so, std::cerr);
     } else {
-      ro.steps = vm["steps"].defaulted() ? ro.steps : fo.steps;
-      ro.lr = vm["lr"].defaulted() ? ro.lr : fo.lr;
-      ro.seed = fo.seed;
-      ro.tty = tty;
-      m = train::train_rlkv(set, ro, std::cerr);
+      f.ro.steps = vm["steps"].defaulted() ? f.ro.steps : f.fo.steps;
+      f.ro.lr = vm["lr"].defaulted() ? f.ro.lr : f.fo.lr;
+      f.ro.seed = f.fo.seed;
+      f.ro.tty = tty;
+      m = train::train_rlkv(set, f.ro, std::cerr);
       nlohmann::json h = nlohmann::json::parse(m.provenance.hyperparameters);
-      h["sinks"] = window.sinks;
-      h["recent"] = window.recent;
+      h["sinks"] = f.window.sinks;
+      h["recent"] = f.window.recent;
       h["mode"] = mode_name(in.mode);
       m.provenance.hyperparameters = h.dump();
     }
   }
-  learned::write_learned_model(m, out);
-  std::printf("%s: %s model, %zu %s, %s; use it as --policies %s:model=%s\n", out.c_str(), m.method.c_str(),
+  return m;
+}
+
+}  // namespace
+
+int train_command(const Args& args) {
+  TrainFlags f;
+  po::options_description desc = train_options(f);
+  po::positional_options_description pos;
+  pos.add("method", 1).add("trace", -1);
+  po::variables_map vm;
+  add_output_flags(desc);
+  if (!parse_options(args, desc, pos, vm, "kvsim train METHOD TRACE... -o MODEL.h5 [options]")) return 0;
+  check_train_flags(f, vm);
+  const learned::LearnedModel m = train_model(f, vm);
+  learned::write_learned_model(m, f.out);
+  std::printf("%s: %s model, %zu %s, %s; use it as --policies %s:model=%s\n", f.out.c_str(), m.method.c_str(),
               m.has_network() ? m.network.params().size() : m.head_gates.size(),
               m.has_network() ? "parameters" : "head gates",
-              import.empty() ? ("trained on " + std::to_string(m.provenance.requests.size()) + " requests").c_str()
-                             : ("imported from " + import).c_str(),
-              m.method.c_str(), out.c_str());
+              f.import.empty() ? ("trained on " + std::to_string(m.provenance.requests.size()) + " requests").c_str()
+                             : ("imported from " + f.import).c_str(),
+              m.method.c_str(), f.out.c_str());
   return 0;
 }
 

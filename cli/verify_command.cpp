@@ -58,6 +58,7 @@ int verify_command(const Args& args) {
       "force", "replace an existing --out file")("quiet,q", "no progress lines")(
       "allow-training-requests", "let learned policies run on the prompts they were trained on");
   po::variables_map vm;
+  add_output_flags(desc);
   if (!parse_options(args, desc, po::positional_options_description(), vm,
                      "kvsim verify --model M.gguf --tasks T.jsonl (--policies P --budgets B | --from-sweep S.csv --top N) "
                      "[--offline S.csv] [options]"))

@@ -40,5 +40,5 @@ echo
   -b "$keep" -l "$layer" -o "$out-keep.json" --force > /dev/null
 echo
 "$build/kvsim" report "$out-sweep-query-aware.csv" "$out-sweep-query-agnostic.csv" "$out-sweep-query-aware.jsonl" \
-  "$out-verify.csv" "$out-agreement.csv" "$out.h5" "$out-keep.json" -o "$out-report.html"
+  "$out-verify.csv" "$out-agreement.csv" "$out.h5" "$out-keep.json" -o "$out-report.html" --force
 echo "demo: open $(pwd)/$out-report.html in a browser"

@@ -17,7 +17,13 @@ def main(argv=None):
     p.add_argument("--layer", type=int, help="attention map layer when the keep-sets hold every layer (default: middle; "
                    "keep-sets made with -l use their own layer)")
     p.add_argument("--head", type=int, default=0, help="attention map query head (default 0)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines or notes (results still print)")
     a = p.parse_args(argv)
+    if os.path.exists(a.out) and not a.force:
+        print(f"kvsim report: error: {a.out}: file exists; refusing to overwrite it (pass --force to replace)",
+              file=sys.stderr)
+        return 1
     try:
         pngs = build_report(a.inputs, a.out, {"config": a.config, "layer": a.layer, "head": a.head})
     except InputError as e:

@@ -74,7 +74,7 @@ def main():
     inputs = [f"{fix}/sweep.csv", f"{fix}/sweep.jsonl", f"{fix}/verify.csv", f"{fix}/agreement.csv", trace, keep,
               f"{out}/hits.csv", f"{out}/sim.json"]
     report = f"{out}/report.html"
-    print(run(kvsim, "report", *inputs, "-o", report).strip())
+    print(run(kvsim, "report", *inputs, "-o", report, "--force").strip())
     # Expected: frontier x 2 modes, 1 heatmap, 1 attention map, offline vs live (query-aware), serve
     # hit rate (hit-rate mode), serve hit rate and TTFT CDF (simulation).
     expected = 8
