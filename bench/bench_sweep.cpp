@@ -46,56 +46,73 @@ std::string learned_model(const std::string& dir, const ModelGeometry& g) {
   return path;
 }
 
-}  // namespace
-
-
-int main(int argc, char** argv) {
-  keep_freed_memory_for_reuse();  // as the kvsim command does
+struct BenchArgs {
   std::string dir = "out/bench";
   int requests = 4;
-  bool factor_only = false;  // only the codec-vs-eviction factor (the quick loop when tuning replay)
+  bool factor_only = false;   // only the codec-vs-eviction factor (the quick loop when tuning replay)
   bool learned_only = false;  // only the learned-vs-SnapKV line
+};
+
+bool parse_args(int argc, char** argv, BenchArgs& b) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--codec-factor-only" || a == "--learned-only") {
-      (a == "--learned-only" ? learned_only : factor_only) = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
+      (a == "--learned-only" ? b.learned_only : b.factor_only) = true;
+    } else if (i + 1 < argc && a == "--dir") {
+      b.dir = argv[++i];
+    } else if (i + 1 < argc && a == "--requests") {
+      b.requests = std::stoi(argv[++i]);
+    } else {
       std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only | --learned-only]\n");
-      return 2;
-    }
-    if (a == "--dir") dir = argv[++i];
-    else if (a == "--requests") requests = std::stoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: bench_sweep [--dir D] [--requests N] [--codec-factor-only | --learned-only]\n");
-      return 2;
+      return false;
     }
   }
-  std::filesystem::create_directories(dir);
-  const std::string trace = dir + "/bench_sweep.h5";
-  SynthConfig cfg;  // SmolLM2 geometry
+  return true;
+}
+
+// The benchmark's synthetic trace: SmolLM2 geometry, 4K-token prompts, query-aware evaluation on
+// 64 decode steps, the last 32 prompt queries kept (SnapKV's observation window).
+SynthConfig bench_trace(const std::string& path, int requests) {
+  SynthConfig cfg;
   cfg.n_requests = requests;
   cfg.system_tokens = 32;
   cfg.context_tokens = 3968;
   cfg.question_tokens = 32;
-  cfg.generated_tokens = 64;  // query-aware: the 64 decode steps are the evaluation queries
-  cfg.all_queries = false;    // keep the last 32 prompt queries (observation window) + question + answer
+  cfg.generated_tokens = 64;
+  cfg.all_queries = false;
   cfg.query_window = 32;
-  {
-    TraceWriter w(trace, cfg.geometry, synth_capture_info(cfg), TraceWriterOptions{true, 0});
-    write_synth_trace(cfg, w);
-  }
-  const std::vector<std::string> policies = {"random",         "streamingllm", "snapkv", "pyramidkv",
-                                             "adakv",          "h2o:queries=recorded", "h2o:phase=prefill,queries=recorded", "tova",
-                                             "keydiff",        "expected_attention:queries=recorded", "oracle_future", "oracle_golden"};
-  const std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75};
+  TraceWriter w(path, cfg.geometry, synth_capture_info(cfg), TraceWriterOptions{true, 0});
+  write_synth_trace(cfg, w);
+  return cfg;
+}
+
+// Every policy spec at every budget.
+std::vector<ReplayConfig> configs_of(const std::vector<std::string>& specs, const std::vector<double>& budgets) {
   std::vector<ReplayConfig> configs;
-  for (const auto& p : policies) {
+  for (const auto& p : specs) {
     PolicyInstance inst = PolicyRegistry::instance().create(p);
     std::shared_ptr<const Policy> impl(std::move(inst.policy));
     for (double b : budgets) configs.push_back({inst.name, inst.params, impl, b});
   }
+  return configs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  keep_freed_memory_for_reuse();  // as the kvsim command does
+  BenchArgs args;
+  if (!parse_args(argc, argv, args)) return 2;
+  const std::string& dir = args.dir;
+  const int requests = args.requests;
+  std::filesystem::create_directories(dir);
+  const std::string trace = dir + "/bench_sweep.h5";
+  const SynthConfig cfg = bench_trace(trace, requests);
+  const std::vector<std::string> policies = {"random",         "streamingllm", "snapkv", "pyramidkv",
+                                             "adakv",          "h2o:queries=recorded", "h2o:phase=prefill,queries=recorded", "tova",
+                                             "keydiff",        "expected_attention:queries=recorded", "oracle_future", "oracle_golden"};
+  const std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75};
+  const std::vector<ReplayConfig> configs = configs_of(policies, budgets);
   const TraceReader reader(trace);
   std::printf("sweep benchmark: %zu policies x %zu budgets = %zu configs, %d requests x %d tokens, %d evaluation "
               "queries each, SmolLM2-135M geometry\n",
@@ -104,12 +121,7 @@ int main(int argc, char** argv) {
 
   // Quantized and low-rank configs cannot share partial outputs (reconstructed keys change the
   // logits): their per-config cost against the eviction configs' in the pass above.
-  std::vector<ReplayConfig> codec_configs;
-  for (const std::string p : {"intn:bits=4", "kivi", "lowrank", "varrate"}) {
-    PolicyInstance inst = PolicyRegistry::instance().create(p);
-    std::shared_ptr<const Policy> impl(std::move(inst.policy));
-    for (double b : budgets) codec_configs.push_back({inst.name, inst.params, impl, b});
-  }
+  const std::vector<ReplayConfig> codec_configs = configs_of({"intn:bits=4", "kivi", "lowrank", "varrate"}, budgets);
   std::vector<ReplayConfig> mixed = configs;
   mixed.insert(mixed.end(), codec_configs.begin(), codec_configs.end());
   // Every side measured the same way, alternating, best of three (the machine is shared: a run
@@ -156,14 +168,7 @@ int main(int argc, char** argv) {
   // alternating: what the learned scoring (features + network) adds.
   auto report_learned = [&] {
     const std::string model = learned_model(dir, cfg.geometry);
-    auto alone = [&](const std::string& spec) {
-      PolicyInstance inst = PolicyRegistry::instance().create(spec);
-      std::shared_ptr<const Policy> impl(std::move(inst.policy));
-      std::vector<ReplayConfig> cs;
-      for (double b : budgets) cs.push_back({inst.name, inst.params, impl, b});
-      return cs;
-    };
-    const auto snap = alone("snapkv"), learned = alone("foresight:model=" + model);
+    const auto snap = configs_of({"snapkv"}, budgets), learned = configs_of({"foresight:model=" + model}, budgets);
     SweepCost snap_cost, learned_cost;
     for (int rep = 0; rep < 3; ++rep) {
       sweep_cost(snap, snap_cost);
@@ -175,13 +180,13 @@ int main(int argc, char** argv) {
                 b, a, budgets.size(), 100.0 * (b - a) / a, b <= 1.2 * a ? "OK" : "ABOVE TARGET");
     std::filesystem::remove(model);
   };
-  if (learned_only) {
+  if (args.learned_only) {
     report_learned();
     std::filesystem::remove(trace);
     return 0;
   }
 
-  if (factor_only) {
+  if (args.factor_only) {
     measure_factor();
     report_factor();
     std::filesystem::remove(trace);

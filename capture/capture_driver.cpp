@@ -147,6 +147,86 @@ std::string requests_digest(const std::vector<CaptureRequest>& requests) {
 
 }  // namespace
 
+namespace {
+
+// The capture's configuration as the trace records it (a resumed capture must match it).
+std::string capture_config(const CaptureOptions& opts, const Engine& model, const std::vector<CaptureRequest>& requests) {
+  return nlohmann::json{{"tool", "kvsim capture"},        {"model", opts.model_path},
+                        {"max_new", opts.max_new},        {"ref_topk", opts.ref_topk},
+                        {"queries", opts.all_queries ? "all" : "eval"},
+                        {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk},
+                        {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass},
+                        {"device", model.device()},
+                        {"requests", requests_digest(requests)}}
+      .dump();
+}
+
+// A finished request's header: its tokens and segments (taken from the prompt, answer included),
+// positions 0..T-1, the kept queries from first_q on, and the reference rows.
+RequestHeader request_header(const CaptureRequest& r, Prompt p, std::int64_t n_prompt, std::int64_t generated,
+                             std::int64_t first_q, const ReferenceDistribution& ref) {
+  const auto T = static_cast<std::int64_t>(p.tokens.size());
+  RequestHeader h;
+  h.id = r.id;
+  h.task = r.task;
+  h.answer = r.answer.empty() ? r.expected : r.answer;
+  h.positions.resize(static_cast<std::size_t>(T));
+  std::iota(h.positions.begin(), h.positions.end(), 0);
+  for (std::int64_t i = first_q; i < T; ++i) h.q_index.push_back(static_cast<std::int32_t>(i));
+  h.tokens = std::move(p.tokens);
+  h.segments = std::move(p.segments);
+  h.n_prompt = n_prompt;
+  h.n_generated = generated;
+  h.question_start = p.question_start;
+  h.needle_start = p.needle_start;
+  h.needle_end = p.needle_end;
+  h.ref_rows = ref.rows;
+  h.ref_topk = ref.rows > 0 ? ref.topk : 0;
+  return h;
+}
+
+// Layer l of the engine's cache as the trace stores it: f16 K and V, [T, d] per head to [T, Hkv, d].
+std::pair<std::vector<std::uint16_t>, std::vector<std::uint16_t>> layer_halves(const Engine& model, int l, std::int64_t T) {
+  const auto& entries = model.cache().layers[static_cast<std::size_t>(l)];
+  const auto d = static_cast<std::size_t>(model.config().head_dim), Hkv = entries.size();
+  std::vector<std::uint16_t> K(static_cast<std::size_t>(T) * Hkv * d), V(K.size());
+  for (std::size_t kv = 0; kv < Hkv; ++kv)
+    for (std::size_t t = 0; t < static_cast<std::size_t>(T); ++t) {
+      floats_to_halves(entries[kv].k.data() + t * d, K.data() + (t * Hkv + kv) * d, d);
+      floats_to_halves(entries[kv].v.data() + t * d, V.data() + (t * Hkv + kv) * d, d);
+    }
+  return {std::move(K), std::move(V)};
+}
+
+// The tokens after the prompt: teacher-forced on `answer` when given, else greedy until EOS or
+// max_new, each step's reference row recorded and its queries through `hook`. Returns how many.
+std::int64_t run_answer(Engine& model, const Tokenizer& tok, const std::vector<std::int32_t>* answer, int max_new,
+                        const LayerHook& hook, Prompt& p, std::vector<float>& last_logits, ReferenceDistribution& ref,
+                        std::int64_t& processed) {
+  std::int64_t generated = 0;
+  for (std::int64_t step = 0;; ++step) {
+    std::int32_t next;
+    if (answer) {
+      if (step >= static_cast<std::int64_t>(answer->size())) break;
+      next = (*answer)[static_cast<std::size_t>(step)];
+    } else {
+      if (step >= max_new) break;
+      next = static_cast<std::int32_t>(std::max_element(last_logits.begin(), last_logits.end()) - last_logits.begin());
+    }
+    p.tokens.push_back(next);
+    p.segments.push_back(static_cast<std::int8_t>(Segment::Generated));
+    ++generated;
+    const auto at = static_cast<std::int64_t>(p.tokens.size() - 1);
+    last_logits = model.step(next, hook);
+    record_reference(ref, at, last_logits.data(), model.config().vocab);
+    processed = at + 1;
+    if (!answer && tok.is_eog(next)) break;
+  }
+  return generated;
+}
+
+}  // namespace
+
 CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts,
                            const EngineFactory& make) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -165,14 +245,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
 
   ModelGeometry g = c;  // the model's own geometry, named
   g.name = gguf.has("general.name") ? gguf.get_string("general.name") : "unknown";
-  nlohmann::json cfg = {{"tool", "kvsim capture"},        {"model", opts.model_path},
-                        {"max_new", opts.max_new},        {"ref_topk", opts.ref_topk},
-                        {"queries", opts.all_queries ? "all" : "eval"},
-                        {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk},
-                        {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass},
-                        {"device", model.device()},
-                        {"requests", requests_digest(requests)}};
-  CaptureInfo info{"kvsim 0.1.0", device_name(opts.device), utc_now(), 0, cfg.dump()};
+  CaptureInfo info{"kvsim 0.1.0", device_name(opts.device), utc_now(), 0, capture_config(opts, model, requests)};
   CaptureSummary summary;
   {
     TraceWriterOptions wo;
@@ -193,9 +266,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         throw Error(where + ": prompt + answer is " + std::to_string(planned) + " tokens, over the model's context of " +
                     std::to_string(ctx_len));
 
-      // K/V come from the engine's cache (which holds every token: capture never compresses)
-      // once the request is done; the kept queries go to the
-      // spill file as they are produced.
+      // K/V come from the engine's cache (capture never compresses) once the request is done;
+      // the kept queries go to the spill file as they are produced.
       model.reset();
       model.reserve(planned);
       spill.clear();
@@ -206,8 +278,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         const std::int64_t skip = std::clamp<std::int64_t>(first_q - processed, 0, a.n);
         spill.append(a.layer, a.q.data() + skip * q_row, a.n - skip);
       };
-      ReferenceDistribution ref;
-      ref.topk = opts.ref_topk;
+      ReferenceDistribution ref{.topk = opts.ref_topk};
       RepeatPass repeat;
       if (opts.repeat_pass && context_span(p).first == context_span(p).second)
         throw Error(where + ": --repeat-pass needs a context to repeat, and this request has none");
@@ -227,44 +298,10 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         // The chunks split at the question: here the cache holds exactly the context.
         if (opts.repeat_pass && e == context_span(p).second) repeat = run_repeat_pass(model, tok, p);
       }
-      // Answer: teacher-forced on the given answer, else greedy until EOS or max_new.
-      std::int64_t generated = 0;
-      for (std::int64_t step = 0;; ++step) {
-        std::int32_t next;
-        if (!r.answer.empty()) {
-          if (step >= static_cast<std::int64_t>(answer.size())) break;
-          next = answer[static_cast<std::size_t>(step)];
-        } else {
-          if (step >= opts.max_new) break;
-          next = static_cast<std::int32_t>(std::max_element(last_logits.begin(), last_logits.end()) - last_logits.begin());
-        }
-        p.tokens.push_back(next);
-        p.segments.push_back(static_cast<std::int8_t>(Segment::Generated));
-        ++generated;
-        const auto at = static_cast<std::int64_t>(p.tokens.size() - 1);
-        last_logits = model.step(next, hook);
-        record_reference(ref, at, last_logits.data(), c.vocab);
-        processed = at + 1;
-        if (r.answer.empty() && tok.is_eog(next)) break;
-      }
+      const std::int64_t generated =
+          run_answer(model, tok, r.answer.empty() ? nullptr : &answer, opts.max_new, hook, p, last_logits, ref, processed);
       const auto T = static_cast<std::int64_t>(p.tokens.size());
-
-      RequestHeader h;
-      h.id = r.id;
-      h.task = r.task;
-      h.answer = r.answer.empty() ? r.expected : r.answer;
-      h.positions.resize(static_cast<std::size_t>(T));
-      std::iota(h.positions.begin(), h.positions.end(), 0);
-      for (std::int64_t i = first_q; i < T; ++i) h.q_index.push_back(static_cast<std::int32_t>(i));
-      h.tokens = std::move(p.tokens);
-      h.segments = std::move(p.segments);
-      h.n_prompt = n_prompt;
-      h.n_generated = generated;
-      h.question_start = p.question_start;
-      h.needle_start = p.needle_start;
-      h.needle_end = p.needle_end;
-      h.ref_rows = ref.rows;
-      h.ref_topk = ref.rows > 0 ? ref.topk : 0;
+      RequestHeader h = request_header(r, std::move(p), n_prompt, generated, first_q, ref);
       if (ref.rows == 0) ref.topk = 0;
       summary.tokens += T;
       ++summary.requests;
@@ -273,16 +310,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       // still being written.
       io.submit([&writer, h = std::move(h)] { writer.begin_request(h); });
       for (int l = 0; l < c.n_layers; ++l) {
-        const auto& entries = model.cache().layers[static_cast<std::size_t>(l)];
-        const auto d = static_cast<std::size_t>(c.head_dim), Hkv = entries.size();
-        std::vector<std::uint16_t> K(static_cast<std::size_t>(T) * Hkv * d), V(K.size());
-        for (std::size_t kv = 0; kv < Hkv; ++kv)  // [T, d] per head -> [T, Hkv, d]
-          for (std::size_t t = 0; t < static_cast<std::size_t>(T); ++t) {
-            floats_to_halves(entries[kv].k.data() + t * d, K.data() + (t * Hkv + kv) * d, d);
-            floats_to_halves(entries[kv].v.data() + t * d, V.data() + (t * Hkv + kv) * d, d);
-          }
-        io.submit([&writer, l, K = std::move(K), V = std::move(V), Q = spill.read_layer(l)] {
-          writer.write_layer(l, K, V, Q);
+        io.submit([&writer, l, kv = layer_halves(model, l, T), Q = spill.read_layer(l)] {
+          writer.write_layer(l, kv.first, kv.second, Q);
         });
       }
       io.submit([&writer, ref = std::move(ref), repeat = std::move(repeat), with = opts.repeat_pass] {

@@ -290,6 +290,28 @@ struct CudaTransformer::Impl {
     lc.capacity = cap;
   }
 
+  // A decode rule's score arrays grow with the cache, a quarter at a time, before a step that
+  // would outgrow them (rule_step allocates everything before its first kernel).
+  void grow_rule_scores() {
+    for (std::size_t l = 0; l < rules.size(); ++l) {
+      auto& r = rules[l];
+      const std::int64_t need = r.on ? *std::max_element(cache[l].rows.begin(), cache[l].rows.end()) : 0;
+      if (need <= r.score_cap) continue;
+      const std::size_t scored = r.rule.layer_wide ? 1 : cache[l].rows.size();
+      const std::int64_t cap = need + need / 4;
+      DeviceMem grown;
+      grown.ensure(scored * static_cast<std::size_t>(cap) * sizeof(double), compute);
+      for (std::size_t e = 0; e < scored; ++e)
+        KVSIM_CUDA_CHECK(cudaMemcpyAsync(grown.as<double>() + e * static_cast<std::size_t>(cap),
+                                         r.scores.as<double>() + e * static_cast<std::size_t>(r.score_cap),
+                                         static_cast<std::size_t>(r.score_cap) * sizeof(double), cudaMemcpyDeviceToDevice,
+                                         compute));
+      std::swap(r.scores, grown);
+      grown.release(compute);
+      r.score_cap = cap;
+    }
+  }
+
   EntryRows entry_rows(const LayerCache& lc, std::int64_t plus) const {
     EntryRows r;
     r.count = static_cast<int>(lc.rows.size());
@@ -349,6 +371,11 @@ struct CudaTransformer::Impl {
   std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                              std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                              const LayerCallback& on_layer);
+  // forward()'s phases: layer l's attention over its cache (the n new rows of kh/vh joined first)
+  // into `in`, and the logits of the chosen rows after the last layer (with the last-row weights
+  // fetched when they stay on the host).
+  void attend_layer(int l, std::int64_t n, const float* qb, bool record_last, float scale);
+  std::vector<float> finish_forward(std::span<const std::int64_t> logit_rows, bool record_last);
 
   std::vector<float> download(int layer, int entry, bool keys) {
     KVSIM_CUDA_CHECK(cudaSetDevice(device));
@@ -685,23 +712,7 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
     m.rule_gone.ensure(std::max<std::size_t>(work, 1), m.compute);
     m.rule_kept.ensure(std::max<std::size_t>(work, 1) * sizeof(std::int32_t), m.compute);
     m.rule_report.ensure(n_rules * per_layer * sizeof(std::int32_t), m.compute);
-    for (std::size_t l = 0; l < L; ++l) {
-      auto& r = m.rules[l];
-      const std::int64_t need = r.on ? *std::max_element(m.cache[l].rows.begin(), m.cache[l].rows.end()) : 0;
-      if (need <= r.score_cap) continue;  // the scores grow with the cache, a quarter at a time
-      const std::size_t scored = r.rule.layer_wide ? 1 : m.cache[l].rows.size();
-      const std::int64_t cap = need + need / 4;
-      DeviceMem grown;
-      grown.ensure(scored * static_cast<std::size_t>(cap) * sizeof(double), m.compute);
-      for (std::size_t e = 0; e < scored; ++e)
-        KVSIM_CUDA_CHECK(cudaMemcpyAsync(grown.as<double>() + e * static_cast<std::size_t>(cap),
-                                         r.scores.as<double>() + e * static_cast<std::size_t>(r.score_cap),
-                                         static_cast<std::size_t>(r.score_cap) * sizeof(double), cudaMemcpyDeviceToDevice,
-                                         m.compute));
-      std::swap(r.scores, grown);
-      grown.release(m.compute);
-      r.score_cap = cap;
-    }
+    m.grow_rule_scores();
     std::size_t slot = 0;
     for (std::size_t l = 0; l < L; ++l) {
       auto& r = m.rules[l];
@@ -797,8 +808,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
   if (*std::min_element(positions.begin(), positions.end()) < 0) throw std::invalid_argument("forward: negative position");
   for (const auto r : logit_rows)
     if (r < 0 || r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " out of range");
-  const std::int64_t E = s.n_embd, Q = s.q_dim(), K = s.kv_dim(), F = s.n_ff, V = s.vocab;
-  const int d = s.head_dim, G = s.group();
+  const std::int64_t E = s.n_embd, Q = s.q_dim(), K = s.kv_dim(), F = s.n_ff;
+  const int d = s.head_dim;
   m.ensure_work(n, logit_rows.size(), static_cast<bool>(on_layer));
   m.ensure_rope(*std::max_element(positions.begin(), positions.end()));
   cudaStream_t st = m.compute;
@@ -857,6 +868,26 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.pv[b].ptr, vb, kv_bytes, cudaMemcpyDeviceToHost, m.copy));
       KVSIM_CUDA_CHECK(cudaEventRecord(m.copied[b], m.copy));
     }
+    m.attend_layer(l, n, qb, record_last, scale);
+    m.project_into_residual(n, WeightId::Wo, WeightId::PostAttnNorm, l, Q);
+    KVSIM_CUDA_CHECK(rms_norm_rows(m.x.as<float>(), m.w(WeightId::FfnNorm, l).as<float>(), static_cast<int>(n),
+                                   static_cast<int>(E), eps, m.in.ptr, f16, st));
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wgate, l), F, E, m.gate.as<float>(), false);
+    m.gemm(m.in.ptr, n, m.w(WeightId::Wup, l), F, E, m.up.as<float>(), false);
+    KVSIM_CUDA_CHECK(gated_act(m.gate.as<float>(), m.up.as<float>(), n * F, s.ffn_act == FfnAct::GeluTanh, m.in.ptr, f16, st));
+    m.project_into_residual(n, WeightId::Wdown, WeightId::PostFfnNorm, l, F);
+    if (on_layer && l >= 1) deliver(l - 1);
+  }
+  if (on_layer) deliver(s.n_layers - 1);
+
+  return m.finish_forward(logit_rows, record_last);
+}
+
+void CudaTransformer::Impl::attend_layer(int l, std::int64_t n, const float* qb, bool record_last, float scale) {
+  Impl& m = *this;
+  cudaStream_t st = compute;
+  const int d = s.head_dim, G = s.group(), window = s.window(l);
+  const std::int64_t Q = s.q_dim();
     auto& lc = m.cache[static_cast<std::size_t>(l)];
     const bool pqh = per_query_head(s, static_cast<int>(lc.rows.size()));
     // Inverse divisors: query head h reads entry h / head_div; entry e takes KV head e / entry_div.
@@ -903,17 +934,13 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
                                           static_cast<int>(m.last_stride), st));
     }
     for (auto& r : lc.rows) r += n;
-    m.project_into_residual(n, WeightId::Wo, WeightId::PostAttnNorm, l, Q);
-    KVSIM_CUDA_CHECK(rms_norm_rows(m.x.as<float>(), m.w(WeightId::FfnNorm, l).as<float>(), static_cast<int>(n),
-                                   static_cast<int>(E), eps, m.in.ptr, f16, st));
-    m.gemm(m.in.ptr, n, m.w(WeightId::Wgate, l), F, E, m.gate.as<float>(), false);
-    m.gemm(m.in.ptr, n, m.w(WeightId::Wup, l), F, E, m.up.as<float>(), false);
-    KVSIM_CUDA_CHECK(gated_act(m.gate.as<float>(), m.up.as<float>(), n * F, s.ffn_act == FfnAct::GeluTanh, m.in.ptr, f16, st));
-    m.project_into_residual(n, WeightId::Wdown, WeightId::PostFfnNorm, l, F);
-    if (on_layer && l >= 1) deliver(l - 1);
-  }
-  if (on_layer) deliver(s.n_layers - 1);
+}
 
+std::vector<float> CudaTransformer::Impl::finish_forward(std::span<const std::int64_t> logit_rows, bool record_last) {
+  Impl& m = *this;
+  cudaStream_t st = compute;
+  const std::int64_t E = s.n_embd, V = s.vocab;
+  const auto eps = static_cast<float>(s.rms_eps);
   std::vector<float> out(logit_rows.size() * static_cast<std::size_t>(V));
   if (!logit_rows.empty()) {
     const auto nl = static_cast<std::int64_t>(logit_rows.size());

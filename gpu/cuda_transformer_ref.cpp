@@ -236,13 +236,64 @@ std::span<const float> TransformerRef::last_attention(int layer, int q_head) con
   return last_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
 }
 
+std::vector<float> TransformerRef::attend(int l, std::int64_t n, const std::vector<float>& q, const std::vector<float>& k,
+                                          const std::vector<float>& v, bool record_last, float scale) {
+  const std::int64_t Q = s_.q_dim(), K = s_.kv_dim();
+  const int d = s_.head_dim, Hq = s_.n_q_heads, G = s_.group();
+    auto& entries = cache_[static_cast<std::size_t>(l)];
+    const bool pqh = per_query_head(s_, static_cast<int>(entries.size()));
+    std::vector<std::int64_t> past(entries.size());
+    for (std::size_t e = 0; e < entries.size(); ++e) {
+      Entry& en = entries[e];
+      past[e] = static_cast<std::int64_t>(en.k.size()) / d;
+      const std::int64_t hk = pqh ? static_cast<std::int64_t>(e) / G : static_cast<std::int64_t>(e);
+      for (std::int64_t i = 0; i < n; ++i) {
+        en.k.insert(en.k.end(), k.begin() + i * K + hk * d, k.begin() + i * K + hk * d + d);
+        en.v.insert(en.v.end(), v.begin() + i * K + hk * d, v.begin() + i * K + hk * d + d);
+      }
+    }
+    std::vector<float> att(static_cast<std::size_t>(n * Q));
+#pragma omp parallel for schedule(static)
+    for (int hq = 0; hq < Hq; ++hq) {
+      const std::size_t e = pqh ? static_cast<std::size_t>(hq) : static_cast<std::size_t>(hq / G);
+      const Entry& en = entries[e];
+      std::vector<double> sc;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t seen = past[e] + i + 1;  // causal: everything cached plus itself
+        const std::int64_t lo = window_start(s_.window(l), seen);
+        const float* qi = q.data() + i * Q + static_cast<std::int64_t>(hq) * d;
+        sc.assign(static_cast<std::size_t>(seen), 0.0);
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = lo; j < seen; ++j) {
+          double dot = 0;
+          for (int c = 0; c < d; ++c) dot += static_cast<double>(qi[c]) * en.k[static_cast<std::size_t>(j * d + c)];
+          sc[static_cast<std::size_t>(j)] = dot * scale;
+          m = std::max(m, sc[static_cast<std::size_t>(j)]);
+        }
+        double sum = 0;
+        for (std::int64_t j = lo; j < seen; ++j) sum += (sc[static_cast<std::size_t>(j)] = std::exp(sc[static_cast<std::size_t>(j)] - m));
+        for (int c = 0; c < d; ++c) {
+          double o = 0;
+          for (std::int64_t j = lo; j < seen; ++j) o += sc[static_cast<std::size_t>(j)] * en.v[static_cast<std::size_t>(j * d + c)];
+          att[static_cast<std::size_t>(i * Q + static_cast<std::int64_t>(hq) * d + c)] = static_cast<float>(o / sum);
+        }
+        if (record_last && i == n - 1) {
+          auto& dst = last_[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)];
+          dst.resize(sc.size());
+          for (std::size_t j = 0; j < sc.size(); ++j) dst[j] = static_cast<float>(sc[j] / sum);
+        }
+      }
+    }
+    return att;
+}
+
 std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                                            std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                                            const LayerCallback& on_layer) {
   const auto n = static_cast<std::int64_t>(tokens.size());
   if (n == 0 || positions.size() != tokens.size()) throw std::invalid_argument("forward: tokens and positions must be non-empty and equal in length");
   const std::int64_t E = s_.n_embd, Q = s_.q_dim(), K = s_.kv_dim(), F = s_.n_ff, V = s_.vocab;
-  const int d = s_.head_dim, Hq = s_.n_q_heads, G = s_.group(), pairs = s_.rope.rope_dim / 2;
+  const int d = s_.head_dim, Hq = s_.n_q_heads, pairs = s_.rope.rope_dim / 2;
   const bool f16 = dw_ == DeviceWeights::F16;
   auto gemm_input = [&](std::vector<float>& x) {
     if (f16) round_all(x);
@@ -307,50 +358,7 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
     round_all(k);
     round_all(v);
     if (on_layer) on_layer(LayerRows{l, n, want_q ? q.data() : nullptr, k.data(), v.data()});
-    auto& entries = cache_[static_cast<std::size_t>(l)];
-    const bool pqh = per_query_head(s_, static_cast<int>(entries.size()));
-    std::vector<std::int64_t> past(entries.size());
-    for (std::size_t e = 0; e < entries.size(); ++e) {
-      Entry& en = entries[e];
-      past[e] = static_cast<std::int64_t>(en.k.size()) / d;
-      const std::int64_t hk = pqh ? static_cast<std::int64_t>(e) / G : static_cast<std::int64_t>(e);
-      for (std::int64_t i = 0; i < n; ++i) {
-        en.k.insert(en.k.end(), k.begin() + i * K + hk * d, k.begin() + i * K + hk * d + d);
-        en.v.insert(en.v.end(), v.begin() + i * K + hk * d, v.begin() + i * K + hk * d + d);
-      }
-    }
-    std::vector<float> att(static_cast<std::size_t>(n * Q));
-#pragma omp parallel for schedule(static)
-    for (int hq = 0; hq < Hq; ++hq) {
-      const std::size_t e = pqh ? static_cast<std::size_t>(hq) : static_cast<std::size_t>(hq / G);
-      const Entry& en = entries[e];
-      std::vector<double> sc;
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t seen = past[e] + i + 1;  // causal: everything cached plus itself
-        const std::int64_t lo = window_start(s_.window(l), seen);
-        const float* qi = q.data() + i * Q + static_cast<std::int64_t>(hq) * d;
-        sc.assign(static_cast<std::size_t>(seen), 0.0);
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = lo; j < seen; ++j) {
-          double dot = 0;
-          for (int c = 0; c < d; ++c) dot += static_cast<double>(qi[c]) * en.k[static_cast<std::size_t>(j * d + c)];
-          sc[static_cast<std::size_t>(j)] = dot * scale;
-          m = std::max(m, sc[static_cast<std::size_t>(j)]);
-        }
-        double sum = 0;
-        for (std::int64_t j = lo; j < seen; ++j) sum += (sc[static_cast<std::size_t>(j)] = std::exp(sc[static_cast<std::size_t>(j)] - m));
-        for (int c = 0; c < d; ++c) {
-          double o = 0;
-          for (std::int64_t j = lo; j < seen; ++j) o += sc[static_cast<std::size_t>(j)] * en.v[static_cast<std::size_t>(j * d + c)];
-          att[static_cast<std::size_t>(i * Q + static_cast<std::int64_t>(hq) * d + c)] = static_cast<float>(o / sum);
-        }
-        if (record_last && i == n - 1) {
-          auto& dst = last_[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)];
-          dst.resize(sc.size());
-          for (std::size_t j = 0; j < sc.size(); ++j) dst[j] = static_cast<float>(sc[j] / sum);
-        }
-      }
-    }
+    std::vector<float> att = attend(l, n, q, k, v, record_last, scale);
     gemm_input(att);
     project_into_residual(att, n, WeightId::Wo, WeightId::PostAttnNorm, l, Q, x);
     std::vector<float> h2 = rms_norm(x, n, E, w(WeightId::FfnNorm, l), s_.rms_eps);

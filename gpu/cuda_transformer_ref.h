@@ -43,6 +43,11 @@ class TransformerRef : public TransformerBackend {
   };
   const std::vector<float>& w(WeightId id, int layer) const;
   // x += in W_proj^T, through the `post` norm first where the shape has post-norms (gemma3).
+  // Layer l's attention: the n new rows of k and v join its cache entries, then each query head
+  // attends over its entry (causal, windowed) in double; the output [n, Q], last-row weights kept
+  // when `record_last`.
+  std::vector<float> attend(int l, std::int64_t n, const std::vector<float>& q, const std::vector<float>& k,
+                            const std::vector<float>& v, bool record_last, float scale);
   void project_into_residual(const std::vector<float>& in, std::int64_t n, WeightId proj, WeightId post, int layer,
                              std::int64_t cols, std::vector<float>& x) const;
   ModelConfig s_;

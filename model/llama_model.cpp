@@ -160,6 +160,27 @@ Mat activate(const Mat& g, FfnAct act) {
 }
 
 // The first row of an entry whose token lies after `before` (rows are in token order).
+// A forward pass's new tokens (rows of k and v, token indices from `seen`) join every entry of a
+// layer's cache: one per KV head, or one per query head (each holding its group's KV head).
+void append_rows(std::vector<KvEntry>& entries, const Mat& k, const Mat& v, std::int64_t seen, int head_dim, int group,
+                 bool per_query_head, int layer) {
+  const Eigen::Index n = k.rows();
+  for (std::size_t e = 0; e < entries.size(); ++e) {
+    KvEntry& entry = entries[e];
+    const auto col = static_cast<std::ptrdiff_t>(per_query_head ? static_cast<int>(e) / group : static_cast<int>(e)) * head_dim;
+    for (Eigen::Index i = 0; i < n; ++i) {
+      entry.tokens.push_back(static_cast<std::int32_t>(seen + i));
+      entry.k.insert(entry.k.end(), k.row(i).data() + col, k.row(i).data() + col + head_dim);
+      entry.v.insert(entry.v.end(), v.row(i).data() + col, v.row(i).data() + col + head_dim);
+      if (!entry.bias.empty()) entry.bias.push_back(0.0f);
+    }
+  }
+  for (const KvEntry& entry : entries)  // checked here: nothing may throw inside the parallel loop
+    if (!entry.bias.empty() && entry.bias.size() != entry.tokens.size())
+      throw Error("KV cache layer " + std::to_string(layer) + ": " + std::to_string(entry.bias.size()) +
+                  " logit biases for " + std::to_string(entry.tokens.size()) + " rows");
+}
+
 Eigen::Index first_in_window(const KvEntry& e, std::int64_t before) {
   return static_cast<Eigen::Index>(std::upper_bound(e.tokens.begin(), e.tokens.end(), before) - e.tokens.begin());
 }
@@ -280,25 +301,9 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
     if (hook)
       hook(LayerActivations{l, n, {q.data(), static_cast<std::size_t>(q.size())},
                             {k.data(), static_cast<std::size_t>(k.size())}, {v.data(), static_cast<std::size_t>(v.size())}});
-    // Append the new tokens to every entry of this layer.
     auto& entries = impl_->cache.layers[static_cast<std::size_t>(l)];
-    const int n_entries = static_cast<int>(entries.size());
-    const bool per_query_head = n_entries == c.n_q_heads && c.n_q_heads != c.n_kv_heads;
-    for (int e = 0; e < n_entries; ++e) {
-      KvEntry& entry = entries[static_cast<std::size_t>(e)];
-      const int hk = per_query_head ? e / G : e;
-      for (Eigen::Index i = 0; i < n; ++i) {
-        entry.tokens.push_back(static_cast<std::int32_t>(impl_->cache.seen + i));
-        const auto col = static_cast<std::ptrdiff_t>(hk) * d;
-        entry.k.insert(entry.k.end(), k.row(i).data() + col, k.row(i).data() + col + d);
-        entry.v.insert(entry.v.end(), v.row(i).data() + col, v.row(i).data() + col + d);
-        if (!entry.bias.empty()) entry.bias.push_back(0.0f);
-      }
-    }
-    for (const KvEntry& entry : entries)  // checked here: nothing may throw inside the parallel loop
-      if (!entry.bias.empty() && entry.bias.size() != entry.tokens.size())
-        throw Error("KV cache layer " + std::to_string(l) + ": " + std::to_string(entry.bias.size()) +
-                    " logit biases for " + std::to_string(entry.tokens.size()) + " rows");
+    const bool per_query_head = static_cast<int>(entries.size()) == c.n_q_heads && c.n_q_heads != c.n_kv_heads;
+    append_rows(entries, k, v, impl_->cache.seen, d, G, per_query_head, l);
     if (impl_->record_attention) impl_->last_attention.resize(static_cast<std::size_t>(c.n_layers));
     auto& last_rows = impl_->last_attention;
     if (impl_->record_attention) last_rows[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(c.n_q_heads));

@@ -300,35 +300,83 @@ void Replayer::select_across_layers(std::vector<ConfigBudget>& budgets, std::int
   }
 }
 
+namespace {
+
+// The compression point of a request in `mode` and its evaluation rows: the recorded queries at or
+// after it (a suffix of q_index), each with the last token it attends to.
+struct EvalRows {
+  std::int64_t c = 0, first = 0, count = 0;
+  std::vector<std::int64_t> limit;
+};
+
+EvalRows eval_rows(const RequestHeader& h, ReplayMode mode, const std::string& ctx) {
+  EvalRows r;
+  const std::int64_t T = h.n_tokens();
+  r.c = mode == ReplayMode::QueryAware ? h.n_prompt : h.question_start;
+  if (r.c < 1 || r.c >= T)
+    throw Error(ctx + ": compression point " + std::to_string(r.c) + " (" + mode_name(mode) +
+                ") leaves no tokens to evaluate; expected 1 <= point < T = " + std::to_string(T) +
+                (mode == ReplayMode::QueryAware ? " (the request needs generated tokens)" : " (the request needs a question)"));
+  r.first = static_cast<std::int64_t>(
+      std::lower_bound(h.q_index.begin(), h.q_index.end(), static_cast<std::int32_t>(r.c)) - h.q_index.begin());
+  r.count = h.n_queries() - r.first;
+  if (r.count == 0)
+    throw Error(ctx + ": no recorded queries at or after the compression point " + std::to_string(r.c) +
+                "; expected the question/answer queries in q_index");
+  r.limit.resize(static_cast<std::size_t>(r.count));
+  for (std::int64_t i = 0; i < r.count; ++i) r.limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(r.first + i)];
+  return r;
+}
+
+// The order phase A hands configs out in: those with a codec first (their plans fit bases;
+// decode-time ones replay to the end there), so the phase does not end on one of them running
+// alone; and each policy's first budget before any second one, so a thread rarely waits on a
+// score (the layer's memo) that another thread is still computing.
+std::vector<std::size_t> phase_a_order(const std::vector<ReplayConfig>& configs) {
+  const std::size_t P = configs.size();
+  std::vector<std::size_t> repeat_rank(P);
+  std::map<const Policy*, std::size_t> seen_impl;
+  for (std::size_t p = 0; p < P; ++p) repeat_rank[p] = seen_impl[configs[p].impl.get()]++;
+  std::vector<std::size_t> heavy_first(P);
+  std::iota(heavy_first.begin(), heavy_first.end(), std::size_t{0});
+  std::stable_sort(heavy_first.begin(), heavy_first.end(), [&](std::size_t a, std::size_t b) {
+    const bool ca = configs[a].impl->codec() != nullptr, cb = configs[b].impl->codec() != nullptr;
+    return ca != cb ? ca : repeat_rank[a] < repeat_rank[b];
+  });
+  return heavy_first;
+}
+
+// KVzip's reconstruction pass, when a policy scores with it and the capture recorded it: its chunk
+// table into `repeat` (the layers are read with the rest). False when there is none to hand out.
+bool repeat_table(const TraceReader& reader, const std::string& id, const std::vector<ReplayConfig>& configs,
+                  RepeatPassView& repeat) {
+  const bool wanted = std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& cfg) { return cfg.impl->needs_repeat_pass(); });
+  if (!wanted || !reader.has_repeat_pass(id)) return false;
+  const RepeatPass table = reader.repeat_pass_table(id);
+  for (const RepeatChunk& ch : table.chunks) repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
+  repeat.rows = table.rows;
+  return true;
+}
+
+}  // namespace
+
 RequestResult Replayer::replay(const std::string& request_id) const {
   const ModelGeometry& g = reader_.geometry();
   const RequestHeader h = reader_.header(request_id);
   const kvcache::RequestTokens tokens{h.positions, h.segments, h.q_index};
   const std::string ctx = reader_.path() + ": request '" + request_id + "'";
   const std::int64_t T = h.n_tokens();
-  const std::int64_t c = mode_ == ReplayMode::QueryAware ? h.n_prompt : h.question_start;
-  if (c < 1 || c >= T)
-    throw Error(ctx + ": compression point " + std::to_string(c) + " (" + mode_name(mode_) +
-                ") leaves no tokens to evaluate; expected 1 <= point < T = " + std::to_string(T) +
-                (mode_ == ReplayMode::QueryAware ? " (the request needs generated tokens)" : " (the request needs a question)"));
-  // Evaluation rows: the recorded queries at or after the compression point (a suffix of q_index).
-  const auto first_eval = static_cast<std::int64_t>(
-      std::lower_bound(h.q_index.begin(), h.q_index.end(), static_cast<std::int32_t>(c)) - h.q_index.begin());
-  const std::int64_t E = h.n_queries() - first_eval;
-  if (E == 0)
-    throw Error(ctx + ": no recorded queries at or after the compression point " + std::to_string(c) +
-                "; expected the question/answer queries in q_index");
-  std::vector<std::int64_t> eval_limit(static_cast<std::size_t>(E));
-  for (std::int64_t i = 0; i < E; ++i) eval_limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(first_eval + i)];
+  const EvalRows rows = eval_rows(h, mode_, ctx);
+  const std::int64_t c = rows.c, first_eval = rows.first, E = rows.count;
+  const std::vector<std::int64_t>& eval_limit = rows.limit;
 
   const int L = g.n_layers, Hq = g.n_q_heads, d = g.head_dim;
   const std::size_t P = configs_.size();
-  std::vector<ConfigBudget> budgets(P);
   // Sliding-window layers hold their window; a budget's rest goes to the global layers.
   const WindowShare windows = window_share(g, c);
-  for (std::size_t p = 0; p < P; ++p)
-    budgets[p] = config_budget(*configs_[p].impl, global_fraction(configs_[p].budget, windows, c, configs_[p].label()), c, d,
-                               rule_, configs_[p].label());
+  std::vector<ConfigBudget> budgets;
+  for (const ReplayConfig& cfg : configs_)
+    budgets.push_back(config_budget(*cfg.impl, global_fraction(cfg.budget, windows, c, cfg.label()), c, d, rule_, cfg.label()));
   std::vector<Accumulator> acc(P);
   for (auto& a : acc) {
     start_accumulator(a, L, Hq, T, c, record_keep_sets_);
@@ -347,31 +395,10 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   });
   SharedPass pass(g, T, c, keep_logits);
   CacheView& prefix = pass.prefix;
-  // KVzip's reconstruction pass, when a policy scores with it and the capture recorded it.
-  const bool want_repeat = std::any_of(configs_.begin(), configs_.end(), [](const ReplayConfig& cfg) {
-    return cfg.impl->needs_repeat_pass();
-  });
   RepeatPassView repeat;
   std::vector<float> repeat_q, repeat_k;
-  if (want_repeat && reader_.has_repeat_pass(request_id)) {
-    const RepeatPass table = reader_.repeat_pass_table(request_id);
-    for (const RepeatChunk& ch : table.chunks) repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
-    repeat.rows = table.rows;
-    prefix.repeat = &repeat;
-  }
-  // Phase A hands out the configs with a codec first (their plans fit bases; decode-time ones
-  // replay to the end there), so the phase does not end on one of them running alone; and each
-  // policy's first budget before any second one, so a thread rarely waits on a score (the layer's
-  // memo) that another thread is still computing.
-  std::vector<std::size_t> repeat_rank(P);
-  std::map<const Policy*, std::size_t> seen_impl;
-  for (std::size_t p = 0; p < P; ++p) repeat_rank[p] = seen_impl[configs_[p].impl.get()]++;
-  std::vector<std::size_t> heavy_first(P);
-  std::iota(heavy_first.begin(), heavy_first.end(), std::size_t{0});
-  std::stable_sort(heavy_first.begin(), heavy_first.end(), [&](std::size_t a, std::size_t b) {
-    const bool ca = configs_[a].impl->codec() != nullptr, cb = configs_[b].impl->codec() != nullptr;
-    return ca != cb ? ca : repeat_rank[a] < repeat_rank[b];
-  });
+  if (repeat_table(reader_, request_id, configs_, repeat)) prefix.repeat = &repeat;
+  const std::vector<std::size_t> heavy_first = phase_a_order(configs_);
   // One layer of the trace read, and (for the scoring pass) its shared attention computed.
   auto load_layer = [&](int layer, bool attention) {
     auto t0 = Clock::now();

@@ -99,6 +99,89 @@ ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
   return exact ? exp_shift_impl<true>(x, exact, n, mx) : exp_shift_impl<false>(x, nullptr, n, mx);
 }
 
+// The full attention mass on what evaluation row i sees: summed over the kept runs (and the tail
+// up to `last`) or, when those are longer, one minus the mass on the gaps (a full row sums to one).
+double seen_mass(const Mat& A, std::int64_t i, const std::vector<Run>& spans, bool kept, std::int64_t t0, Eigen::Index last) {
+  double mass = kept ? 0.0 : 1.0;
+  for (const Run& s : spans) mass += (kept ? 1.0 : -1.0) * static_cast<double>(A.row(i).segment(s.token, s.len).sum());
+  if (kept) mass += static_cast<double>(A.row(i).segment(t0, last - t0 + 1).sum());
+  return mass;
+}
+
+// A row's exact logits for cache slots [c0, c0 + len) in slot order: the row itself when the chunk
+// is one run, else gathered run by run into `gathered`, so the exps run over the whole chunk in
+// packets however scattered the kept tokens are.
+const float* slot_order(const float* exact, const std::vector<Run>& runs, std::size_t first_run, std::size_t end_run,
+                        Eigen::Index c0, Eigen::Index len, std::vector<float>& gathered) {
+  if (end_run - first_run <= 1) return exact + runs[first_run].token + (c0 - runs[first_run].at);
+  for (std::size_t k = first_run; k < end_run; ++k) {
+    const Eigen::Index a = std::max(runs[k].at, c0), b = std::min(runs[k].at + runs[k].len, c0 + len);
+    std::copy_n(exact + runs[k].token + (a - runs[k].at), b - a, gathered.data() + (a - c0));
+  }
+  return gathered.data();
+}
+
+// A head's cached keys and values as its codec reads them back, into kh and vh (slot order), with
+// their positions. The exact rows are gathered only when the codec reads them (a fully low-rank
+// head is rebuilt from its coefficients: gathering 2 x nk x d floats would be overwritten unread).
+// Returns the rank of factored values (coefficients in vh, basis in v_basis), or -1.
+template <class Rows>
+int read_back(const KvCodec& codec, const HeadPlan& plan, const LayerWork& w, const std::vector<Run>& runs, const Mat& K,
+              const Mat& V, Rows& kh, Rows& vh, std::vector<std::int32_t>& positions, std::span<const float>& v_basis) {
+  positions.resize(static_cast<std::size_t>(kh.rows()));
+  const bool gather = codec.reads_rows(plan);
+  for (const Run& r : runs) {
+    if (gather) {
+      kh.middleRows(r.at, r.len) = K.middleRows(r.token, r.len);
+      vh.middleRows(r.at, r.len) = V.middleRows(r.token, r.len);
+    }
+    std::copy_n(w.h.positions.begin() + r.token, r.len, positions.begin() + r.at);
+  }
+  return codec.reconstruct_factored(plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
+                                    {vh.data(), static_cast<std::size_t>(vh.size())}, v_basis);
+}
+
+// ||got * inv_sum - full|| / ||full|| (0 for a zero row).
+template <class Row, class Full>
+double relative_error(const Row& got, double inv_sum, const Full& full) {
+  const double norm = full.squaredNorm();
+  return norm > 0 ? std::sqrt((got * static_cast<float>(inv_sum) - full).squaredNorm() / norm) : 0.0;
+}
+
+// The compressed rows' softmax, online: per stacked row y the running max, the sums (with the
+// logit shifts against the exact logits), and the accumulated values acc.row(y), rescaled
+// whenever the max rises.
+template <class Acc>
+struct OnlineSoftmax {
+  explicit OnlineSoftmax(Acc& a)
+      : acc(a), mx(static_cast<std::size_t>(a.rows()), -std::numeric_limits<float>::infinity()),
+        sums(static_cast<std::size_t>(a.rows())) {}
+  // Row y's next n logits (exps in place), `exact` the full cache's logits for them or null.
+  void add(std::int64_t y, float* row, const float* exact, Eigen::Index n) {
+    const auto yy = static_cast<std::size_t>(y);
+    const float m = Eigen::Map<const Eigen::ArrayXf>(row, n).maxCoeff();
+    if (m > mx[yy]) {
+      if (mx[yy] > -std::numeric_limits<float>::infinity()) {
+        const double f = std::exp(static_cast<double>(mx[yy]) - m);
+        sums[yy].sum *= f;
+        sums[yy].shift *= f;
+        acc.row(y) *= static_cast<float>(f);
+      }
+      mx[yy] = m;
+    }
+    sums[yy] += exp_shift(row, exact, n, mx[yy]);
+  }
+  // KL(compressed || full) of row y, all its logits added: the q-weighted logit shift plus the
+  // full row's log normaliser lse_p minus this one's (the tail's logits agree).
+  double kl(std::int64_t y, double lse_p) const {
+    const auto yy = static_cast<std::size_t>(y);
+    return sums[yy].shift / sums[yy].sum + lse_p - (mx[yy] + std::log(sums[yy].sum));
+  }
+  Acc& acc;
+  std::vector<float> mx;
+  std::vector<ExpSums> sums;
+};
+
 // Scores evaluation rows [i0, i1) on an encoded cache: every row attends over the heads' cached
 // tokens as their codec reads them back, plus the exact tokens from t0 on (causally). Reconstructed
 // keys change the logits, so no partial output can be shared with other configs: per KV head one
@@ -127,20 +210,8 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
     const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
     auto kh = k_buf.get(nk, d);
     auto vh = v_buf.get(nk, d);
-    positions.resize(static_cast<std::size_t>(nk));
-    // The exact rows only when the codec reads them (a fully low-rank head is rebuilt from its
-    // coefficients: gathering 2 x nk x d floats for it would be overwritten unread).
-    const bool gather = codec.reads_rows(plan);
-    for (const Run& r : runs) {
-      if (gather) {
-        kh.middleRows(r.at, r.len) = K.middleRows(r.token, r.len);
-        vh.middleRows(r.at, r.len) = V.middleRows(r.token, r.len);
-      }
-      std::copy_n(w.h.positions.begin() + r.token, r.len, positions.begin() + r.at);
-    }
     std::span<const float> v_basis;
-    const int v_rank = codec.reconstruct_factored(plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
-                                                  {vh.data(), static_cast<std::size_t>(vh.size())}, v_basis);
+    const int v_rank = read_back(codec, plan, w, runs, K, V, kh, vh, positions, v_basis);
     // The group's query heads stacked: row r * rows + x is head kv * G + r at evaluation row i0 + x.
     const std::int64_t GR = G * rows;
     auto qs = q_buf.get(GR, d);
@@ -159,18 +230,7 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
     const Eigen::Map<const ScratchMatrix::Mat> values(vh.data(), nk, width);
     auto acc = c_buf.get(GR, width);
     acc.setZero();
-    std::vector<float> mx(static_cast<std::size_t>(GR), -std::numeric_limits<float>::infinity());
-    std::vector<ExpSums> sums(static_cast<std::size_t>(GR));
-    auto rise = [&](std::int64_t y, float m) {  // the running max of row y becomes m (> the old one)
-      const auto yy = static_cast<std::size_t>(y);
-      if (mx[yy] > -std::numeric_limits<float>::infinity()) {
-        const double f = std::exp(static_cast<double>(mx[yy]) - m);
-        sums[yy].sum *= f;
-        sums[yy].shift *= f;
-        acc.row(y) *= static_cast<float>(f);
-      }
-      mx[yy] = m;
-    };
+    OnlineSoftmax<decltype(acc)> sm(acc);
     std::size_t first_run = 0;
     std::vector<float> gathered(static_cast<std::size_t>(std::min(kChunk, nk)));
     for (Eigen::Index c0 = 0; c0 < nk; c0 += kChunk) {
@@ -184,22 +244,7 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
         const Mat& Lx = w.logits[static_cast<std::size_t>(kv * G + r)];
         for (std::int64_t x = 0; x < rows; ++x) {
           const std::int64_t y = r * rows + x;
-          float* row = sc.row(y).data();
-          const float m = Eigen::Map<const Eigen::ArrayXf>(row, len).maxCoeff();
-          if (m > mx[static_cast<std::size_t>(y)]) rise(y, m);
-          const float* exact = Lx.row(i0 + x).data();
-          // The exact logits in slot order: the row itself when the chunk is one run, else
-          // gathered run by run, so the exps run over the whole chunk in packets however
-          // scattered the kept tokens are.
-          const float* ex = exact + runs[first_run].token + (c0 - runs[first_run].at);
-          if (end_run - first_run > 1) {
-            for (std::size_t k = first_run; k < end_run; ++k) {
-              const Eigen::Index a = std::max(runs[k].at, c0), b = std::min(runs[k].at + runs[k].len, c0 + len);
-              std::copy_n(exact + runs[k].token + (a - runs[k].at), b - a, gathered.data() + (a - c0));
-            }
-            ex = gathered.data();
-          }
-          sums[static_cast<std::size_t>(y)] += exp_shift(row, ex, len, mx[static_cast<std::size_t>(y)]);
+          sm.add(y, sc.row(y).data(), slot_order(Lx.row(i0 + x).data(), runs, first_run, end_run, c0, len, gathered), len);
         }
       }
       acc.noalias() += sc * values.middleRows(c0, len);
@@ -216,27 +261,15 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
         const std::int64_t i = i0 + x, y = r * rows + x;
         const auto yy = static_cast<std::size_t>(y);
         const Eigen::Index last = w.eval_tokens[static_cast<std::size_t>(i)];
-        // Recall: the full attention mass on what the row sees, summed over the kept runs or, when
-        // those are longer, as one minus the mass on the gaps (a full row sums to one).
-        double mass = 0;
-        if (sum_kept) {
-          for (const Run& run : runs) mass += static_cast<double>(A.row(i).segment(run.token, run.len).sum());
-          mass += static_cast<double>(A.row(i).segment(t0, last - t0 + 1).sum());
-        } else {
-          mass = 1.0;
-          for (const Run& gap : gaps) mass -= static_cast<double>(A.row(i).segment(gap.token, gap.len).sum());
-        }
+        const double mass = seen_mass(A, i, sum_kept ? runs : gaps, sum_kept, t0, last);
         // KL(q || p) = sum_j q_j (log q_j - log p_j) = the q-weighted logit shift + lse_p - lse_q,
         // since the tail's logits agree: the shifts come with the exps, no per-element logarithm.
         float* row = st.row(y).data();
         const Eigen::Index seen = last - t0 + 1;
-        const float m = Eigen::Map<const Eigen::ArrayXf>(row, seen).maxCoeff();
-        if (m > mx[yy]) rise(y, m);
-        sums[yy] += exp_shift(row, nullptr, seen, mx[yy]);
+        sm.add(y, row, nullptr, seen);
         std::fill(row + seen, row + tail, 0.0f);
-        inv_sum[yy] = 1.0 / sums[yy].sum;
-        const double lse_q = mx[yy] + std::log(sums[yy].sum);
-        const double div = sums[yy].shift / sums[yy].sum + w.lse[qi](i) - lse_q;
+        inv_sum[yy] = 1.0 / sm.sums[yy].sum;
+        const double div = sm.kl(y, w.lse[qi](i));
         const auto ii = static_cast<std::size_t>(i);
         out.recall[qi][ii] = std::clamp(mass, 1e-30, 1.0);
         out.kl[qi][ii] = std::max(div, 0.0);
@@ -252,10 +285,7 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
       const auto qi = static_cast<std::size_t>(kv * G + r);
       for (std::int64_t x = 0; x < rows; ++x) {
         const std::int64_t i = i0 + x, y = r * rows + x;
-        const auto full = w.out[qi].row(i);
-        const double norm = full.squaredNorm();
-        const auto got = o.row(y) * static_cast<float>(inv_sum[static_cast<std::size_t>(y)]);
-        out.err[qi][static_cast<std::size_t>(i)] = norm > 0 ? std::sqrt((got - full).squaredNorm() / norm) : 0.0;
+        out.err[qi][static_cast<std::size_t>(i)] = relative_error(o.row(y), inv_sum[static_cast<std::size_t>(y)], w.out[qi].row(i));
       }
     }
   }

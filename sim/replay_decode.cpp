@@ -7,67 +7,65 @@
 
 namespace kvsim::replay_detail {
 
-// Decode-time policies: the cache changes every step, so each evaluation row is scored against
-// its own kept set. Softmax restricted to the cache is the full softmax renormalised over it,
-// so the shared full attention still serves. Two phases: (1) walk the steps, gathering the
-// weights the policy reads and logging its evictions; (2) compute the outputs in blocks of
-// steps with one GEMM per block over the set at the block's start (on the smaller side), then
-// correct each row for the few tokens evicted earlier in the same block. Tokens that join
-// later in the block need no correction: causality already gives them zero weight.
-void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
-                   DecodeState& state, Accumulator& a) {
-  const std::int64_t budget_tokens = b.tokens;
+namespace {
+
+// What phase 1 leaves for phase 2: evicted[i][kv], the tokens dropped after step i; recall[qh][i],
+// the attention mass row i keeps.
+struct DecodeWalk {
+  std::vector<std::vector<std::vector<std::int32_t>>> evicted;
+  std::vector<std::vector<double>> recall;
+};
+
+// Phase 1: the policy's walk from the cache `walk` holds at the compression point.
+DecodeWalk policy_walk(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, DecodeState& state,
+                       kvcache::LayerIndex& walk, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads;
+  const std::int64_t E = w.E, budget_tokens = b.tokens;
+  DecodeWalk out;
+  out.evicted.resize(static_cast<std::size_t>(E));
+  out.recall.assign(static_cast<std::size_t>(Hq), std::vector<double>(static_cast<std::size_t>(E)));
+  auto& evicted = out.evicted;
+  auto& recall = out.recall;
+  // On the token-step clock: at each decode step the token joins and its query attends over
+  // the cache (priority 0), then the policy evicts (priority 1).
+  enum Priority { kAttend = 0, kEvict = 1 };
+  EventQueue<std::int64_t> clock;
+  std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
+  auto attend = [&](std::int64_t i) {
+    kvcache::append_token(walk, static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
+    const std::vector<double> mass = cache_weights(w, i, walk.tokens, weights, state.needs_attention());
+    for (int qh = 0; qh < Hq; ++qh) recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = mass[static_cast<std::size_t>(qh)];
+  };
+  auto evict = [&](std::int64_t i) {
+    const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
+    auto& ev = evicted[static_cast<std::size_t>(i)];
+    ev.assign(static_cast<std::size_t>(Hkv), {});
+    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] { return signals_over(w, walk.tokens, t + 1); };
+    DecodeStep step{t, walk.tokens, weights, budget_tokens, segment_of(w, t)};
+    step.signals = &signals;
+    state.step(step, ev);
+    kvcache::apply_evictions(cfg.policy, ev, t, b.rows_after_step(), walk, nullptr);
+    for (const auto& evicted_kv : ev)
+      for (const auto j : evicted_kv) a.mix(static_cast<std::uint64_t>(j) + 1);
+    const std::int64_t size = walk.rows();
+    a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
+  };
+  for (std::int64_t i = 0; i < E; ++i) {
+    const std::int64_t t = w.eval_tokens[static_cast<std::size_t>(i)];
+    clock.schedule(t, kAttend, [&, i] { attend(i); });
+    clock.schedule(t, kEvict, [&, i] { evict(i); });
+  }
+  clock.run();
+  return out;
+}
+
+// Phase 2: each row's relative output error, block by block, from the walk's evictions.
+std::vector<std::vector<double>> block_errors(const LayerWork& w, const std::vector<std::vector<std::int32_t>>& initial,
+                                              const DecodeWalk& dw) {
   const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, G = w.g.group(), d = w.g.head_dim;
   const std::int64_t c = w.c, E = w.E;
-  if (E != w.T - c)
-    throw Error("policy " + cfg.policy + " evicts at every decode step and needs the query of every token after the "
-                "compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
-                "; capture with all decode-step queries");
-  kvcache::LayerIndex walk = kvcache::LayerIndex::prefix(Hkv, c);
-  kvcache::apply_plan(cfg, plan, w.g, walk, nullptr);
-  const std::vector<std::vector<std::int32_t>> initial = walk.tokens;
-  for (const auto& t : initial) {
-    a.kept += static_cast<std::int64_t>(t.size());
-    a.mix(t.size());
-  }
-
-  // Phase 1: the policy's walk. evicted[i][kv]: tokens dropped after step i.
-  std::vector<std::vector<std::vector<std::int32_t>>> evicted(static_cast<std::size_t>(E));
-  std::vector<std::vector<double>> recall(static_cast<std::size_t>(Hq), std::vector<double>(static_cast<std::size_t>(E)));
-  {
-    // On the token-step clock: at each decode step the token joins and its query attends over
-    // the cache (priority 0), then the policy evicts (priority 1).
-    enum Priority { kAttend = 0, kEvict = 1 };
-    EventQueue<std::int64_t> clock;
-    std::vector<std::vector<float>> weights(static_cast<std::size_t>(Hq));
-    auto attend = [&](std::int64_t i) {
-      kvcache::append_token(walk, static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
-      const std::vector<double> mass = cache_weights(w, i, walk.tokens, weights, state.needs_attention());
-      for (int qh = 0; qh < Hq; ++qh) recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = mass[static_cast<std::size_t>(qh)];
-    };
-    auto evict = [&](std::int64_t i) {
-      const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
-      auto& ev = evicted[static_cast<std::size_t>(i)];
-      ev.assign(static_cast<std::size_t>(Hkv), {});
-      const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] { return signals_over(w, walk.tokens, t + 1); };
-      DecodeStep step{t, walk.tokens, weights, budget_tokens, segment_of(w, t)};
-      step.signals = &signals;
-      state.step(step, ev);
-      kvcache::apply_evictions(cfg.policy, ev, t, b.rows_after_step(), walk, nullptr);
-      for (const auto& evicted_kv : ev)
-        for (const auto j : evicted_kv) a.mix(static_cast<std::uint64_t>(j) + 1);
-      const std::int64_t size = walk.rows();
-      a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(size);
-    };
-    for (std::int64_t i = 0; i < E; ++i) {
-      const std::int64_t t = w.eval_tokens[static_cast<std::size_t>(i)];
-      clock.schedule(t, kAttend, [&, i] { attend(i); });
-      clock.schedule(t, kEvict, [&, i] { evict(i); });
-    }
-    clock.run();
-  }
-
-  // Phase 2: outputs, block by block.
+  const auto& evicted = dw.evicted;
+  const auto& recall = dw.recall;
   constexpr std::int64_t kBlock = 16;
   thread_local FloatBuffer wbuf, vbuf, rbuf;
   std::vector<std::vector<double>> err(static_cast<std::size_t>(Hq), std::vector<double>(static_cast<std::size_t>(E)));
@@ -136,6 +134,37 @@ void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWo
       }
     }
   }
+  return err;
+}
+
+}  // namespace
+
+// Decode-time policies: the cache changes every step, so each evaluation row is scored against
+// its own kept set. Softmax restricted to the cache is the full softmax renormalised over it,
+// so the shared full attention still serves. Two phases: (1) walk the steps, gathering the
+// weights the policy reads and logging its evictions; (2) compute the outputs in blocks of
+// steps with one GEMM per block over the set at the block's start (on the smaller side), then
+// correct each row for the few tokens evicted earlier in the same block. Tokens that join
+// later in the block need no correction: causality already gives them zero weight.
+void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
+                   DecodeState& state, Accumulator& a) {
+  const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads;
+  const std::int64_t c = w.c, E = w.E;
+  if (E != w.T - c)
+    throw Error("policy " + cfg.policy + " evicts at every decode step and needs the query of every token after the "
+                "compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
+                "; capture with all decode-step queries");
+  kvcache::LayerIndex walk = kvcache::LayerIndex::prefix(Hkv, c);
+  kvcache::apply_plan(cfg, plan, w.g, walk, nullptr);
+  const std::vector<std::vector<std::int32_t>> initial = walk.tokens;
+  for (const auto& t : initial) {
+    a.kept += static_cast<std::int64_t>(t.size());
+    a.mix(t.size());
+  }
+
+  const DecodeWalk dw = policy_walk(cfg, b, w, state, walk, a);
+  const std::vector<std::vector<double>> err = block_errors(w, initial, dw);
+  const auto& recall = dw.recall;
   for (std::int64_t i = 0; i < E; ++i)
     for (int qh = 0; qh < Hq; ++qh)
       a.add_row(w.layer, qh, recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)],

@@ -214,17 +214,16 @@ std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayCon
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& progress) {
-  if (spec.traces.empty()) throw Error("no trace files given");
-  if (spec.out_csv.empty()) throw Error("no output file given (--out results.csv)");
-  if (spec.shards < 1 || spec.shard < 0 || spec.shard >= spec.shards)
-    throw Error("--shard " + std::to_string(spec.shard) + "/" + std::to_string(spec.shards) + ": expected 0 <= i < n");
-  const std::vector<ReplayConfig> configs = expand_configs(spec);
+namespace {
+
+// Every trace of the sweep opened (each walked in a child first, traces/trace_probe.h: a file
+// that crashes HDF5 stops the sweep naming it, before any in-process read) and checked: requests
+// to replay, one model geometry, learned policies kept off their training prompts. Counts the
+// requests into `total`; notes requests without checksums.
+std::vector<std::unique_ptr<TraceReader>> open_traces(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
+                                                      std::ostream& progress, std::int64_t& total) {
   std::vector<std::unique_ptr<TraceReader>> readers;
-  std::int64_t total_requests = 0;
   for (const auto& path : spec.traces) {
-    // The open walks the file in a child first (traces/trace_probe.h): a file that crashes HDF5
-    // stops the sweep with a message naming it, before any in-process read.
     readers.push_back(std::make_unique<TraceReader>(path));
     const TraceReader& r = *readers.back();
     if (r.request_ids().empty())
@@ -234,7 +233,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
       throw Error(path + ": model geometry (" + geometry_string(r.geometry()) + ") differs from " +
                   spec.traces.front() + " (" + geometry_string(readers.front()->geometry()) +
                   "); one sweep compares configs on one model");
-    total_requests += static_cast<std::int64_t>(r.request_ids().size());  // this shard's share below
+    total += static_cast<std::int64_t>(r.request_ids().size());  // this shard's share below
     const auto unchecked = std::count_if(r.request_ids().begin(), r.request_ids().end(),
                                          [&](const std::string& id) { return !r.checksummed(id); });
     if (unchecked > 0)
@@ -249,15 +248,71 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
       }
   }
 
+  return readers;
+}
+
+// The --estimator file, checked against the traces' layer count and the sweep's mode.
+std::optional<Estimator> sweep_estimator(const SweepSpec& spec, int n_layers) {
   std::optional<Estimator> estimator;
-  if (!spec.estimator.empty()) {
-    estimator = read_estimator(spec.estimator);
-    if (estimator->weights.size() != static_cast<std::size_t>(readers.front()->geometry().n_layers))
-      throw Error(spec.estimator + ": " + std::to_string(estimator->weights.size()) + " layer weights, but the traces' model has " +
-                  std::to_string(readers.front()->geometry().n_layers) + " layers (calibrated on another model?)");
-    if (estimator->mode != mode_name(spec.mode))
-      throw Error(spec.estimator + ": calibrated on " + estimator->mode + " runs, but this sweep is " + mode_name(spec.mode));
+  if (spec.estimator.empty()) return estimator;
+  estimator = read_estimator(spec.estimator);
+  if (estimator->weights.size() != static_cast<std::size_t>(n_layers))
+    throw Error(spec.estimator + ": " + std::to_string(estimator->weights.size()) + " layer weights, but the traces' model has " +
+                std::to_string(n_layers) + " layers (calibrated on another model?)");
+  if (estimator->mode != mode_name(spec.mode))
+    throw Error(spec.estimator + ": calibrated on " + estimator->mode + " runs, but this sweep is " + mode_name(spec.mode));
+  return estimator;
+}
+
+// One replayed request's rows (and detail lines): one write per request, detail first, both
+// flushed, so a kill leaves whole requests or a torn tail that --resume redoes.
+void write_request(const SweepSpec& spec, const std::vector<ReplayConfig>& configs, const std::optional<Estimator>& estimator,
+                   const std::string& trace, const std::string& id, const RequestResult& res, std::ofstream& csv,
+                   std::ofstream& detail) {
+  std::ostringstream rows;  // one write per request: a kill leaves whole requests or a torn tail
+  for (std::size_t p = 0; p < configs.size(); ++p) {
+    const ConfigResult& r = res.configs[p];
+    rows << csv_line({trace, id, mode_name(spec.mode), configs[p].policy, configs[p].params,
+         num(configs[p].budget), std::to_string(r.budget_tokens), num(r.kept_fraction),
+         num(r.mean_recall), num(r.mean_kl), num(r.p95_kl), num(r.mean_err), num(r.p95_err),
+         num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
+         num(r.footprint), num(r.host_bytes), std::to_string(res.eval_queries), std::to_string(r.rows),
+         std::to_string(r.keep_hash), num(r.position_fallback), spec.budget_rule.name(),
+         num(r.decode_peak_bytes), num(r.mean_out_sq),
+         estimator ? num(estimator->predict(r.layer_out_sq, spec.estimator)) : std::string()})
+    << "\n";
+    if (detail.is_open()) {
+      detail << nlohmann::json{{"trace", trace},
+               {"request", id},
+               {"policy", configs[p].label()},
+               {"budget", configs[p].budget},
+               {"layer_recall", r.layer_recall},
+               {"layer_kl", r.layer_kl},
+               {"head_kl", r.head_kl},
+               {"layer_out_err", r.layer_err},
+               {"layer_out_sq", r.layer_out_sq},
+               {"layer_p95_kl", r.layer_p95_kl},
+               {"layer_p95_out_err", r.layer_p95_err}}
+        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << "\n";
+    }
   }
+  if (detail.is_open()) detail.flush();  // detail first: resume redoes a request whose detail is torn
+  csv << rows.str();
+  csv.flush();  // a finished request is never lost
+}
+
+}  // namespace
+
+std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& progress) {
+  if (spec.traces.empty()) throw Error("no trace files given");
+  if (spec.out_csv.empty()) throw Error("no output file given (--out results.csv)");
+  if (spec.shards < 1 || spec.shard < 0 || spec.shard >= spec.shards)
+    throw Error("--shard " + std::to_string(spec.shard) + "/" + std::to_string(spec.shards) + ": expected 0 <= i < n");
+  const std::vector<ReplayConfig> configs = expand_configs(spec);
+  std::int64_t total_requests = 0;
+  const std::vector<std::unique_ptr<TraceReader>> readers = open_traces(spec, configs, progress, total_requests);
+  const std::optional<Estimator> estimator = sweep_estimator(spec, readers.front()->geometry().n_layers);
   const std::string config_line = "# config: " + sweep_config_json(spec, configs, total_requests);
   if (spec.shards > 1) total_requests = (total_requests - spec.shard + spec.shards - 1) / spec.shards;
   ResumeState state, detail_state;
@@ -311,37 +366,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
                  << " " << id << ", " << configs.size() << " configs)" << (tty ? "   " : "\n") << std::flush;
       }
       const RequestResult res = replayer.replay(id);
-      std::ostringstream rows;  // one write per request: a kill leaves whole requests or a torn tail
-      for (std::size_t p = 0; p < configs.size(); ++p) {
-        const ConfigResult& r = res.configs[p];
-        rows << csv_line({spec.traces[t], id, mode_name(spec.mode), configs[p].policy, configs[p].params,
-                         num(configs[p].budget), std::to_string(r.budget_tokens), num(r.kept_fraction),
-                         num(r.mean_recall), num(r.mean_kl), num(r.p95_kl), num(r.mean_err), num(r.p95_err),
-                         num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
-                         num(r.footprint), num(r.host_bytes), std::to_string(res.eval_queries), std::to_string(r.rows),
-                         std::to_string(r.keep_hash), num(r.position_fallback), spec.budget_rule.name(),
-                         num(r.decode_peak_bytes), num(r.mean_out_sq),
-                         estimator ? num(estimator->predict(r.layer_out_sq, spec.estimator)) : std::string()})
-            << "\n";
-        if (detail.is_open()) {
-          detail << nlohmann::json{{"trace", spec.traces[t]},
-                                   {"request", id},
-                                   {"policy", configs[p].label()},
-                                   {"budget", configs[p].budget},
-                                   {"layer_recall", r.layer_recall},
-                                   {"layer_kl", r.layer_kl},
-                                   {"head_kl", r.head_kl},
-                                   {"layer_out_err", r.layer_err},
-                                   {"layer_out_sq", r.layer_out_sq},
-                                   {"layer_p95_kl", r.layer_p95_kl},
-                                   {"layer_p95_out_err", r.layer_p95_err}}
-                        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                 << "\n";
-        }
-      }
-      if (detail.is_open()) detail.flush();  // detail first: resume redoes a request whose detail is torn
-      csv << rows.str();
-      csv.flush();  // a finished request is never lost
+      write_request(spec, configs, estimator, spec.traces[t], id, res, csv, detail);
     }
   }
   if (tty) progress << "\n";

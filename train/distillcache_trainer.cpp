@@ -114,10 +114,7 @@ std::vector<double> layer_weights(const std::string& estimator, int layers, Repl
   return e.weights;
 }
 
-}  // namespace
-
-learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
-                                         std::ostream& progress) {
+void check_options(const DistillCacheOptions& o) {
   if (o.reward != "trace" && o.reward != "live") throw Error("train distillcache: --reward is '" + o.reward + "'; expected trace or live");
   if (o.episodes < 1 || o.samples < 2 || !(o.lr > 0) || !(o.temperature > 0) || o.budgets.empty())
     throw Error("train distillcache: --episodes >= 1, --samples >= 2 (the baseline is the other samples), --lr and "
@@ -127,9 +124,12 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   if (o.reward == "live" && (o.model.empty() || o.tasks.empty()))
     throw Error("train distillcache: --reward live needs --model (the GGUF the traces were captured from) and --tasks "
                 "(the task file of their requests)");
-  const ModelGeometry& g = set.geometry;
-  std::vector<const HeadSample*> fit, held;
-  split_held_out(set, fit, held);
+}
+
+// The scorer training starts from: an --init model's, or a seeded network over the fit samples'
+// feature moments.
+std::shared_ptr<Scorer> initial_scorer(const DistillCacheOptions& o, const std::vector<const HeadSample*>& fit,
+                                       const ModelGeometry& g) {
   auto scorer = std::make_shared<Scorer>();
   if (!o.init.empty()) {
     learned::LearnedModel init = learned::read_learned_model(o.init);
@@ -143,12 +143,100 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     feature_moments(fit, scorer->mean, scorer->sd);
     scorer->net = learned::Mlp(scorer_sizes(o.hidden), o.activation, o.seed);
   }
+  return scorer;
+}
+
+// REINFORCE over one episode's samples: each sampled (layer, head) action's Plackett-Luce log
+// probability, weighted by its layer's advantage over the other samples' mean (leave-one-out),
+// added to `grad`. Counts the actions (and those after the compression point); returns the
+// episode's mean reward.
+double episode_gradient(const Scorer& scorer, const std::vector<std::shared_ptr<const SampledPolicy>>& policies,
+                        const std::vector<std::vector<double>>& reward, double temperature, std::vector<double>& grad,
+                        std::int64_t& actions, std::int64_t& decode_actions) {
+  double mean_reward = 0;
+  for (std::size_t k = 0; k < policies.size(); ++k) {
+    for (double x : reward[k]) mean_reward += x / static_cast<double>(policies.size());
+    const std::vector<Action> taken = policies[k]->take();
+    std::map<int, std::int64_t> point;  // per layer, the compression point: its earliest action
+    for (const Action& a : taken) point.emplace(a.layer, a.tokens);  // sorted by (layer, tokens)
+    for (const Action& a : taken) {
+      ++actions;
+      if (a.tokens > point.at(a.layer)) ++decode_actions;
+      double others = 0;  // leave-one-out baseline: the other samples' reward for this layer
+      for (std::size_t m = 0; m < policies.size(); ++m)
+        if (m != k) others += reward[m][static_cast<std::size_t>(a.layer)];
+      const double adv = reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
+      if (adv == 0) continue;
+      learned::Mlp::Tape tape;
+      const learned::HeadFeatures& f = a.features();
+      const std::vector<double> x = standardized(f.x, f.tokens, scorer.mean, scorer.sd);
+      const std::vector<double> s = scorer.net.forward(x.data(), f.tokens, &tape);
+      std::vector<double> dlp;
+      pl_log_prob(s, a.chosen, temperature, &dlp);
+      for (double& v : dlp) v *= -adv / static_cast<double>(policies.size());  // minimise -A log pi
+      scorer.net.backward(tape, dlp.data(), grad);
+    }
+  }
+  return mean_reward;
+}
+
+// The trace's weighted estimate for the greedy policy (top tokens by score) of the initial and of
+// the final scorer, at budget b, averaged over the `eval` requests.
+std::pair<double, double> greedy_estimates(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
+                                           const std::vector<std::unique_ptr<TraceReader>>& readers,
+                                           const std::vector<double>& weights, const std::vector<int>& eval, double b,
+                                           const std::shared_ptr<const Scorer>& initial,
+                                           const std::shared_ptr<const Scorer>& final_scorer) {
+  double before = 0, after = 0;
+  for (int r : eval) {
+    const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
+    const std::vector<ReplayConfig> configs = {
+        {"distillcache-initial", "", std::make_shared<const SampledPolicy>(initial, 1.0, 0, true), b},
+        {"distillcache-final", "", std::make_shared<const SampledPolicy>(final_scorer, 1.0, 0, true), b}};
+    const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
+    for (int l = 0; l < set.geometry.n_layers; ++l) {
+      before += weights[static_cast<std::size_t>(l)] * res.configs[0].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
+      after += weights[static_cast<std::size_t>(l)] * res.configs[1].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
+    }
+  }
+  return {before, after};
+}
+
+// What the model file records of how it was trained.
+std::string hyperparameters(const DistillCacheOptions& o, const std::vector<int>& sizes) {
+  return nlohmann::json{{"hidden", sizes},
+                        {"episodes", o.episodes},
+                        {"samples", o.samples},
+                        {"lr", o.lr},
+                        {"temperature", o.temperature},
+                        {"budgets", o.budgets},
+                        {"reward", o.reward},
+                        {"estimator", o.estimator},
+                        {"init", o.init},
+                        {"max_new", o.max_new},
+                        {"budget_semantics", o.rule.name()}}
+      .dump();
+}
+
+// The distinct requests of the samples, in their order.
+std::vector<int> requests_of(const std::vector<const HeadSample*>& samples) {
+  std::vector<int> out;
+  for (const HeadSample* h : samples)
+    if (out.empty() || out.back() != h->request) out.push_back(h->request);
+  return out;
+}
+
+}  // namespace
+
+learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
+                                         std::ostream& progress) {
+  check_options(o);
+  const ModelGeometry& g = set.geometry;
+  std::vector<const HeadSample*> fit, held;
+  split_held_out(set, fit, held);
+  const std::shared_ptr<Scorer> scorer = initial_scorer(o, fit, g);
   const auto initial = std::make_shared<const Scorer>(*scorer);
-  std::vector<int> fit_requests, held_requests;
-  for (const HeadSample* h : fit)
-    if (fit_requests.empty() || fit_requests.back() != h->request) fit_requests.push_back(h->request);
-  for (const HeadSample* h : held)
-    if (held_requests.empty() || held_requests.back() != h->request) held_requests.push_back(h->request);
+  const std::vector<int> fit_requests = requests_of(fit), held_requests = requests_of(held);
 
   if (fit_requests.empty()) throw Error("train distillcache: no requests to train on");
   std::vector<std::unique_ptr<TraceReader>> readers;
@@ -201,30 +289,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
       policies.push_back(std::make_shared<const SampledPolicy>(now, o.temperature, splitmix64(o.seed ^ splitmix64(static_cast<std::uint64_t>(ep)) ^ splitmix64(~static_cast<std::uint64_t>(k))), false));
     const auto reward = run_samples(order[pos], budget, policies);
     grad.assign(scorer->net.params().size(), 0.0);
-    double mean_reward = 0;
-    for (std::size_t k = 0; k < policies.size(); ++k) {
-      for (double x : reward[k]) mean_reward += x / static_cast<double>(policies.size());
-      const std::vector<Action> taken = policies[k]->take();
-      std::map<int, std::int64_t> point;  // per layer, the compression point: its earliest action
-      for (const Action& a : taken) point.emplace(a.layer, a.tokens);  // sorted by (layer, tokens)
-      for (const Action& a : taken) {
-        ++actions;
-        if (a.tokens > point.at(a.layer)) ++decode_actions;
-        double others = 0;  // leave-one-out baseline: the other samples' reward for this layer
-        for (std::size_t m = 0; m < policies.size(); ++m)
-          if (m != k) others += reward[m][static_cast<std::size_t>(a.layer)];
-        const double adv = reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
-        if (adv == 0) continue;
-        learned::Mlp::Tape tape;
-        const learned::HeadFeatures& f = a.features();
-        const std::vector<double> x = standardized(f.x, f.tokens, scorer->mean, scorer->sd);
-        const std::vector<double> s = scorer->net.forward(x.data(), f.tokens, &tape);
-        std::vector<double> dlp;
-        pl_log_prob(s, a.chosen, o.temperature, &dlp);
-        for (double& v : dlp) v *= -adv / static_cast<double>(policies.size());  // minimise -A log pi
-        scorer->net.backward(tape, dlp.data(), grad);
-      }
-    }
+    const double mean_reward = episode_gradient(*scorer, policies, reward, o.temperature, grad, actions, decode_actions);
     adam.step(scorer->net.params(), grad);
     curve.step.push_back(static_cast<double>(ep));
     curve.value.push_back(mean_reward);
@@ -244,18 +309,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   const std::vector<int>& eval = held_requests.empty() ? fit_requests : held_requests;
   const auto final_scorer = std::make_shared<const Scorer>(*scorer);
   for (double b : o.budgets) {
-    double before = 0, after = 0;
-    for (int r : eval) {
-      const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
-      const std::vector<ReplayConfig> configs = {
-          {"distillcache-initial", "", std::make_shared<const SampledPolicy>(initial, 1.0, 0, true), b},
-          {"distillcache-final", "", std::make_shared<const SampledPolicy>(final_scorer, 1.0, 0, true), b}};
-      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
-      for (int l = 0; l < g.n_layers; ++l) {
-        before += weights[static_cast<std::size_t>(l)] * res.configs[0].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
-        after += weights[static_cast<std::size_t>(l)] * res.configs[1].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
-      }
-    }
+    const auto [before, after] = greedy_estimates(set, in, o, readers, weights, eval, b, initial, final_scorer);
     const std::string k = std::to_string(static_cast<int>(std::lround(b * 100)));
     results["estimate_initial_" + k] = before;
     results["estimate_final_" + k] = after;
@@ -266,18 +320,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
 
   learned::LearnedModel m =
       scorer_model("distillcache", set, scorer->net, scorer->mean, scorer->sd, std::move(curve), o.seed);
-  m.provenance.hyperparameters = nlohmann::json{{"hidden", m.network.sizes()},
-                                                {"episodes", o.episodes},
-                                                {"samples", o.samples},
-                                                {"lr", o.lr},
-                                                {"temperature", o.temperature},
-                                                {"budgets", o.budgets},
-                                                {"reward", o.reward},
-                                                {"estimator", o.estimator},
-                                                {"init", o.init},
-                                                {"max_new", o.max_new},
-                                                {"budget_semantics", o.rule.name()}}
-                                     .dump();
+  m.provenance.hyperparameters = hyperparameters(o, m.network.sizes());
   m.results = results.dump();
   return m;
 }

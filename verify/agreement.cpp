@@ -87,6 +87,44 @@ double kendall_tau_b(const std::vector<double>& a0, const std::vector<double>& b
   return denom > 0 ? (concordant - discordant) / denom : kNaN;
 }
 
+namespace {
+
+// The k smallest of v (NaN last), as indices.
+std::set<std::size_t> top_indices(const std::vector<double>& v, int k) {
+  std::vector<std::size_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+    if (std::isnan(v[a]) || std::isnan(v[b])) return !std::isnan(v[a]) && std::isnan(v[b]);
+    return v[a] < v[b];
+  });
+  return std::set<std::size_t>(idx.begin(), idx.begin() + k);
+}
+
+// Spearman within each budget group of configs (ranking policies at one budget): the mean over
+// groups where it is defined, and the worst.
+std::pair<double, double> within_budget_spearman(const std::vector<double>& x, const std::vector<double>& live_kl,
+                                                 const std::vector<double>& budgets) {
+  double sum = 0, worst = kNaN;
+  int groups = 0;
+  for (double b : std::set<double>(budgets.begin(), budgets.end())) {
+    std::vector<double> xb, yb;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (budgets[i] == b) {
+        xb.push_back(x[i]);
+        yb.push_back(live_kl[i]);
+      }
+    const double r = spearman(xb, yb);
+    if (std::isfinite(r)) {
+      sum += r;
+      ++groups;
+      worst = std::isfinite(worst) ? std::min(worst, r) : r;
+    }
+  }
+  return {groups ? sum / groups : kNaN, worst};
+}
+
+}  // namespace
+
 AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vector<LiveRow>& live,
                           const std::vector<std::string>& all_metrics, int top_k, const std::vector<std::string>& exclude,
                           int wider_k) {
@@ -147,16 +185,7 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
     task.push_back(s.n_task ? s.task / s.n_task : kNaN);
     budgets.push_back(std::get<2>(key));
   }
-  auto top = [&](const std::vector<double>& v, int k) {
-    std::vector<std::size_t> idx(v.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
-      if (std::isnan(v[a]) || std::isnan(v[b])) return !std::isnan(v[a]) && std::isnan(v[b]);  // NaN last
-      return v[a] < v[b];
-    });
-    return std::set<std::size_t>(idx.begin(), idx.begin() + k);
-  };
-  const auto live_top = top(live_kl, rep.top_k);
+  const auto live_top = top_indices(live_kl, rep.top_k);
   for (const auto& m : metrics) {
     std::vector<double> x;
     for (const auto& [key, s] : by_config) x.push_back(s.offline.at(m) / s.n);
@@ -166,25 +195,8 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
     row.kendall_kl = kendall_tau_b(x, live_kl);
     row.spearman_task = spearman(x, task);
     row.kendall_task = kendall_tau_b(x, task);
-    double sum = 0, worst = kNaN;
-    int groups = 0;
-    for (double b : std::set<double>(budgets.begin(), budgets.end())) {
-      std::vector<double> xb, yb;
-      for (std::size_t i = 0; i < x.size(); ++i)
-        if (budgets[i] == b) {
-          xb.push_back(x[i]);
-          yb.push_back(live_kl[i]);
-        }
-      const double r = spearman(xb, yb);
-      if (std::isfinite(r)) {
-        sum += r;
-        ++groups;
-        worst = std::isfinite(worst) ? std::min(worst, r) : r;
-      }
-    }
-    row.within_budget_spearman_kl = groups ? sum / groups : kNaN;
-    row.within_budget_min_spearman_kl = worst;
-    const auto off_top = top(x, rep.top_k), off_wider = top(x, rep.wider_k);
+    std::tie(row.within_budget_spearman_kl, row.within_budget_min_spearman_kl) = within_budget_spearman(x, live_kl, budgets);
+    const auto off_top = top_indices(x, rep.top_k), off_wider = top_indices(x, rep.wider_k);
     int hit = 0, wide = 0;
     for (auto i : live_top) {
       hit += off_top.count(i) ? 1 : 0;

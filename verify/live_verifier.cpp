@@ -24,12 +24,13 @@ void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, C
     for (auto& index : cs.index)
       for (std::int64_t j = b; j < e; ++j) kvcache::append_token(index, static_cast<std::int32_t>(j));
     if (e == s.c || std::find(cuts.begin(), cuts.end(), e) == cuts.end()) continue;
+    const std::int64_t at = e;  // (a structured binding: not capturable by a lambda in C++17 clang)
     for (int l = 0; l < g.n_layers; ++l) {
       const auto li = static_cast<std::size_t>(l);
       if (!compresses[li]) continue;
       kvcache::cut_if_over(cfg, cs.budget, cs.index[li], cs.rows[li].get(), [&](const auto& f) {
         const auto view = live_view(s, l, std::as_const(model).cache().layers[li], true);
-        f(CacheSignals(s.where, g, l, e, tokens_of(s.header), cs.queries[li], *view));
+        f(CacheSignals(s.where, g, l, at, tokens_of(s.header), cs.queries[li], *view));
       });
     }
   }

@@ -121,6 +121,69 @@ BudgetRule sweep_budget_rule(const std::string& csv, const nlohmann::json& j) {
 
 }  // namespace
 
+namespace {
+
+// A verify of a sweep's configs runs them as the sweep did: its one mode, its compression
+// schedule and budget semantics (a flag that says otherwise is refused), on its requests.
+void adopt_sweep_settings(const std::string& offline_csv, const std::vector<OfflineRow>& offline, const VerifySpec& spec,
+                          const std::vector<CaptureRequest>& requests, VerifyOptions& live) {
+  std::set<std::string> modes;
+  for (const auto& r : offline) modes.insert(r.mode);
+  if (modes.size() != 1) throw Error(offline_csv + ": rows of several modes; verify one mode at a time");
+  const ReplayMode mode = parse_mode(*modes.begin());
+  if (spec.mode_given && mode != live.mode)
+    throw Error(offline_csv + ": the sweep ran " + mode_name(mode) + ", but --mode is " + mode_name(live.mode));
+  live.mode = mode;
+  const nlohmann::json sweep = sweep_config(offline_csv);
+  const std::int64_t every = sweep_compress_every(offline_csv, sweep);
+  if (spec.compress_every_given && every != live.compress_every)
+    throw Error(offline_csv + ": the sweep cut the cache every " + std::to_string(every) +
+                " prompt tokens (compress_every in its config), but --compress-every is " +
+                std::to_string(live.compress_every));
+  live.compress_every = every;
+  const BudgetRule rule = sweep_budget_rule(offline_csv, sweep);
+  if (spec.budget_rule_given && rule.name() != live.budget_rule.name())
+    throw Error(offline_csv + ": the sweep held its budgets as " + rule.name() +
+                " (budget_semantics in its config), but --budget-semantics/--reapply-every ask for " +
+                live.budget_rule.name());
+  live.budget_rule = rule;
+  std::set<std::string> ids;
+  for (const auto& r : requests) ids.insert(r.id);
+  if (std::none_of(offline.begin(), offline.end(), [&](const OfflineRow& r) { return ids.count(r.request) > 0; }))
+    throw Error(offline_csv + ": none of its requests is in " + spec.tasks_path +
+                " (verify the tasks the sweep's traces were captured from)");
+}
+
+// Per (budget, policy label), the live means the table prints.
+struct LiveMean {
+  double kl = 0, top1 = 0, ppl_ratio = 0, task = 0, kept = 0;
+  int n = 0, n_task = 0;
+};
+
+// The ranked table: per budget, the policies by live KL.
+void print_live_table(const std::map<std::pair<double, std::string>, LiveMean>& summary, std::ostream& out) {
+  std::vector<std::pair<std::pair<double, std::string>, LiveMean>> rows(summary.begin(), summary.end());
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.first.first != b.first.first ? a.first.first < b.first.first : a.second.kl / a.second.n < b.second.kl / b.second.n;
+  });
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%-8s%-44s%8s%10s%8s%10s%8s%6s\n", "budget", "policy (live)", "kept", "KL", "top1",
+                "ppl/ref", "task", "reqs");
+  out << buf;
+  double last = -1;
+  for (const auto& [key, m] : rows) {
+    if (key.first != last && last >= 0) out << "\n";
+    last = key.first;
+    std::string label = table_label(key.second);
+    if (label.size() > 42) label = label.substr(0, 39) + "...";
+    std::snprintf(buf, sizeof buf, "%-8.3g%-44s%8.3f%10.4f%8.3f%10.4f%8s%6d\n", key.first, label.c_str(), m.kept / m.n,
+                  m.kl / m.n, m.top1 / m.n, m.ppl_ratio / m.n, m.n_task ? num(m.task / m.n_task).substr(0, 6).c_str() : "-", m.n);
+    out << buf;
+  }
+}
+
+}  // namespace
+
 double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progress) {
   if (!spec.force && std::filesystem::exists(spec.out_csv))
     throw Error(spec.out_csv + ": file exists; refusing to overwrite it (pass --force to replace)");
@@ -133,31 +196,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
     offline = read_sweep_csv(offline_csv);
     if (!spec.offline_detail.empty()) add_sweep_detail(offline, spec.offline_detail);
     fitted_on = apply_estimator_file(offline, spec.estimator, spec.offline_detail);
-    std::set<std::string> modes;
-    for (const auto& r : offline) modes.insert(r.mode);
-    if (modes.size() != 1) throw Error(offline_csv + ": rows of several modes; verify one mode at a time");
-    const ReplayMode mode = parse_mode(*modes.begin());
-    if (spec.mode_given && mode != live.mode)
-      throw Error(offline_csv + ": the sweep ran " + mode_name(mode) + ", but --mode is " + mode_name(live.mode));
-    live.mode = mode;
-    const nlohmann::json sweep = sweep_config(offline_csv);
-    const std::int64_t every = sweep_compress_every(offline_csv, sweep);
-    if (spec.compress_every_given && every != live.compress_every)
-      throw Error(offline_csv + ": the sweep cut the cache every " + std::to_string(every) +
-                  " prompt tokens (compress_every in its config), but --compress-every is " +
-                  std::to_string(live.compress_every));
-    live.compress_every = every;
-    const BudgetRule rule = sweep_budget_rule(offline_csv, sweep);
-    if (spec.budget_rule_given && rule.name() != live.budget_rule.name())
-      throw Error(offline_csv + ": the sweep held its budgets as " + rule.name() +
-                  " (budget_semantics in its config), but --budget-semantics/--reapply-every ask for " +
-                  live.budget_rule.name());
-    live.budget_rule = rule;
-    std::set<std::string> ids;
-    for (const auto& r : requests) ids.insert(r.id);
-    if (std::none_of(offline.begin(), offline.end(), [&](const OfflineRow& r) { return ids.count(r.request) > 0; }))
-      throw Error(offline_csv + ": none of its requests is in " + spec.tasks_path +
-                  " (verify the tasks the sweep's traces were captured from)");
+    adopt_sweep_settings(offline_csv, offline, spec, requests, live);
   }
   std::vector<ReplayConfig> configs;
   if (!spec.from_sweep.empty()) {
@@ -192,11 +231,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   const bool tty = spec.progress && ::isatty(2);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LiveRow> live_rows;
-  struct Mean {
-    double kl = 0, top1 = 0, ppl_ratio = 0, task = 0, kept = 0;
-    int n = 0, n_task = 0;
-  };
-  std::map<std::pair<double, std::string>, Mean> summary;
+  std::map<std::pair<double, std::string>, LiveMean> summary;
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const CaptureRequest& r = requests[i];
     if (spec.progress)
@@ -214,7 +249,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
                        x.generated})
           << "\n";
       live_rows.push_back({r.id, c.policy, c.params, c.budget, x.mean_kl, x.top1, x.task_score});
-      Mean& m = summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}];
+      LiveMean& m = summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}];
       m.kl += x.mean_kl;
       m.top1 += x.top1;
       m.ppl_ratio += x.ppl / res.reference_ppl;
@@ -233,24 +268,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   if (!csv) throw Error(tmp + ": write failed");
   std::filesystem::rename(tmp, spec.out_csv);
 
-  std::vector<std::pair<std::pair<double, std::string>, Mean>> rows(summary.begin(), summary.end());
-  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-    return a.first.first != b.first.first ? a.first.first < b.first.first : a.second.kl / a.second.n < b.second.kl / b.second.n;
-  });
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "%-8s%-44s%8s%10s%8s%10s%8s%6s\n", "budget", "policy (live)", "kept", "KL", "top1",
-                "ppl/ref", "task", "reqs");
-  out << buf;
-  double last = -1;
-  for (const auto& [key, m] : rows) {
-    if (key.first != last && last >= 0) out << "\n";
-    last = key.first;
-    std::string label = table_label(key.second);
-    if (label.size() > 42) label = label.substr(0, 39) + "...";
-    std::snprintf(buf, sizeof buf, "%-8.3g%-44s%8.3f%10.4f%8.3f%10.4f%8s%6d\n", key.first, label.c_str(), m.kept / m.n,
-                  m.kl / m.n, m.top1 / m.n, m.ppl_ratio / m.n, m.n_task ? num(m.task / m.n_task).substr(0, 6).c_str() : "-", m.n);
-    out << buf;
-  }
+  print_live_table(summary, out);
   out << spec.out_csv << ": " << requests.size() << " requests x " << configs.size() << " configs, live in " << seconds
       << " s\n";
   if (!offline.empty()) {

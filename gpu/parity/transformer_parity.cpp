@@ -186,6 +186,153 @@ void decode_rule_parity(CudaTransformer& gpu, const ModelConfig& s, ParityReport
   gpu.set_last_on_host(true);
 }
 
+// A per-query-head cache (each head drops different rows), loaded into both, then a chunk and one
+// decode step.
+void per_query_head_parity(TransformerRef& ref, CudaTransformer& gpu, const ModelConfig& s,
+                           const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& pos, double limit,
+                           ParityReport& r) {
+  const auto P = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t V = s.vocab;
+  ref.reset();
+  ref.forward(tokens, pos, {}, false, false);
+  for (int l = 0; l < s.n_layers; ++l) {
+    std::vector<std::vector<float>> ks(static_cast<std::size_t>(s.n_q_heads)), vs(ks.size());
+    std::vector<HostEntry> entries;
+    for (int h = 0; h < s.n_q_heads; ++h) {
+      const auto K = ref.entry_k(l, h / s.group()), Vv = ref.entry_v(l, h / s.group());
+      const auto d = static_cast<std::size_t>(s.head_dim);
+      for (std::int64_t j = 0; j < P; ++j) {
+        if ((j + h) % 3 == 0 && j != 0) continue;
+        ks[static_cast<std::size_t>(h)].insert(ks[static_cast<std::size_t>(h)].end(), K.begin() + j * d, K.begin() + (j + 1) * d);
+        vs[static_cast<std::size_t>(h)].insert(vs[static_cast<std::size_t>(h)].end(), Vv.begin() + j * d, Vv.begin() + (j + 1) * d);
+      }
+    }
+    for (int h = 0; h < s.n_q_heads; ++h)
+      entries.push_back({static_cast<std::int64_t>(ks[static_cast<std::size_t>(h)].size()) / s.head_dim,
+                         ks[static_cast<std::size_t>(h)].data(), vs[static_cast<std::size_t>(h)].data()});
+    ref.load_layer(l, entries);
+    gpu.load_layer(l, entries);
+  }
+  {
+    // A 5-token chunk (rows see different pasts per entry), then one decode step.
+    const auto more = prompt(5, V, 9);
+    const auto at = iota_from(static_cast<std::int32_t>(P), 5);
+    const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
+    r.value("per-query-head cache: 5-token chunk logits",
+            nmse(gpu.forward(more, at, all_rows, false, false), ref.forward(more, at, all_rows, false, false)), limit);
+    const std::vector<std::int32_t> one = {more[0]}, at1 = {static_cast<std::int32_t>(P + 5)};
+    const auto dr = ref.forward(one, at1, row0, false, true);
+    const auto dg = gpu.forward(one, at1, row0, false, true);
+    r.value("per-query-head cache: decode logits", nmse(dg, dr), limit);
+    r.value("per-query-head cache: last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
+  }
+
+}
+
+// A packed cache (what verify loads after a codec), every entry shape a codec's plans produce
+// (gpu/parity/random_packed.h): packed prefixes of different lengths with fp16 rows after them, an
+// entry with none, layers packed to the last row; int2/4/8 codes, per-token and per-channel
+// pairs, rotated low-rank keys. The floats of packed rows are NaN, so a backend that ignored the
+// packed form would fail every check below. The GPU holds them packed.
+void packed_cache_parity(TransformerRef& ref, CudaTransformer& gpu, const ModelConfig& s,
+                         const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& pos, double limit,
+                         ParityReport& r) {
+  const auto P = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t V = s.vocab;
+  ref.reset();
+  ref.forward(tokens, pos, {}, false, false);
+  {
+    std::mt19937 rng(19);
+    std::vector<PackedLayer> layers;
+    for (int l = 0; l < s.n_layers; ++l) {
+      PackedLayer layer = random_packed_layer(s, l, P, [&](int e, bool keys) {
+        const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
+        return std::vector<float>(x.begin(), x.end());
+      }, rng);
+      if (s.window(l) > 0) {
+        // A sliding-window layer holds fp16 rows only: both backends refuse its packed form.
+        bool ref_refused = false, gpu_refused = false;
+        try {
+          ref.load_layer(l, layer.entries());
+        } catch (const std::invalid_argument&) {
+          ref_refused = true;
+        }
+        try {
+          gpu.load_layer(l, layer.entries());
+        } catch (const std::invalid_argument&) {
+          gpu_refused = true;
+        }
+        r.same("packed cache: layer " + std::to_string(l) + " (sliding window) refuses packed rows", ref_refused && gpu_refused);
+        std::vector<std::vector<float>> ks, vs;  // both then hold the reference's fp16 rows
+        std::vector<HostEntry> plain;
+        for (int e = 0; e < ref.entries(l); ++e) {
+          const auto k = ref.entry_k(l, e), v = ref.entry_v(l, e);
+          ks.emplace_back(k.begin(), k.end());
+          vs.emplace_back(v.begin(), v.end());
+        }
+        for (int e = 0; e < ref.entries(l); ++e)
+          plain.push_back({ref.rows(l, e), ks[static_cast<std::size_t>(e)].data(), vs[static_cast<std::size_t>(e)].data()});
+        ref.load_layer(l, plain);
+        gpu.load_layer(l, plain);
+        continue;
+      }
+      layers.push_back(std::move(layer));
+      const std::vector<HostEntry> entries = layers.back().entries();
+      ref.load_layer(l, entries);
+      gpu.load_layer(l, entries);
+    }
+    r.value("packed cache: rows read back (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+    r.value("packed cache: rows read back (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    double payload = 0, fp16_rows = 0;
+    for (const auto& layer : layers)
+      for (std::size_t e = 0; e < layer.packs.size(); ++e) {
+        if (layer.is_packed[e]) payload += layer.packs[e].payload_bytes();
+        fp16_rows += static_cast<double>(layer.k[e].size()) / s.head_dim - static_cast<double>(layer.is_packed[e] ? layer.packs[e].rows() : 0);
+      }
+    const double fp16 = 2.0 * 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * static_cast<double>(P) * s.head_dim;
+    // A decode step reads the packed prefixes where they are (no unpack scratch), the last-row
+    // weights on the way; a chunk unpacks the layer; then a decode step each way, the unpack path
+    // as a chunk would take it and the fused one over packed prefixes with more fp16 rows after them.
+    const auto more = prompt(8, V, 13);
+    const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
+    auto decode = [&](std::size_t i, std::int32_t at, const std::string& label) {
+      const std::vector<std::int32_t> one = {more[i]}, at1 = {at};
+      const auto dr = ref.forward(one, at1, row0, false, true);
+      const auto dg = gpu.forward(one, at1, row0, false, true);
+      r.value("packed cache: " + label + ": logits", nmse(dg, dr), limit);
+      r.value("packed cache: " + label + ": last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
+    };
+    decode(0, static_cast<std::int32_t>(P), "fused decode");
+    r.same("packed cache: the fused decode made no unpack scratch", gpu.unpack_scratch_bytes() == 0);
+    const std::vector<std::int32_t> chunk(more.begin() + 1, more.begin() + 6);
+    const auto at = iota_from(static_cast<std::int32_t>(P + 1), 5);
+    r.value("packed cache: 5-token chunk logits",
+            nmse(gpu.forward(chunk, at, all_rows, false, false), ref.forward(chunk, at, all_rows, false, false)), limit);
+    char buf[360];
+    std::snprintf(buf, sizeof buf,
+                  "  packed cache on the device: %.1f KB (payload %.1f KB + %.0f fp16 rows, scratch %.1f KB) vs %.1f KB as fp16",
+                  static_cast<double>(gpu.cache_bytes()) / 1e3, payload / 1e3, fp16_rows,
+                  static_cast<double>(gpu.unpack_scratch_bytes()) / 1e3, fp16 / 1e3);
+    r.line(buf);
+    r.same("packed cache: the chunk unpacked through the one-layer scratch", gpu.unpack_scratch_bytes() > 0);
+    gpu.set_packed_decode(PackedDecode::Unpack);
+    decode(6, static_cast<std::int32_t>(P + 6), "unpack-then-attend decode");
+    gpu.set_packed_decode(PackedDecode::Fused);
+    decode(7, static_cast<std::int32_t>(P + 7), "fused decode after the chunk");
+    r.value("packed cache: rows after decoding (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
+    r.value("packed cache: rows after decoding (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    int packed_layer = 0;  // the first layer held packed (sliding-window layers are not)
+    while (packed_layer + 1 < s.n_layers && s.window(packed_layer) > 0) ++packed_layer;
+    bool refused = false;
+    try {
+      gpu.start_rule(packed_layer, DecodeRuleStart{DecodeRule{false, false, HeadCombine::Sum, 1}, {}});
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    r.same("packed cache: a decode rule is refused (it compacts fp16 rows)", refused);
+  }
+}
+
 }  // namespace
 
 void transformer_parity(const std::string& name, const ModelConfig& s, DeviceWeights w, ParityReport& r,
@@ -288,138 +435,8 @@ void transformer_parity(const std::string& name, const ModelConfig& s, DeviceWei
     r.value("long prompt: decode last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
   }
 
-  // A per-query-head cache (each head drops different rows), loaded into both, then one step.
-  ref.reset();
-  ref.forward(tokens, pos, {}, false, false);
-  for (int l = 0; l < s.n_layers; ++l) {
-    std::vector<std::vector<float>> ks(static_cast<std::size_t>(s.n_q_heads)), vs(ks.size());
-    std::vector<HostEntry> entries;
-    for (int h = 0; h < s.n_q_heads; ++h) {
-      const auto K = ref.entry_k(l, h / s.group()), Vv = ref.entry_v(l, h / s.group());
-      const auto d = static_cast<std::size_t>(s.head_dim);
-      for (std::int64_t j = 0; j < P; ++j) {
-        if ((j + h) % 3 == 0 && j != 0) continue;
-        ks[static_cast<std::size_t>(h)].insert(ks[static_cast<std::size_t>(h)].end(), K.begin() + j * d, K.begin() + (j + 1) * d);
-        vs[static_cast<std::size_t>(h)].insert(vs[static_cast<std::size_t>(h)].end(), Vv.begin() + j * d, Vv.begin() + (j + 1) * d);
-      }
-    }
-    for (int h = 0; h < s.n_q_heads; ++h)
-      entries.push_back({static_cast<std::int64_t>(ks[static_cast<std::size_t>(h)].size()) / s.head_dim,
-                         ks[static_cast<std::size_t>(h)].data(), vs[static_cast<std::size_t>(h)].data()});
-    ref.load_layer(l, entries);
-    gpu.load_layer(l, entries);
-  }
-  {
-    // A 5-token chunk (rows see different pasts per entry), then one decode step.
-    const auto more = prompt(5, V, 9);
-    const auto at = iota_from(static_cast<std::int32_t>(P), 5);
-    const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
-    r.value("per-query-head cache: 5-token chunk logits",
-            nmse(gpu.forward(more, at, all_rows, false, false), ref.forward(more, at, all_rows, false, false)), limit);
-    const std::vector<std::int32_t> one = {more[0]}, at1 = {static_cast<std::int32_t>(P + 5)};
-    const auto dr = ref.forward(one, at1, row0, false, true);
-    const auto dg = gpu.forward(one, at1, row0, false, true);
-    r.value("per-query-head cache: decode logits", nmse(dg, dr), limit);
-    r.value("per-query-head cache: last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
-  }
-
-  // A packed cache (what verify loads after a codec), every entry shape a codec's plans produce
-  // (gpu/parity/random_packed.h): packed prefixes of different lengths with fp16 rows after them, an
-  // entry with none, layers packed to the last row; int2/4/8 codes, per-token and per-channel
-  // pairs, rotated low-rank keys. The floats of packed rows are NaN, so a backend that ignored the
-  // packed form would fail every check below. The GPU holds them packed.
-  ref.reset();
-  ref.forward(tokens, pos, {}, false, false);
-  {
-    std::mt19937 rng(19);
-    std::vector<PackedLayer> layers;
-    for (int l = 0; l < s.n_layers; ++l) {
-      PackedLayer layer = random_packed_layer(s, l, P, [&](int e, bool keys) {
-        const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
-        return std::vector<float>(x.begin(), x.end());
-      }, rng);
-      if (s.window(l) > 0) {
-        // A sliding-window layer holds fp16 rows only: both backends refuse its packed form.
-        bool ref_refused = false, gpu_refused = false;
-        try {
-          ref.load_layer(l, layer.entries());
-        } catch (const std::invalid_argument&) {
-          ref_refused = true;
-        }
-        try {
-          gpu.load_layer(l, layer.entries());
-        } catch (const std::invalid_argument&) {
-          gpu_refused = true;
-        }
-        r.same("packed cache: layer " + std::to_string(l) + " (sliding window) refuses packed rows", ref_refused && gpu_refused);
-        std::vector<std::vector<float>> ks, vs;  // both then hold the reference's fp16 rows
-        std::vector<HostEntry> plain;
-        for (int e = 0; e < ref.entries(l); ++e) {
-          const auto k = ref.entry_k(l, e), v = ref.entry_v(l, e);
-          ks.emplace_back(k.begin(), k.end());
-          vs.emplace_back(v.begin(), v.end());
-        }
-        for (int e = 0; e < ref.entries(l); ++e)
-          plain.push_back({ref.rows(l, e), ks[static_cast<std::size_t>(e)].data(), vs[static_cast<std::size_t>(e)].data()});
-        ref.load_layer(l, plain);
-        gpu.load_layer(l, plain);
-        continue;
-      }
-      layers.push_back(std::move(layer));
-      const std::vector<HostEntry> entries = layers.back().entries();
-      ref.load_layer(l, entries);
-      gpu.load_layer(l, entries);
-    }
-    r.value("packed cache: rows read back (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
-    r.value("packed cache: rows read back (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
-    double payload = 0, fp16_rows = 0;
-    for (const auto& layer : layers)
-      for (std::size_t e = 0; e < layer.packs.size(); ++e) {
-        if (layer.is_packed[e]) payload += layer.packs[e].payload_bytes();
-        fp16_rows += static_cast<double>(layer.k[e].size()) / s.head_dim - static_cast<double>(layer.is_packed[e] ? layer.packs[e].rows() : 0);
-      }
-    const double fp16 = 2.0 * 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * static_cast<double>(P) * s.head_dim;
-    // A decode step reads the packed prefixes where they are (no unpack scratch), the last-row
-    // weights on the way; a chunk unpacks the layer; then a decode step each way, the unpack path
-    // as a chunk would take it and the fused one over packed prefixes with more fp16 rows after them.
-    const auto more = prompt(8, V, 13);
-    const std::vector<std::int64_t> all_rows = {0, 1, 2, 3, 4}, row0 = {0};
-    auto decode = [&](std::size_t i, std::int32_t at, const std::string& label) {
-      const std::vector<std::int32_t> one = {more[i]}, at1 = {at};
-      const auto dr = ref.forward(one, at1, row0, false, true);
-      const auto dg = gpu.forward(one, at1, row0, false, true);
-      r.value("packed cache: " + label + ": logits", nmse(dg, dr), limit);
-      r.value("packed cache: " + label + ": last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
-    };
-    decode(0, static_cast<std::int32_t>(P), "fused decode");
-    r.same("packed cache: the fused decode made no unpack scratch", gpu.unpack_scratch_bytes() == 0);
-    const std::vector<std::int32_t> chunk(more.begin() + 1, more.begin() + 6);
-    const auto at = iota_from(static_cast<std::int32_t>(P + 1), 5);
-    r.value("packed cache: 5-token chunk logits",
-            nmse(gpu.forward(chunk, at, all_rows, false, false), ref.forward(chunk, at, all_rows, false, false)), limit);
-    char buf[360];
-    std::snprintf(buf, sizeof buf,
-                  "  packed cache on the device: %.1f KB (payload %.1f KB + %.0f fp16 rows, scratch %.1f KB) vs %.1f KB as fp16",
-                  static_cast<double>(gpu.cache_bytes()) / 1e3, payload / 1e3, fp16_rows,
-                  static_cast<double>(gpu.unpack_scratch_bytes()) / 1e3, fp16 / 1e3);
-    r.line(buf);
-    r.same("packed cache: the chunk unpacked through the one-layer scratch", gpu.unpack_scratch_bytes() > 0);
-    gpu.set_packed_decode(PackedDecode::Unpack);
-    decode(6, static_cast<std::int32_t>(P + 6), "unpack-then-attend decode");
-    gpu.set_packed_decode(PackedDecode::Fused);
-    decode(7, static_cast<std::int32_t>(P + 7), "fused decode after the chunk");
-    r.value("packed cache: rows after decoding (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
-    r.value("packed cache: rows after decoding (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
-    int packed_layer = 0;  // the first layer held packed (sliding-window layers are not)
-    while (packed_layer + 1 < s.n_layers && s.window(packed_layer) > 0) ++packed_layer;
-    bool refused = false;
-    try {
-      gpu.start_rule(packed_layer, DecodeRuleStart{DecodeRule{false, false, HeadCombine::Sum, 1}, {}});
-    } catch (const std::invalid_argument&) {
-      refused = true;
-    }
-    r.same("packed cache: a decode rule is refused (it compacts fp16 rows)", refused);
-  }
+  per_query_head_parity(ref, gpu, s, tokens, pos, limit, r);
+  packed_cache_parity(ref, gpu, s, tokens, pos, limit, r);
   decode_rule_parity(gpu, s, r);
 }
 
