@@ -14,6 +14,7 @@
 #include "fuzz/fuzz_input.h"
 #include "fuzz/small_trace.h"
 #include "policies/registry.h"
+#include "fuzz/quiet_sweep.h"
 #include "sim/sweep.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -34,15 +35,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string budgets = nl == std::string::npos ? "0.3" : input.substr(nl + 1);
   if (const std::size_t end = budgets.find('\n'); end != std::string::npos) budgets.resize(end);
   try {
-    kvsim::SweepSpec spec;
-    spec.traces = {kvsim::fuzz::small_trace()};
-    spec.policies = kvsim::cli::split_policies(input.substr(0, nl));
-    spec.budgets = kvsim::cli::parse_budgets(budgets);
+    const kvsim::SweepSpec spec =
+        kvsim::fuzz::quiet_sweep({kvsim::fuzz::small_trace()}, kvsim::cli::split_policies(input.substr(0, nl)),
+                                 kvsim::cli::parse_budgets(budgets), "policy_spec.csv");
     if (spec.policies.size() > 8 || spec.budgets.size() > 8) return 0;  // keep each execution short
-    spec.out_csv = kvsim::fuzz::output_file("policy_spec.csv");
-    spec.progress = false;
-    std::ostringstream progress;
-    (void)kvsim::run_sweep(spec, progress);
+    kvsim::fuzz::run_quiet(spec);
   } catch (const kvsim::Error&) {
   }
   return 0;

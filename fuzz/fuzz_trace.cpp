@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "fuzz/fuzz_input.h"
+#include "fuzz/quiet_sweep.h"
 #include "sim/sweep.h"
 #include "traces/trace_check.h"
 
@@ -25,14 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const kvsim::Error&) {
   }
   try {
-    kvsim::SweepSpec spec;
-    spec.traces = {path};
-    spec.policies = {"snapkv:window=4", "h2o", "kivi"};
-    spec.budgets = {0.5};
-    spec.out_csv = kvsim::fuzz::output_file("trace_sweep.csv");
-    spec.progress = false;
-    std::ostringstream progress;
-    (void)kvsim::run_sweep(spec, progress);
+    kvsim::fuzz::run_quiet(kvsim::fuzz::quiet_sweep({path}, {"snapkv:window=4", "h2o", "kivi"}, {0.5}, "trace_sweep.csv"));
   } catch (const kvsim::Error&) {
   }
   // Every file, dataset, attribute and type kvsim opened is closed again, on every error path

@@ -11,7 +11,9 @@ cache="${KVSIM_CACHE:-$HOME/.cache/kvsim}"
 py="$cache/venv/bin/python"
 kvsim="$build/kvsim"
 rm -rf "$out.tmp" && mkdir -p "$out.tmp"
-for t in fuzz_gguf fuzz_trace fuzz_requests fuzz_mooncake fuzz_sweep_resume fuzz_policy_spec; do mkdir -p "$out.tmp/$t"; done
+targets=(fuzz_gguf fuzz_trace fuzz_trace_hdf5 fuzz_requests fuzz_mooncake fuzz_sweep_resume fuzz_policy_spec
+         fuzz_learned_model fuzz_serve_profile fuzz_estimator fuzz_basis fuzz_rlkv_tsv fuzz_verify_csv)
+for t in "${targets[@]}"; do mkdir -p "$out.tmp/$t"; done
 
 for m in SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m; do
   "$py" fuzz/tiny_gguf.py "$cache/models/$m.gguf" "$out.tmp/fuzz_gguf/$m.gguf"
@@ -39,6 +41,17 @@ write_branching_trace(f"{d}/long_prefixes.jsonl", 2, 8, 6, 0, 16)
 write_branching_trace(f"{d}/two.jsonl", 3, 2, 2, 5, 1)
 PY
 
-KVSIM_FUZZ_WRITE_SEEDS="$out.tmp/fuzz_sweep_resume" "$build/fuzz/fuzz_sweep_resume" > /dev/null
-KVSIM_FUZZ_WRITE_SEEDS="$out.tmp/fuzz_policy_spec" "$build/fuzz/fuzz_policy_spec" > /dev/null
+cp "$out.tmp/fuzz_trace/"*.h5 "$out.tmp/fuzz_trace_hdf5/"
+# The smallest traces the writer makes (~40 KB, nearly all HDF5 metadata): what the hostile-trace
+# corpus (fuzz/hostile_traces/) was grown from, so its inputs stay small.
+tiny=(--layers 1 --q-heads 1 --kv-heads 1 --head-dim 16 --vocab 16 --requests 1 --system 1 --context 4 --question 1
+      --generated 1 --needle 1 --ref-topk 1)
+"$kvsim" trace synth -o "$out.tmp/fuzz_trace_hdf5/tiny.h5" "${tiny[@]}" > /dev/null
+"$kvsim" trace synth -o "$out.tmp/fuzz_trace_hdf5/tiny_repeat.h5" "${tiny[@]}" --repeat-pass > /dev/null
+
+# The targets that write their own seeds with kvsim's writers.
+for t in fuzz_sweep_resume fuzz_policy_spec fuzz_learned_model fuzz_serve_profile fuzz_estimator fuzz_basis fuzz_rlkv_tsv \
+         fuzz_verify_csv; do
+  KVSIM_FUZZ_WRITE_SEEDS="$out.tmp/$t" "$build/fuzz/$t" > /dev/null
+done
 rm -rf "$out" && mv "$out.tmp" "$out"

@@ -6,14 +6,17 @@ runtime, with the library it is in. Inputs that no longer fail are reported as f
 usage: fuzz/triage.py BUILD [--fail-outside LIB] [CRASH_FILE...]
   BUILD: a KVSIM_FUZZ=ON build; every crash input in BUILD/fuzz/crashes/TARGET, or the files given.
   --fail-outside LIB: exit 1 when a finding is located anywhere but in library LIB (scripts/fuzz.sh
-  gives libhdf5 for fuzz_trace, whose inputs reach HDF5's own bugs)."""
+  gives libhdf5 for fuzz_trace_hdf5, whose unprotected reads reach HDF5's own bugs)."""
 import os
 import re
 import subprocess
 import sys
 
+# Frames that are the sanitizer's or the C/C++ runtime's, skipped to find who called them; the libc
+# functions ASan intercepts sit in the target's own binary, so they are named here too.
 RUNTIME = re.compile(r"__interceptor_|__asan|__sanitizer|__ubsan|__lsan|fuzzer::|libc\.so|libstdc\+\+|"
-                     r"raise|abort|__cxa_|std::terminate|__gnu_cxx::__verbose|operator new|malloc|calloc|realloc")
+                     r"raise|abort|__cxa_|std::terminate|__gnu_cxx::__verbose|operator new|malloc|calloc|realloc|"
+                     r"^(strdup|strndup|strlen|strnlen|strcpy|strncpy|strcmp|strncmp|memcpy|memmove|memset|memcmp)$")
 
 
 def classify(output):

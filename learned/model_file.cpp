@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "learned/features.h"
 #include "traces/h5_handle.h"
+#include "traces/shape_attrs.h"
+#include "traces/trace_probe.h"
 
 namespace kvsim::learned {
 
@@ -38,6 +40,7 @@ std::vector<double> read_f64(hid_t loc, const std::string& name, const std::stri
   Handle d = check(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), ctx);
   const auto shape = h5::dataset_shape(d.get());
   if (shape.size() != 1) throw FormatError(ctx + ": shape " + h5::shape_string(shape) + "; expected one dimension");
+  h5::check_stored(d.get(), h5::element_count(shape, ctx), sizeof(double), ctx);
   std::vector<double> v(static_cast<std::size_t>(shape[0]));
   if (!v.empty()) check_status(H5Dread(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), ctx);
   require_finite(v, ctx);
@@ -110,24 +113,14 @@ Provenance read_provenance(hid_t root, const std::string& path) {
 
 void write_geometry(hid_t root, const ModelGeometry& g) {
   Handle gr = make_group(root, "geometry");
-  h5::write_attr_string(gr.get(), "name", g.name);
-  h5::write_attr_string(gr.get(), "arch", g.arch);
-  h5::write_attr_i64(gr.get(), "n_layers", g.n_layers);
-  h5::write_attr_i64(gr.get(), "n_q_heads", g.n_q_heads);
-  h5::write_attr_i64(gr.get(), "n_kv_heads", g.n_kv_heads);
-  h5::write_attr_i64(gr.get(), "head_dim", g.head_dim);
+  h5::write_shape_attrs(gr.get(), g);
 }
 
 ModelGeometry read_geometry(hid_t root, const std::string& path) {
   Handle gr = open_group(root, "geometry", path);
   const std::string ctx = path + ": /geometry";
   ModelGeometry g;
-  g.name = h5::read_attr_string(gr.get(), "name", ctx);
-  g.arch = h5::read_attr_string(gr.get(), "arch", ctx);
-  g.n_layers = static_cast<int>(h5::read_attr_i64(gr.get(), "n_layers", ctx));
-  g.n_q_heads = static_cast<int>(h5::read_attr_i64(gr.get(), "n_q_heads", ctx));
-  g.n_kv_heads = static_cast<int>(h5::read_attr_i64(gr.get(), "n_kv_heads", ctx));
-  g.head_dim = static_cast<int>(h5::read_attr_i64(gr.get(), "head_dim", ctx));
+  h5::read_shape_attrs(gr.get(), ctx, g);
   if (g.n_layers < 1 || g.n_kv_heads < 1 || g.n_q_heads < g.n_kv_heads || g.n_q_heads % g.n_kv_heads != 0 || g.head_dim < 1)
     throw FormatError(ctx + ": layers " + std::to_string(g.n_layers) + ", heads " + std::to_string(g.n_q_heads) + "/" +
                       std::to_string(g.n_kv_heads) + ", head_dim " + std::to_string(g.head_dim) +
@@ -196,9 +189,9 @@ void write_learned_model(const LearnedModel& m, const std::string& path) {
   if (ec) throw Error(path + ": cannot move the finished model file into place (" + ec.message() + ")");
 }
 
-LearnedModel read_learned_model(const std::string& path) {
-  h5::silence_library_errors();
-  if (!std::filesystem::exists(path)) throw Error(path + ": model file not found");
+namespace {
+
+LearnedModel read_in_process(const std::string& path) {
   Handle f = check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path + ": not an HDF5 file");
   const std::string ctx = path + ": /";
   if (!h5::attr_exists(f.get(), "format") || h5::read_attr_string(f.get(), "format", ctx) != kFormat)
@@ -237,6 +230,16 @@ LearnedModel read_learned_model(const std::string& path) {
                       std::to_string(m.geometry.n_layers) + " layers x " + std::to_string(m.geometry.n_kv_heads) +
                       " KV heads");
   return m;
+}
+
+}  // namespace
+
+LearnedModel read_learned_model(const std::string& path) {
+  h5::silence_library_errors();
+  if (!std::filesystem::exists(path)) throw Error(path + ": model file not found");
+  // HDF5 1.10 can crash on a corrupt file: read it in a child first (a model file is small).
+  probe_hdf5(path, [&] { read_in_process(path); }, "a kvsim learned-policy model (kvsim train)");
+  return read_in_process(path);
 }
 
 void check_learned_model(const LearnedModel& m, const std::string& path, const std::string& method, const ModelGeometry& g) {

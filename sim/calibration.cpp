@@ -45,7 +45,12 @@ BasisSet fit_calibration_bases(const std::vector<std::string>& traces, int reque
       }
     }
   }
-  if (grams.empty() || grams.front().tokens == 0) throw Error("no prompt tokens in the calibration traces");
+  if (grams.empty() || grams.front().tokens == 0) {
+    std::string names;
+    for (const std::string& path : traces) names += (names.empty() ? "" : ", ") + path;
+    throw Error(names + ": no prompt tokens of complete requests to fit bases on (expected at least one committed "
+                "request)");
+  }
   BasisSet set;
   set.n_layers = g.n_layers;
   set.n_kv_heads = g.n_kv_heads;

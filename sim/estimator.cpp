@@ -164,8 +164,16 @@ Estimator read_estimator(const std::string& path) {
   read(j, "mode", "a string", e.mode);
   const auto& c = field("calibration");
   read(c, "requests", "an array of request ids", e.requests);
-  read(c, "configs", "an integer", e.configs);
-  read(c, "rows", "an integer", e.rows);
+  // Counts as integers in int's range: nlohmann converts a number like 6.7e20 to int unchecked.
+  auto count = [&](const char* name, int& out) {
+    const auto it = c.find(name);
+    if (it == c.end() || !it->is_number_integer() || *it < 0 || *it > std::numeric_limits<int>::max())
+      throw FormatError(path + ": field '" + name + "' is " + (it == c.end() ? std::string("missing") : it->dump()) +
+                        ", expected an integer in [0, " + std::to_string(std::numeric_limits<int>::max()) + "]");
+    out = it->get<int>();
+  };
+  count("configs", e.configs);
+  count("rows", e.rows);
   e.fit_spearman = c.contains("fit_spearman") && c["fit_spearman"].is_number() ? c["fit_spearman"].get<double>() : std::nan("");
   if (e.feature != "layer_out_sq")
     throw FormatError(path + ": field 'feature' is '" + e.feature + "', expected 'layer_out_sq'");

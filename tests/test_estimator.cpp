@@ -131,6 +131,11 @@ TEST_CASE("estimator files round-trip; a bad file names the field and what was e
   CHECK_THROWS_WITH(read_estimator(bad.string()), Contains("'weights' is \"x\"") && Contains("an array of numbers"));
   write(bad, "not json");
   CHECK_THROWS_WITH(read_estimator(bad.string()), Contains("not valid JSON"));
+  // fuzz_estimator's find: a count past int's range was converted unchecked (undefined behaviour).
+  write(bad, R"({"kvsim_estimator": 1, "feature": "layer_out_sq", "target": "live_kl", "weights": [1],
+                 "smoothness": 0, "mode": "query-aware", "calibration": {"requests": [], "configs": 6.7e20,
+                 "rows": 1}})");
+  CHECK_THROWS_WITH(read_estimator(bad.string()), Contains("'configs' is 6.7e+20") && Contains("expected an integer"));
 }
 
 TEST_CASE("verify results read back, generated text spanning lines included", "[estimator]") {

@@ -99,6 +99,16 @@ TEST_CASE("trace check names each broken rule", "[check]") {
                               "q");
        },
        {"dataset 'q' must be IEEE float16"}},
+      {"unwritten_q",  // the right shape and type, but no data stored: never allocated, never read
+       [](hid_t f) {
+         H5Ldelete(f, "requests/r0/q", H5P_DEFAULT);
+         const hsize_t dims[4] = {4, 63, 4, 16};
+         Handle s = h5::check(H5Screate_simple(4, dims, nullptr), "space");
+         Handle d = h5::check(H5Dcreate2(f, "requests/r0/q", h5::half_type(), s.get(), H5P_DEFAULT, H5P_DEFAULT,
+                                         H5P_DEFAULT),
+                              "q");
+       },
+       {"request 'r0'", "dataset 'q'", "claims 32256 bytes of data but stores 0"}},
       {"nan_in_k",
        [](hid_t f) {
          auto k = read_dataset<std::uint16_t>(f, "requests/r1/k", h5::half_type(), 4 * 63 * 2 * 16);

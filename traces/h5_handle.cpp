@@ -1,5 +1,6 @@
 #include "traces/h5_handle.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/error.h"
@@ -189,6 +190,35 @@ std::vector<hsize_t> dataset_shape(hid_t dset) {
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
   if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   return dims;
+}
+
+std::uint64_t element_count(const std::vector<hsize_t>& shape, const std::string& context) {
+  std::uint64_t n = 1;
+  for (const hsize_t s : shape)
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(s), &n) || n > (std::uint64_t{1} << 40))
+      throw FormatError(context + ": extent " + shape_string(shape) + " claims more values than any trace holds");
+  return n;
+}
+
+void check_stored(hid_t dset, std::uint64_t elements, std::size_t element_bytes, const std::string& context) {
+  if (elements > (std::uint64_t{1} << 40) / std::max<std::size_t>(element_bytes, 1))
+    throw FormatError(context + ": claims " + std::to_string(elements) + " values, more than any trace holds");
+  const std::uint64_t bytes = elements * element_bytes;
+  if (bytes == 0) return;
+  Handle dcpl = check(H5Dget_create_plist(dset), context + ": creation list");
+  const int filters = H5Pget_nfilters(dcpl.get());
+  bool shrinks = false;
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0;
+    std::size_t n = 0;
+    if (H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &n, nullptr, 0, nullptr, nullptr) != H5Z_FILTER_FLETCHER32)
+      shrinks = true;
+  }
+  const std::uint64_t stored = H5Dget_storage_size(dset);
+  const std::uint64_t least = shrinks ? bytes / 1032 : bytes;
+  if (stored < least)
+    throw FormatError(context + ": claims " + std::to_string(bytes) + " bytes of data but stores " + std::to_string(stored) +
+                      (shrinks ? " (compressed: at least 1/1032 expected)" : "") + "; the file is damaged or hostile");
 }
 
 std::string shape_string(const std::vector<hsize_t>& shape) {

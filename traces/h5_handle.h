@@ -57,6 +57,14 @@ double read_attr_f64(hid_t obj, const std::string& name, const std::string& cont
 
 // Dataset shape (empty for scalars).
 std::vector<hsize_t> dataset_shape(hid_t dset);
+// A dataset about to be read as `elements` values of `element_bytes` each must store them: its
+// allocated storage holds at least those bytes when no filter can shrink them (none, or Fletcher32
+// alone), at least 1/1032 of them under compression (deflate's best ratio). Throws naming the
+// dataset otherwise, so a hostile file cannot make its reader allocate what it does not hold.
+void check_stored(hid_t dset, std::uint64_t elements, std::size_t element_bytes, const std::string& context);
+// The number of elements of `shape`, refused (naming `context`) past 2^40, where a product of
+// hostile extents could wrap around.
+std::uint64_t element_count(const std::vector<hsize_t>& shape, const std::string& context);
 std::string shape_string(const std::vector<hsize_t>& shape);
 
 // Names of the links directly below `group`, in creation order when tracked, else by name.

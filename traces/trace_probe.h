@@ -6,15 +6,22 @@
 // child survived, the same reads in the parent survive, since they read the same bytes the same
 // way. A checksummed layer's data is read past HDF5's pipeline by our own code, so the child
 // touches its chunk index only and the walk costs metadata, not a second read of the data.
+#include <functional>
 #include <string>
 
 namespace kvsim {
 
-// The error for a file that crashed the HDF5 library (or a child that died with no answer).
-std::string crashed_parser_message(const std::string& path, int signal);
+// The error for a file that crashed the HDF5 library (or a child that died with no answer);
+// `expected` says what the file should have been.
+std::string crashed_parser_message(const std::string& path, int signal,
+                                   const std::string& expected = "a valid kvtrace HDF5 file");
 
-// Walks `path` in a forked child; throws FormatError(crashed_parser_message) when the child died.
-// Errors the walk meets are the reads' own and are left to them.
+// Runs `walk` over the HDF5 file `path` in a forked child; throws
+// FormatError(crashed_parser_message(path, signal, expected)) when the child died. Errors the walk
+// throws are left to the in-process reads, which meet them too.
+void probe_hdf5(const std::string& path, const std::function<void()>& walk, const std::string& expected);
+
+// probe_hdf5 over a trace: opened Trusted, every committed request walked.
 void probe_trace(const std::string& path);
 
 }  // namespace kvsim

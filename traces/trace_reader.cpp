@@ -10,6 +10,7 @@
 #include "traces/fletcher32.h"
 #include "traces/trace_probe.h"
 #include "traces/h5_handle.h"
+#include "traces/shape_attrs.h"
 #include "traces/trace_layout.h"
 
 namespace kvsim {
@@ -68,11 +69,11 @@ CheckedDataset open_checked(hid_t group, const char* name, hid_t mem_type, const
   const bool want_float = H5Tget_class(mem_type) == H5T_FLOAT;
   if (cls != (want_float ? H5T_FLOAT : H5T_INTEGER))
     throw FormatError(ctx + ": dataset '" + name + "' must hold " + (want_float ? "floats" : "integers"));
-  std::size_t n = 1;
-  for (auto s : shape) n *= static_cast<std::size_t>(s);
+  const auto n = static_cast<std::size_t>(h5::element_count(shape, ctx + ": dataset '" + name + "'"));
   // Token-indexed data is int32-addressed; a larger extent is a corrupt or hostile file.
   if (n > (std::size_t{1} << 31))
     throw FormatError(ctx + ": dataset '" + name + "' claims " + std::to_string(n) + " elements, expected < 2^31");
+  h5::check_stored(d.get(), n, H5Tget_size(mem_type), ctx + ": dataset '" + name + "'");
   return {std::move(d), shape, n};
 }
 
@@ -119,12 +120,7 @@ TraceReader::TraceReader(const std::string& path, TraceOpen how) : path_(path), 
   Handle model = check(H5Gopen2(root, layout::kModelGroup, H5P_DEFAULT), path + ": opening /model");
   const std::string mctx = path + ": /model";
   const hid_t m = model.get();
-  geometry_.name = h5::read_attr_string(m, "name", mctx);
-  geometry_.arch = h5::read_attr_string(m, "arch", mctx);
-  geometry_.n_layers = static_cast<int>(h5::read_attr_i64(m, "n_layers", mctx));
-  geometry_.n_q_heads = static_cast<int>(h5::read_attr_i64(m, "n_q_heads", mctx));
-  geometry_.n_kv_heads = static_cast<int>(h5::read_attr_i64(m, "n_kv_heads", mctx));
-  geometry_.head_dim = static_cast<int>(h5::read_attr_i64(m, "head_dim", mctx));
+  h5::read_shape_attrs(m, mctx, geometry_);
   geometry_.vocab = h5::read_attr_i64(m, "vocab", mctx);
   geometry_.rope.theta = h5::read_attr_f64(m, "rope_theta", mctx);
   geometry_.rope.type = parse_rope_type(h5::read_attr_string(m, "rope_type", mctx), mctx);
@@ -220,6 +216,7 @@ const TraceReader::OpenRequest& TraceReader::open_request(const std::string& id)
       throw FormatError(ctx + ": dataset '" + name + "' must be IEEE float16 (2-byte float), found " +
                         std::to_string(H5Tget_size(type.get())) + "-byte class " +
                         std::to_string(static_cast<int>(H5Tget_class(type.get()))));
+    h5::check_stored(cur.tensors[i].get(), h5::element_count(shape, ctx), 2, ctx + ": dataset '" + name + "'");
   }
   cur.id = id;
   cur.T = static_cast<std::int64_t>(T);
@@ -359,9 +356,10 @@ std::vector<std::string> TraceReader::unreadable_arrays(const std::string& id) c
       Handle d = check(H5Dopen2(r.group.get(), name.c_str(), H5P_DEFAULT), ctx + ": opening dataset '" + name + "'");
       Handle type = check(H5Dget_type(d.get()), ctx + ": type of '" + name + "'");
       Handle native = check(H5Tget_native_type(type.get(), H5T_DIR_ASCEND), ctx + ": type of '" + name + "'");
-      std::size_t n = H5Tget_size(native.get());
-      for (auto x : h5::dataset_shape(d.get())) n *= static_cast<std::size_t>(x);
+      const std::size_t n =
+          H5Tget_size(native.get()) * h5::element_count(h5::dataset_shape(d.get()), ctx + ": dataset '" + name + "'");
       if (n > (std::size_t{1} << 33)) throw FormatError(ctx + ": dataset '" + name + "' claims " + std::to_string(n) + " bytes");
+      h5::check_stored(d.get(), n, 1, ctx + ": dataset '" + name + "'");
       buf.resize(n);
       if (n > 0)
         check_status(H5Dread(d.get(), native.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
@@ -474,6 +472,7 @@ RepeatPass TraceReader::repeat_pass_table(const std::string& id) const {
     if (have != want)
       throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(have) + ", expected " +
                         h5::shape_string(want));
+    h5::check_stored(dset.get(), h5::element_count(have, ctx), 2, ctx + ": dataset '" + name + "'");
   }
   return pass;
 }
@@ -497,6 +496,7 @@ void TraceReader::read_repeat_layer(const std::string& id, int layer, std::vecto
     if (shape != want)
       throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(shape) + ", expected " +
                         h5::shape_string(want));
+    h5::check_stored(dset.get(), h5::element_count(shape, ctx), 2, ctx + ": dataset '" + name + "'");
     std::vector<std::uint16_t> half(static_cast<std::size_t>(shape[1] * shape[2] * shape[3]));
     read_rows(dset.get(), shape, layer, 0, shape[1], half.data(), ctx + " '" + name + "'");
     out->resize(half.size());

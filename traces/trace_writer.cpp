@@ -9,6 +9,7 @@
 #include "core/half.h"
 #include "traces/fletcher32.h"
 #include "traces/h5_handle.h"
+#include "traces/shape_attrs.h"
 #include "traces/trace_layout.h"
 #include "traces/trace_reader.h"
 
@@ -151,12 +152,7 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
   h5::write_attr_string(root, "dtype", "float16");
 
   Handle model = check(H5Gcreate2(root, layout::kModelGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path + ": /model");
-  h5::write_attr_string(model.get(), "name", geometry.name);
-  h5::write_attr_string(model.get(), "arch", geometry.arch);
-  h5::write_attr_i64(model.get(), "n_layers", geometry.n_layers);
-  h5::write_attr_i64(model.get(), "n_q_heads", geometry.n_q_heads);
-  h5::write_attr_i64(model.get(), "n_kv_heads", geometry.n_kv_heads);
-  h5::write_attr_i64(model.get(), "head_dim", geometry.head_dim);
+  h5::write_shape_attrs(model.get(), geometry);
   h5::write_attr_i64(model.get(), "vocab", geometry.vocab);
   h5::write_attr_f64(model.get(), "rope_theta", geometry.rope.theta);
   h5::write_attr_string(model.get(), "rope_type", rope_type_name(geometry.rope.type));
