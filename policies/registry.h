@@ -1,7 +1,9 @@
 #pragma once
 // Self-registering policy registry. A policy is one .cpp file with one KVSIM_REGISTER_POLICY
-// line; nothing else in the code base lists policy names. policies/ is a static archive that
-// kvcache/ links whole (WHOLE_ARCHIVE), so the linker keeps every registration.
+// line, and replay, verify and the CLI find policies through the registry only (the trainers
+// name the learned method whose model file they write). policies/ is a static archive linked
+// whole (WHOLE_ARCHIVE) by kvcache/, and with learned/ by every program (kvsim_all_policies), so
+// the linker keeps every registration.
 #include <functional>
 #include <memory>
 #include <string>
