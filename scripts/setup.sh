@@ -24,7 +24,7 @@ build="${KVSIM_BUILD:-build}"
 
 required=(cmake make g++ pkg-config python3 python3-venv
   libhdf5-dev libboost-program-options-dev libboost-graph-dev libeigen3-dev
-  catch2 nlohmann-json3-dev libpcre2-dev)
+  catch2 nlohmann-json3-dev libpcre2-dev clang-format)
 [ "$sanitize" = 0 ] || required+=(clang libclang-rt-dev libomp-dev llvm)
 optional=(ccache)  # faster rebuilds; installed alongside the others, never a reason to ask for root
 # Wanted, not required: a headless browser renders the report in its test (`kvsim report`), and
