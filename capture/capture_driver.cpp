@@ -111,8 +111,9 @@ void record_reference(ReferenceDistribution& ref, std::int64_t index, const floa
   std::vector<std::int32_t> order(V);
   std::iota(order.begin(), order.end(), 0);
   const auto k = std::min<std::size_t>(static_cast<std::size_t>(ref.topk), V);
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                    [&](std::int32_t a, std::int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
+  std::partial_sort(
+      order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+      [&](std::int32_t a, std::int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
   ref.index.push_back(static_cast<std::int32_t>(index));
   ref.lse.push_back(static_cast<float>(lse));
   for (std::size_t j = 0; j < k; ++j) {
@@ -125,7 +126,8 @@ void record_reference(ReferenceDistribution& ref, std::int64_t index, const floa
 // The directory the trace goes to must exist and be writable before minutes of compute.
 void check_output_path(const std::string& out, bool overwrite) {
   namespace fs = std::filesystem;
-  if (!overwrite && fs::exists(out)) throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  if (!overwrite && fs::exists(out))
+    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
   if (fs::is_directory(out)) throw Error(out + ": is a directory, expected a trace file path");
   const fs::path dir = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
   if (!fs::is_directory(dir)) throw Error(out + ": output directory '" + dir.string() + "' does not exist");
@@ -150,12 +152,17 @@ std::string requests_digest(const std::vector<CaptureRequest>& requests) {
 namespace {
 
 // The capture's configuration as the trace records it (a resumed capture must match it).
-std::string capture_config(const CaptureOptions& opts, const Engine& model, const std::vector<CaptureRequest>& requests) {
-  return nlohmann::json{{"tool", "kvsim capture"},        {"model", opts.model_path},
-                        {"max_new", opts.max_new},        {"ref_topk", opts.ref_topk},
+std::string capture_config(const CaptureOptions& opts, const Engine& model,
+                           const std::vector<CaptureRequest>& requests) {
+  return nlohmann::json{{"tool", "kvsim capture"},
+                        {"model", opts.model_path},
+                        {"max_new", opts.max_new},
+                        {"ref_topk", opts.ref_topk},
                         {"queries", opts.all_queries ? "all" : "eval"},
-                        {"query_window", opts.query_window}, {"prefill_chunk", opts.prefill_chunk},
-                        {"weights", weight_format_name(opts.weights)}, {"repeat_pass", opts.repeat_pass},
+                        {"query_window", opts.query_window},
+                        {"prefill_chunk", opts.prefill_chunk},
+                        {"weights", weight_format_name(opts.weights)},
+                        {"repeat_pass", opts.repeat_pass},
                         {"device", model.device()},
                         {"requests", requests_digest(requests)}}
       .dump();
@@ -186,7 +193,8 @@ RequestHeader request_header(const CaptureRequest& r, Prompt p, std::int64_t n_p
 }
 
 // Layer l of the engine's cache as the trace stores it: f16 K and V, [T, d] per head to [T, Hkv, d].
-std::pair<std::vector<std::uint16_t>, std::vector<std::uint16_t>> layer_halves(const Engine& model, int l, std::int64_t T) {
+std::pair<std::vector<std::uint16_t>, std::vector<std::uint16_t>> layer_halves(const Engine& model, int l,
+                                                                               std::int64_t T) {
   const auto& entries = model.cache().layers[static_cast<std::size_t>(l)];
   const auto d = static_cast<std::size_t>(model.config().head_dim), Hkv = entries.size();
   std::vector<std::uint16_t> K(static_cast<std::size_t>(T) * Hkv * d), V(K.size());
@@ -196,6 +204,17 @@ std::pair<std::vector<std::uint16_t>, std::vector<std::uint16_t>> layer_halves(c
       floats_to_halves(entries[kv].v.data() + t * d, V.data() + (t * Hkv + kv) * d, d);
     }
   return {std::move(K), std::move(V)};
+}
+
+// Tokens a request will hold: its prompt and its answer (`answer` tokens, or max_new generated when
+// it has none, answer < 0); refused over the model's context.
+std::int64_t planned_tokens(const std::string& where, std::int64_t n_prompt, std::int64_t answer, int max_new,
+                            std::int64_t ctx_len) {
+  const std::int64_t planned = n_prompt + (answer < 0 ? max_new : answer);
+  if (planned > ctx_len)
+    throw Error(where + ": prompt + answer is " + std::to_string(planned) + " tokens, over the model's context of " +
+                std::to_string(ctx_len));
+  return planned;
 }
 
 // The tokens after the prompt: teacher-forced on `answer` when given, else greedy until EOS or
@@ -237,7 +256,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   check_output_path(opts.out_path, opts.overwrite);
   const GgufFile gguf(opts.model_path);
   const Tokenizer tok(gguf);
-  const std::unique_ptr<Engine> engine = make ? make(gguf) : make_engine(gguf, EngineOptions{opts.device, opts.weights});
+  const std::unique_ptr<Engine> engine =
+      make ? make(gguf) : make_engine(gguf, EngineOptions{opts.device, opts.weights});
   Engine& model = *engine;
   const ModelConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);
@@ -261,17 +281,16 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
       Prompt p = build_prompt(tok, r, default_system);
       const auto n_prompt = static_cast<std::int64_t>(p.tokens.size());
       const std::vector<std::int32_t> answer = r.answer.empty() ? std::vector<std::int32_t>{} : tok.encode(r.answer);
-      const std::int64_t planned = n_prompt + (r.answer.empty() ? opts.max_new : static_cast<std::int64_t>(answer.size()));
-      if (planned > ctx_len)
-        throw Error(where + ": prompt + answer is " + std::to_string(planned) + " tokens, over the model's context of " +
-                    std::to_string(ctx_len));
+      const std::int64_t planned =
+          planned_tokens(where, n_prompt, r.answer.empty() ? -1 : std::ssize(answer), opts.max_new, ctx_len);
 
       // K/V come from the engine's cache (capture never compresses) once the request is done;
       // the kept queries go to the spill file as they are produced.
       model.reset();
       model.reserve(planned);
       spill.clear();
-      const std::int64_t first_q = opts.all_queries ? 0 : std::max<std::int64_t>(0, p.question_start - opts.query_window);
+      const std::int64_t first_q =
+          opts.all_queries ? 0 : std::max<std::int64_t>(0, p.question_start - opts.query_window);
       std::int64_t processed = 0;
       const std::int64_t q_row = static_cast<std::int64_t>(c.n_q_heads) * c.head_dim;
       auto hook = [&](const LayerActivations& a) {
@@ -289,8 +308,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(s));
         std::vector<std::int64_t> rows;
         for (std::int64_t i = std::max(s, p.question_start); i < e; ++i) rows.push_back(i - s);
-        const auto logits = model.forward(std::span(p.tokens).subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(e - s)),
-                                          pos, rows, hook);
+        const auto logits = model.forward(
+            std::span(p.tokens).subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(e - s)), pos, rows, hook);
         for (std::size_t r2 = 0; r2 < rows.size(); ++r2)
           record_reference(ref, s + rows[r2], logits.data() + r2 * static_cast<std::size_t>(c.vocab), c.vocab);
         if (e == n_prompt && !rows.empty()) last_logits.assign(logits.end() - c.vocab, logits.end());
@@ -298,8 +317,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         // The chunks split at the question: here the cache holds exactly the context.
         if (opts.repeat_pass && e == context_span(p).second) repeat = run_repeat_pass(model, tok, p);
       }
-      const std::int64_t generated =
-          run_answer(model, tok, r.answer.empty() ? nullptr : &answer, opts.max_new, hook, p, last_logits, ref, processed);
+      const std::int64_t generated = run_answer(model, tok, r.answer.empty() ? nullptr : &answer, opts.max_new, hook, p,
+                                                last_logits, ref, processed);
       const auto T = static_cast<std::int64_t>(p.tokens.size());
       RequestHeader h = request_header(r, std::move(p), n_prompt, generated, first_q, ref);
       if (ref.rows == 0) ref.topk = 0;

@@ -58,7 +58,9 @@ void gated_activation(std::vector<float>& gate, const std::vector<float>& up, Ff
   const float k = std::sqrt(2.0f / 3.14159265358979f);
   for (std::size_t c = 0; c < gate.size(); ++c) {
     const float g = gate[c];
-    gate[c] = (act == FfnAct::Silu ? g / (1.0f + std::exp(-g)) : 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g)))) * up[c];
+    gate[c] = (act == FfnAct::Silu ? g / (1.0f + std::exp(-g))
+                                   : 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g)))) *
+              up[c];
   }
 }
 
@@ -73,10 +75,11 @@ TransformerRef::TransformerRef(const ModelConfig& s, DeviceWeights w) : s_(s), d
 void TransformerRef::set_weight(WeightId id, int layer, std::span<const float> data) {
   const auto [rows, cols] = weight_shape(s_, id);
   if (is_per_layer(id) != (layer >= 0) || layer >= s_.n_layers)
-    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " at layer " + std::to_string(layer));
+    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " at layer " +
+                                std::to_string(layer));
   if (static_cast<std::int64_t>(data.size()) != rows * cols)
-    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " has " + std::to_string(data.size()) +
-                                " values, expected " + std::to_string(rows * cols));
+    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " has " +
+                                std::to_string(data.size()) + " values, expected " + std::to_string(rows * cols));
   auto& dst = weights_[static_cast<std::size_t>((layer + 1) * kWeightIds + static_cast<int>(id))];
   dst.assign(data.begin(), data.end());
   // The GPU keeps matrices in fp16 (norm weights and biases stay fp32, as there).
@@ -89,7 +92,8 @@ WeightSink TransformerRef::sink() {
 
 const std::vector<float>& TransformerRef::w(WeightId id, int layer) const {
   const auto& v = weights_[static_cast<std::size_t>((layer + 1) * kWeightIds + static_cast<int>(id))];
-  if (v.empty()) throw std::logic_error(std::string("transformer reference: weight ") + weight_id_name(id) + " not set");
+  if (v.empty())
+    throw std::logic_error(std::string("transformer reference: weight ") + weight_id_name(id) + " not set");
   return v;
 }
 
@@ -101,8 +105,10 @@ void TransformerRef::reset() {
 }
 
 void TransformerRef::load_layer(int layer, std::span<const HostEntry> entries) {
-  if (entries.size() != static_cast<std::size_t>(s_.n_kv_heads) && !per_query_head(s_, static_cast<int>(entries.size())))
-    throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
+  if (entries.size() != static_cast<std::size_t>(s_.n_kv_heads) &&
+      !per_query_head(s_, static_cast<int>(entries.size())))
+    throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) +
+                                " entries, expected n_head_kv or n_head");
   // Every packed prefix is checked before the layer changes: a refused load leaves it as it was.
   for (std::size_t e = 0; e < entries.size(); ++e)
     if (const PackedEntry* p = entries[e].packed) {
@@ -154,9 +160,12 @@ void TransformerRef::keep_rows(int layer, int entry, std::span<const std::int64_
   en = std::move(kept);
 }
 
-int TransformerRef::entries(int layer) const { return static_cast<int>(cache_.at(static_cast<std::size_t>(layer)).size()); }
+int TransformerRef::entries(int layer) const {
+  return static_cast<int>(cache_.at(static_cast<std::size_t>(layer)).size());
+}
 std::int64_t TransformerRef::rows(int layer, int entry) const {
-  return static_cast<std::int64_t>(cache_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry)).k.size()) /
+  return static_cast<std::int64_t>(
+             cache_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(entry)).k.size()) /
          s_.head_dim;
 }
 std::span<const float> TransformerRef::entry_k(int layer, int entry) const {
@@ -194,11 +203,12 @@ std::vector<std::vector<std::vector<std::int64_t>>> TransformerRef::rule_step(st
     for (int h = 0; h < s_.n_q_heads; ++h) {
       const auto& row = last_[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)];
       if (static_cast<std::int64_t>(row.size()) != held[static_cast<std::size_t>(h / (s_.n_q_heads / ne))])
-        throw std::logic_error("rule_step: the last-row weights of layer " + std::to_string(l) + " are not over its rows");
+        throw std::logic_error("rule_step: the last-row weights of layer " + std::to_string(l) +
+                               " are not over its rows");
       std::copy(row.begin(), row.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
     }
-    out[static_cast<std::size_t>(l)] =
-        decode_rule_step_ref(rule->rule, rule->scores, held, LastRowWeights{w.data(), stride, s_.n_q_heads, s_.n_q_heads / ne}, budget);
+    out[static_cast<std::size_t>(l)] = decode_rule_step_ref(
+        rule->rule, rule->scores, held, LastRowWeights{w.data(), stride, s_.n_q_heads, s_.n_q_heads / ne}, budget);
     const auto d = static_cast<std::size_t>(s_.head_dim);
     for (int e = 0; e < ne; ++e) {  // the kept rows to the front, in order
       Entry& en = cache_[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
@@ -209,8 +219,10 @@ std::vector<std::vector<std::vector<std::int64_t>>> TransformerRef::rule_step(st
           ++g;
           continue;
         }
-        std::copy_n(en.k.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * d), d, en.k.begin() + static_cast<std::ptrdiff_t>(at * d));
-        std::copy_n(en.v.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * d), d, en.v.begin() + static_cast<std::ptrdiff_t>(at * d));
+        std::copy_n(en.k.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * d), d,
+                    en.k.begin() + static_cast<std::ptrdiff_t>(at * d));
+        std::copy_n(en.v.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * d), d,
+                    en.v.begin() + static_cast<std::ptrdiff_t>(at * d));
         ++at;
       }
       en.k.resize(at * d);
@@ -232,74 +244,107 @@ void TransformerRef::project_into_residual(const std::vector<float>& in, std::in
 
 std::span<const float> TransformerRef::last_attention(int layer, int q_head) const {
   if (!last_handed_)
-    throw std::logic_error("last_attention: the last forward() recorded no last-row weights, or left them on the device");
+    throw std::logic_error(
+        "last_attention: the last forward() recorded no last-row weights, or left them on the device");
   return last_.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
 }
 
-std::vector<float> TransformerRef::attend(int l, std::int64_t n, const std::vector<float>& q, const std::vector<float>& k,
-                                          const std::vector<float>& v, bool record_last, float scale) {
+std::vector<float> TransformerRef::attend(int l, std::int64_t n, const std::vector<float>& q,
+                                          const std::vector<float>& k, const std::vector<float>& v, bool record_last,
+                                          float scale) {
   const std::int64_t Q = s_.q_dim(), K = s_.kv_dim();
   const int d = s_.head_dim, Hq = s_.n_q_heads, G = s_.group();
-    auto& entries = cache_[static_cast<std::size_t>(l)];
-    const bool pqh = per_query_head(s_, static_cast<int>(entries.size()));
-    std::vector<std::int64_t> past(entries.size());
-    for (std::size_t e = 0; e < entries.size(); ++e) {
-      Entry& en = entries[e];
-      past[e] = static_cast<std::int64_t>(en.k.size()) / d;
-      const std::int64_t hk = pqh ? static_cast<std::int64_t>(e) / G : static_cast<std::int64_t>(e);
-      for (std::int64_t i = 0; i < n; ++i) {
-        en.k.insert(en.k.end(), k.begin() + i * K + hk * d, k.begin() + i * K + hk * d + d);
-        en.v.insert(en.v.end(), v.begin() + i * K + hk * d, v.begin() + i * K + hk * d + d);
-      }
+  auto& entries = cache_[static_cast<std::size_t>(l)];
+  const bool pqh = per_query_head(s_, static_cast<int>(entries.size()));
+  std::vector<std::int64_t> past(entries.size());
+  for (std::size_t e = 0; e < entries.size(); ++e) {
+    Entry& en = entries[e];
+    past[e] = static_cast<std::int64_t>(en.k.size()) / d;
+    const std::int64_t hk = pqh ? static_cast<std::int64_t>(e) / G : static_cast<std::int64_t>(e);
+    for (std::int64_t i = 0; i < n; ++i) {
+      en.k.insert(en.k.end(), k.begin() + i * K + hk * d, k.begin() + i * K + hk * d + d);
+      en.v.insert(en.v.end(), v.begin() + i * K + hk * d, v.begin() + i * K + hk * d + d);
     }
-    std::vector<float> att(static_cast<std::size_t>(n * Q));
+  }
+  std::vector<float> att(static_cast<std::size_t>(n * Q));
 #pragma omp parallel for schedule(static)
-    for (int hq = 0; hq < Hq; ++hq) {
-      const std::size_t e = pqh ? static_cast<std::size_t>(hq) : static_cast<std::size_t>(hq / G);
-      const Entry& en = entries[e];
-      std::vector<double> sc;
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t seen = past[e] + i + 1;  // causal: everything cached plus itself
-        const std::int64_t lo = window_start(s_.window(l), seen);
-        const float* qi = q.data() + i * Q + static_cast<std::int64_t>(hq) * d;
-        sc.assign(static_cast<std::size_t>(seen), 0.0);
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = lo; j < seen; ++j) {
-          double dot = 0;
-          for (int c = 0; c < d; ++c) dot += static_cast<double>(qi[c]) * en.k[static_cast<std::size_t>(j * d + c)];
-          sc[static_cast<std::size_t>(j)] = dot * scale;
-          m = std::max(m, sc[static_cast<std::size_t>(j)]);
-        }
-        double sum = 0;
-        for (std::int64_t j = lo; j < seen; ++j) sum += (sc[static_cast<std::size_t>(j)] = std::exp(sc[static_cast<std::size_t>(j)] - m));
-        for (int c = 0; c < d; ++c) {
-          double o = 0;
-          for (std::int64_t j = lo; j < seen; ++j) o += sc[static_cast<std::size_t>(j)] * en.v[static_cast<std::size_t>(j * d + c)];
-          att[static_cast<std::size_t>(i * Q + static_cast<std::int64_t>(hq) * d + c)] = static_cast<float>(o / sum);
-        }
-        if (record_last && i == n - 1) {
-          auto& dst = last_[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)];
-          dst.resize(sc.size());
-          for (std::size_t j = 0; j < sc.size(); ++j) dst[j] = static_cast<float>(sc[j] / sum);
-        }
+  for (int hq = 0; hq < Hq; ++hq) {
+    const std::size_t e = pqh ? static_cast<std::size_t>(hq) : static_cast<std::size_t>(hq / G);
+    const Entry& en = entries[e];
+    std::vector<double> sc;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t seen = past[e] + i + 1;  // causal: everything cached plus itself
+      const std::int64_t lo = window_start(s_.window(l), seen);
+      const float* qi = q.data() + i * Q + static_cast<std::int64_t>(hq) * d;
+      sc.assign(static_cast<std::size_t>(seen), 0.0);
+      double m = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = lo; j < seen; ++j) {
+        double dot = 0;
+        for (int c = 0; c < d; ++c) dot += static_cast<double>(qi[c]) * en.k[static_cast<std::size_t>(j * d + c)];
+        sc[static_cast<std::size_t>(j)] = dot * scale;
+        m = std::max(m, sc[static_cast<std::size_t>(j)]);
+      }
+      double sum = 0;
+      for (std::int64_t j = lo; j < seen; ++j)
+        sum += (sc[static_cast<std::size_t>(j)] = std::exp(sc[static_cast<std::size_t>(j)] - m));
+      for (int c = 0; c < d; ++c) {
+        double o = 0;
+        for (std::int64_t j = lo; j < seen; ++j)
+          o += sc[static_cast<std::size_t>(j)] * en.v[static_cast<std::size_t>(j * d + c)];
+        att[static_cast<std::size_t>(i * Q + static_cast<std::int64_t>(hq) * d + c)] = static_cast<float>(o / sum);
+      }
+      if (record_last && i == n - 1) {
+        auto& dst = last_[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)];
+        dst.resize(sc.size());
+        for (std::size_t j = 0; j < sc.size(); ++j) dst[j] = static_cast<float>(sc[j] / sum);
       }
     }
-    return att;
+  }
+  return att;
 }
 
-std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+void TransformerRef::rotate(int l, std::int64_t n, std::span<const std::int32_t> positions, std::vector<float>& q,
+                            std::vector<float>& k) const {
+  const std::int64_t Q = s_.q_dim(), K = s_.kv_dim();
+  const int d = s_.head_dim, Hq = s_.n_q_heads, pairs = s_.rope.rope_dim / 2;
+  const bool local = s_.rope_theta_local > 0 && s_.window(l) > 0;
+  const std::vector<float>& cos_l = local ? cos_local_ : cos_;
+  const std::vector<float>& sin_l = local ? sin_local_ : sin_;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t p = positions[static_cast<std::size_t>(i)];
+    const float* cs = cos_l.data() + p * pairs;
+    const float* sn = sin_l.data() + p * pairs;
+    auto rotate = [&](float* row, int heads) {
+      for (int hh = 0; hh < heads; ++hh)
+        for (int j = 0; j < pairs; ++j) {
+          float* vv = row + static_cast<std::int64_t>(hh) * d;
+          const int a = rope_pair_first(s_.rope, j), b = rope_pair_second(s_.rope, j);
+          const float x0 = vv[a], x1 = vv[b];
+          vv[a] = x0 * cs[j] - x1 * sn[j];
+          vv[b] = x0 * sn[j] + x1 * cs[j];
+        }
+    };
+    rotate(q.data() + i * Q, Hq);
+    rotate(k.data() + i * K, s_.n_kv_heads);
+  }
+}
+
+std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
+                                           std::span<const std::int32_t> positions,
                                            std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                                            const LayerCallback& on_layer) {
   const auto n = static_cast<std::int64_t>(tokens.size());
-  if (n == 0 || positions.size() != tokens.size()) throw std::invalid_argument("forward: tokens and positions must be non-empty and equal in length");
+  if (n == 0 || positions.size() != tokens.size())
+    throw std::invalid_argument("forward: tokens and positions must be non-empty and equal in length");
   const std::int64_t E = s_.n_embd, Q = s_.q_dim(), K = s_.kv_dim(), F = s_.n_ff, V = s_.vocab;
-  const int d = s_.head_dim, Hq = s_.n_q_heads, pairs = s_.rope.rope_dim / 2;
+  const int d = s_.head_dim, Hq = s_.n_q_heads;
   const bool f16 = dw_ == DeviceWeights::F16;
   auto gemm_input = [&](std::vector<float>& x) {
     if (f16) round_all(x);
   };
   const std::int32_t max_pos = *std::max_element(positions.begin(), positions.end());
-  if (*std::min_element(positions.begin(), positions.end()) < 0) throw std::invalid_argument("forward: negative position");
+  if (*std::min_element(positions.begin(), positions.end()) < 0)
+    throw std::invalid_argument("forward: negative position");
   if (max_pos >= rope_rows_) {
     rope_rows_ = std::max<std::int64_t>(max_pos + 1, 2 * rope_rows_);
     rope_tables(s_.rope, rope_rows_, cos_, sin_);
@@ -315,7 +360,8 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
   if (s_.embd_scale != 1.0)
     for (float& xi : x) xi *= static_cast<float>(s_.embd_scale);
   rule_ready_ = last_handed_ = false;
-  if (record_last) last_.assign(static_cast<std::size_t>(s_.n_layers), std::vector<std::vector<float>>(static_cast<std::size_t>(Hq)));
+  if (record_last)
+    last_.assign(static_cast<std::size_t>(s_.n_layers), std::vector<std::vector<float>>(static_cast<std::size_t>(Hq)));
   const float scale = attention_scale(s_);
   std::vector<float> q(static_cast<std::size_t>(n * Q)), k(static_cast<std::size_t>(n * K)), v(k.size());
   for (int l = 0; l < s_.n_layers; ++l) {
@@ -335,26 +381,7 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
       head_rms_norm(q.data(), n, Hq, d, w(WeightId::QNorm, l), s_.rms_eps);
       head_rms_norm(k.data(), n, s_.n_kv_heads, d, w(WeightId::KNorm, l), s_.rms_eps);
     }
-    const bool local = s_.rope_theta_local > 0 && s_.window(l) > 0;
-    const std::vector<float>& cos_l = local ? cos_local_ : cos_;
-    const std::vector<float>& sin_l = local ? sin_local_ : sin_;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t p = positions[static_cast<std::size_t>(i)];
-      const float* cs = cos_l.data() + p * pairs;
-      const float* sn = sin_l.data() + p * pairs;
-      auto rotate = [&](float* row, int heads) {
-        for (int hh = 0; hh < heads; ++hh)
-          for (int j = 0; j < pairs; ++j) {
-            float* vv = row + static_cast<std::int64_t>(hh) * d;
-            const int a = rope_pair_first(s_.rope, j), b = rope_pair_second(s_.rope, j);
-            const float x0 = vv[a], x1 = vv[b];
-            vv[a] = x0 * cs[j] - x1 * sn[j];
-            vv[b] = x0 * sn[j] + x1 * cs[j];
-          }
-      };
-      rotate(q.data() + i * Q, Hq);
-      rotate(k.data() + i * K, s_.n_kv_heads);
-    }
+    rotate(l, n, positions, q, k);
     round_all(k);
     round_all(v);
     if (on_layer) on_layer(LayerRows{l, n, want_q ? q.data() : nullptr, k.data(), v.data()});
@@ -378,7 +405,8 @@ std::vector<float> TransformerRef::forward(std::span<const std::int32_t> tokens,
   }
   std::vector<float> logits(logit_rows.size() * static_cast<std::size_t>(V));
   if (!logit_rows.empty()) {
-    std::vector<float> hr = rms_norm(xr, static_cast<std::int64_t>(logit_rows.size()), E, w(WeightId::OutputNorm, -1), s_.rms_eps);
+    std::vector<float> hr =
+        rms_norm(xr, static_cast<std::int64_t>(logit_rows.size()), E, w(WeightId::OutputNorm, -1), s_.rms_eps);
     gemm_input(hr);
     const auto& out_w = s_.tied_embeddings ? w(WeightId::TokenEmbd, -1) : w(WeightId::Output, -1);
     matmul(hr, static_cast<std::int64_t>(logit_rows.size()), out_w, V, E, logits.data(), false);

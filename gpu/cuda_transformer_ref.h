@@ -46,6 +46,9 @@ class TransformerRef : public TransformerBackend {
   // Layer l's attention: the n new rows of k and v join its cache entries, then each query head
   // attends over its entry (causal, windowed) in double; the output [n, Q], last-row weights kept
   // when `record_last`.
+  // Layer l's RoPE (its own base on sliding-window layers) on n rows of q and k, in place.
+  void rotate(int l, std::int64_t n, std::span<const std::int32_t> positions, std::vector<float>& q,
+              std::vector<float>& k) const;
   std::vector<float> attend(int l, std::int64_t n, const std::vector<float>& q, const std::vector<float>& k,
                             const std::vector<float>& v, bool record_last, float scale);
   void project_into_residual(const std::vector<float>& in, std::int64_t n, WeightId proj, WeightId post, int layer,
@@ -55,10 +58,10 @@ class TransformerRef : public TransformerBackend {
   std::vector<std::vector<float>> weights_;  // [(layer + 1) * n_ids + id]
   std::vector<std::vector<Entry>> cache_;
   std::vector<std::vector<std::vector<float>>> last_;  // [layer][q head]
-  bool last_on_host_ = true, last_handed_ = false;  // the last forward() handed its weights to the host
-  std::vector<bool> packed_layer_;                   // [layer] loaded with packed entries
+  bool last_on_host_ = true, last_handed_ = false;     // the last forward() handed its weights to the host
+  std::vector<bool> packed_layer_;                     // [layer] loaded with packed entries
   std::vector<std::optional<DecodeRuleStart>> rules_;  // [layer]
-  bool rule_ready_ = false;  // a one-row forward() with record_last since the last rule step
+  bool rule_ready_ = false;                            // a one-row forward() with record_last since the last rule step
   std::vector<float> cos_, sin_, cos_local_, sin_local_;  // RoPE tables: every layer / sliding-window layers
   std::int64_t rope_rows_ = 0;
 };

@@ -96,9 +96,9 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   const double saving = a.codec_saving;
   r.compressed_bytes = cache_bytes(b, kept, a.entries, Lg) + a.window_rows * wb - saving;
   r.budget_bytes = cfg.budget * a.full_rows * b.kv_token_bytes;
-  r.final_bytes = a.kept_after_step.empty()
-                      ? fixed - saving + kept * bpt + a.window_rows * wb
-                      : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt + a.window_after_step.back() * wb;
+  r.final_bytes = a.kept_after_step.empty() ? fixed - saving + kept * bpt + a.window_rows * wb
+                                            : fixed - a.saving_after_step.back() + a.kept_after_step.back() * bpt +
+                                                  a.window_after_step.back() * wb;
   r.host_bytes = a.host_bytes;
   r.position_fallback = a.fallback.share();
   r.peak_bytes = 0;
@@ -117,8 +117,9 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   r.decode_peak_bytes = r.compressed_bytes;
   for (std::size_t i = 0; i < a.kept_after_step.size(); ++i) {
     const double k = a.kept_after_step[i], sv = a.saving_after_step[i], w = a.window_after_step[i] * wb;
-    r.decode_peak_bytes = std::max({r.decode_peak_bytes, (prev + joining) * bpt + fixed - prev_saving + std::max(prev_window * wb, w),
-                                    k * bpt + fixed - sv + w});
+    r.decode_peak_bytes =
+        std::max({r.decode_peak_bytes, (prev + joining) * bpt + fixed - prev_saving + std::max(prev_window * wb, w),
+                  k * bpt + fixed - sv + w});
     r.footprint += k * bpt + fixed - sv + w;
     prev = k;
     prev_saving = sv;
@@ -128,8 +129,8 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   r.keep_hash = a.hash;
   r.kept = std::move(a.kept_sets);
   if (cfg.impl->respects_budget() && cfg.budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
-    throw Error("policy " + cfg.label() + " kept " + std::to_string(r.compressed_bytes) +
-                " bytes over budget " + std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
+    throw Error("policy " + cfg.label() + " kept " + std::to_string(r.compressed_bytes) + " bytes over budget " +
+                std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
   kvcache::check_peak_bytes(cfg, b, r.decode_peak_bytes, r.budget_bytes, ctx);
   return r;
 }
@@ -137,8 +138,9 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
 // Every config on one layer: phase A asks each policy for its plan (decode-time configs replay to
 // the end there), then the encoded plans are scored (each distinct one once) and the one-shot
 // keep-sets share partial outputs along a spanning tree per query head (phase B).
-void score_layer(const LayerWork& work, const std::vector<ReplayConfig>& configs, const std::vector<ConfigBudget>& budgets,
-                 const std::vector<std::size_t>& heavy_first, std::vector<Accumulator>& acc) {
+void score_layer(const LayerWork& work, const std::vector<ReplayConfig>& configs,
+                 const std::vector<ConfigBudget>& budgets, const std::vector<std::size_t>& heavy_first,
+                 std::vector<Accumulator>& acc) {
   const std::size_t P = configs.size();
   const int Hq = work.g.n_q_heads, layer = work.layer;
   const std::int64_t c = work.c, E = work.E;
@@ -220,16 +222,25 @@ struct SharedPass {
   const ModelGeometry& g;
   std::int64_t T, c;
   bool keep_logits;
-  std::vector<Mat> full_k, full_v;                    // [Hkv] T x d
-  std::vector<Mat> attn, out, out_tail, logits;       // [Hq]
-  std::vector<Eigen::VectorXf> tail_mass;             // [Hq]
-  std::vector<Eigen::VectorXd> lse;                   // [Hq]
+  std::vector<Mat> full_k, full_v;               // [Hkv] T x d
+  std::vector<Mat> attn, out, out_tail, logits;  // [Hq]
+  std::vector<Eigen::VectorXf> tail_mass;        // [Hq]
+  std::vector<Eigen::VectorXd> lse;              // [Hq]
   CacheView prefix;  // every KV head holds [0, c): the single compression point without cuts
 
   SharedPass(const ModelGeometry& geometry, std::int64_t tokens, std::int64_t point, bool logits_too)
-      : g(geometry), T(tokens), c(point), keep_logits(logits_too), full_k(static_cast<std::size_t>(g.n_kv_heads)),
-        full_v(full_k.size()), attn(static_cast<std::size_t>(g.n_q_heads)), out(attn.size()), out_tail(attn.size()),
-        logits(attn.size()), tail_mass(attn.size()), lse(attn.size()) {
+      : g(geometry),
+        T(tokens),
+        c(point),
+        keep_logits(logits_too),
+        full_k(static_cast<std::size_t>(g.n_kv_heads)),
+        full_v(full_k.size()),
+        attn(static_cast<std::size_t>(g.n_q_heads)),
+        out(attn.size()),
+        out_tail(attn.size()),
+        logits(attn.size()),
+        tail_mass(attn.size()),
+        lse(attn.size()) {
     prefix.tokens = kvcache::LayerIndex::prefix(g.n_kv_heads, c).tokens;
     prefix.keys.resize(full_k.size());
     prefix.values.resize(full_k.size());
@@ -278,11 +289,13 @@ Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<Repla
                    std::int64_t compress_every, BudgetRule rule)
     : reader_(reader), mode_(mode), configs_(std::move(configs)), compress_every_(compress_every), rule_(rule) {
   if (compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
-  for (const ReplayConfig& cfg : configs_) check_window_support(reader.geometry(), rule_, *cfg.impl, cfg.label(), reader.path());
+  for (const ReplayConfig& cfg : configs_)
+    check_window_support(reader.geometry(), rule_, *cfg.impl, cfg.label(), reader.path());
 }
 
-void Replayer::select_across_layers(std::vector<ConfigBudget>& budgets, std::int64_t c,
-                                    const std::function<std::unique_ptr<const kvcache::CacheSignals>(int)>& layer_signals) const {
+void Replayer::select_across_layers(
+    std::vector<ConfigBudget>& budgets, std::int64_t c,
+    const std::function<std::unique_ptr<const kvcache::CacheSignals>(int)>& layer_signals) const {
   std::vector<std::size_t> across;
   for (std::size_t p = 0; p < configs_.size(); ++p)
     if (configs_[p].impl->selects_across_layers() && budgets[p].compress) across.push_back(p);
@@ -292,7 +305,8 @@ void Replayer::select_across_layers(std::vector<ConfigBudget>& budgets, std::int
   std::vector<std::vector<std::shared_ptr<const void>>> summaries(across.size());
   for (int layer = 0; layer < reader_.geometry().n_layers; ++layer) {
     const auto signals = layer_signals(layer);
-    for (std::size_t k = 0; k < across.size(); ++k) summaries[k].push_back(configs_[across[k]].impl->layer_summary(*signals));
+    for (std::size_t k = 0; k < across.size(); ++k)
+      summaries[k].push_back(configs_[across[k]].impl->layer_summary(*signals));
   }
   for (std::size_t k = 0; k < across.size(); ++k) {
     ConfigBudget& b = budgets[across[k]];
@@ -314,9 +328,10 @@ EvalRows eval_rows(const RequestHeader& h, ReplayMode mode, const std::string& c
   const std::int64_t T = h.n_tokens();
   r.c = mode == ReplayMode::QueryAware ? h.n_prompt : h.question_start;
   if (r.c < 1 || r.c >= T)
-    throw Error(ctx + ": compression point " + std::to_string(r.c) + " (" + mode_name(mode) +
-                ") leaves no tokens to evaluate; expected 1 <= point < T = " + std::to_string(T) +
-                (mode == ReplayMode::QueryAware ? " (the request needs generated tokens)" : " (the request needs a question)"));
+    throw Error(
+        ctx + ": compression point " + std::to_string(r.c) + " (" + mode_name(mode) +
+        ") leaves no tokens to evaluate; expected 1 <= point < T = " + std::to_string(T) +
+        (mode == ReplayMode::QueryAware ? " (the request needs generated tokens)" : " (the request needs a question)"));
   r.first = static_cast<std::int64_t>(
       std::lower_bound(h.q_index.begin(), h.q_index.end(), static_cast<std::int32_t>(r.c)) - h.q_index.begin());
   r.count = h.n_queries() - r.first;
@@ -324,7 +339,8 @@ EvalRows eval_rows(const RequestHeader& h, ReplayMode mode, const std::string& c
     throw Error(ctx + ": no recorded queries at or after the compression point " + std::to_string(r.c) +
                 "; expected the question/answer queries in q_index");
   r.limit.resize(static_cast<std::size_t>(r.count));
-  for (std::int64_t i = 0; i < r.count; ++i) r.limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(r.first + i)];
+  for (std::int64_t i = 0; i < r.count; ++i)
+    r.limit[static_cast<std::size_t>(i)] = h.q_index[static_cast<std::size_t>(r.first + i)];
   return r;
 }
 
@@ -350,7 +366,8 @@ std::vector<std::size_t> phase_a_order(const std::vector<ReplayConfig>& configs)
 // table into `repeat` (the layers are read with the rest). False when there is none to hand out.
 bool repeat_table(const TraceReader& reader, const std::string& id, const std::vector<ReplayConfig>& configs,
                   RepeatPassView& repeat) {
-  const bool wanted = std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& cfg) { return cfg.impl->needs_repeat_pass(); });
+  const bool wanted = std::any_of(configs.begin(), configs.end(),
+                                  [](const ReplayConfig& cfg) { return cfg.impl->needs_repeat_pass(); });
   if (!wanted || !reader.has_repeat_pass(id)) return false;
   const RepeatPass table = reader.repeat_pass_table(id);
   for (const RepeatChunk& ch : table.chunks) repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
@@ -376,7 +393,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   const WindowShare windows = window_share(g, c);
   std::vector<ConfigBudget> budgets;
   for (const ReplayConfig& cfg : configs_)
-    budgets.push_back(config_budget(*cfg.impl, global_fraction(cfg.budget, windows, c, cfg.label()), c, d, rule_, cfg.label()));
+    budgets.push_back(
+        config_budget(*cfg.impl, global_fraction(cfg.budget, windows, c, cfg.label()), c, d, rule_, cfg.label()));
   std::vector<Accumulator> acc(P);
   for (auto& a : acc) {
     start_accumulator(a, L, Hq, T, c, record_keep_sets_);
@@ -390,9 +408,8 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   FloatBuffer qbuf(reader_.layer_elements(request_id, Tensor::Q));
   // Encoded (quantized, low-rank) configs compare their logits with the exact ones: keep those
   // instead of recomputing them per config.
-  const bool keep_logits = std::any_of(configs_.begin(), configs_.end(), [](const ReplayConfig& cfg) {
-    return cfg.impl->codec() != nullptr;
-  });
+  const bool keep_logits = std::any_of(configs_.begin(), configs_.end(),
+                                       [](const ReplayConfig& cfg) { return cfg.impl->codec() != nullptr; });
   SharedPass pass(g, T, c, keep_logits);
   CacheView& prefix = pass.prefix;
   RepeatPassView repeat;
@@ -435,10 +452,12 @@ RequestResult Replayer::replay(const std::string& request_id) const {
     auto t0 = Clock::now();
     const CacheSignals signals(ctx, g, layer, c, tokens, qbuf, prefix);
 
-    const LayerWork work{g,         layer,     c,          E,           T,          compress_every_, record_keep_sets_,
-                         ctx,       h,         tokens,     qbuf,        pass.full_k, eval_limit,     signals,
-                         pass.attn, pass.out,  pass.out_tail, pass.tail_mass, pass.full_v, first_eval, pass.logits,
-                         pass.lse};
+    // One field after another, as LayerWork declares them.
+    // clang-format off
+    const LayerWork work{g, layer, c, E, T, compress_every_, record_keep_sets_, ctx, h, tokens, qbuf, pass.full_k,
+                         eval_limit, signals, pass.attn, pass.out, pass.out_tail, pass.tail_mass, pass.full_v, first_eval,
+                         pass.logits, pass.lse};
+    // clang-format on
     score_layer(work, configs_, budgets, heavy_first, acc);
     config_s += since(t0);
   }
@@ -454,8 +473,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   // Per layer and query head: Q K^T and A V over all T keys, plus the tail product.
   result.attention_flops = static_cast<double>(windows.global_layers) * Hq * 2.0 * static_cast<double>(E) * d *
                            (2.0 * static_cast<double>(T) + static_cast<double>(T - c));
-  for (std::size_t p = 0; p < P; ++p)
-    result.configs.push_back(summarise(acc[p], configs_[p], budgets[p], g, ctx));
+  for (std::size_t p = 0; p < P; ++p) result.configs.push_back(summarise(acc[p], configs_[p], budgets[p], g, ctx));
   return result;
 }
 

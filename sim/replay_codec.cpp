@@ -34,8 +34,10 @@ struct Run {
 std::vector<Run> runs_of(const std::vector<std::int32_t>& tokens) {
   std::vector<Run> runs;
   for (std::size_t m = 0; m < tokens.size(); ++m) {
-    if (!runs.empty() && runs.back().token + runs.back().len == tokens[m]) ++runs.back().len;
-    else runs.push_back({static_cast<Eigen::Index>(m), tokens[m], 1});
+    if (!runs.empty() && runs.back().token + runs.back().len == tokens[m])
+      ++runs.back().len;
+    else
+      runs.push_back({static_cast<Eigen::Index>(m), tokens[m], 1});
   }
   return runs;
 }
@@ -101,7 +103,8 @@ ExpSums exp_shift(float* x, const float* exact, Eigen::Index n, float mx) {
 
 // The full attention mass on what evaluation row i sees: summed over the kept runs (and the tail
 // up to `last`) or, when those are longer, one minus the mass on the gaps (a full row sums to one).
-double seen_mass(const Mat& A, std::int64_t i, const std::vector<Run>& spans, bool kept, std::int64_t t0, Eigen::Index last) {
+double seen_mass(const Mat& A, std::int64_t i, const std::vector<Run>& spans, bool kept, std::int64_t t0,
+                 Eigen::Index last) {
   double mass = kept ? 0.0 : 1.0;
   for (const Run& s : spans) mass += (kept ? 1.0 : -1.0) * static_cast<double>(A.row(i).segment(s.token, s.len).sum());
   if (kept) mass += static_cast<double>(A.row(i).segment(t0, last - t0 + 1).sum());
@@ -126,8 +129,9 @@ const float* slot_order(const float* exact, const std::vector<Run>& runs, std::s
 // head is rebuilt from its coefficients: gathering 2 x nk x d floats would be overwritten unread).
 // Returns the rank of factored values (coefficients in vh, basis in v_basis), or -1.
 template <class Rows>
-int read_back(const KvCodec& codec, const HeadPlan& plan, const LayerWork& w, const std::vector<Run>& runs, const Mat& K,
-              const Mat& V, Rows& kh, Rows& vh, std::vector<std::int32_t>& positions, std::span<const float>& v_basis) {
+int read_back(const KvCodec& codec, const HeadPlan& plan, const LayerWork& w, const std::vector<Run>& runs,
+              const Mat& K, const Mat& V, Rows& kh, Rows& vh, std::vector<std::int32_t>& positions,
+              std::span<const float>& v_basis) {
   positions.resize(static_cast<std::size_t>(kh.rows()));
   const bool gather = codec.reads_rows(plan);
   for (const Run& r : runs) {
@@ -139,6 +143,17 @@ int read_back(const KvCodec& codec, const HeadPlan& plan, const LayerWork& w, co
   }
   return codec.reconstruct_factored(plan, w.g, positions, {kh.data(), static_cast<std::size_t>(kh.size())},
                                     {vh.data(), static_cast<std::size_t>(vh.size())}, v_basis);
+}
+
+// The group of KV head kv's query heads stacked into qs, scaled: row r * rows + x is query head
+// kv * G + r at evaluation row i0 + x.
+template <class Rows>
+void stack_queries(const LayerWork& w, int kv, std::int64_t i0, std::int64_t rows, float scale, Rows& qs) {
+  const int G = w.g.group(), d = w.g.head_dim, Hq = w.g.n_q_heads;
+  for (int r = 0; r < G; ++r)
+    qs.middleRows(r * rows, rows) =
+        StridedMap(w.q.data() + ((w.first_eval + i0) * Hq + kv * G + r) * d, rows, d, Eigen::OuterStride<>(Hq * d)) *
+        scale;
 }
 
 // ||got * inv_sum - full|| / ||full|| (0 for a zero row).
@@ -154,7 +169,8 @@ double relative_error(const Row& got, double inv_sum, const Full& full) {
 template <class Acc>
 struct OnlineSoftmax {
   explicit OnlineSoftmax(Acc& a)
-      : acc(a), mx(static_cast<std::size_t>(a.rows()), -std::numeric_limits<float>::infinity()),
+      : acc(a),
+        mx(static_cast<std::size_t>(a.rows()), -std::numeric_limits<float>::infinity()),
         sums(static_cast<std::size_t>(a.rows())) {}
   // Row y's next n logits (exps in place), `exact` the full cache's logits for them or null.
   void add(std::int64_t y, float* row, const float* exact, Eigen::Index n) {
@@ -212,12 +228,9 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
     auto vh = v_buf.get(nk, d);
     std::span<const float> v_basis;
     const int v_rank = read_back(codec, plan, w, runs, K, V, kh, vh, positions, v_basis);
-    // The group's query heads stacked: row r * rows + x is head kv * G + r at evaluation row i0 + x.
     const std::int64_t GR = G * rows;
     auto qs = q_buf.get(GR, d);
-    for (int r = 0; r < G; ++r)
-      qs.middleRows(r * rows, rows) =
-          StridedMap(w.q.data() + ((w.first_eval + i0) * Hq + kv * G + r) * d, rows, d, Eigen::OuterStride<>(Hq * d)) * scale;
+    stack_queries(w, kv, i0, rows, scale, qs);
     // The head holds nk of the t0 tokens before the tail; recall sums whichever side is shorter.
     const bool sum_kept = nk <= t0 - nk;
     const std::vector<Run> gaps = sum_kept ? std::vector<Run>{} : gaps_of(runs, t0);
@@ -244,7 +257,8 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
         const Mat& Lx = w.logits[static_cast<std::size_t>(kv * G + r)];
         for (std::int64_t x = 0; x < rows; ++x) {
           const std::int64_t y = r * rows + x;
-          sm.add(y, sc.row(y).data(), slot_order(Lx.row(i0 + x).data(), runs, first_run, end_run, c0, len, gathered), len);
+          sm.add(y, sc.row(y).data(), slot_order(Lx.row(i0 + x).data(), runs, first_run, end_run, c0, len, gathered),
+                 len);
         }
       }
       acc.noalias() += sc * values.middleRows(c0, len);
@@ -285,7 +299,8 @@ void score_rows(const KvCodec& codec, const LayerIndex& cache, std::int64_t t0, 
       const auto qi = static_cast<std::size_t>(kv * G + r);
       for (std::int64_t x = 0; x < rows; ++x) {
         const std::int64_t i = i0 + x, y = r * rows + x;
-        out.err[qi][static_cast<std::size_t>(i)] = relative_error(o.row(y), inv_sum[static_cast<std::size_t>(y)], w.out[qi].row(i));
+        out.err[qi][static_cast<std::size_t>(i)] =
+            relative_error(o.row(y), inv_sum[static_cast<std::size_t>(y)], w.out[qi].row(i));
       }
     }
   }
@@ -386,8 +401,10 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
   const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, d = w.g.head_dim;
   const std::int64_t c = w.c, E = w.E;
   if (E != w.T - c)
-    throw Error("policy " + cfg.policy + " re-encodes its cache while decoding and needs the query of every token after "
-                "the compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
+    throw Error("policy " + cfg.policy +
+                " re-encodes its cache while decoding and needs the query of every token after "
+                "the compression point (" +
+                std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
                 "; capture with all decode-step queries");
   // Drop entries leave the encodings (and the codec data made for them), so decode tokens append.
   LayerIndex cache = coded_index(plan, c, &a);
@@ -410,7 +427,9 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
     kvcache::append_token(cache, t);
     if (state.needs_attention()) cache_weights(w, i, cache.tokens, weights, true);
     evict.assign(static_cast<std::size_t>(Hkv), {});
-    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] { return signals_over(w, cache.tokens, t + 1); };
+    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] {
+      return signals_over(w, cache.tokens, t + 1);
+    };
     DecodeStep step{t, cache.tokens, weights, b.tokens, segment_of(w, t)};
     step.signals = &signals;
     state.step(step, evict);
@@ -428,7 +447,8 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
       for (std::size_t kv = 0; kv < next.heads.size() && kv < cache.tokens.size(); ++kv) {
         const HeadPlan& hp = next.heads[kv];
         for (std::size_t m = 0; m < hp.codec.size() && m < cache.tokens[kv].size(); ++m)
-          a.mix((static_cast<std::uint64_t>(hp.codec[m]) * 0x9e37ull + 7) ^ static_cast<std::uint64_t>(cache.tokens[kv][m]));
+          a.mix((static_cast<std::uint64_t>(hp.codec[m]) * 0x9e37ull + 7) ^
+                static_cast<std::uint64_t>(cache.tokens[kv][m]));
       }
       kvcache::apply_retier(cfg.policy, next, w.layer, t, codec, head_budget, d, cache, nullptr);
       changed = true;

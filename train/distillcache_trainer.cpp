@@ -73,8 +73,10 @@ class SampledPolicy : public Policy {
       if (budget.tokens >= tokens) {
         std::fill(keep.begin(), keep.end(), 1);
       } else {
-        Rng rng(seed_, static_cast<std::uint64_t>(s.layer()), static_cast<std::uint64_t>(kv), static_cast<std::uint64_t>(s.n_tokens()));
-        a.chosen = greedy_ ? sample_top_k(score, budget.tokens, 1e-9, rng) : sample_top_k(score, budget.tokens, tau_, rng);
+        Rng rng(seed_, static_cast<std::uint64_t>(s.layer()), static_cast<std::uint64_t>(kv),
+                static_cast<std::uint64_t>(s.n_tokens()));
+        a.chosen =
+            greedy_ ? sample_top_k(score, budget.tokens, 1e-9, rng) : sample_top_k(score, budget.tokens, tau_, rng);
         for (std::int64_t j : a.chosen) keep[static_cast<std::size_t>(j)] = 1;
       }
       plan.heads.push_back(plan_from_mask(keep));
@@ -115,15 +117,18 @@ std::vector<double> layer_weights(const std::string& estimator, int layers, Repl
 }
 
 void check_options(const DistillCacheOptions& o) {
-  if (o.reward != "trace" && o.reward != "live") throw Error("train distillcache: --reward is '" + o.reward + "'; expected trace or live");
+  if (o.reward != "trace" && o.reward != "live")
+    throw Error("train distillcache: --reward is '" + o.reward + "'; expected trace or live");
   if (o.episodes < 1 || o.samples < 2 || !(o.lr > 0) || !(o.temperature > 0) || o.budgets.empty())
-    throw Error("train distillcache: --episodes >= 1, --samples >= 2 (the baseline is the other samples), --lr and "
-                "--temperature > 0, at least one budget");
+    throw Error(
+        "train distillcache: --episodes >= 1, --samples >= 2 (the baseline is the other samples), --lr and "
+        "--temperature > 0, at least one budget");
   for (double b : o.budgets)
     if (!(b > 0 && b < 1)) throw Error("train distillcache: budget " + std::to_string(b) + " is not in (0, 1)");
   if (o.reward == "live" && (o.model.empty() || o.tasks.empty()))
-    throw Error("train distillcache: --reward live needs --model (the GGUF the traces were captured from) and --tasks "
-                "(the task file of their requests)");
+    throw Error(
+        "train distillcache: --reward live needs --model (the GGUF the traces were captured from) and --tasks "
+        "(the task file of their requests)");
 }
 
 // The scorer training starts from: an --init model's, or a seeded network over the fit samples'
@@ -134,7 +139,8 @@ std::shared_ptr<Scorer> initial_scorer(const DistillCacheOptions& o, const std::
   if (!o.init.empty()) {
     learned::LearnedModel init = learned::read_learned_model(o.init);
     if (init.method != "foresight" && init.method != "distillcache")
-      throw Error(o.init + ": attribute 'method' is '" + init.method + "'; --init takes a foresight or distillcache model");
+      throw Error(o.init + ": attribute 'method' is '" + init.method +
+                  "'; --init takes a foresight or distillcache model");
     learned::check_learned_model(init, o.init, init.method, g);
     scorer->net = std::move(init.network);
     scorer->mean = init.norm_mean;
@@ -165,7 +171,8 @@ double episode_gradient(const Scorer& scorer, const std::vector<std::shared_ptr<
       double others = 0;  // leave-one-out baseline: the other samples' reward for this layer
       for (std::size_t m = 0; m < policies.size(); ++m)
         if (m != k) others += reward[m][static_cast<std::size_t>(a.layer)];
-      const double adv = reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
+      const double adv =
+          reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
       if (adv == 0) continue;
       learned::Mlp::Tape tape;
       const learned::HeadFeatures& f = a.features();
@@ -182,7 +189,8 @@ double episode_gradient(const Scorer& scorer, const std::vector<std::shared_ptr<
 
 // The trace's weighted estimate for the greedy policy (top tokens by score) of the initial and of
 // the final scorer, at budget b, averaged over the `eval` requests.
-std::pair<double, double> greedy_estimates(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
+std::pair<double, double> greedy_estimates(const TrainingSet& set, const TrainingInputs& in,
+                                           const DistillCacheOptions& o,
                                            const std::vector<std::unique_ptr<TraceReader>>& readers,
                                            const std::vector<double>& weights, const std::vector<int>& eval, double b,
                                            const std::shared_ptr<const Scorer>& initial,
@@ -193,28 +201,34 @@ std::pair<double, double> greedy_estimates(const TrainingSet& set, const Trainin
     const std::vector<ReplayConfig> configs = {
         {"distillcache-initial", "", std::make_shared<const SampledPolicy>(initial, 1.0, 0, true), b},
         {"distillcache-final", "", std::make_shared<const SampledPolicy>(final_scorer, 1.0, 0, true), b}};
-    const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
+    const RequestResult res =
+        Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
     for (int l = 0; l < set.geometry.n_layers; ++l) {
-      before += weights[static_cast<std::size_t>(l)] * res.configs[0].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
-      after += weights[static_cast<std::size_t>(l)] * res.configs[1].layer_out_sq[static_cast<std::size_t>(l)] / static_cast<double>(eval.size());
+      before += weights[static_cast<std::size_t>(l)] * res.configs[0].layer_out_sq[static_cast<std::size_t>(l)] /
+                static_cast<double>(eval.size());
+      after += weights[static_cast<std::size_t>(l)] * res.configs[1].layer_out_sq[static_cast<std::size_t>(l)] /
+               static_cast<double>(eval.size());
     }
   }
   return {before, after};
 }
 
+// The live model and task file the --reward live episodes run on, checked against the traces.
+LiveTasks live_rewards(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
+                       const std::vector<int>& requests) {
+  VerifyOptions vo;
+  vo.mode = in.mode;
+  vo.max_new = o.max_new;
+  vo.budget_rule = o.rule;
+  return open_live_tasks("train distillcache", set, requests, o.model, o.tasks, vo);
+}
+
 // What the model file records of how it was trained.
 std::string hyperparameters(const DistillCacheOptions& o, const std::vector<int>& sizes) {
-  return nlohmann::json{{"hidden", sizes},
-                        {"episodes", o.episodes},
-                        {"samples", o.samples},
-                        {"lr", o.lr},
-                        {"temperature", o.temperature},
-                        {"budgets", o.budgets},
-                        {"reward", o.reward},
-                        {"estimator", o.estimator},
-                        {"init", o.init},
-                        {"max_new", o.max_new},
-                        {"budget_semantics", o.rule.name()}}
+  return nlohmann::json{{"hidden", sizes},      {"episodes", o.episodes},           {"samples", o.samples},
+                        {"lr", o.lr},           {"temperature", o.temperature},     {"budgets", o.budgets},
+                        {"reward", o.reward},   {"estimator", o.estimator},         {"init", o.init},
+                        {"max_new", o.max_new}, {"budget_semantics", o.rule.name()}}
       .dump();
 }
 
@@ -243,25 +257,22 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
   const std::vector<double> weights = layer_weights(o.estimator, g.n_layers, in.mode);
   LiveTasks live;
-  if (o.reward == "live") {
-    VerifyOptions vo;
-    vo.mode = in.mode;
-    vo.max_new = o.max_new;
-    vo.budget_rule = o.rule;
-    live = open_live_tasks("train distillcache", set, fit_requests, o.model, o.tasks, vo);
-  }
+  if (o.reward == "live") live = live_rewards(set, in, o, fit_requests);
 
   // Per sample and layer, the reward of one (request, budget) episode.
   auto run_samples = [&](int r, double budget, const std::vector<std::shared_ptr<const SampledPolicy>>& policies) {
     const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
     std::vector<ReplayConfig> configs;
     for (const auto& p : policies) configs.push_back({"distillcache-sample", "", p, budget});
-    std::vector<std::vector<double>> reward(policies.size(), std::vector<double>(static_cast<std::size_t>(g.n_layers), 0.0));
+    std::vector<std::vector<double>> reward(policies.size(),
+                                            std::vector<double>(static_cast<std::size_t>(g.n_layers), 0.0));
     if (o.reward == "trace") {
-      const RequestResult res = Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
+      const RequestResult res =
+          Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
       for (std::size_t k = 0; k < policies.size(); ++k)
         for (int l = 0; l < g.n_layers; ++l)
-          reward[k][static_cast<std::size_t>(l)] = -weights[static_cast<std::size_t>(l)] * res.configs[k].layer_out_sq[static_cast<std::size_t>(l)];
+          reward[k][static_cast<std::size_t>(l)] =
+              -weights[static_cast<std::size_t>(l)] * res.configs[k].layer_out_sq[static_cast<std::size_t>(l)];
     } else {
       const LiveRequestResult res = live.verifier->run(live.task(set, r), configs);
       for (std::size_t k = 0; k < policies.size(); ++k)
@@ -286,10 +297,14 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
     std::vector<std::shared_ptr<const SampledPolicy>> policies;
     const std::shared_ptr<const Scorer> now = std::make_shared<const Scorer>(*scorer);
     for (int k = 0; k < o.samples; ++k)
-      policies.push_back(std::make_shared<const SampledPolicy>(now, o.temperature, splitmix64(o.seed ^ splitmix64(static_cast<std::uint64_t>(ep)) ^ splitmix64(~static_cast<std::uint64_t>(k))), false));
+      policies.push_back(std::make_shared<const SampledPolicy>(
+          now, o.temperature,
+          splitmix64(o.seed ^ splitmix64(static_cast<std::uint64_t>(ep)) ^ splitmix64(~static_cast<std::uint64_t>(k))),
+          false));
     const auto reward = run_samples(order[pos], budget, policies);
     grad.assign(scorer->net.params().size(), 0.0);
-    const double mean_reward = episode_gradient(*scorer, policies, reward, o.temperature, grad, actions, decode_actions);
+    const double mean_reward =
+        episode_gradient(*scorer, policies, reward, o.temperature, grad, actions, decode_actions);
     adam.step(scorer->net.params(), grad);
     curve.step.push_back(static_cast<double>(ep));
     curve.value.push_back(mean_reward);

@@ -67,14 +67,15 @@ void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv,
     std::string path = t;
     if (!std::filesystem::exists(path)) path = (std::filesystem::path(csv).parent_path() / t).string();
     if (!std::filesystem::exists(path)) {
-      progress << "verify: warning: trace " << t << " listed in " << csv << " is not found; its geometry is not checked\n";
+      progress << "verify: warning: trace " << t << " listed in " << csv
+               << " is not found; its geometry is not checked\n";
       continue;
     }
     const TraceReader reader(path);
     const ModelGeometry& m = reader.geometry();
     if (!same_kv_shape(m, g))
-      throw Error(csv + ": its trace " + t + " has " + kv_shape(m) + ", but the model " + model + " has " + kv_shape(g) +
-                  " (a sweep of another model?)");
+      throw Error(csv + ": its trace " + t + " has " + kv_shape(m) + ", but the model " + model + " has " +
+                  kv_shape(g) + " (a sweep of another model?)");
   }
 }
 
@@ -95,7 +96,9 @@ nlohmann::json sweep_config(const std::string& csv) {
 // The compression schedule a sweep ran with: compress_every, or prefill_chunk in sweeps written
 // before the flag was renamed (the same schedule).
 std::int64_t sweep_compress_every(const std::string& csv, const nlohmann::json& j) {
-  const char* key = j.contains("compress_every") ? "compress_every" : j.contains("prefill_chunk") ? "prefill_chunk" : nullptr;
+  const char* key = j.contains("compress_every")  ? "compress_every"
+                    : j.contains("prefill_chunk") ? "prefill_chunk"
+                                                  : nullptr;
   if (!key) return 0;
   if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
     throw Error(csv + ": config field '" + key + "' is " + j[key].dump() + ", expected an integer >= 0");
@@ -125,8 +128,8 @@ namespace {
 
 // A verify of a sweep's configs runs them as the sweep did: its one mode, its compression
 // schedule and budget semantics (a flag that says otherwise is refused), on its requests.
-void adopt_sweep_settings(const std::string& offline_csv, const std::vector<OfflineRow>& offline, const VerifySpec& spec,
-                          const std::vector<CaptureRequest>& requests, VerifyOptions& live) {
+void adopt_sweep_settings(const std::string& offline_csv, const std::vector<OfflineRow>& offline,
+                          const VerifySpec& spec, const std::vector<CaptureRequest>& requests, VerifyOptions& live) {
   std::set<std::string> modes;
   for (const auto& r : offline) modes.insert(r.mode);
   if (modes.size() != 1) throw Error(offline_csv + ": rows of several modes; verify one mode at a time");
@@ -154,6 +157,81 @@ void adopt_sweep_settings(const std::string& offline_csv, const std::vector<Offl
                 " (verify the tasks the sweep's traces were captured from)");
 }
 
+// The verify CSV's head: a comment, the run's configuration line, the column names.
+void write_verify_head(std::ostream& csv, const VerifySpec& spec, const VerifyOptions& live,
+                       const LiveVerifier& verifier) {
+  nlohmann::json cfg{{"tool", "kvsim verify"},
+                     {"model", spec.model_path},
+                     {"tasks", spec.tasks_path},
+                     {"mode", mode_name(live.mode)},
+                     {"max_new", live.max_new},
+                     {"weights", weight_format_name(live.weights)},
+                     {"queries", live.all_queries ? "all" : "eval"},
+                     {"prefill_chunk", live.prefill_chunk},
+                     {"compress_every", live.compress_every},
+                     {"budget_semantics", live.budget_rule.name()},
+                     {"device", verifier.device()},
+                     {"policy_steps", verifier.rules_in_engine() ? "engine" : "host"}};
+  csv << "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)\n# config: "
+      << cfg.dump() << "\n";
+  csv << csv_line({"request",
+                   "task",
+                   "mode",
+                   "policy",
+                   "params",
+                   "budget",
+                   "budget_tokens",
+                   "kept_fraction",
+                   "compressed_bytes",
+                   "budget_bytes",
+                   "steps",
+                   "live_kl",
+                   "max_kl",
+                   "top1",
+                   "ppl",
+                   "reference_ppl",
+                   "task_score",
+                   "reference_task_score",
+                   "same_tokens",
+                   "seconds",
+                   "policy_steps",
+                   "position_fallback",
+                   "budget_semantics",
+                   "decode_peak_bytes",
+                   "generated"})
+      << "\n";
+}
+
+// One (request, config) row of the verify CSV.
+std::string verify_row(const CaptureRequest& r, const VerifyOptions& live, const ReplayConfig& c,
+                       const LiveConfigResult& x, const LiveRequestResult& res) {
+  return csv_line({r.id,
+                   r.task,
+                   mode_name(live.mode),
+                   c.policy,
+                   c.params,
+                   num(c.budget),
+                   std::to_string(x.budget_tokens),
+                   num(x.kept_fraction),
+                   num(x.compressed_bytes),
+                   num(x.budget_bytes),
+                   std::to_string(x.steps),
+                   num(x.mean_kl),
+                   num(x.max_kl),
+                   num(x.top1),
+                   num(x.ppl),
+                   num(res.reference_ppl),
+                   num(x.task_score),
+                   num(res.reference_task_score),
+                   x.same_tokens ? "1" : "0",
+                   num(x.seconds),
+                   x.policy_steps,
+                   num(x.position_fallback),
+                   live.budget_rule.name(),
+                   num(x.decode_peak_bytes),
+                   x.generated});
+}
+
 // Per (budget, policy label), the live means the table prints.
 struct LiveMean {
   double kl = 0, top1 = 0, ppl_ratio = 0, task = 0, kept = 0;
@@ -164,7 +242,8 @@ struct LiveMean {
 void print_live_table(const std::map<std::pair<double, std::string>, LiveMean>& summary, std::ostream& out) {
   std::vector<std::pair<std::pair<double, std::string>, LiveMean>> rows(summary.begin(), summary.end());
   std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-    return a.first.first != b.first.first ? a.first.first < b.first.first : a.second.kl / a.second.n < b.second.kl / b.second.n;
+    return a.first.first != b.first.first ? a.first.first < b.first.first
+                                          : a.second.kl / a.second.n < b.second.kl / b.second.n;
   });
   char buf[200];
   std::snprintf(buf, sizeof buf, "%-8s%-44s%8s%10s%8s%10s%8s%6s\n", "budget", "policy (live)", "kept", "KL", "top1",
@@ -177,7 +256,8 @@ void print_live_table(const std::map<std::pair<double, std::string>, LiveMean>& 
     std::string label = table_label(key.second);
     if (label.size() > 42) label = label.substr(0, 39) + "...";
     std::snprintf(buf, sizeof buf, "%-8.3g%-44s%8.3f%10.4f%8.3f%10.4f%8s%6d\n", key.first, label.c_str(), m.kept / m.n,
-                  m.kl / m.n, m.top1 / m.n, m.ppl_ratio / m.n, m.n_task ? num(m.task / m.n_task).substr(0, 6).c_str() : "-", m.n);
+                  m.kl / m.n, m.top1 / m.n, m.ppl_ratio / m.n,
+                  m.n_task ? num(m.task / m.n_task).substr(0, 6).c_str() : "-", m.n);
     out << buf;
   }
 }
@@ -216,18 +296,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   const std::string tmp = spec.out_csv + ".partial";
   std::ofstream csv(tmp);
   if (!csv) throw Error(tmp + ": cannot write");
-  nlohmann::json cfg{{"tool", "kvsim verify"}, {"model", spec.model_path}, {"tasks", spec.tasks_path},
-                     {"mode", mode_name(live.mode)}, {"max_new", live.max_new}, {"weights", weight_format_name(live.weights)},
-                     {"queries", live.all_queries ? "all" : "eval"}, {"prefill_chunk", live.prefill_chunk},
-                     {"compress_every", live.compress_every}, {"budget_semantics", live.budget_rule.name()},
-                     {"device", verifier.device()}, {"policy_steps", verifier.rules_in_engine() ? "engine" : "host"}};
-  csv << "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)\n# config: "
-      << cfg.dump() << "\n";
-  csv << csv_line({"request", "task", "mode", "policy", "params", "budget", "budget_tokens", "kept_fraction", "compressed_bytes",
-                   "budget_bytes", "steps", "live_kl", "max_kl", "top1", "ppl", "reference_ppl", "task_score",
-                   "reference_task_score", "same_tokens", "seconds", "policy_steps", "position_fallback", "budget_semantics",
-                   "decode_peak_bytes", "generated"})
-      << "\n";
+  write_verify_head(csv, spec, live, verifier);
   const bool tty = spec.progress && ::isatty(2);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LiveRow> live_rows;
@@ -241,13 +310,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
     for (std::size_t p = 0; p < configs.size(); ++p) {
       const ReplayConfig& c = configs[p];
       const LiveConfigResult& x = res.configs[p];
-      csv << csv_line({r.id, r.task, mode_name(live.mode), c.policy, c.params, num(c.budget), std::to_string(x.budget_tokens),
-                       num(x.kept_fraction), num(x.compressed_bytes), num(x.budget_bytes), std::to_string(x.steps),
-                       num(x.mean_kl), num(x.max_kl), num(x.top1), num(x.ppl), num(res.reference_ppl), num(x.task_score),
-                       num(res.reference_task_score), x.same_tokens ? "1" : "0", num(x.seconds),
-                       x.policy_steps, num(x.position_fallback), live.budget_rule.name(), num(x.decode_peak_bytes),
-                       x.generated})
-          << "\n";
+      csv << verify_row(r, live, c, x, res) << "\n";
       live_rows.push_back({r.id, c.policy, c.params, c.budget, x.mean_kl, x.top1, x.task_score});
       LiveMean& m = summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}];
       m.kl += x.mean_kl;
@@ -272,7 +335,8 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   out << spec.out_csv << ": " << requests.size() << " requests x " << configs.size() << " configs, live in " << seconds
       << " s\n";
   if (!offline.empty()) {
-    const AgreementReport rep = agreement(offline, live_rows, offline_metric_names(!spec.offline_detail.empty()), 5, fitted_on);
+    const AgreementReport rep =
+        agreement(offline, live_rows, offline_metric_names(!spec.offline_detail.empty()), 5, fitted_on);
     out << "\n";
     print_agreement(rep, out);
     if (!spec.agreement_csv.empty()) write_agreement_csv(rep, spec.agreement_csv);
