@@ -26,7 +26,6 @@ using namespace kvsim::bench;
 
 namespace {
 
-
 // Multiply-adds per token of the weight matrices (the GEMM work of a forward pass).
 double weight_macs(const ModelConfig& c) {
   const double q = static_cast<double>(c.n_q_heads) * c.head_dim, kv = static_cast<double>(c.n_kv_heads) * c.head_dim;
@@ -39,7 +38,6 @@ std::vector<CaptureRequest> requests(int tokens, int count) {
   spec.approx_tokens = tokens;
   return make_needle_tasks(spec);
 }
-
 
 int rss_child(const std::string& model, const std::string& dir, const std::string& weights, int tokens) {
   CaptureOptions o;
@@ -61,7 +59,8 @@ int rss_child(const std::string& model, const std::string& dir, const std::strin
 void decode_at_contexts(const GgufFile& gguf, const std::vector<std::int32_t>& ids) {
   LlamaModel m(gguf, WeightFormat::Quantized);
   for (const std::int64_t context : {std::int64_t{128}, std::int64_t{1024}}) {
-    std::vector<std::int32_t> prompt(ids.begin(), ids.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(ids.size()), context));
+    std::vector<std::int32_t> prompt(
+        ids.begin(), ids.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(ids.size()), context));
     while (static_cast<std::int64_t>(prompt.size()) < context) prompt.push_back(ids[prompt.size() % ids.size()]);
     double best = 1e30, best_prefill = 1e30;
     for (int rep = 0; rep < 2; ++rep) {
@@ -74,17 +73,20 @@ void decode_at_contexts(const GgufFile& gguf, const std::vector<std::int32_t>& i
         lg = m.step(static_cast<std::int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin()));
       best = std::min(best, since(t0));
     }
-    std::printf("prefill of %4lld tokens: %6.1f tokens/s; decode after %4lld tokens: %6.1f tokens/s (128 steps, quantized "
-                "weights; set beside llama-bench -p %lld and %s)\n",
-                static_cast<long long>(context), static_cast<double>(context) / best_prefill, static_cast<long long>(context),
-                128 / best, static_cast<long long>(context), context == 128 ? "-n 128" : "-pg 1024,128");
+    std::printf(
+        "prefill of %4lld tokens: %6.1f tokens/s; decode after %4lld tokens: %6.1f tokens/s (128 steps, quantized "
+        "weights; set beside llama-bench -p %lld and %s)\n",
+        static_cast<long long>(context), static_cast<double>(context) / best_prefill, static_cast<long long>(context),
+        128 / best, static_cast<long long>(context), context == 128 ? "-n 128" : "-pg 1024,128");
   }
 }
 
 int main(int argc, char** argv) {
   keep_freed_memory_for_reuse();  // as the kvsim command does
-  if (argc == 6 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], argv[3], argv[4], std::atoi(argv[5]));
-  std::string model = std::string(getenv("HOME") ? getenv("HOME") : ".") + "/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (argc == 6 && std::string(argv[1]) == "--rss-child")
+    return rss_child(argv[2], argv[3], argv[4], std::atoi(argv[5]));
+  std::string model =
+      std::string(getenv("HOME") ? getenv("HOME") : ".") + "/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string dir = "out/bench";
   bool decode_only = false;
   for (int i = 1; i < argc; i += 2) {
@@ -92,8 +94,10 @@ int main(int argc, char** argv) {
     if (a == "--decode-only") {
       decode_only = true;
       --i;  // a flag without a value
-    } else if (i + 1 < argc && a == "--model") model = argv[i + 1];
-    else if (i + 1 < argc && a == "--dir") dir = argv[i + 1];
+    } else if (i + 1 < argc && a == "--model")
+      model = argv[i + 1];
+    else if (i + 1 < argc && a == "--dir")
+      dir = argv[i + 1];
     else {  // --help, an unknown option or one without its value
       std::fprintf(stderr, "usage: bench_capture [--model M.gguf] [--dir D] [--decode-only]\n");
       return 2;
@@ -107,7 +111,8 @@ int main(int argc, char** argv) {
   // Prefill: a ~1K-token prompt in 256-token chunks; decode: 64 greedy steps; once with the
   // weights dequantized to f32 at load, once kept in their GGUF blocks.
   const auto req = requests(1000, 1).front();
-  std::vector<std::int32_t> ids = tok.encode(tok.chat(default_system_prompt(gguf), req.context + "\n\n" + req.question));
+  std::vector<std::int32_t> ids =
+      tok.encode(tok.chat(default_system_prompt(gguf), req.context + "\n\n" + req.question));
   if (decode_only) {
     std::printf("%s CPU engine, decode only\n", c.name.c_str());
     decode_at_contexts(gguf, ids);
@@ -134,10 +139,11 @@ int main(int argc, char** argv) {
     }
     const double t_decode = since(t0);
     const double prefill_gflops = 2.0 * weight_macs(c) * n / t_prefill / 1e9;
-    std::printf("weights %-5s prefill %7.1f tokens/s | %6.1f GFLOP/s (weight GEMMs) | ratio to GEMM %.2f (target >= 0.5) %s | "
-                "decode %6.1f tokens/s (%d steps)\n",
-                weight_format_name(fmt), n / t_prefill, prefill_gflops, prefill_gflops / gemm,
-                prefill_gflops / gemm >= 0.5 ? "OK" : "BELOW TARGET", steps / t_decode, steps);
+    std::printf(
+        "weights %-5s prefill %7.1f tokens/s | %6.1f GFLOP/s (weight GEMMs) | ratio to GEMM %.2f (target >= 0.5) %s | "
+        "decode %6.1f tokens/s (%d steps)\n",
+        weight_format_name(fmt), n / t_prefill, prefill_gflops, prefill_gflops / gemm,
+        prefill_gflops / gemm >= 0.5 ? "OK" : "BELOW TARGET", steps / t_decode, steps);
   }
 
   decode_at_contexts(gguf, ids);
@@ -177,9 +183,11 @@ int main(int argc, char** argv) {
   // buffers in flight (one being written, one queued, one being converted), the prefill's
   // attention scores (chunk x tokens per thread) and 16 MB of allocator slack; buffering the
   // request would add every layer's K/V/Q on top (printed for scale).
-  const double kv_row = static_cast<double>(c.n_kv_heads) * c.head_dim, q_row = static_cast<double>(c.n_q_heads) * c.head_dim;
+  const double kv_row = static_cast<double>(c.n_kv_heads) * c.head_dim,
+               q_row = static_cast<double>(c.n_q_heads) * c.head_dim;
   auto measure = [&](WeightFormat fmt, int tokens, double& T) {
-    const long rss = bench::child_peak_rss({"--rss-child", model, dir, weight_format_name(fmt), std::to_string(tokens)});
+    const long rss =
+        bench::child_peak_rss({"--rss-child", model, dir, weight_format_name(fmt), std::to_string(tokens)});
     const std::string trace = dir + "/bench_rss.h5";
     {
       const TraceReader reader(trace);
@@ -196,11 +204,12 @@ int main(int argc, char** argv) {
     const double scores = 2.0 * o.prefill_chunk * t_big * 4;
     const double allowed = kv + layer_buffers + scores + 16e6;
     const double whole_request = c.n_layers * t_big * (2 * kv_row + q_row) * 2;
-    std::printf("peak RSS, weights %-5s: %.0f tokens %7.1f MB, %.0f tokens %7.1f MB | growth %6.1f MB, allowed %6.1f MB "
-                "(KV %.0f + 3 trace layers %.0f + scores %.0f + 16) %s | whole-request buffers would add %.0f MB\n",
-                weight_format_name(fmt), t_small, small / 1e6, t_big, big / 1e6, (big - small) / 1e6, allowed / 1e6, kv / 1e6,
-                layer_buffers / 1e6, scores / 1e6, small > 0 && big > 0 && big - small <= allowed ? "OK" : "OVER",
-                whole_request / 1e6);
+    std::printf(
+        "peak RSS, weights %-5s: %.0f tokens %7.1f MB, %.0f tokens %7.1f MB | growth %6.1f MB, allowed %6.1f MB "
+        "(KV %.0f + 3 trace layers %.0f + scores %.0f + 16) %s | whole-request buffers would add %.0f MB\n",
+        weight_format_name(fmt), t_small, small / 1e6, t_big, big / 1e6, (big - small) / 1e6, allowed / 1e6, kv / 1e6,
+        layer_buffers / 1e6, scores / 1e6, small > 0 && big > 0 && big - small <= allowed ? "OK" : "OVER",
+        whole_request / 1e6);
   }
   return 0;
 }

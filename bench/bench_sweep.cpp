@@ -108,16 +108,26 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   const std::string trace = dir + "/bench_sweep.h5";
   const SynthConfig cfg = bench_trace(trace, requests);
-  const std::vector<std::string> policies = {"random",         "streamingllm", "snapkv", "pyramidkv",
-                                             "adakv",          "h2o:queries=recorded", "h2o:phase=prefill,queries=recorded", "tova",
-                                             "keydiff",        "expected_attention:queries=recorded", "oracle_future", "oracle_golden"};
+  const std::vector<std::string> policies = {"random",
+                                             "streamingllm",
+                                             "snapkv",
+                                             "pyramidkv",
+                                             "adakv",
+                                             "h2o:queries=recorded",
+                                             "h2o:phase=prefill,queries=recorded",
+                                             "tova",
+                                             "keydiff",
+                                             "expected_attention:queries=recorded",
+                                             "oracle_future",
+                                             "oracle_golden"};
   const std::vector<double> budgets = {0.1, 0.25, 0.5, 0.75};
   const std::vector<ReplayConfig> configs = configs_of(policies, budgets);
   const TraceReader reader(trace);
-  std::printf("sweep benchmark: %zu policies x %zu budgets = %zu configs, %d requests x %d tokens, %d evaluation "
-              "queries each, SmolLM2-135M geometry\n",
-              policies.size(), budgets.size(), configs.size(), requests,
-              cfg.system_tokens + cfg.context_tokens + cfg.question_tokens + cfg.generated_tokens, cfg.generated_tokens);
+  std::printf(
+      "sweep benchmark: %zu policies x %zu budgets = %zu configs, %d requests x %d tokens, %d evaluation "
+      "queries each, SmolLM2-135M geometry\n",
+      policies.size(), budgets.size(), configs.size(), requests,
+      cfg.system_tokens + cfg.context_tokens + cfg.question_tokens + cfg.generated_tokens, cfg.generated_tokens);
 
   // Quantized and low-rank configs cannot share partial outputs (reconstructed keys change the
   // logits): their per-config cost against the eviction configs' in the pass above.
@@ -154,14 +164,16 @@ int main(int argc, char** argv) {
     const double per_evict = evict_cost.config / n_evict;
     const double added = (mixed_cost.config + mixed_cost.shared) - (evict_cost.config + evict_cost.shared);
     const double per_codec = added / n_codec, alone = codec_cost.config / n_codec;
-    std::printf("codec configs (intn, kivi, lowrank, varrate x %zu budgets) in the sweep: %.3f s per config added "
-                "(%.2f s for %zu configs, of which %.2f s in the shared pass) vs eviction %.3f s per config | factor "
-                "%.2fx (target < 4x) %s\n",
-                budgets.size(), per_codec, added, codec_configs.size(), mixed_cost.shared - evict_cost.shared, per_evict,
-                per_codec / per_evict, per_codec / per_evict < 4 ? "OK" : "ABOVE TARGET");
-    std::printf("codec configs swept on their own: %.3f s per config (paying alone for the shared signals) | factor "
-                "%.2fx\n",
-                alone, alone / per_evict);
+    std::printf(
+        "codec configs (intn, kivi, lowrank, varrate x %zu budgets) in the sweep: %.3f s per config added "
+        "(%.2f s for %zu configs, of which %.2f s in the shared pass) vs eviction %.3f s per config | factor "
+        "%.2fx (target < 4x) %s\n",
+        budgets.size(), per_codec, added, codec_configs.size(), mixed_cost.shared - evict_cost.shared, per_evict,
+        per_codec / per_evict, per_codec / per_evict < 4 ? "OK" : "ABOVE TARGET");
+    std::printf(
+        "codec configs swept on their own: %.3f s per config (paying alone for the shared signals) | factor "
+        "%.2fx\n",
+        alone, alone / per_evict);
   };
 
   // A learned policy's replay against SnapKV's, each alone at the four budgets, best of three
@@ -175,9 +187,10 @@ int main(int argc, char** argv) {
       sweep_cost(learned, learned_cost);
     }
     const double a = snap_cost.config + snap_cost.shared, b = learned_cost.config + learned_cost.shared;
-    std::printf("learned policy (foresight 19-32-32-1) replay %.3f s vs SnapKV %.3f s (%zu budgets) | added %.1f%% "
-                "(target <= 20%%) %s\n",
-                b, a, budgets.size(), 100.0 * (b - a) / a, b <= 1.2 * a ? "OK" : "ABOVE TARGET");
+    std::printf(
+        "learned policy (foresight 19-32-32-1) replay %.3f s vs SnapKV %.3f s (%zu budgets) | added %.1f%% "
+        "(target <= 20%%) %s\n",
+        b, a, budgets.size(), 100.0 * (b - a) / a, b <= 1.2 * a ? "OK" : "ABOVE TARGET");
     std::filesystem::remove(model);
   };
   if (args.learned_only) {
@@ -226,8 +239,9 @@ int main(int argc, char** argv) {
   std::printf("one config at a time         %8.2f s\n", t_single);
   std::printf("sharing speed-up             %8.2fx (target >= 8x) %s\n", t_single / t_sweep,
               t_single / t_sweep >= 8 ? "OK" : "BELOW TARGET");
-  std::printf("attention recomputation      %8.1f GFLOP/s | Eigen GEMM 1024^3 %.1f GFLOP/s | ratio %.2f (target >= 0.3) %s\n",
-              attn_gflops, gemm, attn_gflops / gemm, attn_gflops / gemm >= 0.3 ? "OK" : "BELOW TARGET");
+  std::printf(
+      "attention recomputation      %8.1f GFLOP/s | Eigen GEMM 1024^3 %.1f GFLOP/s | ratio %.2f (target >= 0.3) %s\n",
+      attn_gflops, gemm, attn_gflops / gemm, attn_gflops / gemm >= 0.3 ? "OK" : "BELOW TARGET");
   std::printf("peak RSS of the sweep        %8.1f MB (target < 1024 MB) %s\n", rss_mb, rss_mb < 1024 ? "OK" : "OVER");
   report_factor();
   report_learned();

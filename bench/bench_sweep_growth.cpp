@@ -20,7 +20,8 @@ using namespace kvsim;
 
 namespace {
 
-const std::vector<std::string> kPolicies = {"streamingllm", "snapkv", "h2o:queries=recorded", "tova", "kivi", "lowrank"};
+const std::vector<std::string> kPolicies = {"streamingllm", "snapkv", "h2o:queries=recorded",
+                                            "tova",         "kivi",   "lowrank"};
 const std::vector<double> kBudgets = {0.1, 0.25, 0.5};
 
 // Child mode: one sweep of every shards-th request, then its wall time and peak RSS on stdout.
@@ -66,9 +67,12 @@ int main(int argc, char** argv) {
   int requests = 100, tokens = 8192;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (i + 1 < argc && a == "--dir") dir = argv[i + 1];
-    else if (i + 1 < argc && a == "--requests") requests = std::stoi(argv[i + 1]);
-    else if (i + 1 < argc && a == "--tokens") tokens = std::stoi(argv[i + 1]);
+    if (i + 1 < argc && a == "--dir")
+      dir = argv[i + 1];
+    else if (i + 1 < argc && a == "--requests")
+      requests = std::stoi(argv[i + 1]);
+    else if (i + 1 < argc && a == "--tokens")
+      tokens = std::stoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: bench_sweep_growth [--dir D] [--requests N (a multiple of 4)] [--tokens T]\n");
       return 2;
@@ -108,9 +112,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (shards == 4) base = r;
-    std::printf("%9d %10.2f %22.4f %14.1f %13.2fx %11.2fx\n", n, r.seconds, r.seconds / (n * static_cast<double>(configs)),
-                static_cast<double>(r.rss) / 1e6, r.seconds / base.seconds,
-                static_cast<double>(r.rss) / static_cast<double>(base.rss));
+    std::printf("%9d %10.2f %22.4f %14.1f %13.2fx %11.2fx\n", n, r.seconds,
+                r.seconds / (n * static_cast<double>(configs)), static_cast<double>(r.rss) / 1e6,
+                r.seconds / base.seconds, static_cast<double>(r.rss) / static_cast<double>(base.rss));
   }
   std::printf("expected: time 1x, 2x, 4x (linear in requests); RSS about 1x (one request's working set)\n");
   std::filesystem::remove(trace);

@@ -21,7 +21,6 @@ using bench::Clock;
 
 namespace {
 
-
 struct Shape {
   ModelGeometry g = smollm2_135m_geometry();
   int tokens = 4096;
@@ -55,8 +54,7 @@ double write_trace(const Shape& s, const std::string& path, const std::vector<st
   const std::uint16_t* q = v + s.kv_elems();
   for (int r = 0; r < requests; ++r) {
     w.begin_request(header(s, r));
-    for (int l = 0; l < s.g.n_layers; ++l)
-      w.write_layer(l, {k, s.kv_elems()}, {v, s.kv_elems()}, {q, s.q_elems()});
+    for (int l = 0; l < s.g.n_layers; ++l) w.write_layer(l, {k, s.kv_elems()}, {v, s.kv_elems()}, {q, s.q_elems()});
     w.write_reference({});
     w.commit_request();
   }
@@ -115,7 +113,6 @@ int rss_child(const std::string& path) {
   return 0;
 }
 
-
 void line(const char* what, double bytes, double t_ours, double t_raw, const char* raw_name, double target) {
   const double gb = bytes / 1e9;
   const double ratio = t_raw / t_ours;
@@ -131,9 +128,12 @@ int main(int argc, char** argv) {
   std::string dir = "out/bench";
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (i + 1 < argc && a == "--dir") dir = argv[i + 1];
-    else if (i + 1 < argc && a == "--requests") s.requests = std::stoi(argv[i + 1]);
-    else if (i + 1 < argc && a == "--tokens") s.tokens = std::stoi(argv[i + 1]);
+    if (i + 1 < argc && a == "--dir")
+      dir = argv[i + 1];
+    else if (i + 1 < argc && a == "--requests")
+      s.requests = std::stoi(argv[i + 1]);
+    else if (i + 1 < argc && a == "--tokens")
+      s.tokens = std::stoi(argv[i + 1]);
     else {  // --help, an unknown option or one without its value
       std::fprintf(stderr, "usage: bench_trace_io [--dir D] [--requests N] [--tokens T]\n");
       return 2;
@@ -141,10 +141,10 @@ int main(int argc, char** argv) {
   }
   std::filesystem::create_directories(dir);
   const std::string trace = dir + "/bench_trace.h5", raw = dir + "/bench_raw.bin", packed = dir + "/bench_deflate.h5";
-  std::printf("kvtrace I/O benchmark: SmolLM2-135M geometry, %d requests x %d tokens, all queries, %.2f GB of "
-              "f16 K/V/Q (%.1f MB per request-layer)\n",
-              s.requests, s.tokens, static_cast<double>(s.total_bytes()) / 1e9,
-              static_cast<double>(s.layer_bytes()) / 1e6);
+  std::printf(
+      "kvtrace I/O benchmark: SmolLM2-135M geometry, %d requests x %d tokens, all queries, %.2f GB of "
+      "f16 K/V/Q (%.1f MB per request-layer)\n",
+      s.requests, s.tokens, static_cast<double>(s.total_bytes()) / 1e9, static_cast<double>(s.layer_bytes()) / 1e6);
 
   std::vector<std::uint16_t> data(s.layer_bytes() / 2);
   std::mt19937 gen(1);
@@ -242,7 +242,10 @@ int main(int argc, char** argv) {
   const double budget = 2 * layer_f32 + 64e6;
   std::printf("%-28s %.1f MB for a %.2f GB trace | budget 2 layers (%.1f MB) + 64 MB = %.1f MB | %s\n",
               "peak RSS, streaming read", static_cast<double>(rss) / 1e6, bytes / 1e9, 2 * layer_f32 / 1e6,
-              budget / 1e6, rss < 0 ? "MEASUREMENT FAILED" : static_cast<double>(rss) <= budget ? "OK" : "OVER BUDGET");
+              budget / 1e6,
+              rss < 0                              ? "MEASUREMENT FAILED"
+              : static_cast<double>(rss) <= budget ? "OK"
+                                                   : "OVER BUDGET");
   for (const auto& p : {trace, raw, packed, trace + ".one"}) std::filesystem::remove(p);
   return 0;
 }

@@ -15,16 +15,16 @@ namespace kvsim {
 
 struct CaptureOptions {
   std::string model_path, out_path;
-  int max_new = 32;            // greedy tokens when a request has no answer
+  int max_new = 32;  // greedy tokens when a request has no answer
   int ref_topk = 16;
-  bool all_queries = false;    // false: last `query_window` context tokens + question + answer
+  bool all_queries = false;  // false: last `query_window` context tokens + question + answer
   int query_window = 64;
-  int prefill_chunk = 256;     // tokens per prefill forward pass
+  int prefill_chunk = 256;  // tokens per prefill forward pass
   bool overwrite = false;
   // Continue a capture that was stopped: OUT.partial keeps its committed requests (a request left
   // half-written is captured again) and the missing ones follow, with the same configuration.
   bool resume = false;
-  bool repeat_pass = false;    // also record KVzip's context-reconstruction pass (capture/repeat_pass.h)
+  bool repeat_pass = false;  // also record KVzip's context-reconstruction pass (capture/repeat_pass.h)
   WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
   Device device = Device::Cpu;
 };

@@ -42,7 +42,8 @@ void QuerySpill::append(int layer, const float* rows, std::int64_t n) {
   while (left > 0) {
     const ssize_t w = pwrite(fd_, p, left, at);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw Error(path_ + ": cannot write the query scratch file (" + (w < 0 ? errno_text() : "no space") + ")");
+    if (w <= 0)
+      throw Error(path_ + ": cannot write the query scratch file (" + (w < 0 ? errno_text() : "no space") + ")");
     p += w;
     left -= static_cast<std::size_t>(w);
     at += w;
@@ -66,7 +67,9 @@ std::vector<std::uint16_t> QuerySpill::read_layer(int layer) const {
     while (left > 0) {
       const ssize_t r = pread(fd_, dst, left, at);
       if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw Error(path_ + ": cannot read back the query scratch file (" + (r < 0 ? errno_text() : "short file") + ")");
+      if (r <= 0)
+        throw Error(path_ + ": cannot read back the query scratch file (" + (r < 0 ? errno_text() : "short file") +
+                    ")");
       dst += r;
       left -= static_cast<std::size_t>(r);
       at += r;

@@ -21,10 +21,14 @@ NeedleKind parse_needle_kind(const std::string& s) {
 
 const char* needle_kind_name(NeedleKind k) {
   switch (k) {
-    case NeedleKind::Single: return "single";
-    case NeedleKind::MultiKey: return "multikey";
-    case NeedleKind::MultiValue: return "multivalue";
-    case NeedleKind::VariableTracking: return "vartrack";
+    case NeedleKind::Single:
+      return "single";
+    case NeedleKind::MultiKey:
+      return "multikey";
+    case NeedleKind::MultiValue:
+      return "multivalue";
+    case NeedleKind::VariableTracking:
+      return "vartrack";
   }
   return "?";
 }
@@ -32,11 +36,12 @@ const char* needle_kind_name(NeedleKind k) {
 namespace {
 
 // A repetitive but varied haystack, as in RULER's noise setting.
-const char* kFiller[] = {"The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
-                         "There and back again.", "The river flows to the sea.", "Birds fly south in winter.",
-                         "A stone rolls down the hill."};
-const char* kKeys[] = {"amber-falcon", "quiet-harbor", "silver-maple", "rapid-comet", "hollow-pine", "crimson-tide",
-                       "gentle-fjord", "brave-lantern", "misty-canyon", "bold-orchid"};
+const char* kFiller[] = {"The grass is green.",        "The sky is blue.",
+                         "The sun is yellow.",         "Here we go.",
+                         "There and back again.",      "The river flows to the sea.",
+                         "Birds fly south in winter.", "A stone rolls down the hill."};
+const char* kKeys[] = {"amber-falcon", "quiet-harbor", "silver-maple",  "rapid-comet",  "hollow-pine",
+                       "crimson-tide", "gentle-fjord", "brave-lantern", "misty-canyon", "bold-orchid"};
 
 std::string number(Rng& rng) { return std::to_string(1000000 + rng.below(9000000)); }
 
@@ -65,8 +70,7 @@ std::string plant(std::string hay, const std::vector<std::string>& needles, doub
 }  // namespace
 
 std::vector<CaptureRequest> make_needle_tasks(const NeedleSpec& spec) {
-  if (spec.count < 1 || spec.approx_tokens < 64)
-    throw Error("needle tasks: --count must be >= 1 and --tokens >= 64");
+  if (spec.count < 1 || spec.approx_tokens < 64) throw Error("needle tasks: --count must be >= 1 and --tokens >= 64");
   std::vector<CaptureRequest> out;
   for (int r = 0; r < spec.count; ++r) {
     Rng rng(spec.seed, static_cast<std::uint64_t>(r));
@@ -87,7 +91,8 @@ std::vector<CaptureRequest> make_needle_tasks(const NeedleSpec& spec) {
       }
       case NeedleKind::MultiKey: {
         for (int k = 0; k < 4; ++k) {
-          const std::string kk = kKeys[(rng.below(std::size(kKeys)) + static_cast<std::uint64_t>(k)) % std::size(kKeys)];
+          const std::string kk =
+              kKeys[(rng.below(std::size(kKeys)) + static_cast<std::uint64_t>(k)) % std::size(kKeys)];
           const std::string v = number(rng);
           needles.push_back("One of the special magic numbers for " + kk + " is: " + v + ".");
           if (k == 0) {
@@ -149,6 +154,5 @@ std::vector<CaptureRequest> make_text_windows(const std::string& path, int appro
   }
   return out;
 }
-
 
 }  // namespace kvsim

@@ -23,9 +23,10 @@ int agreement_command(const Args& args) {
   desc.add_options()("help,h", "show this help")("offline", po::value(&offline)->required(), "sweep result CSV")(
       "detail", po::value(&detail), "that sweep's --detail JSONL (per-layer metrics; needed by --estimator)")(
       "live", po::value(&live)->required()->multitoken(), "verify result CSV(s) of one mode")(
-      "estimator", po::value(&estimator), "a `kvsim calibrate` file")(
-      "top", po::value(&top)->default_value(top), "k of the top-k recall")(
-      "wider", po::value(&wider)->default_value(wider), "the live top-k is also sought in the offline top of this many")(
+      "estimator", po::value(&estimator), "a `kvsim calibrate` file")("top", po::value(&top)->default_value(top),
+                                                                      "k of the top-k recall")(
+      "wider", po::value(&wider)->default_value(wider),
+      "the live top-k is also sought in the offline top of this many")(
       "out,o", po::value(&out), "write the agreement table as CSV too")("force", "replace an existing --out file");
   po::variables_map vm;
   add_output_flags(desc);

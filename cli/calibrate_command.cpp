@@ -26,7 +26,8 @@ int calibrate_command(const Args& args) {
       "live", po::value(&live)->required(), "verify result CSV of the calibration requests (one mode)")(
       "smoothness", po::value(&smoothness)->default_value(smoothness),
       "strength of the second-difference penalty on the layer weights (0: plain non-negative least squares)")(
-      "out,o", po::value(&out)->required(), "estimator file to write (JSON)")("force", "replace an existing --out file");
+      "out,o", po::value(&out)->required(), "estimator file to write (JSON)")("force",
+                                                                              "replace an existing --out file");
   po::variables_map vm;
   add_output_flags(desc);
   if (!parse_options(args, desc, po::positional_options_description(), vm,
@@ -39,9 +40,10 @@ int calibrate_command(const Args& args) {
   write_estimator(e, out);
   int used = 0;
   for (double w : e.weights) used += w > 0 ? 1 : 0;
-  std::printf("%s: est_kl for %s, fitted on %d live rows (%d configs x %zu requests); %d of %zu layers weighted; "
-              "in-sample Spearman with live KL %.3f\n",
-              out.c_str(), e.mode.c_str(), e.rows, e.configs, e.requests.size(), used, e.weights.size(), e.fit_spearman);
+  std::printf(
+      "%s: est_kl for %s, fitted on %d live rows (%d configs x %zu requests); %d of %zu layers weighted; "
+      "in-sample Spearman with live KL %.3f\n",
+      out.c_str(), e.mode.c_str(), e.rows, e.configs, e.requests.size(), used, e.weights.size(), e.fit_spearman);
   std::printf("layer weights:");
   for (std::size_t l = 0; l < e.weights.size(); ++l) std::printf("%s%.3g", l ? " " : " ", e.weights[l]);
   std::printf("\n");

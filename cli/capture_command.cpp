@@ -27,8 +27,9 @@ int capture_command(const Args& args) {
       "all | eval (queries of the last --query-window context tokens, the question and the answer)")(
       "query-window", po::value(&o.query_window)->default_value(o.query_window), "see --queries eval")(
       "prefill-chunk", po::value(&o.prefill_chunk)->default_value(o.prefill_chunk), "tokens per prefill pass")(
-      "repeat-pass", "also record KVzip's context-reconstruction pass (queries and keys of the model repeating the "
-                     "context on top of its cache; the kvzip policy scores with it)")(
+      "repeat-pass",
+      "also record KVzip's context-reconstruction pass (queries and keys of the model repeating the "
+      "context on top of its cache; the kvzip policy scores with it)")(
       "weights", po::value(&weights)->default_value(weights),
       "quant (keep the GGUF blocks, dequantize on the fly) | f32 (dequantize once at load)")(
       "device", po::value(&device)->default_value(device),
@@ -37,7 +38,9 @@ int capture_command(const Args& args) {
       "resume", "continue a capture that was stopped (OUT.partial): keep its finished requests, capture the rest");
   po::variables_map vm;
   add_output_flags(desc);
-  if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]")) return 0;
+  if (!parse_options(args, desc, po::positional_options_description(), vm,
+                     "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]"))
+    return 0;
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
   if (o.prefill_chunk < 1 || o.ref_topk < 1 || o.query_window < 0 || o.max_new < 0)
     throw Error("--prefill-chunk and --ref-topk must be >= 1, --query-window and --max-new >= 0");

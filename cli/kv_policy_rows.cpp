@@ -36,7 +36,8 @@ Spec parse_spec(const std::string& text) {
     throw Error("--kv-policy '" + text + "': budget '" + text.substr(at + 1) + "' is not a number");
   }
   if (!(s.budget > 0 && s.budget <= 1))
-    throw Error("--kv-policy '" + text + "': budget " + text.substr(at + 1) + "; expected a share of the bytes in (0, 1]");
+    throw Error("--kv-policy '" + text + "': budget " + text.substr(at + 1) +
+                "; expected a share of the bytes in (0, 1]");
   const auto colon = head.find(':');
   s.policy = head.substr(0, colon);
   if (colon != std::string::npos)
@@ -57,7 +58,8 @@ std::map<std::string, std::string> parse_params(const std::string& params) {
   return out;
 }
 
-bool matches(const Spec& s, const std::string& policy, const std::map<std::string, std::string>& params, double budget) {
+bool matches(const Spec& s, const std::string& policy, const std::map<std::string, std::string>& params,
+             double budget) {
   if (policy != s.policy || std::abs(budget - s.budget) > 1e-9) return false;
   for (const auto& [k, v] : s.params) {
     const auto it = params.find(k);
@@ -74,7 +76,8 @@ struct Sum {
   std::int64_t n_est = 0, n_kl = 0, n_live = 0, n_top1 = 0, n_task = 0;
 };
 
-void add_file(const std::string& path, const Spec& spec, const std::string& spec_budget, std::map<std::string, Sum>& by_label) {
+void add_file(const std::string& path, const Spec& spec, const std::string& spec_budget,
+              std::map<std::string, Sum>& by_label) {
   CsvReader csv(path, {"policy", "params", "budget", "compressed_bytes", "budget_bytes"},
                 "a kvsim sweep or verify result file");
   const bool live = csv.has("live_kl");
@@ -87,7 +90,8 @@ void add_file(const std::string& path, const Spec& spec, const std::string& spec
     std::string key = policy;
     for (const auto& [k, v] : params) key += (key.size() == policy.size() ? ":" : ",") + k + "=" + v;
     Sum& s = by_label[key];
-    if (s.label.empty()) s.label = policy + (csv.text("params").empty() ? "" : ":" + csv.text("params")) + "@" + spec_budget;
+    if (s.label.empty())
+      s.label = policy + (csv.text("params").empty() ? "" : ":" + csv.text("params")) + "@" + spec_budget;
     const double full = csv.number("budget_bytes") / budget;
     if (!(full > 0)) throw Error(csv.where() + ": budget_bytes " + csv.text("budget_bytes") + "; expected > 0");
     s.bytes += csv.number("compressed_bytes");
@@ -122,7 +126,8 @@ std::vector<KvPolicyRow> read_kv_policies(const std::string& specs, const std::v
       out.push_back(row);
       continue;
     }
-    if (files.empty()) throw Error("--kv-policy '" + text + "' needs --kv-results (sweep or verify CSVs that measured it)");
+    if (files.empty())
+      throw Error("--kv-policy '" + text + "' needs --kv-results (sweep or verify CSVs that measured it)");
     const Spec spec = parse_spec(text);
     std::map<std::string, Sum> by_label;
     const std::string spec_budget = text.substr(text.rfind('@') + 1);
@@ -133,7 +138,8 @@ std::vector<KvPolicyRow> read_kv_policies(const std::string& specs, const std::v
     if (by_label.size() > 1) {
       std::string labels;
       for (const auto& [key, s] : by_label) labels += "\n  " + s.label;
-      throw Error("--kv-policy '" + text + "' matches more than one config in " + all + "; give its parameters:" + labels);
+      throw Error("--kv-policy '" + text + "' matches more than one config in " + all +
+                  "; give its parameters:" + labels);
     }
     const Sum& s = by_label.begin()->second;
     row.label = s.label;

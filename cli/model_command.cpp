@@ -29,7 +29,8 @@ std::string value_text(const GgufValue& v) {
     return os.str();
   }
   if (const auto* b = std::get_if<bool>(&v.value)) return *b ? "true" : "false";
-  if (const auto* s = std::get_if<std::string>(&v.value)) return s->size() > 60 ? "\"" + s->substr(0, 57) + "...\"" : "\"" + *s + "\"";
+  if (const auto* s = std::get_if<std::string>(&v.value))
+    return s->size() > 60 ? "\"" + s->substr(0, 57) + "...\"" : "\"" + *s + "\"";
   const auto& a = std::get<std::vector<GgufValue>>(v.value);
   return "[" + std::to_string(a.size()) + " items]";
 }
@@ -95,11 +96,14 @@ int tokenize(const Args& args) {
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
       "text", po::value(&text), "the text")("text-file", po::value(&text_file), "read the text from a file (UTF-8)")(
       "no-special", "treat <|...|> control-token text as plain text")(
-      "chat", "wrap the text as a user turn in the model's chat format (default system prompt, BOS where the vocabulary asks)");
+      "chat",
+      "wrap the text as a user turn in the model's chat format (default system prompt, BOS where the vocabulary asks)");
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  if (!parse_options(args, desc, pos, vm, "kvsim model tokenize FILE (--text T | --text-file F) [--chat] [--no-special]")) return 0;
+  if (!parse_options(args, desc, pos, vm,
+                     "kvsim model tokenize FILE (--text T | --text-file F) [--chat] [--no-special]"))
+    return 0;
   if (!text_file.empty()) {
     std::ifstream in(text_file, std::ios::binary);
     if (!in) throw Error(text_file + ": cannot open");
@@ -124,7 +128,8 @@ int generate(const Args& args) {
       "kvsim model generate: greedy generation (CPU or CUDA engine), for checking a model by eye;\n"
       "--logits prints the next-token logits of the prompt as JSON instead");
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "GGUF file")(
-      "text", po::value(&text)->required(), "prompt")("chat", "wrap the prompt as a user turn in the model's chat format")(
+      "text", po::value(&text)->required(), "prompt")("chat",
+                                                      "wrap the prompt as a user turn in the model's chat format")(
       "max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")(
       "logits", "print the prompt's next-token logits (JSON) and exit")(
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
@@ -132,7 +137,8 @@ int generate(const Args& args) {
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
-  if (!parse_options(args, desc, pos, vm, "kvsim model generate FILE --text T [--chat] [--max-new N] [--logits]")) return 0;
+  if (!parse_options(args, desc, pos, vm, "kvsim model generate FILE --text T [--chat] [--max-new N] [--logits]"))
+    return 0;
   const Device dev = parse_device(device);
   require_device(dev);
   const GgufFile f(file);
@@ -168,10 +174,11 @@ int generate(const Args& args) {
 }  // namespace
 
 int model_command(const Args& args) {
-  static const Subcommand subs[] = {{"info", "GGUF metadata and tensor table", info},
-                                    {"dump", "rows of a tensor, dequantized to f32, as JSON", dump},
-                                    {"tokenize", "token ids of a text with the model's tokenizer", tokenize},
-                                    {"generate", "greedy generation on the CPU or CUDA engine (or the prompt's logits)", generate}};
+  static const Subcommand subs[] = {
+      {"info", "GGUF metadata and tensor table", info},
+      {"dump", "rows of a tensor, dequantized to f32, as JSON", dump},
+      {"tokenize", "token ids of a text with the model's tokenizer", tokenize},
+      {"generate", "greedy generation on the CPU or CUDA engine (or the prompt's logits)", generate}};
   return dispatch("kvsim model", subs, args);
 }
 

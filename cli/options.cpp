@@ -9,7 +9,8 @@ namespace kvsim::cli {
 
 void add_output_flags(boost::program_options::options_description& desc) {
   if (!desc.find_nothrow("force", false)) desc.add_options()("force", "replace existing output files");
-  if (!desc.find_nothrow("quiet", false)) desc.add_options()("quiet,q", "no progress lines or notes (results still print)");
+  if (!desc.find_nothrow("quiet", false))
+    desc.add_options()("quiet,q", "no progress lines or notes (results still print)");
 }
 
 void refuse_overwrite(const std::string& path, bool force) {

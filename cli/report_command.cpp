@@ -24,7 +24,8 @@ std::string setting(const char* env, const char* built_in) {
 }  // namespace
 
 int report_command(const Args& args) {
-  const std::string python = setting("KVSIM_PYTHON", KVSIM_PYTHON), dir = setting("KVSIM_ANALYSIS_DIR", KVSIM_ANALYSIS_DIR);
+  const std::string python = setting("KVSIM_PYTHON", KVSIM_PYTHON),
+                    dir = setting("KVSIM_ANALYSIS_DIR", KVSIM_ANALYSIS_DIR);
   if (!std::filesystem::exists(std::filesystem::path(dir) / "kvsim_report" / "__init__.py"))
     throw Error("the report package is not in " + dir + " (expected kvsim_report/ there; set KVSIM_ANALYSIS_DIR)");
   const char* old = std::getenv("PYTHONPATH");

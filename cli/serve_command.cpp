@@ -88,10 +88,12 @@ int hit_rate_cmd(const Args& args) {
       "capacity,c", po::value(&capacities)->default_value(capacities), "capacities in blocks, comma-separated")(
       "eviction,e", po::value(&evictions)->default_value(evictions),
       "eviction policies, comma-separated: lru, lfu, slru, hits_per_token, rppc")(
-      "slru-protected", po::value(&slru_protected)->default_value(slru_protected), "SLRU: protected share of the capacity")(
-      "out,o", po::value(&out), "result CSV (one row per policy and capacity)")(
+      "slru-protected", po::value(&slru_protected)->default_value(slru_protected),
+      "SLRU: protected share of the capacity")("out,o", po::value(&out),
+                                               "result CSV (one row per policy and capacity)")(
       "json", po::value(&json), "summary JSON (the rows, the trace and its reuse ceiling)")(
-      "resume", "continue a run that was stopped: its finished rows are kept in OUT.progress")("force", "replace existing outputs");
+      "resume", "continue a run that was stopped: its finished rows are kept in OUT.progress")(
+      "force", "replace existing outputs");
   po::positional_options_description pos;
   pos.add("trace", 1);
   po::variables_map vm;
@@ -108,8 +110,8 @@ int hit_rate_cmd(const Args& args) {
   grid.progress = grid_progress_path(out, json);
   grid.resume = vm.count("resume") > 0;
   grid.force = vm.count("force") > 0;
-  grid.config = {{"command", "serve hit-rate"}, {"trace", trace_path}, {"trace_sha256", sha256_file_hex(trace_path)},
-                 {"capacities", caps}, {"evictions", evictions}, {"slru_protected", slru_protected}};
+  grid.config = {{"command", "serve hit-rate"}, {"trace", trace_path},    {"trace_sha256", sha256_file_hex(trace_path)},
+                 {"capacities", caps},          {"evictions", evictions}, {"slru_protected", slru_protected}};
   grid.row_template = hit_rate_row(serve::HitRateResult{});
   if (grid_finished(grid, {out, json})) return 0;
   refuse_grid_overwrite(grid, {out, json});
@@ -117,12 +119,15 @@ int hit_rate_cmd(const Args& args) {
   const serve::BlockTree tree(trace);
   const serve::ReuseCeiling ceiling = serve::reuse_ceiling(trace);
   const bool quiet = grid_worker_rank();
-  if (!quiet) std::printf("%s: %zu requests, %lld block references, %lld distinct blocks; reuse ceiling %.4f of blocks, %.4f of "
-              "tokens\n",
-              trace_path.c_str(), trace.requests.size(), static_cast<long long>(trace.block_references()),
-              static_cast<long long>(ceiling.distinct_blocks), ceiling.blocks, ceiling.tokens);
   if (!quiet)
-    std::printf("%-15s %10s %10s %10s %10s %12s\n", "eviction", "capacity", "block hit", "token hit", "evictions", "Mrefs/s");
+    std::printf(
+        "%s: %zu requests, %lld block references, %lld distinct blocks; reuse ceiling %.4f of blocks, %.4f of "
+        "tokens\n",
+        trace_path.c_str(), trace.requests.size(), static_cast<long long>(trace.block_references()),
+        static_cast<long long>(ceiling.distinct_blocks), ceiling.blocks, ceiling.tokens);
+  if (!quiet)
+    std::printf("%-15s %10s %10s %10s %10s %12s\n", "eviction", "capacity", "block hit", "token hit", "evictions",
+                "Mrefs/s");
   grid.run = [&](std::size_t p) {
     serve::EvictionOptions o;
     o.kind = kinds[p / caps.size()];
@@ -149,9 +154,9 @@ int hit_rate_cmd(const Args& args) {
     summary["results"].push_back(std::move(row));
   }
   if (!out.empty()) {  // one CSV row per result, the trace's ceiling repeated on each
-    const std::vector<std::string> header = {"eviction", "capacity_blocks", "requests", "block_refs", "hit_blocks",
-                                             "block_hit_rate", "tokens", "hit_tokens", "token_hit_rate", "evictions",
-                                             "reuse_ceiling_blocks", "reuse_ceiling_tokens"};
+    const std::vector<std::string> header = {
+        "eviction", "capacity_blocks", "requests",       "block_refs", "hit_blocks",           "block_hit_rate",
+        "tokens",   "hit_tokens",      "token_hit_rate", "evictions",  "reuse_ceiling_blocks", "reuse_ceiling_tokens"};
     write_file_atomically(out, csv_from_rows(summary, header));
   }
   if (!json.empty()) write_file_atomically(json, summary.dump(2) + "\n");
@@ -192,22 +197,25 @@ int profile_cmd(const Args& args) {
     return 0;
   if (vm.count("show")) {
     const serve::ServeProfile p = serve::load_profile(vm["show"].as<std::string>());
-    std::printf("%s (%s)\nprefill: %.4g + %.4g*l + %.4g*l^2 ms\ndecode step: %.4g + %.4g*sum(ctx) + %.4g*B ms\n"
-                "KV: %.0f bytes per token\n",
-                p.name.c_str(), p.source.c_str(), p.prefill.a_ms, p.prefill.b_ms_per_token, p.prefill.c_ms_per_token2,
-                p.decode.a_ms, p.decode.b_ms_per_ctx_token, p.decode.c_ms_per_seq, p.kv_bytes_per_token);
+    std::printf(
+        "%s (%s)\nprefill: %.4g + %.4g*l + %.4g*l^2 ms\ndecode step: %.4g + %.4g*sum(ctx) + %.4g*B ms\n"
+        "KV: %.0f bytes per token\n",
+        p.name.c_str(), p.source.c_str(), p.prefill.a_ms, p.prefill.b_ms_per_token, p.prefill.c_ms_per_token2,
+        p.decode.a_ms, p.decode.b_ms_per_ctx_token, p.decode.c_ms_per_seq, p.kv_bytes_per_token);
     return 0;
   }
   if (model.empty() || out.empty()) throw Error("--model and --out are required (or --show NAME)");
   refuse_overwrite(out, vm.count("force") > 0);
   if (steps < 1) throw Error("--steps: got " + std::to_string(steps) + "; expected >= 1");
-  const std::vector<std::int64_t> ls = parse_counts(lengths, "--lengths", "token count"), cs = parse_counts(contexts, "--contexts", "token count");
+  const std::vector<std::int64_t> ls = parse_counts(lengths, "--lengths", "token count"),
+                                  cs = parse_counts(contexts, "--contexts", "token count");
   const GgufFile gguf(model);
   const std::unique_ptr<Engine> eng = make_engine(gguf, EngineOptions{});
   const ModelConfig& c = eng->config();
   auto prompt = [&](std::int64_t n) {
     std::vector<std::int32_t> t(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(1 + (i * 7919) % (c.vocab - 1));
+    for (std::int64_t i = 0; i < n; ++i)
+      t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(1 + (i * 7919) % (c.vocab - 1));
     return t;
   };
   std::vector<serve::CostSample> pre, dec;
@@ -223,9 +231,11 @@ int profile_cmd(const Args& args) {
   for (const std::int64_t ctx : cs) {
     eng->reset();
     eng->prefill(prompt(ctx));
-    const double ms = best_ms(1, [&] {
-      for (int s = 0; s < steps; ++s) eng->step(static_cast<std::int32_t>(1 + s));
-    }) / steps;
+    const double ms = best_ms(1,
+                              [&] {
+                                for (int s = 0; s < steps; ++s) eng->step(static_cast<std::int32_t>(1 + s));
+                              }) /
+                      steps;
     dec.push_back({static_cast<double>(ctx) + (steps + 1) / 2.0, 0, 1, ms});  // the mean context of the steps
     std::printf("decode after %6lld tokens: %9.3f ms per step\n", static_cast<long long>(ctx), ms);
   }

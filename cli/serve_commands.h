@@ -21,9 +21,9 @@ void refuse_overwrite(const std::vector<std::string>& files, bool force);
 
 // A KV compression config for the serving simulation, from sweep and verify result rows.
 struct KvPolicyRow {
-  std::string spec;    // as asked: "none", "snapkv@0.25", "kivi:bits=4@1"
-  std::string label;   // the matched config: policy[:params]@budget
-  double ratio = 1;    // its KV bytes / the full cache's, over the matched rows (bytes-weighted)
+  std::string spec;   // as asked: "none", "snapkv@0.25", "kivi:bits=4@1"
+  std::string label;  // the matched config: policy[:params]@budget
+  double ratio = 1;   // its KV bytes / the full cache's, over the matched rows (bytes-weighted)
   std::int64_t rows = 0;
   // Fidelity beside it, NaN where no row gave it: the offline estimate of live KL and the
   // replay's own KL (sweep rows), live KL, top-1 agreement and task score (verify rows).

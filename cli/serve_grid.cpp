@@ -29,7 +29,9 @@ void check_row(const nlohmann::json& row, const nlohmann::json& templ, const std
   for (const auto& [key, value] : templ.items()) {
     if (!row.contains(key)) throw Error(where + ": the row has no '" + key + "'; not a row of this grid");
     const nlohmann::json& v = row[key];
-    const bool ok = value.is_string() ? v.is_string() : value.is_array() ? v.is_array() : (v.is_number() || v.is_null());
+    const bool ok = value.is_string()  ? v.is_string()
+                    : value.is_array() ? v.is_array()
+                                       : (v.is_number() || v.is_null());
     if (!ok) throw Error(where + ": '" + key + "' is " + v.dump() + ", not what this grid writes there");
   }
   if (row.size() != templ.size()) throw Error(where + ": the row has keys this grid does not write");
@@ -47,8 +49,8 @@ std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const Ser
   if (!head.is_object() || !head.contains("config"))
     throw Error(path + ": line 1: expected a kvsim serve progress header {\"config\": ...}; not a progress file");
   if (head["config"] != nlohmann::json::parse(g.config.dump()))  // as written: a NaN reads back as null
-    throw Error(path + ": --resume with a different configuration; the file was written for\n  " + head["config"].dump() +
-                "\nbut this run is\n  " + g.config.dump() + "\n(use --force to start again)");
+    throw Error(path + ": --resume with a different configuration; the file was written for\n  " +
+                head["config"].dump() + "\nbut this run is\n  " + g.config.dump() + "\n(use --force to start again)");
   std::map<std::size_t, nlohmann::json> rows;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     nlohmann::json j;
@@ -63,8 +65,8 @@ std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const Ser
     check_row(j["row"], g.row_template, path + ": line " + std::to_string(i + 1));
     const std::size_t p = j["point"].get<std::size_t>();
     if (p >= g.points)
-      throw Error(path + ": line " + std::to_string(i + 1) + ": point " + std::to_string(p) + " is outside the grid's " +
-                  std::to_string(g.points) + " points");
+      throw Error(path + ": line " + std::to_string(i + 1) + ": point " + std::to_string(p) +
+                  " is outside the grid's " + std::to_string(g.points) + " points");
     rows[p] = std::move(j["row"]);
   }
   return {rows.begin(), rows.end()};
@@ -87,7 +89,8 @@ GridState open_grid(const ServeGrid& g) {
   bool fresh = true;
   if (!g.progress.empty() && std::filesystem::exists(g.progress)) {
     if (!g.resume && !g.force)
-      throw Error(g.progress + ": an earlier run of this grid stopped here; pass --resume to continue it or --force to "
+      throw Error(g.progress +
+                  ": an earlier run of this grid stopped here; pass --resume to continue it or --force to "
                   "start again");
     // Without a whole header line the file is started again.
     const std::vector<std::string> lines = g.resume ? whole_lines(g.progress) : std::vector<std::string>{};
@@ -157,7 +160,8 @@ std::vector<nlohmann::json> run_grid(const ServeGrid& g) {
   std::size_t ran = 0;
   for (std::size_t p = 0; p < g.points; ++p) {
     if (!st.done[p]) {
-      if (stop && ran++ == std::stoul(stop)) throw Error("stopped after " + std::string(stop) + " points (KVSIM_GRID_STOP_AFTER)");
+      if (stop && ran++ == std::stoul(stop))
+        throw Error("stopped after " + std::string(stop) + " points (KVSIM_GRID_STOP_AFTER)");
       record_point(st, p, g.run(p));
     }
     if (g.report) g.report(p, st.rows[p]);

@@ -15,12 +15,12 @@ namespace kvsim::cli {
 
 struct ServeGrid {
   std::size_t points = 0;
-  std::string progress;  // OUT.progress; empty: no outputs, nothing kept
-  nlohmann::json config; // what the rows depend on: a resume must have the same
+  std::string progress;         // OUT.progress; empty: no outputs, nothing kept
+  nlohmann::json config;        // what the rows depend on: a resume must have the same
   nlohmann::json row_template;  // a row's keys, and which hold strings: kept rows must match it
   bool resume = false;
   bool force = false;
-  std::function<nlohmann::json(std::size_t)> run;                 // one point's row
+  std::function<nlohmann::json(std::size_t)> run;                  // one point's row
   std::function<void(std::size_t, const nlohmann::json&)> report;  // prints a row (rank 0, serial order)
 };
 
@@ -36,9 +36,9 @@ void refuse_grid_overwrite(const ServeGrid& grid, const std::vector<std::string>
 // print nothing; rank 0 reports.
 bool grid_worker_rank();
 
-// Every point's row in grid order, over MPI ranks when started by mpirun. Throws naming the progress file when it belongs to another
-// configuration, or when one exists and neither --resume nor --force is given. The caller writes
-// its outputs, then calls finish_grid.
+// Every point's row in grid order, over MPI ranks when started by mpirun. Throws naming the progress file when it
+// belongs to another configuration, or when one exists and neither --resume nor --force is given. The caller writes its
+// outputs, then calls finish_grid.
 std::vector<nlohmann::json> run_grid(const ServeGrid& grid);
 void finish_grid(const ServeGrid& grid);
 

@@ -71,8 +71,10 @@ bool run_grid_mpi(const ServeGrid& g, std::vector<nlohmann::json>& rows) {
   int rank = 0, size = 1;
   if (!mpi_start(rank, size)) return false;  // one process: the serial grid
   mpi_run("kvsim serve", rank, [&] {
-    if (rank == 0) rows = coordinate(g, size);
-    else work(g);
+    if (rank == 0)
+      rows = coordinate(g, size);
+    else
+      work(g);
   });
   return true;
 }

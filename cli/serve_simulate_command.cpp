@@ -21,14 +21,59 @@ namespace kvsim::cli {
 
 namespace {
 
-const std::vector<std::string> kColumns = {
-    "eviction", "hbm_gb", "kv_policy", "kv_config", "kv_ratio", "profile", "instances", "route", "dram_gb", "ssd_gb",
-    "transitions", "transition_diff", "max_batch_tokens", "time_scale", "requests", "completed", "rejected",
-    "hit_rate", "hbm_share", "dram_share", "ssd_share", "transition_share", "recompute_share", "loaded_dram_gb",
-    "loaded_ssd_gb", "written_dram_gb", "written_ssd_gb", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
-    "tbt_p50_ms", "tbt_p90_ms", "tbt_p99_ms", "queue_p50_ms", "queue_p90_ms", "queue_p99_ms", "throughput_tokens_s",
-    "throughput_requests_s", "makespan_s", "prefill_tokens", "output_tokens", "planned_ms", "recompute_only_ms",
-    "load_only_ms", "est_kl", "mean_kl", "live_kl", "top1", "task_score", "steps", "evictions", "seconds"};
+const std::vector<std::string> kColumns = {"eviction",
+                                           "hbm_gb",
+                                           "kv_policy",
+                                           "kv_config",
+                                           "kv_ratio",
+                                           "profile",
+                                           "instances",
+                                           "route",
+                                           "dram_gb",
+                                           "ssd_gb",
+                                           "transitions",
+                                           "transition_diff",
+                                           "max_batch_tokens",
+                                           "time_scale",
+                                           "requests",
+                                           "completed",
+                                           "rejected",
+                                           "hit_rate",
+                                           "hbm_share",
+                                           "dram_share",
+                                           "ssd_share",
+                                           "transition_share",
+                                           "recompute_share",
+                                           "loaded_dram_gb",
+                                           "loaded_ssd_gb",
+                                           "written_dram_gb",
+                                           "written_ssd_gb",
+                                           "ttft_p50_ms",
+                                           "ttft_p90_ms",
+                                           "ttft_p99_ms",
+                                           "ttft_mean_ms",
+                                           "tbt_p50_ms",
+                                           "tbt_p90_ms",
+                                           "tbt_p99_ms",
+                                           "queue_p50_ms",
+                                           "queue_p90_ms",
+                                           "queue_p99_ms",
+                                           "throughput_tokens_s",
+                                           "throughput_requests_s",
+                                           "makespan_s",
+                                           "prefill_tokens",
+                                           "output_tokens",
+                                           "planned_ms",
+                                           "recompute_only_ms",
+                                           "load_only_ms",
+                                           "est_kl",
+                                           "mean_kl",
+                                           "live_kl",
+                                           "top1",
+                                           "task_score",
+                                           "steps",
+                                           "evictions",
+                                           "seconds"};
 
 std::vector<double> parse_sizes(const std::string& s, const std::string& flag) {
   std::vector<double> out;
@@ -61,39 +106,39 @@ void add_percentiles(nlohmann::json& row, const std::string& name, const serve::
 nlohmann::json result_row(const serve::SimResult& r, const serve::SimOptions& o, const KvPolicyRow& kv) {
   using serve::Way;
   nlohmann::json row = {{"eviction", serve::eviction_name(o.eviction)},
-          {"hbm_gb", o.hbm_gb},
-          {"kv_policy", kv.spec},
-          {"kv_config", kv.label},
-          {"kv_ratio", kv.ratio},
-          {"requests", r.requests},
-          {"completed", r.completed},
-          {"rejected", r.rejected},
-          {"hit_rate", r.hit_rate()},
-          {"hbm_share", r.share(Way::Hbm)},
-          {"dram_share", r.share(Way::LoadDram)},
-          {"ssd_share", r.share(Way::LoadSsd)},
-          {"transition_share", r.share(Way::Transition)},
-          {"recompute_share", r.share(Way::Recompute)},
-          {"loaded_dram_gb", r.loaded_gb[1]},
-          {"loaded_ssd_gb", r.loaded_gb[2]},
-          {"written_dram_gb", r.written_gb[1]},
-          {"written_ssd_gb", r.written_gb[2]},
-          {"throughput_tokens_s", r.throughput_tokens_s},
-          {"throughput_requests_s", r.throughput_requests_s},
-          {"makespan_s", r.makespan_s},
-          {"prefill_tokens", r.prefill_tokens},
-          {"output_tokens", r.output_tokens},
-          {"planned_ms", r.planned_ms},
-          {"recompute_only_ms", r.recompute_only_ms},
-          {"load_only_ms", r.load_only_ms},
-          {"est_kl", number_or_null(kv.est_kl)},
-          {"mean_kl", number_or_null(kv.mean_kl)},
-          {"live_kl", number_or_null(kv.live_kl)},
-          {"top1", number_or_null(kv.top1)},
-          {"task_score", number_or_null(kv.task_score)},
-          {"steps", r.steps},
-          {"evictions", r.evictions},
-          {"seconds", r.seconds}};
+                        {"hbm_gb", o.hbm_gb},
+                        {"kv_policy", kv.spec},
+                        {"kv_config", kv.label},
+                        {"kv_ratio", kv.ratio},
+                        {"requests", r.requests},
+                        {"completed", r.completed},
+                        {"rejected", r.rejected},
+                        {"hit_rate", r.hit_rate()},
+                        {"hbm_share", r.share(Way::Hbm)},
+                        {"dram_share", r.share(Way::LoadDram)},
+                        {"ssd_share", r.share(Way::LoadSsd)},
+                        {"transition_share", r.share(Way::Transition)},
+                        {"recompute_share", r.share(Way::Recompute)},
+                        {"loaded_dram_gb", r.loaded_gb[1]},
+                        {"loaded_ssd_gb", r.loaded_gb[2]},
+                        {"written_dram_gb", r.written_gb[1]},
+                        {"written_ssd_gb", r.written_gb[2]},
+                        {"throughput_tokens_s", r.throughput_tokens_s},
+                        {"throughput_requests_s", r.throughput_requests_s},
+                        {"makespan_s", r.makespan_s},
+                        {"prefill_tokens", r.prefill_tokens},
+                        {"output_tokens", r.output_tokens},
+                        {"planned_ms", r.planned_ms},
+                        {"recompute_only_ms", r.recompute_only_ms},
+                        {"load_only_ms", r.load_only_ms},
+                        {"est_kl", number_or_null(kv.est_kl)},
+                        {"mean_kl", number_or_null(kv.mean_kl)},
+                        {"live_kl", number_or_null(kv.live_kl)},
+                        {"top1", number_or_null(kv.top1)},
+                        {"task_score", number_or_null(kv.task_score)},
+                        {"steps", r.steps},
+                        {"evictions", r.evictions},
+                        {"seconds", r.seconds}};
   add_percentiles(row, "ttft", r.ttft_ms, true);
   row["ttft_centiles_ms"] = r.ttft_centiles_ms;  // JSON only: the TTFT CDF
   add_percentiles(row, "tbt", r.tbt_ms, false);
@@ -123,17 +168,22 @@ void check_flags(const serve::SimOptions& o) {
 }
 
 struct Flags {
-  std::string trace, profile = "llama2-7b-h100", evictions = "lru", hbm = "8", kv_policy = "none", kv_results, route = "prefix";
+  std::string trace, profile = "llama2-7b-h100", evictions = "lru", hbm = "8", kv_policy = "none", kv_results,
+                     route = "prefix";
   std::string out, json;
   serve::SimOptions o;
 };
 
 void describe(po::options_description& desc, Flags& f) {
   serve::SimOptions& o = f.o;
-  desc.add_options()("help,h", "show this help")("trace", po::value(&f.trace)->required(), "request trace (Mooncake JSONL)")(
-      "profile,p", po::value(&f.profile)->default_value(f.profile), "cost profile: built-in name or JSON file (kvsim serve profile)")(
-      "eviction,e", po::value(&f.evictions)->default_value(f.evictions), "eviction policies, comma-separated: lru, lfu, slru, hits_per_token, rppc")(
-      "hbm-gb", po::value(&f.hbm)->default_value(f.hbm), "HBM KV space per instance in GB, comma-separated for a sweep")(
+  desc.add_options()("help,h", "show this help")("trace", po::value(&f.trace)->required(),
+                                                 "request trace (Mooncake JSONL)")(
+      "profile,p", po::value(&f.profile)->default_value(f.profile),
+      "cost profile: built-in name or JSON file (kvsim serve profile)")(
+      "eviction,e", po::value(&f.evictions)->default_value(f.evictions),
+      "eviction policies, comma-separated: lru, lfu, slru, hits_per_token, rppc")(
+      "hbm-gb", po::value(&f.hbm)->default_value(f.hbm),
+      "HBM KV space per instance in GB, comma-separated for a sweep")(
       "dram-gb", po::value(&o.dram.capacity_gb)->default_value(0), "host DRAM tier per instance, GB (0: none)")(
       "dram-gbps", po::value(&o.dram.gbps)->default_value(25), "DRAM to HBM bandwidth, GB/s")(
       "dram-latency-ms", po::value(&o.dram.latency_ms)->default_value(0.01), "DRAM per-transfer latency, ms")(
@@ -142,19 +192,23 @@ void describe(po::options_description& desc, Flags& f) {
       "ssd-latency-ms", po::value(&o.ssd.latency_ms)->default_value(0.1), "SSD per-transfer latency, ms")(
       "instances", po::value(&o.instances)->default_value(o.instances), "serving instances")(
       "route", po::value(&f.route)->default_value(f.route), "request routing: prefix, round-robin, least-loaded")(
-      "max-batch-tokens", po::value(&o.max_batch_tokens)->default_value(o.max_batch_tokens), "tokens per step (decodes + prefill chunks)")(
-      "max-seqs", po::value(&o.max_seqs)->default_value(o.max_seqs), "running sequences per instance")(
+      "max-batch-tokens", po::value(&o.max_batch_tokens)->default_value(o.max_batch_tokens),
+      "tokens per step (decodes + prefill chunks)")("max-seqs", po::value(&o.max_seqs)->default_value(o.max_seqs),
+                                                    "running sequences per instance")(
       "slru-protected", po::value(&o.slru_protected)->default_value(o.slru_protected), "SLRU: protected share")(
       "transitions", "materialise blocks by transitions from cached siblings too")(
       "transition-diff", po::value(&o.transition_diff)->default_value(o.transition_diff),
       "share of a sibling's tokens a transition recomputes (an assumption: the trace's hashes cannot tell)")(
       "kv-policy", po::value(&f.kv_policy)->default_value(f.kv_policy),
       "KV compression configs, ';'-separated: none, or POLICY[:k=v,...]@BUDGET measured in --kv-results")(
-      "kv-results", po::value(&f.kv_results), "sweep and/or verify CSVs, comma-separated, that measured the --kv-policy configs")(
-      "kv-page-tokens", po::value(&o.kv_page_tokens)->default_value(o.kv_page_tokens), "a compressed block's tokens round up to pages of this size")(
-      "time-scale", po::value(&o.time_scale)->default_value(o.time_scale), "arrival rate multiplier (timestamps divided by it)")(
-      "out,o", po::value(&f.out), "result CSV, one row per eviction x HBM size x KV config")(
-      "json", po::value(&f.json), "summary JSON")(
+      "kv-results", po::value(&f.kv_results),
+      "sweep and/or verify CSVs, comma-separated, that measured the --kv-policy configs")(
+      "kv-page-tokens", po::value(&o.kv_page_tokens)->default_value(o.kv_page_tokens),
+      "a compressed block's tokens round up to pages of this size")(
+      "time-scale", po::value(&o.time_scale)->default_value(o.time_scale),
+      "arrival rate multiplier (timestamps divided by it)")(
+      "out,o", po::value(&f.out), "result CSV, one row per eviction x HBM size x KV config")("json", po::value(&f.json),
+                                                                                             "summary JSON")(
       "resume", "continue a run that was stopped: its finished rows are kept in OUT.progress")(
       "quiet,q", "no progress line")("force", "replace existing outputs");
 }
@@ -181,10 +235,11 @@ nlohmann::json grid_config(const Flags& f, const nlohmann::json& summary, const 
 // A result row as the table prints it (from the row, so resumed rows print the same).
 void print_row(const nlohmann::json& row, const KvPolicyRow& kv) {
   auto num = [&](const char* key) { return row.at(key).is_number() ? row.at(key).get<double>() : std::nan(""); };
-  std::printf("%-15s %7.3g %-28s %6.3f %6lld %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n", row.at("eviction").get<std::string>().c_str(),
-              num("hbm_gb"), kv.label.substr(0, 28).c_str(), kv.ratio,
+  std::printf("%-15s %7.3g %-28s %6.3f %6lld %7.4f %9.1f %9.1f %8.2f %9.1f %9.1f\n",
+              row.at("eviction").get<std::string>().c_str(), num("hbm_gb"), kv.label.substr(0, 28).c_str(), kv.ratio,
               row.at("completed").is_number() ? row.at("completed").get<long long>() : -1LL, num("hit_rate"),
-              num("ttft_p50_ms"), num("ttft_p99_ms"), num("tbt_p50_ms"), num("queue_p99_ms"), num("throughput_tokens_s"));
+              num("ttft_p50_ms"), num("ttft_p99_ms"), num("tbt_p50_ms"), num("queue_p99_ms"),
+              num("throughput_tokens_s"));
 }
 
 }  // namespace
@@ -202,7 +257,9 @@ int serve_simulate(const Args& args) {
   pos.add("trace", 1);
   po::variables_map vm;
   add_output_flags(desc);
-  if (!parse_options(args, desc, pos, vm, "kvsim serve simulate TRACE.jsonl [-e lru,rppc] [--hbm-gb 4,8] [--kv-policy 'none;snapkv@0.25' --kv-results sweep.csv] [-o out.csv]"))
+  if (!parse_options(args, desc, pos, vm,
+                     "kvsim serve simulate TRACE.jsonl [-e lru,rppc] [--hbm-gb 4,8] [--kv-policy 'none;snapkv@0.25' "
+                     "--kv-results sweep.csv] [-o out.csv]"))
     return 0;
   check_flags(f.o);
   f.o.transitions = vm.count("transitions") > 0;
@@ -211,7 +268,8 @@ int serve_simulate(const Args& args) {
   std::vector<serve::Eviction> kinds;
   for (const std::string& e : split(f.evictions, ',')) kinds.push_back(serve::parse_eviction(e));
   const std::vector<double> hbm = parse_sizes(f.hbm, "--hbm-gb");
-  const std::vector<KvPolicyRow> kvs = read_kv_policies(f.kv_policy, f.kv_results.empty() ? std::vector<std::string>{} : split(f.kv_results, ','));
+  const std::vector<KvPolicyRow> kvs =
+      read_kv_policies(f.kv_policy, f.kv_results.empty() ? std::vector<std::string>{} : split(f.kv_results, ','));
   nlohmann::json summary = {{"trace", f.trace},
                             {"profile", f.o.profile.name},
                             {"instances", f.o.instances},
@@ -238,9 +296,11 @@ int serve_simulate(const Args& args) {
   const serve::BlockTree tree(trace);
   const bool quiet = grid_worker_rank();
   const bool tty = !vm.count("quiet") && !quiet && ::isatty(2);
-  if (!quiet) std::printf("%s: %zu requests; profile %s; %d instance(s), route %s (done: requests completed; the rest were larger "
-              "than an instance's HBM)\n", f.trace.c_str(), trace.requests.size(),
-              f.o.profile.name.c_str(), f.o.instances, f.route.c_str());
+  if (!quiet)
+    std::printf(
+        "%s: %zu requests; profile %s; %d instance(s), route %s (done: requests completed; the rest were larger "
+        "than an instance's HBM)\n",
+        f.trace.c_str(), trace.requests.size(), f.o.profile.name.c_str(), f.o.instances, f.route.c_str());
   if (!quiet)
     std::printf("%-15s %7s %-28s %6s %6s %7s %9s %9s %8s %9s %9s\n", "eviction", "HBM GB", "kv", "ratio", "done", "hit",
                 "TTFT p50", "TTFT p99", "TBT p50", "queue p99", "tok/s");
@@ -255,8 +315,9 @@ int serve_simulate(const Args& args) {
     o.kv_ratio = kv.ratio;
     if (tty)
       o.progress = [&](double ms, std::int64_t done, std::int64_t all) {
-        std::fprintf(stderr, "\r%s %s %.3g GB: simulated %.1f s, %lld/%lld requests done   ", serve::eviction_name(kind).c_str(),
-                     kv.spec.c_str(), gb, ms / 1e3, static_cast<long long>(done), static_cast<long long>(all));
+        std::fprintf(stderr, "\r%s %s %.3g GB: simulated %.1f s, %lld/%lld requests done   ",
+                     serve::eviction_name(kind).c_str(), kv.spec.c_str(), gb, ms / 1e3, static_cast<long long>(done),
+                     static_cast<long long>(all));
       };
     const serve::SimResult r = serve::simulate(tree, o);
     if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");

@@ -40,7 +40,7 @@ int merge_command(const Args& args) {
       "kvsim sweep merge: join the result files of every shard of a sweep (kvsim sweep --shard i/n) into the\n"
       "file one serial sweep would have written, byte for byte; prints its ranked table");
   desc.add_options()("help,h", "show this help")("shard-file", po::value(&spec.inputs)->multitoken(),
-                                                  "the shards' result CSVs, in any order")(
+                                                 "the shards' result CSVs, in any order")(
       "out,o", po::value(&spec.out_csv)->required(), "merged result CSV")(
       "detail-from", po::value(&spec.detail_inputs)->multitoken(),
       "the shards' --detail files, in the order of the CSVs")("detail", po::value(&spec.detail_jsonl),
@@ -50,7 +50,8 @@ int merge_command(const Args& args) {
   pos.add("shard-file", -1);
   po::variables_map vm;
   add_output_flags(desc);
-  if (!parse_options(args, desc, pos, vm, "kvsim sweep merge SHARD.csv... -o merged.csv [--detail-from D... --detail merged.jsonl]"))
+  if (!parse_options(args, desc, pos, vm,
+                     "kvsim sweep merge SHARD.csv... -o merged.csv [--detail-from D... --detail merged.jsonl]"))
     return 0;
   spec.force = vm.count("force") > 0;
   const auto rows = merge_sweeps(spec);
@@ -132,24 +133,29 @@ int sweep_command(const Args& args) {
       "resume", "continue an interrupted sweep in --out (same configuration only)")(
       "shard", po::value(&shard),
       "i/n: sweep only every n-th request from the i-th (0 <= i < n), over all traces in order; "
-      "`kvsim sweep merge` joins the n result files into the serial sweep's")(
-      "force", "replace an existing --out")("quiet,q", "no progress line")(
-      "allow-training-requests", "let learned policies run on the prompts they were trained on")(
+      "`kvsim sweep merge` joins the n result files into the serial sweep's")("force", "replace an existing --out")(
+      "quiet,q", "no progress line")("allow-training-requests",
+                                     "let learned policies run on the prompts they were trained on")(
       "list-policies", "list every policy with its rule, citation and parameters, then exit");
   po::positional_options_description pos;
   pos.add("trace", -1);
   po::variables_map vm;
   add_output_flags(desc);
-  if (!parse_options(args, desc, pos, vm, "kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]\n       kvsim sweep merge SHARD.csv... -o merged.csv")) return 0;
+  if (!parse_options(args, desc, pos, vm,
+                     "kvsim sweep TRACE... --policies snapkv,h2o --budgets 0.1,0.25,0.5 [options]\n       kvsim sweep "
+                     "merge SHARD.csv... -o merged.csv"))
+    return 0;
   if (vm.count("prefill-chunk"))
-    throw Error("--prefill-chunk is a forward-pass size (capture, verify); a sweep's compression schedule is "
-                "--compress-every N");
+    throw Error(
+        "--prefill-chunk is a forward-pass size (capture, verify); a sweep's compression schedule is "
+        "--compress-every N");
   if (vm.count("list-policies")) {
     list_policies(std::cout);
     return 0;
   }
   if (!sweep_file.empty())
-    apply_sweep_file(sweep_file, vm["budgets"].defaulted(), vm["mode"].defaulted(), policies.empty(), spec, budgets, mode);
+    apply_sweep_file(sweep_file, vm["budgets"].defaulted(), vm["mode"].defaulted(), policies.empty(), spec, budgets,
+                     mode);
   if (!policies.empty()) spec.policies = split_policies(policies);
   spec.budgets = parse_budgets(budgets);
   spec.mode = parse_mode(mode);
@@ -164,8 +170,8 @@ int sweep_command(const Args& args) {
   if (mpi_launched()) {
     std::vector<SweepSummaryRow> mpi_rows;
     if (run_sweep_mpi(spec, mpi_rows, std::cerr)) {
-      std::cout << "kvsim sweep (MPI): " << spec.traces.size() << " trace(s), " << mode_name(spec.mode) << ", results in "
-                << spec.out_csv << "\n\n";
+      std::cout << "kvsim sweep (MPI): " << spec.traces.size() << " trace(s), " << mode_name(spec.mode)
+                << ", results in " << spec.out_csv << "\n\n";
       print_summary(mpi_rows, std::cout);
       return 0;
     }

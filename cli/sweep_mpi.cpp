@@ -84,7 +84,8 @@ struct Finished {
 
 // What the result files of earlier runs (and the workers) finished: a request counts when its CSV
 // rows are whole and, with --detail, its detail lines in the file beside them too.
-std::map<Key, Finished> finished_requests(const SweepSpec& spec, const std::string& config_line, std::size_t per_request) {
+std::map<Key, Finished> finished_requests(const SweepSpec& spec, const std::string& config_line,
+                                          std::size_t per_request) {
   std::vector<std::pair<std::string, std::string>> pairs;  // (csv, detail)
   for (const auto& f : rank_files(spec.out_csv)) {
     const std::string suffix = f.substr(f.rfind(".rank"));  // f may read ./OUT.rankR for OUT
@@ -95,7 +96,8 @@ std::map<Key, Finished> finished_requests(const SweepSpec& spec, const std::stri
   for (const auto& [csv, detail] : pairs) {
     std::map<Key, std::vector<std::string>> details;
     if (!detail.empty())
-      for (auto& [key, lines] : finished_detail_rows(detail, config_line.substr(10), per_request)) details[key] = std::move(lines);
+      for (auto& [key, lines] : finished_detail_rows(detail, config_line.substr(10), per_request))
+        details[key] = std::move(lines);
     for (auto& [key, rows] : finished_sweep_rows(csv, config_line, per_request)) {
       if (!detail.empty() && !details.count(key)) continue;  // its detail was cut: redone
       out[key] = Finished{std::move(rows), detail.empty() ? std::vector<std::string>() : std::move(details[key])};
@@ -169,8 +171,10 @@ bool run_sweep_mpi(const SweepSpec& spec, std::vector<SweepSummaryRow>& rows, st
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   mpi_run("kvsim sweep", rank, [&] {
-    if (rank == 0) rows = coordinate(spec, size, log);
-    else work(spec, rank);
+    if (rank == 0)
+      rows = coordinate(spec, size, log);
+    else
+      work(spec, rank);
   });
   return true;
 }

@@ -22,17 +22,19 @@ int needle(const Args& args) {
       "kind", po::value(&kind)->default_value(kind), "single | multikey | multivalue | vartrack")(
       "count", po::value(&spec.count)->default_value(spec.count), "requests")(
       "tokens", po::value(&spec.approx_tokens)->default_value(spec.approx_tokens),
-      "context length (estimated at 4 characters a token)")(
-      "depth", po::value(&spec.depth)->default_value(spec.depth), "needle depth in [0, 1]; < 0 spreads them")(
+      "context length (estimated at 4 characters a token)")("depth", po::value(&spec.depth)->default_value(spec.depth),
+                                                            "needle depth in [0, 1]; < 0 spreads them")(
       "seed", po::value(&spec.seed)->default_value(spec.seed), "random seed")("force", "replace an existing file");
   po::variables_map vm;
   add_output_flags(desc);
-  if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim tasks needle --out F.jsonl [options]"))
+  if (!parse_options(args, desc, po::positional_options_description(), vm,
+                     "kvsim tasks needle --out F.jsonl [options]"))
     return 0;
   spec.kind = parse_needle_kind(kind);
   const auto reqs = make_needle_tasks(spec);
   write_requests_jsonl(reqs, out, vm.count("force") > 0);
-  std::cout << out << ": " << reqs.size() << " " << kind << " needle requests of ~" << spec.approx_tokens << " tokens\n";
+  std::cout << out << ": " << reqs.size() << " " << kind << " needle requests of ~" << spec.approx_tokens
+            << " tokens\n";
   return 0;
 }
 
@@ -42,7 +44,7 @@ int text(const Args& args) {
   po::options_description desc("kvsim tasks text: consecutive windows of a text file, for KL / perplexity inputs");
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "UTF-8 text file")(
       "out,o", po::value(&out)->required(), "output JSONL")("tokens", po::value(&tokens)->default_value(tokens),
-                                                             "window length (estimated at 4 characters a token)")(
+                                                            "window length (estimated at 4 characters a token)")(
       "count", po::value(&count)->default_value(count), "windows")("force", "replace an existing file");
   po::positional_options_description pos;
   pos.add("file", 1);

@@ -44,10 +44,17 @@ nlohmann::json info_json(const TraceReader& r) {
   j["format"] = kTraceFormat;
   j["version"] = kTraceVersion;
   j["file_bytes"] = std::filesystem::file_size(r.path());
-  j["model"] = {{"name", g.name},         {"arch", g.arch},         {"n_layers", g.n_layers},
-                {"n_q_heads", g.n_q_heads}, {"n_kv_heads", g.n_kv_heads}, {"head_dim", g.head_dim},
-                {"vocab", g.vocab},       {"rope_theta", g.rope.theta}, {"rope_type", rope_type_name(g.rope.type)},
-                {"rope_dim", g.rope.rope_dim}, {"sliding_window", g.sliding_window},
+  j["model"] = {{"name", g.name},
+                {"arch", g.arch},
+                {"n_layers", g.n_layers},
+                {"n_q_heads", g.n_q_heads},
+                {"n_kv_heads", g.n_kv_heads},
+                {"head_dim", g.head_dim},
+                {"vocab", g.vocab},
+                {"rope_theta", g.rope.theta},
+                {"rope_type", rope_type_name(g.rope.type)},
+                {"rope_dim", g.rope.rope_dim},
+                {"sliding_window", g.sliding_window},
                 {"rope_theta_local", g.rope_theta_local}};
   const CaptureInfo& c = r.capture();
   j["capture"] = {{"tool_version", c.tool_version}, {"backend", c.backend}, {"date", c.date}, {"seed", c.seed}};
@@ -58,16 +65,16 @@ nlohmann::json info_json(const TraceReader& r) {
     for (auto s : h.segments) ++per_seg[s];
     nlohmann::json seg;
     for (int s = 0; s < kSegmentCount; ++s) seg[segment_name(static_cast<Segment>(s))] = per_seg[s];
-    reqs.push_back({{"id", id},
-                    {"task", h.task},
-                    {"tokens", h.n_tokens()},
-                    {"queries", h.n_queries()},
-                    {"segments", seg},
-                    {"question_start", h.question_start},
-                    {"needle", h.needle_start >= 0 ? nlohmann::json::array({h.needle_start, h.needle_end})
-                                                   : nlohmann::json()},
-                    {"ref_rows", h.ref_rows},
-                    {"ref_topk", h.ref_topk}});
+    reqs.push_back(
+        {{"id", id},
+         {"task", h.task},
+         {"tokens", h.n_tokens()},
+         {"queries", h.n_queries()},
+         {"segments", seg},
+         {"question_start", h.question_start},
+         {"needle", h.needle_start >= 0 ? nlohmann::json::array({h.needle_start, h.needle_end}) : nlohmann::json()},
+         {"ref_rows", h.ref_rows},
+         {"ref_topk", h.ref_topk}});
   }
   j["requests"] = reqs;
   j["incomplete_requests"] = r.incomplete_request_ids();
@@ -78,16 +85,18 @@ void print_info(const nlohmann::json& j, std::ostream& os) {
   const auto& m = j["model"];
   os << j["file"].get<std::string>() << ": kvtrace v" << j["version"] << ", "
      << human_bytes(j["file_bytes"].get<double>()) << "\n";
-  os << "  model    " << m["name"].get<std::string>() << " (" << m["arch"].get<std::string>() << "): "
-     << m["n_layers"] << " layers, " << m["n_q_heads"] << " q heads, " << m["n_kv_heads"] << " kv heads, head_dim "
-     << m["head_dim"] << ", vocab " << m["vocab"] << ", rope " << m["rope_type"].get<std::string>() << " theta "
-     << m["rope_theta"] << "\n";
+  os << "  model    " << m["name"].get<std::string>() << " (" << m["arch"].get<std::string>() << "): " << m["n_layers"]
+     << " layers, " << m["n_q_heads"] << " q heads, " << m["n_kv_heads"] << " kv heads, head_dim " << m["head_dim"]
+     << ", vocab " << m["vocab"] << ", rope " << m["rope_type"].get<std::string>() << " theta " << m["rope_theta"]
+     << "\n";
   int local = 0, window = 0;
   for (const auto& w : m["sliding_window"])
     if (w.get<int>() > 0) ++local, window = w.get<int>();
   if (local > 0)
     os << "  windows  " << local << " of " << m["n_layers"] << " layers attend to the last " << window << " tokens"
-       << (m["rope_theta_local"].get<double>() > 0 ? ", rope theta " + std::to_string(m["rope_theta_local"].get<double>()) : "")
+       << (m["rope_theta_local"].get<double>() > 0
+               ? ", rope theta " + std::to_string(m["rope_theta_local"].get<double>())
+               : "")
        << "\n";
   const auto& c = j["capture"];
   os << "  capture  backend " << c["backend"].get<std::string>() << ", " << c["tool_version"].get<std::string>()
@@ -97,7 +106,8 @@ void print_info(const nlohmann::json& j, std::ostream& os) {
   os << "\n";
   os << "    " << std::left << std::setw(12) << "id" << std::right << std::setw(8) << "tokens" << std::setw(8)
      << "queries" << std::setw(8) << "system" << std::setw(9) << "context" << std::setw(10) << "question"
-     << std::setw(11) << "generated" << std::setw(12) << "ref rows" << "  needle\n";
+     << std::setw(11) << "generated" << std::setw(12) << "ref rows"
+     << "  needle\n";
   for (const auto& r : j["requests"]) {
     const auto& s = r["segments"];
     auto n = [](const nlohmann::json& v) { return v.get<std::int64_t>(); };
@@ -166,7 +176,7 @@ int synth(const Args& args) {
       "hitters and needle-retrieval heads (built into K/Q, emerging from q.k); defaults: SmolLM2-135M geometry");
   desc.add_options()("help,h", "show this help")("out,o", po::value(&out)->required(), "output .h5 file")(
       "force", "overwrite an existing output file")("seed", po::value(&cfg.seed)->default_value(cfg.seed),
-                                                     "random seed (written to the file)")(
+                                                    "random seed (written to the file)")(
       "requests", po::value(&cfg.n_requests)->default_value(cfg.n_requests), "number of requests")(
       "system", po::value(&cfg.system_tokens)->default_value(cfg.system_tokens), "system-prompt tokens")(
       "context", po::value(&cfg.context_tokens)->default_value(cfg.context_tokens), "context (document) tokens")(
@@ -178,9 +188,10 @@ int synth(const Args& args) {
       "queries", po::value(&queries)->default_value(queries),
       "which queries to keep: all | eval (last --query-window context tokens + question + generated)")(
       "query-window", po::value(&cfg.query_window)->default_value(cfg.query_window), "see --queries eval")(
-      "repeat-pass", "also write a synthetic KVzip reconstruction pass (the context repeated with its own queries and keys; "
-                     "needs --queries all)")(
-      "ref-topk", po::value(&cfg.ref_topk)->default_value(cfg.ref_topk), "width of the reference top-k")(
+      "repeat-pass",
+      "also write a synthetic KVzip reconstruction pass (the context repeated with its own queries and keys; "
+      "needs --queries all)")("ref-topk", po::value(&cfg.ref_topk)->default_value(cfg.ref_topk),
+                              "width of the reference top-k")(
       "heavy-fraction", po::value(&cfg.heavy_fraction)->default_value(cfg.heavy_fraction),
       "fraction of context tokens that are heavy hitters")(
       "retrieval-heads", po::value(&cfg.retrieval_head_fraction)->default_value(cfg.retrieval_head_fraction),
@@ -197,14 +208,14 @@ int synth(const Args& args) {
       "tokens a local layer attends to (Gemma 3-style; 0: every layer global)")(
       "global-every", po::value(&global_every)->default_value(global_every),
       "with --sliding-window: every this-many-th layer is global, the rest local")(
-      "rope-theta-local", po::value(&g.rope_theta_local)->default_value(0.0), "RoPE base of local layers (0: --rope-theta)")(
-      "deflate", po::value(&deflate)->default_value(deflate), "shuffle+deflate level 0-9 (0 = uncompressed)");
+      "rope-theta-local", po::value(&g.rope_theta_local)->default_value(0.0),
+      "RoPE base of local layers (0: --rope-theta)")("deflate", po::value(&deflate)->default_value(deflate),
+                                                     "shuffle+deflate level 0-9 (0 = uncompressed)");
   po::positional_options_description pos;
   po::variables_map vm;
   add_output_flags(desc);
   if (!parse_options(args, desc, pos, vm, "kvsim trace synth --out FILE [options]")) return 0;
-  if (queries != "all" && queries != "eval")
-    throw Error("--queries is '" + queries + "', expected 'all' or 'eval'");
+  if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected 'all' or 'eval'");
   cfg.all_queries = queries == "all";
   cfg.repeat_pass = vm.count("repeat-pass") > 0;
   g.rope.type = parse_rope_type(rope_type, "--rope-type");
@@ -293,7 +304,7 @@ int keep_sets(const Args& args) {
       "compression, as JSON");
   desc.add_options()("help,h", "show this help")("file", po::value(&file)->required(), "trace file")(
       "request,r", po::value(&id), "request id (default: the first)")("policies,p", po::value(&policies)->required(),
-                                                           "policies, as for kvsim sweep")(
+                                                                      "policies, as for kvsim sweep")(
       "budgets,b", po::value(&budgets)->default_value(budgets), "budgets, as for kvsim sweep")(
       "mode", po::value(&mode)->default_value(mode), "query-aware | query-agnostic")(
       "layer,l", po::value(&layer)->default_value(layer), "one layer only (-1: every layer)")(
@@ -305,7 +316,8 @@ int keep_sets(const Args& args) {
   pos.add("file", 1);
   po::variables_map vm;
   add_output_flags(desc);
-  if (!parse_options(args, desc, pos, vm, "kvsim trace keep-sets FILE [-r ID] -p snapkv,h2o -b 0.25 -o kept.json")) return 0;
+  if (!parse_options(args, desc, pos, vm, "kvsim trace keep-sets FILE [-r ID] -p snapkv,h2o -b 0.25 -o kept.json"))
+    return 0;
   refuse_overwrite(out, vm.count("force") > 0);
   SweepSpec spec;
   spec.policies = split_policies(policies);
@@ -315,7 +327,8 @@ int keep_sets(const Args& args) {
   const std::string text = with_trace(file, [&](const TraceReader& reader) {
     const ModelGeometry& g = reader.geometry();
     if (layer < -1 || layer >= g.n_layers)
-      throw Error("--layer " + std::to_string(layer) + ": expected -1 or a layer in [0, " + std::to_string(g.n_layers) + ")");
+      throw Error("--layer " + std::to_string(layer) + ": expected -1 or a layer in [0, " + std::to_string(g.n_layers) +
+                  ")");
     if (id.empty()) {
       if (reader.request_ids().empty()) throw Error(file + ": no complete request");
       id = reader.request_ids().front();
@@ -323,9 +336,14 @@ int keep_sets(const Args& args) {
     Replayer replayer(reader, spec.mode, configs, compress_every, parse_budget_rule(semantics, reapply_every));
     replayer.record_keep_sets(true);
     const RequestResult res = replayer.replay(id);
-    nlohmann::json j = {{"trace", file},      {"request", id},   {"mode", mode_name(spec.mode)},
-                        {"tokens", res.tokens}, {"compression_point", res.compression_point},
-                        {"layers", g.n_layers}, {"layer", layer}, {"configs", nlohmann::json::array()}};
+    nlohmann::json j = {{"trace", file},
+                        {"request", id},
+                        {"mode", mode_name(spec.mode)},
+                        {"tokens", res.tokens},
+                        {"compression_point", res.compression_point},
+                        {"layers", g.n_layers},
+                        {"layer", layer},
+                        {"configs", nlohmann::json::array()}};
     for (std::size_t p = 0; p < configs.size(); ++p) {
       nlohmann::json kept = res.configs[p].kept;
       if (layer >= 0) kept = nlohmann::json::array({kept[static_cast<std::size_t>(layer)]});
@@ -369,12 +387,13 @@ int fit_basis_cmd(const Args& args) {
 }  // namespace
 
 int trace_command(const Args& args) {
-  static const Subcommand subs[] = {{"info", "summarise a trace (geometry, capture, requests)", info},
-                                    {"check", "validate a trace; non-zero exit and one line per problem", check},
-                                    {"synth", "write a deterministic synthetic trace", synth},
-                                    {"dump", "print one layer of K/V/Q of a request as JSON", dump},
-                                    {"keep-sets", "the tokens each config keeps in one request, as JSON", keep_sets},
-                                    {"fit-basis", "fit low-rank calibration bases (lowrank/varrate basis=FILE)", fit_basis_cmd}};
+  static const Subcommand subs[] = {
+      {"info", "summarise a trace (geometry, capture, requests)", info},
+      {"check", "validate a trace; non-zero exit and one line per problem", check},
+      {"synth", "write a deterministic synthetic trace", synth},
+      {"dump", "print one layer of K/V/Q of a request as JSON", dump},
+      {"keep-sets", "the tokens each config keeps in one request, as JSON", keep_sets},
+      {"fit-basis", "fit low-rank calibration bases (lowrank/varrate basis=FILE)", fit_basis_cmd}};
   return dispatch("kvsim trace", subs, args);
 }
 

@@ -57,18 +57,20 @@ struct TrainFlags {
 po::options_description train_options(TrainFlags& f) {
   po::options_description desc(
       "kvsim train: fit a learned KV-cache policy to captured traces and write its model file (HDF5), which the\n"
-      "policy of the same name reads (e.g. --policies foresight:model=MODEL.h5). Methods: " + std::string(kMethods) +
+      "policy of the same name reads (e.g. --policies foresight:model=MODEL.h5). Methods: " +
+      std::string(kMethods) +
       ".\n  foresight: a per-token scorer over the token features (docs/learned.md), pairwise hinge loss against\n"
       "  oracle_golden's golden eviction label (ForesightKV's supervised stage)\n"
       "  sigmoid_gate: per-token gates sigmoid(MLP(features)) trained soft (log g added to the attention logits,\n"
       "  attention-output error + a capacity penalty), deployed hard; reports the soft-to-hard gap\n"
       "  distillcache: REINFORCE over Plackett-Luce evictions from a token scorer, reward -KL(full || compressed)\n"
-      "  per (request, budget) episode: the trace's offline estimate (--reward trace) or the live model (--reward live)\n"
+      "  per (request, budget) episode: the trace's offline estimate (--reward trace) or the live model (--reward "
+      "live)\n"
       "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, fitted to each head's streaming error\n"
       "  with a sparsity term; or --import RLKV's adapter_weights.tsv (the trace gives the model geometry)");
   desc.add_options()("help,h", "show this help")("method", po::value(&f.method), "training method")(
-      "trace", po::value(&f.traces)->multitoken(), "trace files to learn from")(
-      "out,o", po::value(&f.out)->required(), "model file to write (HDF5)")(
+      "trace", po::value(&f.traces)->multitoken(), "trace files to learn from")("out,o", po::value(&f.out)->required(),
+                                                                                "model file to write (HDF5)")(
       "mode", po::value(&f.mode)->default_value(f.mode), "compression point: query-aware | query-agnostic")(
       "requests", po::value(&f.requests), "comma-separated request ids to train on (default: every complete request)")(
       "hidden", po::value(&f.hidden)->default_value(f.hidden), "hidden layer sizes")(
@@ -87,13 +89,16 @@ po::options_description train_options(TrainFlags& f) {
       "penalty", po::value(&f.so.penalty)->default_value(f.so.penalty), "sigmoid_gate: weight of the capacity penalty")(
       "rows", po::value(&f.rows)->default_value(f.rows),
       "sigmoid_gate: evaluation rows per query head kept for the loss (evenly spaced)")(
-      "episodes", po::value(&f.dco.episodes)->default_value(f.dco.episodes), "distillcache: (request, budget) episodes")(
+      "episodes", po::value(&f.dco.episodes)->default_value(f.dco.episodes),
+      "distillcache: (request, budget) episodes")(
       "samples", po::value(&f.dco.samples)->default_value(f.dco.samples),
       "distillcache: sampled evictions per episode (each one's baseline is the others' mean reward)")(
-      "temperature", po::value(&f.dco.temperature)->default_value(f.dco.temperature), "distillcache: Plackett-Luce temperature")(
-      "budgets", po::value(&f.train_budgets)->default_value(f.train_budgets), "distillcache: budgets the episodes draw from")(
+      "temperature", po::value(&f.dco.temperature)->default_value(f.dco.temperature),
+      "distillcache: Plackett-Luce temperature")("budgets", po::value(&f.train_budgets)->default_value(f.train_budgets),
+                                                 "distillcache: budgets the episodes draw from")(
       "reward", po::value(&f.dco.reward)->default_value(f.dco.reward), "distillcache: trace | live")(
-      "estimator", po::value(&f.dco.estimator), "distillcache: kvsim calibrate file weighting the trace reward's layers")(
+      "estimator", po::value(&f.dco.estimator),
+      "distillcache: kvsim calibrate file weighting the trace reward's layers")(
       "init", po::value(&f.dco.init), "distillcache: start from this foresight or distillcache model")(
       "model,m", po::value(&f.dco.model),
       "distillcache --reward live, sigmoid_gate's live soft-to-hard gap: the GGUF model the traces were captured from")(
@@ -107,10 +112,11 @@ po::options_description train_options(TrainFlags& f) {
       "sparsity", po::value(&f.ro.sparsity)->default_value(f.ro.sparsity),
       "rlkv: a head keeps its whole cache when its streaming error exceeds this x the mean error")(
       "requests-per-step", po::value(&f.ro.requests_per_step)->default_value(f.ro.requests_per_step),
-      "rlkv: requests per Adam step")(
-      "sinks", po::value(&f.window.sinks)->default_value(f.window.sinks), "rlkv: the streaming window's sink tokens")(
-      "recent", po::value(&f.window.recent)->default_value(f.window.recent), "rlkv: the streaming window's recent tokens")(
-      "import", po::value(&f.import), "rlkv: import RLKV's adapter_weights.tsv instead of training")(
+      "rlkv: requests per Adam step")("sinks", po::value(&f.window.sinks)->default_value(f.window.sinks),
+                                      "rlkv: the streaming window's sink tokens")(
+      "recent", po::value(&f.window.recent)->default_value(f.window.recent),
+      "rlkv: the streaming window's recent tokens")("import", po::value(&f.import),
+                                                    "rlkv: import RLKV's adapter_weights.tsv instead of training")(
       "force", "replace an existing --out file");
   return desc;
 }
@@ -122,13 +128,15 @@ void check_train_flags(const TrainFlags& f, const po::variables_map& vm) {
     throw Error("unknown training method '" + f.method + "'; expected one of: " + kMethods);
   if (f.traces.empty()) throw Error("no trace files given (kvsim train " + f.method + " TRACE... -o MODEL.h5)");
   refuse_overwrite(f.out, vm.count("force") > 0);
-  if (!f.import.empty() && f.method != "rlkv") throw Error("--import reads RLKV's gate files: kvsim train rlkv --import FILE");
-  const std::filesystem::path folder = std::filesystem::path(f.out).parent_path().empty() ? "." : std::filesystem::path(f.out).parent_path();
+  if (!f.import.empty() && f.method != "rlkv")
+    throw Error("--import reads RLKV's gate files: kvsim train rlkv --import FILE");
+  const std::filesystem::path folder =
+      std::filesystem::path(f.out).parent_path().empty() ? "." : std::filesystem::path(f.out).parent_path();
   if (!std::filesystem::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)
     throw Error(f.out + ": folder '" + folder.string() + "' does not exist or is not writable");
   if (f.window.sinks < 0 || f.window.recent < 0)
-    throw Error("--sinks and --recent: got " + std::to_string(f.window.sinks) + " and " + std::to_string(f.window.recent) +
-                "; expected >= 0");
+    throw Error("--sinks and --recent: got " + std::to_string(f.window.sinks) + " and " +
+                std::to_string(f.window.recent) + "; expected >= 0");
   if (!(f.fo.margin > 0)) throw Error("--margin: got " + std::to_string(f.fo.margin) + "; expected > 0");
   if (f.dco.max_new < 1) throw Error("--max-new: got " + std::to_string(f.dco.max_new) + "; expected >= 1");
 }
@@ -210,7 +218,7 @@ int train_command(const Args& args) {
               m.has_network() ? m.network.params().size() : m.head_gates.size(),
               m.has_network() ? "parameters" : "head gates",
               f.import.empty() ? ("trained on " + std::to_string(m.provenance.requests.size()) + " requests").c_str()
-                             : ("imported from " + f.import).c_str(),
+                               : ("imported from " + f.import).c_str(),
               m.method.c_str(), f.out.c_str());
   return 0;
 }

@@ -14,8 +14,8 @@ namespace kvsim::cli {
 
 int verify_command(const Args& args) {
   VerifySpec spec;
-  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant", device = "cpu",
-              steps = "engine", semantics = "point";
+  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant",
+                        device = "cpu", steps = "engine", semantics = "point";
   std::int64_t reapply_every = BudgetRule{}.every;
   po::options_description desc(
       "kvsim verify: run (policy, budget) configs live on the model with a really compressed KV cache, against\n"
@@ -24,18 +24,22 @@ int verify_command(const Args& args) {
   desc.add_options()("help,h", "show this help")("model,m", po::value(&spec.model_path)->required(), "GGUF model file")(
       "tasks,t", po::value(&spec.tasks_path)->required(), "JSONL requests (as for kvsim capture)")(
       "policies,p", po::value(&policies), "policies: name[:key=value,...] separated by ',' or ';'")(
-      "budgets,b", po::value(&budgets)->default_value(budgets), "budgets: fractions of the full fp16 KV bytes, in (0, 1]")(
-      "from-sweep", po::value(&spec.from_sweep), "take the --top configs (by offline mean KL) of this sweep result CSV")(
+      "budgets,b", po::value(&budgets)->default_value(budgets),
+      "budgets: fractions of the full fp16 KV bytes, in (0, 1]")(
+      "from-sweep", po::value(&spec.from_sweep),
+      "take the --top configs (by offline mean KL) of this sweep result CSV")(
       "top", po::value(&spec.top)->default_value(spec.top), "see --from-sweep")(
       "offline", po::value(&spec.offline_csv), "sweep result CSV to compare with (implied by --from-sweep)")(
       "detail", po::value(&spec.offline_detail), "that sweep's --detail JSONL: adds per-layer offline metrics")(
       "estimator", po::value(&spec.estimator),
-      "a `kvsim calibrate` file: add its est_kl to the agreement (needs --detail); the requests it was fitted on are left "
-      "out of the agreement")(
-      "mode", po::value(&mode)->default_value(mode), "query-aware | query-agnostic (a sweep's own mode wins)")(
-      "max-new", po::value(&spec.live.max_new)->default_value(spec.live.max_new), "reference continuation tokens (>= 2)")(
-      "queries", po::value(&queries)->default_value(queries),
-      "all | eval: prompt queries the policies may read (eval: the last --query-window context tokens and the question)")(
+      "a `kvsim calibrate` file: add its est_kl to the agreement (needs --detail); the requests it was fitted on are "
+      "left "
+      "out of the agreement")("mode", po::value(&mode)->default_value(mode),
+                              "query-aware | query-agnostic (a sweep's own mode wins)")(
+      "max-new", po::value(&spec.live.max_new)->default_value(spec.live.max_new),
+      "reference continuation tokens (>= 2)")("queries", po::value(&queries)->default_value(queries),
+                                              "all | eval: prompt queries the policies may read (eval: the last "
+                                              "--query-window context tokens and the question)")(
       "query-window", po::value(&spec.live.query_window)->default_value(spec.live.query_window), "see --queries eval")(
       "prefill-chunk", po::value(&spec.live.prefill_chunk)->default_value(spec.live.prefill_chunk),
       "tokens per prefill pass (capture's default, so keep-sets match a captured trace exactly)")(
@@ -51,7 +55,8 @@ int verify_command(const Args& args) {
       "weights", po::value(&weights)->default_value(weights), "quant | f32 (see kvsim capture --help)")(
       "device", po::value(&device)->default_value(device), "cpu | cuda (see kvsim capture --help)")(
       "policy-steps", po::value(&steps)->default_value(steps),
-      "engine | host: where decode-time rules (h2o, tova) step; engine: on the GPU with --device cuda (no cache rows or "
+      "engine | host: where decode-time rules (h2o, tova) step; engine: on the GPU with --device cuda (no cache rows "
+      "or "
       "attention weights to the host), on the host otherwise. Both evict the same tokens")(
       "out,o", po::value(&spec.out_csv)->default_value(spec.out_csv), "per request x config results (CSV)")(
       "agreement", po::value(&spec.agreement_csv), "write the agreement table as CSV too")(
@@ -59,13 +64,16 @@ int verify_command(const Args& args) {
       "allow-training-requests", "let learned policies run on the prompts they were trained on");
   po::variables_map vm;
   add_output_flags(desc);
-  if (!parse_options(args, desc, po::positional_options_description(), vm,
-                     "kvsim verify --model M.gguf --tasks T.jsonl (--policies P --budgets B | --from-sweep S.csv --top N) "
-                     "[--offline S.csv] [options]"))
+  if (!parse_options(
+          args, desc, po::positional_options_description(), vm,
+          "kvsim verify --model M.gguf --tasks T.jsonl (--policies P --budgets B | --from-sweep S.csv --top N) "
+          "[--offline S.csv] [options]"))
     return 0;
-  if (spec.from_sweep.empty() && policies.empty()) throw Error("no configs: give --policies (and --budgets) or --from-sweep");
+  if (spec.from_sweep.empty() && policies.empty())
+    throw Error("no configs: give --policies (and --budgets) or --from-sweep");
   if (!spec.from_sweep.empty() && !policies.empty()) throw Error("--policies and --from-sweep exclude each other");
-  if (!spec.from_sweep.empty() && !spec.offline_csv.empty()) throw Error("--offline is implied by --from-sweep; give one");
+  if (!spec.from_sweep.empty() && !spec.offline_csv.empty())
+    throw Error("--offline is implied by --from-sweep; give one");
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
   if (steps != "engine" && steps != "host") throw Error("--policy-steps is '" + steps + "', expected engine or host");
   spec.live.rules_in_engine = steps == "engine";

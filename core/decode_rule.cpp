@@ -10,8 +10,8 @@ void check_rule_start(const DecodeRuleStart& start, const std::vector<std::int64
   const DecodeRule& r = start.rule;
   if (r.protect_newest < 0) throw std::invalid_argument("decode rule: protect_newest is negative");
   if (rows.empty() || n_heads % static_cast<int>(rows.size()) != 0)
-    throw std::invalid_argument("decode rule: " + std::to_string(rows.size()) + " entries for " + std::to_string(n_heads) +
-                                " query heads");
+    throw std::invalid_argument("decode rule: " + std::to_string(rows.size()) + " entries for " +
+                                std::to_string(n_heads) + " query heads");
   if (r.layer_wide)
     for (const auto n : rows)
       if (n != rows[0])
@@ -20,8 +20,8 @@ void check_rule_start(const DecodeRuleStart& start, const std::vector<std::int64
   const std::size_t want = r.layer_wide ? 1 : rows.size();
   if (!r.accumulate) return;
   if (start.scores.size() != want)
-    throw std::invalid_argument("decode rule: scores for " + std::to_string(start.scores.size()) + " entries, expected " +
-                                std::to_string(want));
+    throw std::invalid_argument("decode rule: scores for " + std::to_string(start.scores.size()) +
+                                " entries, expected " + std::to_string(want));
   for (std::size_t e = 0; e < want; ++e)
     if (static_cast<std::int64_t>(start.scores[e].size()) != rows[e])
       throw std::invalid_argument("decode rule: entry " + std::to_string(e) + " holds " + std::to_string(rows[e]) +
@@ -34,7 +34,8 @@ std::vector<std::uint8_t> lowest_rows(const std::vector<double>& scores, std::in
   for (; count > 0; --count) {
     std::int64_t worst = -1;
     for (std::int64_t m = 0; m < candidates; ++m)
-      if (!gone[static_cast<std::size_t>(m)] && (worst < 0 || scores[static_cast<std::size_t>(m)] < scores[static_cast<std::size_t>(worst)]))
+      if (!gone[static_cast<std::size_t>(m)] &&
+          (worst < 0 || scores[static_cast<std::size_t>(m)] < scores[static_cast<std::size_t>(worst)]))
         worst = m;
     if (worst < 0) break;
     gone[static_cast<std::size_t>(worst)] = 1;
@@ -44,8 +45,8 @@ std::vector<std::uint8_t> lowest_rows(const std::vector<double>& scores, std::in
 
 std::vector<std::vector<std::int64_t>> decode_rule_step_ref(const DecodeRule& rule,
                                                             std::vector<std::vector<double>>& scores,
-                                                            const std::vector<std::int64_t>& rows, const LastRowWeights& w,
-                                                            std::int64_t budget) {
+                                                            const std::vector<std::int64_t>& rows,
+                                                            const LastRowWeights& w, std::int64_t budget) {
   const auto entries = rows.size();
   if (entries == 0 || w.heads_per_entry * static_cast<int>(entries) != w.n_heads)
     throw std::invalid_argument("decode rule step: " + std::to_string(entries) + " entries of " +
@@ -56,8 +57,8 @@ std::vector<std::vector<std::int64_t>> decode_rule_step_ref(const DecodeRule& ru
     for (const auto n : rows)
       if (n != rows[0]) throw std::invalid_argument("decode rule step: a layer-wide rule over entries of unequal rows");
   if (rule.accumulate && scores.size() != scored)
-    throw std::invalid_argument("decode rule step: scores for " + std::to_string(scores.size()) + " entries, expected " +
-                                std::to_string(scored));
+    throw std::invalid_argument("decode rule step: scores for " + std::to_string(scores.size()) +
+                                " entries, expected " + std::to_string(scored));
   std::vector<std::vector<std::int64_t>> evicted(entries);
   for (std::size_t e = 0; e < scored; ++e) {
     const std::int64_t n = rows[e];
@@ -73,7 +74,8 @@ std::vector<std::vector<std::int64_t>> decode_rule_step_ref(const DecodeRule& ru
     for (std::int64_t m = 0; m < n; ++m) {
       double add = 0.0;  // weights are >= 0, so 0 also starts a max
       for (int h = h0; h < h0 + nh; ++h) {
-        const double x = w.data[static_cast<std::size_t>(h) * static_cast<std::size_t>(w.stride) + static_cast<std::size_t>(m)];
+        const double x =
+            w.data[static_cast<std::size_t>(h) * static_cast<std::size_t>(w.stride) + static_cast<std::size_t>(m)];
         add = rule.combine == HeadCombine::Max ? std::max(add, x) : add + x;
       }
       sc[static_cast<std::size_t>(m)] += rule.combine == HeadCombine::Mean ? add / nh : add;

@@ -41,8 +41,8 @@ struct LastRowWeights {
 // Throws std::invalid_argument naming what is out of step (scores vs rows, entry counts).
 std::vector<std::vector<std::int64_t>> decode_rule_step_ref(const DecodeRule& rule,
                                                             std::vector<std::vector<double>>& scores,
-                                                            const std::vector<std::int64_t>& rows, const LastRowWeights& w,
-                                                            std::int64_t budget);
+                                                            const std::vector<std::int64_t>& rows,
+                                                            const LastRowWeights& w, std::int64_t budget);
 
 // The eviction every decode rule makes (and H2O's and TOVA's own steps): flags the `count`
 // lowest-scored of scores[0, candidates), one at a time, ties to the lower index (the older row);

@@ -5,7 +5,8 @@
 namespace kvsim {
 
 bool same_kv_shape(const ModelGeometry& a, const ModelGeometry& b) {
-  return a.n_layers == b.n_layers && a.n_q_heads == b.n_q_heads && a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim;
+  return a.n_layers == b.n_layers && a.n_q_heads == b.n_q_heads && a.n_kv_heads == b.n_kv_heads &&
+         a.head_dim == b.head_dim;
 }
 
 std::string kv_shape(const ModelGeometry& g) {

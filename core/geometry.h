@@ -19,9 +19,9 @@ struct ModelGeometry {
   int n_kv_heads = 0;
   int head_dim = 0;
   std::int64_t vocab = 0;
-  RopeSpec rope;                     // rope.head_dim == head_dim; rope.rope_dim rotated dims (n_rot)
-  std::vector<int> sliding_window;   // per layer, 0 = full attention; empty = none anywhere
-  double rope_theta_local = 0;       // RoPE base of sliding-window layers (gemma3); 0 = rope.theta
+  RopeSpec rope;                    // rope.head_dim == head_dim; rope.rope_dim rotated dims (n_rot)
+  std::vector<int> sliding_window;  // per layer, 0 = full attention; empty = none anywhere
+  double rope_theta_local = 0;      // RoPE base of sliding-window layers (gemma3); 0 = rope.theta
 
   // Layer l's RoPE: the local base on sliding-window layers where one is set.
   RopeSpec rope_at(int layer) const {
@@ -54,10 +54,10 @@ struct ModelConfig : ModelGeometry {
   bool qkv_bias = false;         // Q/K/V biases (qwen2)
   bool tied_embeddings = false;  // logits from token_embd (no output tensor)
   FfnAct ffn_act = FfnAct::Silu;
-  bool qk_norm = false;          // RMSNorm on each head's query and key (gemma3)
-  bool post_norms = false;       // RMSNorm on the attention and feed-forward outputs (gemma3)
-  double embd_scale = 1.0;       // embeddings times this (gemma: sqrt(n_embd))
-  double attn_scale = 0;         // q.k scale; 0 = 1/sqrt(head_dim)
+  bool qk_norm = false;     // RMSNorm on each head's query and key (gemma3)
+  bool post_norms = false;  // RMSNorm on the attention and feed-forward outputs (gemma3)
+  double embd_scale = 1.0;  // embeddings times this (gemma: sqrt(n_embd))
+  double attn_scale = 0;    // q.k scale; 0 = 1/sqrt(head_dim)
   // Throws std::invalid_argument naming the first inconsistent field.
   void check() const;
 };

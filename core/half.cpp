@@ -73,8 +73,7 @@ void floats_to_halves_scalar(const float* src, std::uint16_t* dst, std::size_t n
 #ifdef KVSIM_X86
 namespace {
 
-__attribute__((target("avx,f16c"))) void halves_to_floats_f16c(const std::uint16_t* src, float* dst,
-                                                                std::size_t n) {
+__attribute__((target("avx,f16c"))) void halves_to_floats_f16c(const std::uint16_t* src, float* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -83,8 +82,7 @@ __attribute__((target("avx,f16c"))) void halves_to_floats_f16c(const std::uint16
   for (; i < n; ++i) dst[i] = half_to_float(src[i]);
 }
 
-__attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* src, std::uint16_t* dst,
-                                                                std::size_t n) {
+__attribute__((target("avx,f16c"))) void floats_to_halves_f16c(const float* src, std::uint16_t* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
@@ -123,12 +121,8 @@ void floats_to_halves(const float* src, std::uint16_t* dst, std::size_t n) {
 }
 #else
 bool half_simd_available() { return false; }
-void halves_to_floats(const std::uint16_t* src, float* dst, std::size_t n) {
-  halves_to_floats_scalar(src, dst, n);
-}
-void floats_to_halves(const float* src, std::uint16_t* dst, std::size_t n) {
-  floats_to_halves_scalar(src, dst, n);
-}
+void halves_to_floats(const std::uint16_t* src, float* dst, std::size_t n) { halves_to_floats_scalar(src, dst, n); }
+void floats_to_halves(const float* src, std::uint16_t* dst, std::size_t n) { floats_to_halves_scalar(src, dst, n); }
 #endif
 
 void round_to_half(float* x, std::size_t n) {

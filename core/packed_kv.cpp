@@ -21,7 +21,8 @@ void check_tensor(const PackedTensor& t, int d, const char* name) {
     throw Error(std::string("packed ") + name + " row " + std::to_string(row) + ": " + what);
   };
   // The quantized layout only matters when some row is quantized.
-  const bool quant = std::any_of(t.rows.begin(), t.rows.end(), [](const PackedRow& r) { return r.kind == PackedKind::Quant; });
+  const bool quant =
+      std::any_of(t.rows.begin(), t.rows.end(), [](const PackedRow& r) { return r.kind == PackedKind::Quant; });
   if (quant && t.bits != 2 && t.bits != 4 && t.bits != 8)
     throw Error(std::string("packed ") + name + ": bits = " + std::to_string(t.bits) + ", expected 2, 4 or 8");
   if (quant && (t.param_span <= 0 || d % t.param_span != 0))
@@ -35,14 +36,17 @@ void check_tensor(const PackedTensor& t, int d, const char* name) {
         if (r.data < 0 || r.data + d > static_cast<std::int64_t>(t.halves.size())) fail(m, "fp16 row past the halves");
         break;
       case PackedKind::Quant:
-        if (r.data < 0 || r.data + code_bytes > static_cast<std::int64_t>(t.codes.size())) fail(m, "codes past the end");
+        if (r.data < 0 || r.data + code_bytes > static_cast<std::int64_t>(t.codes.size()))
+          fail(m, "codes past the end");
         if (r.param < 0 || 2 * (r.param + d / t.param_span) > static_cast<std::int64_t>(t.params.size()))
           fail(m, "params past the end");
         break;
       case PackedKind::LowRank:
         if (r.rank > d) fail(m, "rank " + std::to_string(r.rank) + " > head_dim " + std::to_string(d));
-        if (r.data < 0 || r.data + r.rank > static_cast<std::int64_t>(t.halves.size())) fail(m, "coefficients past the halves");
-        if (t.basis_cols < 1 || t.basis_cols > d || t.basis.size() != static_cast<std::size_t>(d) * static_cast<std::size_t>(t.basis_cols))
+        if (r.data < 0 || r.data + r.rank > static_cast<std::int64_t>(t.halves.size()))
+          fail(m, "coefficients past the halves");
+        if (t.basis_cols < 1 || t.basis_cols > d ||
+            t.basis.size() != static_cast<std::size_t>(d) * static_cast<std::size_t>(t.basis_cols))
           fail(m, "low-rank row without a [head_dim, basis_cols] basis (basis_cols = " + std::to_string(t.basis_cols) +
                       ", " + std::to_string(t.basis.size()) + " halves)");
         if (r.rank > t.basis_cols)
@@ -83,8 +87,8 @@ void pack_fp16_row(PackedTensor& t, const float* x, int head_dim, std::int32_t p
 void check_packed(const PackedEntry& e) {
   if (e.head_dim <= 0) throw Error("packed entry: head_dim = " + std::to_string(e.head_dim) + ", expected > 0");
   if (e.k.rows.size() != e.v.rows.size())
-    throw Error("packed entry: " + std::to_string(e.k.rows.size()) + " key rows but " + std::to_string(e.v.rows.size()) +
-                " value rows");
+    throw Error("packed entry: " + std::to_string(e.k.rows.size()) + " key rows but " +
+                std::to_string(e.v.rows.size()) + " value rows");
   check_tensor(e.k, e.head_dim, "keys");
   check_tensor(e.v, e.head_dim, "values");
 }
@@ -105,7 +109,8 @@ void unpack_tensor(const PackedTensor& t, int d, const RopeSpec& rope, std::vect
         const unsigned u = (static_cast<unsigned>(codes[bit >> 3]) >> (bit & 7)) & ((1u << t.bits) - 1u);
         const auto pair = static_cast<std::size_t>(2 * (r.param + i / t.param_span));
         const float scale = half_to_float(t.params[pair]), mn = half_to_float(t.params[pair + 1]);
-        x[i] = t.symmetric ? (static_cast<float>(u) - static_cast<float>(qmax)) * scale : static_cast<float>(u) * scale + mn;
+        x[i] = t.symmetric ? (static_cast<float>(u) - static_cast<float>(qmax)) * scale
+                           : static_cast<float>(u) * scale + mn;
       }
     } else {
       for (int i = 0; i < d; ++i) {

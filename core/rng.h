@@ -22,7 +22,7 @@ class Rng {
       : gen_(splitmix64(splitmix64(splitmix64(splitmix64(seed ^ splitmix64(a)) ^ b) ^ c) ^ d)) {}
   double uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }  // [0, 1)
   std::uint64_t below(std::uint64_t n) { return gen_() % n; }                 // n << 2^64: bias negligible
-  double normal() {  // Box-Muller, one spare kept
+  double normal() {                                                           // Box-Muller, one spare kept
     if (has_spare_) {
       has_spare_ = false;
       return spare_;

@@ -24,9 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string path = kvsim::fuzz::input_file(data, size, "calibration.basis");
   try {
     (void)kvsim::load_basis_set(path);
-    kvsim::fuzz::run_quiet(kvsim::fuzz::quiet_sweep({kvsim::fuzz::small_trace()},
-                                                    {"lowrank:basis=" + path, "varrate:basis=" + path}, {0.4},
-                                                    "basis_sweep.csv"));
+    kvsim::fuzz::run_quiet(kvsim::fuzz::quiet_sweep(
+        {kvsim::fuzz::small_trace()}, {"lowrank:basis=" + path, "varrate:basis=" + path}, {0.4}, "basis_sweep.csv"));
   } catch (const kvsim::Error&) {
   }
   return 0;

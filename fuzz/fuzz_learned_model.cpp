@@ -41,8 +41,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const kvsim::learned::LearnedModel m = kvsim::learned::read_learned_model(path);
     kvsim::learned::check_learned_model(m, path, m.method, small_geometry());
-    kvsim::fuzz::run_quiet(
-        kvsim::fuzz::quiet_sweep({kvsim::fuzz::small_trace()}, {m.method + ":model=" + path}, {0.5}, "learned_sweep.csv"));
+    kvsim::fuzz::run_quiet(kvsim::fuzz::quiet_sweep({kvsim::fuzz::small_trace()}, {m.method + ":model=" + path}, {0.5},
+                                                    "learned_sweep.csv"));
   } catch (const kvsim::Error&) {
   }
   return 0;

@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (void)kvsim::serve::reuse_ceiling(trace);
       const kvsim::serve::BlockTree tree(trace);
       for (const auto kind : {kvsim::serve::Eviction::Lru, kvsim::serve::Eviction::Lfu, kvsim::serve::Eviction::Slru,
-                                kvsim::serve::Eviction::HitsPerToken, kvsim::serve::Eviction::Rppc})
+                              kvsim::serve::Eviction::HitsPerToken, kvsim::serve::Eviction::Rppc})
         (void)kvsim::serve::hit_rate(tree, 4, {.kind = kind});
     } catch (const kvsim::Error&) {
     }

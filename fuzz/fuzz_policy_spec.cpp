@@ -22,8 +22,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (!dir) return 0;
   for (const kvsim::PolicyInfo* p : kvsim::PolicyRegistry::instance().all()) {
     std::string spec = p->name;
-    for (const auto& param : p->params)
-      spec += (spec == p->name ? ":" : ",") + param.key + "=" + param.default_value;
+    for (const auto& param : p->params) spec += (spec == p->name ? ":" : ",") + param.key + "=" + param.default_value;
     std::ofstream(std::string(dir) + "/" + p->name) << spec << "\n0.25,0.5\n";
   }
   std::exit(0);

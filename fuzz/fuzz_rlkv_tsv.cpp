@@ -28,7 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string path = kvsim::fuzz::input_file(data, size, "adapter_weights.tsv");
   const std::string& trace = kvsim::fuzz::small_trace();
   try {
-    const kvsim::learned::LearnedModel m = kvsim::train::import_rlkv_tsv(path, kvsim::TraceReader(trace).geometry(), trace);
+    const kvsim::learned::LearnedModel m =
+        kvsim::train::import_rlkv_tsv(path, kvsim::TraceReader(trace).geometry(), trace);
     const std::string model = kvsim::fuzz::output_file("rlkv_model.h5");
     kvsim::learned::write_learned_model(m, model);
     kvsim::fuzz::run_quiet(kvsim::fuzz::quiet_sweep({trace}, {"rlkv:model=" + model}, {0.3}, "rlkv_sweep.csv"));

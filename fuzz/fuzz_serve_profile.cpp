@@ -18,12 +18,13 @@ namespace {
 const kvsim::serve::BlockTree& small_tree() {
   static const kvsim::serve::BlockTree tree = [] {
     const std::string path = kvsim::fuzz::output_file("serve_profile_trace.jsonl");
-    std::ofstream(path) << "{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 8, \"hash_ids\": [1, 2, 3]}\n"
-                           "{\"timestamp\": 5, \"input_length\": 1100, \"output_length\": 4, \"hash_ids\": [1, 2, 4]}\n"
-                           "{\"timestamp\": 9, \"input_length\": 600, \"output_length\": 16, \"hash_ids\": [1, 5]}\n"
-                           "{\"timestamp\": 9, \"input_length\": 2000, \"output_length\": 2, \"hash_ids\": [1, 2, 3, 6]}\n"
-                           "{\"timestamp\": 30, \"input_length\": 500, \"output_length\": 1, \"hash_ids\": [7]}\n"
-                           "{\"timestamp\": 31, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [1, 2, 4]}\n";
+    std::ofstream(path)
+        << "{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 8, \"hash_ids\": [1, 2, 3]}\n"
+           "{\"timestamp\": 5, \"input_length\": 1100, \"output_length\": 4, \"hash_ids\": [1, 2, 4]}\n"
+           "{\"timestamp\": 9, \"input_length\": 600, \"output_length\": 16, \"hash_ids\": [1, 5]}\n"
+           "{\"timestamp\": 9, \"input_length\": 2000, \"output_length\": 2, \"hash_ids\": [1, 2, 3, 6]}\n"
+           "{\"timestamp\": 30, \"input_length\": 500, \"output_length\": 1, \"hash_ids\": [7]}\n"
+           "{\"timestamp\": 31, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [1, 2, 4]}\n";
     return kvsim::serve::BlockTree(kvsim::serve::read_mooncake_trace(path, kvsim::serve::kMooncakeBlockTokens));
   }();
   return tree;

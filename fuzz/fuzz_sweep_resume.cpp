@@ -55,7 +55,8 @@ void write_seeds(const std::string& dir) {
   const std::string c = read_all(csv), d = read_all(detail);
   std::ofstream(dir + "/whole") << c << (kDetailMarker + 1) << d;
   std::ofstream(dir + "/no_detail") << c;
-  std::ofstream(dir + "/killed") << c.substr(0, c.size() - c.size() / 5) << (kDetailMarker + 1) << d.substr(0, d.size() / 2);
+  std::ofstream(dir + "/killed") << c.substr(0, c.size() - c.size() / 5) << (kDetailMarker + 1)
+                                 << d.substr(0, d.size() / 2);
 }
 
 }  // namespace
@@ -72,7 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string input(reinterpret_cast<const char*>(data), size);
   const std::size_t cut = input.find(kDetailMarker);
   const std::string csv_text = input.substr(0, cut);
-  const std::string csv = kvsim::fuzz::input_file(reinterpret_cast<const std::uint8_t*>(csv_text.data()), csv_text.size(), "resume.csv");
+  const std::string csv =
+      kvsim::fuzz::input_file(reinterpret_cast<const std::uint8_t*>(csv_text.data()), csv_text.size(), "resume.csv");
   std::string detail = kvsim::fuzz::output_file("resume.jsonl");
   if (cut != std::string::npos) {
     const std::string d = input.substr(cut + std::strlen(kDetailMarker));

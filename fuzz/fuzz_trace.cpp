@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const kvsim::Error&) {
   }
   try {
-    kvsim::fuzz::run_quiet(kvsim::fuzz::quiet_sweep({path}, {"snapkv:window=4", "h2o", "kivi"}, {0.5}, "trace_sweep.csv"));
+    kvsim::fuzz::run_quiet(
+        kvsim::fuzz::quiet_sweep({path}, {"snapkv:window=4", "h2o", "kivi"}, {0.5}, "trace_sweep.csv"));
   } catch (const kvsim::Error&) {
   }
   // Every file, dataset, attribute and type kvsim opened is closed again, on every error path

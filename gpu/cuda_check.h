@@ -5,10 +5,10 @@
 #include <stdexcept>
 #include <string>
 
-#define KVSIM_CUDA_CHECK(call)                                                                    \
-  do {                                                                                            \
-    const cudaError_t kvsim_err_ = (call);                                                        \
-    if (kvsim_err_ != cudaSuccess)                                                                \
-      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " +   \
-                               #call + " failed: " + cudaGetErrorString(kvsim_err_));             \
+#define KVSIM_CUDA_CHECK(call)                                                                         \
+  do {                                                                                                 \
+    const cudaError_t kvsim_err_ = (call);                                                             \
+    if (kvsim_err_ != cudaSuccess)                                                                     \
+      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
+                               " failed: " + cudaGetErrorString(kvsim_err_));                          \
   } while (0)

@@ -20,12 +20,12 @@ namespace kvsim::gpu {
 
 namespace {
 
-#define KVSIM_CUBLAS_CHECK(call)                                                                        \
-  do {                                                                                                  \
-    const cublasStatus_t kvsim_st_ = (call);                                                            \
-    if (kvsim_st_ != CUBLAS_STATUS_SUCCESS)                                                             \
+#define KVSIM_CUBLAS_CHECK(call)                                                                       \
+  do {                                                                                                 \
+    const cublasStatus_t kvsim_st_ = (call);                                                           \
+    if (kvsim_st_ != CUBLAS_STATUS_SUCCESS)                                                            \
       throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
-                               " failed: " + cublasGetStatusString(kvsim_st_));                         \
+                               " failed: " + cublasGetStatusString(kvsim_st_));                        \
   } while (0)
 
 // Device memory that grows, stream-ordered on `stream` (contents are not kept unless asked).
@@ -133,11 +133,11 @@ struct CudaTransformer::Impl {
     PackedDev k, v;
   };
   struct LayerCache {
-    std::vector<std::int64_t> rows;    // rows each entry holds: its packed prefix, then fp16 rows
-    std::vector<EntryPacked> packed;   // [entry], empty when nothing in the layer is packed
-    DeviceMem views;                   // [entry] PackedEntryView of `packed`, what the fused decode reads
-    std::int64_t capacity = 0;         // fp16 rows per entry the buffers have room for
-    DeviceMem k, v;                    // each entry's fp16 rows (those after its packed prefix)
+    std::vector<std::int64_t> rows;   // rows each entry holds: its packed prefix, then fp16 rows
+    std::vector<EntryPacked> packed;  // [entry], empty when nothing in the layer is packed
+    DeviceMem views;                  // [entry] PackedEntryView of `packed`, what the fused decode reads
+    std::int64_t capacity = 0;        // fp16 rows per entry the buffers have room for
+    DeviceMem k, v;                   // each entry's fp16 rows (those after its packed prefix)
     std::int64_t packed_rows(std::size_t e) const { return packed.empty() ? 0 : packed[e].rows; }
     std::int64_t stored(std::size_t e) const { return rows[e] - packed_rows(e); }
   };
@@ -147,11 +147,12 @@ struct CudaTransformer::Impl {
 
   // Work buffers for up to `work_rows` new rows.
   std::int64_t work_rows = 0, pinned_rows = 0;
-  DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, block_out, dev_tokens, dev_positions, dev_logit_rows, xr, logits, probs;
+  DeviceMem x, in, q[2], k[2], v[2], kh, vh, gate, up, block_out, dev_tokens, dev_positions, dev_logit_rows, xr, logits,
+      probs;
   DeviceMem decode_scratch;  // split-K decode partials
   DeviceMem head_stats;      // [n_head, 2]: a packed decode's softmax (max, sum) for the last-row weights
   PackedDecode packed_decode = PackedDecode::Fused;
-  DeviceMem keep_index, keep_scratch;  // keep_rows: the kept row indices and the gathered rows
+  DeviceMem keep_index, keep_scratch;            // keep_rows: the kept row indices and the gathered rows
   DeviceMem cos_t, sin_t, cos_local, sin_local;  // RoPE tables: every layer / sliding-window layers (gemma3)
   std::int64_t rope_rows = 0;
   PinnedMem pq[2], pk[2], pv[2];
@@ -201,7 +202,8 @@ struct CudaTransformer::Impl {
     if (!s.post_norms) return gemm(in.ptr, n, w(proj, layer), s.n_embd, cols, x.as<float>(), true);
     gemm(in.ptr, n, w(proj, layer), s.n_embd, cols, block_out.as<float>(), false);
     KVSIM_CUDA_CHECK(rms_norm_add_rows(block_out.as<float>(), w(post, layer).as<float>(), static_cast<int>(n),
-                                       static_cast<int>(s.n_embd), static_cast<float>(s.rms_eps), x.as<float>(), compute));
+                                       static_cast<int>(s.n_embd), static_cast<float>(s.rms_eps), x.as<float>(),
+                                       compute));
   }
 
   // Work buffers for n new rows; the pinned host buffers only when a callback takes the rows
@@ -278,10 +280,12 @@ struct CudaTransformer::Impl {
     for (std::size_t e = 0; e < ne; ++e) {
       if (lc.stored(e) == 0) continue;
       const std::size_t bytes = static_cast<std::size_t>(lc.stored(e)) * d * sizeof(std::uint16_t);
-      KVSIM_CUDA_CHECK(cudaMemcpyAsync(nk.as<std::uint16_t>() + e * cap * d, lc.k.as<std::uint16_t>() + e * lc.capacity * d,
-                                       bytes, cudaMemcpyDeviceToDevice, compute));
-      KVSIM_CUDA_CHECK(cudaMemcpyAsync(nv.as<std::uint16_t>() + e * cap * d, lc.v.as<std::uint16_t>() + e * lc.capacity * d,
-                                       bytes, cudaMemcpyDeviceToDevice, compute));
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(nk.as<std::uint16_t>() + e * cap * d,
+                                       lc.k.as<std::uint16_t>() + e * lc.capacity * d, bytes, cudaMemcpyDeviceToDevice,
+                                       compute));
+      KVSIM_CUDA_CHECK(cudaMemcpyAsync(nv.as<std::uint16_t>() + e * cap * d,
+                                       lc.v.as<std::uint16_t>() + e * lc.capacity * d, bytes, cudaMemcpyDeviceToDevice,
+                                       compute));
     }
     std::swap(lc.k, nk);
     std::swap(lc.v, nv);
@@ -304,8 +308,8 @@ struct CudaTransformer::Impl {
       for (std::size_t e = 0; e < scored; ++e)
         KVSIM_CUDA_CHECK(cudaMemcpyAsync(grown.as<double>() + e * static_cast<std::size_t>(cap),
                                          r.scores.as<double>() + e * static_cast<std::size_t>(r.score_cap),
-                                         static_cast<std::size_t>(r.score_cap) * sizeof(double), cudaMemcpyDeviceToDevice,
-                                         compute));
+                                         static_cast<std::size_t>(r.score_cap) * sizeof(double),
+                                         cudaMemcpyDeviceToDevice, compute));
       std::swap(r.scores, grown);
       grown.release(compute);
       r.score_cap = cap;
@@ -353,19 +357,24 @@ struct CudaTransformer::Impl {
 
   // Entry e's rows as attention reads them, its packed prefix unpacked and its first
   // stored(e) + extra fp16 rows after it, to out_k / out_v ([rows, d] fp16 each).
-  void materialize(const LayerCache& lc, std::size_t e, std::int64_t extra, std::uint16_t* out_k, std::uint16_t* out_v) {
+  void materialize(const LayerCache& lc, std::size_t e, std::int64_t extra, std::uint16_t* out_k,
+                   std::uint16_t* out_v) {
     const auto d = static_cast<std::size_t>(s.head_dim);
     const std::int64_t p = lc.packed_rows(e);
     if (p > 0) {
       const RopeShape rope{s.rope.type == RopeType::Neox, s.rope.rope_dim};
-      KVSIM_CUDA_CHECK(unpack_packed(lc.packed[e].k.view, s.head_dim, rope, cos_t.as<float>(), sin_t.as<float>(), out_k, compute));
-      KVSIM_CUDA_CHECK(unpack_packed(lc.packed[e].v.view, s.head_dim, rope, cos_t.as<float>(), sin_t.as<float>(), out_v, compute));
+      KVSIM_CUDA_CHECK(
+          unpack_packed(lc.packed[e].k.view, s.head_dim, rope, cos_t.as<float>(), sin_t.as<float>(), out_k, compute));
+      KVSIM_CUDA_CHECK(
+          unpack_packed(lc.packed[e].v.view, s.head_dim, rope, cos_t.as<float>(), sin_t.as<float>(), out_v, compute));
     }
     const std::size_t bytes = static_cast<std::size_t>(lc.stored(e) + extra) * d * sizeof(std::uint16_t);
     if (bytes == 0) return;
     const std::size_t from = e * static_cast<std::size_t>(lc.capacity) * d, to = static_cast<std::size_t>(p) * d;
-    KVSIM_CUDA_CHECK(cudaMemcpyAsync(out_k + to, lc.k.as<std::uint16_t>() + from, bytes, cudaMemcpyDeviceToDevice, compute));
-    KVSIM_CUDA_CHECK(cudaMemcpyAsync(out_v + to, lc.v.as<std::uint16_t>() + from, bytes, cudaMemcpyDeviceToDevice, compute));
+    KVSIM_CUDA_CHECK(
+        cudaMemcpyAsync(out_k + to, lc.k.as<std::uint16_t>() + from, bytes, cudaMemcpyDeviceToDevice, compute));
+    KVSIM_CUDA_CHECK(
+        cudaMemcpyAsync(out_v + to, lc.v.as<std::uint16_t>() + from, bytes, cudaMemcpyDeviceToDevice, compute));
   }
 
   std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
@@ -392,7 +401,8 @@ struct CudaTransformer::Impl {
         materialize(lc, static_cast<std::size_t>(entry), 0, tk.as<std::uint16_t>(), tv.as<std::uint16_t>());
         src = (keys ? tk : tv).as<std::uint16_t>();
       }
-      KVSIM_CUDA_CHECK(cudaMemcpyAsync(h.data(), src, h.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost, compute));
+      KVSIM_CUDA_CHECK(
+          cudaMemcpyAsync(h.data(), src, h.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost, compute));
       KVSIM_CUDA_CHECK(cudaStreamSynchronize(compute));
     }
     std::vector<float> out(h.size());
@@ -422,7 +432,8 @@ CudaTransformer::CudaTransformer(const ModelConfig& s, DeviceWeights w, int devi
   m.device = device;
   const int d = s.head_dim;
   if (d != 32 && d != 64 && d != 96 && d != 128 && d != 256)
-    throw std::invalid_argument("CUDA transformer: head_dim " + std::to_string(d) + " is not supported (32, 64, 96, 128 or 256)");
+    throw std::invalid_argument("CUDA transformer: head_dim " + std::to_string(d) +
+                                " is not supported (32, 64, 96, 128 or 256)");
   if (s.n_q_heads > kMaxEntries)
     throw std::invalid_argument("CUDA transformer: " + std::to_string(s.n_q_heads) + " query heads, at most " +
                                 std::to_string(kMaxEntries));
@@ -477,10 +488,11 @@ void CudaTransformer::set_weight(WeightId id, int layer, std::span<const float> 
   KVSIM_CUDA_CHECK(cudaSetDevice(m.device));  // the current device is per host thread
   const auto [rows, cols] = weight_shape(m.s, id);
   if (is_per_layer(id) != (layer >= 0) || layer >= m.s.n_layers)
-    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " at layer " + std::to_string(layer));
+    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " at layer " +
+                                std::to_string(layer));
   if (static_cast<std::int64_t>(data.size()) != rows * cols)
-    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " has " + std::to_string(data.size()) +
-                                " values, expected " + std::to_string(rows * cols));
+    throw std::invalid_argument(std::string("set_weight: ") + weight_id_name(id) + " has " +
+                                std::to_string(data.size()) + " values, expected " + std::to_string(rows * cols));
   DeviceMem& dst = m.weights[static_cast<std::size_t>((layer + 1) * kWeightIds + static_cast<int>(id))];
   const bool as_half = m.f16 && rows > 1;  // matrices in the GEMM type; norms and biases fp32
   const std::size_t bytes = data.size() * (as_half ? sizeof(std::uint16_t) : sizeof(float));
@@ -515,8 +527,10 @@ void CudaTransformer::reset() {
 void CudaTransformer::load_layer(int layer, std::span<const HostEntry> entries) {
   Impl& m = *impl_;
   KVSIM_CUDA_CHECK(cudaSetDevice(m.device));
-  if (entries.size() != static_cast<std::size_t>(m.s.n_kv_heads) && !per_query_head(m.s, static_cast<int>(entries.size())))
-    throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) + " entries, expected n_head_kv or n_head");
+  if (entries.size() != static_cast<std::size_t>(m.s.n_kv_heads) &&
+      !per_query_head(m.s, static_cast<int>(entries.size())))
+    throw std::invalid_argument("load_layer: " + std::to_string(entries.size()) +
+                                " entries, expected n_head_kv or n_head");
   auto& lc = m.cache.at(static_cast<std::size_t>(layer));
   m.rules.at(static_cast<std::size_t>(layer)).on = false;
   m.rule_ready = false;  // the last pass's weights are not over these rows
@@ -617,19 +631,20 @@ void CudaTransformer::keep_rows(int layer, int entry, std::span<const std::int64
   std::vector<std::int32_t> idx(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (rows[i] < 0 || rows[i] >= have || (i > 0 && rows[i] <= rows[i - 1]))
-      throw std::invalid_argument("keep_rows: row " + std::to_string(rows[i]) + " of an entry of " + std::to_string(have) +
-                                  " rows (rows must increase)");
+      throw std::invalid_argument("keep_rows: row " + std::to_string(rows[i]) + " of an entry of " +
+                                  std::to_string(have) + " rows (rows must increase)");
     idx[i] = static_cast<std::int32_t>(rows[i]);
   }
   const auto n = static_cast<int>(idx.size()), d = m.s.head_dim;
   const std::size_t bytes = static_cast<std::size_t>(n) * static_cast<std::size_t>(d) * sizeof(std::uint16_t);
   m.keep_index.ensure(std::max<std::size_t>(idx.size(), 1) * sizeof(std::int32_t), m.compute);
   m.keep_scratch.ensure(std::max<std::size_t>(bytes, 1), m.compute);
-  KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.keep_index.ptr, idx.data(), idx.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice,
-                                   m.compute));
+  KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.keep_index.ptr, idx.data(), idx.size() * sizeof(std::int32_t),
+                                   cudaMemcpyHostToDevice, m.compute));
   for (DeviceMem* buf : {&lc.k, &lc.v}) {  // gather into scratch, then back to the entry's start
     std::uint16_t* base = buf->as<std::uint16_t>() + static_cast<std::size_t>(entry) * lc.capacity * d;
-    KVSIM_CUDA_CHECK(gather_half_rows(base, m.keep_index.as<std::int32_t>(), n, d, m.keep_scratch.as<std::uint16_t>(), m.compute));
+    KVSIM_CUDA_CHECK(
+        gather_half_rows(base, m.keep_index.as<std::int32_t>(), n, d, m.keep_scratch.as<std::uint16_t>(), m.compute));
     if (bytes) KVSIM_CUDA_CHECK(cudaMemcpyAsync(base, m.keep_scratch.ptr, bytes, cudaMemcpyDeviceToDevice, m.compute));
   }
   KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));  // idx is host memory of this call
@@ -646,7 +661,6 @@ std::int64_t CudaTransformer::rows(int layer, int entry) const {
 
 std::vector<float> CudaTransformer::entry_k(int layer, int entry) const { return impl_->download(layer, entry, true); }
 std::vector<float> CudaTransformer::entry_v(int layer, int entry) const { return impl_->download(layer, entry, false); }
-
 
 void CudaTransformer::set_last_on_host(bool on) { impl_->last_on_host = on; }
 
@@ -669,8 +683,9 @@ void CudaTransformer::start_rule(int layer, const DecodeRuleStart& start) {
   if (start.rule.accumulate) {
     for (std::size_t e = 0; e < scored; ++e)
       if (!start.scores[e].empty())
-        KVSIM_CUDA_CHECK(cudaMemcpyAsync(r.scores.as<double>() + e * static_cast<std::size_t>(cap), start.scores[e].data(),
-                                         start.scores[e].size() * sizeof(double), cudaMemcpyHostToDevice, m.compute));
+        KVSIM_CUDA_CHECK(cudaMemcpyAsync(r.scores.as<double>() + e * static_cast<std::size_t>(cap),
+                                         start.scores[e].data(), start.scores[e].size() * sizeof(double),
+                                         cudaMemcpyHostToDevice, m.compute));
     KVSIM_CUDA_CHECK(cudaStreamSynchronize(m.compute));  // the host scores belong to the caller
   }
   r.rule = start.rule;
@@ -698,8 +713,8 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
     if (!r.rule.accumulate) continue;
     for (std::size_t e = 0; e < r.scored_rows.size(); ++e)
       if (m.cache[l].rows[e] != r.scored_rows[e] + 1)
-        throw std::invalid_argument("rule_step: entry " + std::to_string(e) + " of layer " + std::to_string(l) + " holds " +
-                                    std::to_string(m.cache[l].rows[e]) + " rows, its scores cover " +
+        throw std::invalid_argument("rule_step: entry " + std::to_string(e) + " of layer " + std::to_string(l) +
+                                    " holds " + std::to_string(m.cache[l].rows[e]) + " rows, its scores cover " +
                                     std::to_string(r.scored_rows[e]) + " (one new row expected)");
   }
   if (n_rules == 0) return out;
@@ -720,7 +735,8 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
       auto& lc = m.cache[l];
       RuleStepArgs a;
       a.rule = r.rule;
-      a.weights = m.probs.as<float>() + l * static_cast<std::size_t>(m.s.n_q_heads) * static_cast<std::size_t>(m.last_stride);
+      a.weights =
+          m.probs.as<float>() + l * static_cast<std::size_t>(m.s.n_q_heads) * static_cast<std::size_t>(m.last_stride);
       a.stride = m.last_stride;
       a.n_heads = m.s.n_q_heads;
       a.heads_per_entry = m.s.n_q_heads / static_cast<int>(lc.rows.size());
@@ -734,8 +750,8 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
       a.report_stride = report_stride;
       a.budget = budget;
       KVSIM_CUDA_CHECK(decode_rule_step(a, m.compute));
-      KVSIM_CUDA_CHECK(compact_kept_rows(a, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), lc.capacity, m.s.head_dim,
-                                         m.compute));
+      KVSIM_CUDA_CHECK(compact_kept_rows(a, lc.k.as<std::uint16_t>(), lc.v.as<std::uint16_t>(), lc.capacity,
+                                         m.s.head_dim, m.compute));
       ++slot;
     }
     KVSIM_CUDA_CHECK(cudaMemcpyAsync(report.data(), m.rule_report.ptr, report.size() * sizeof(std::int32_t),
@@ -772,13 +788,15 @@ std::vector<std::vector<std::vector<std::int64_t>>> CudaTransformer::rule_step(s
 std::span<const float> CudaTransformer::last_attention(int layer, int q_head) const {
   const Impl& m = *impl_;
   if (m.last.empty())
-    throw std::logic_error("last_attention: the last forward() recorded no last-row weights, or left them on the device");
+    throw std::logic_error(
+        "last_attention: the last forward() recorded no last-row weights, or left them on the device");
   const auto& row = m.last.at(static_cast<std::size_t>(layer));
   const std::int64_t seen = m.last_seen.at(static_cast<std::size_t>(layer)).at(static_cast<std::size_t>(q_head));
   return {row.data() + static_cast<std::size_t>(q_head * m.last_stride), static_cast<std::size_t>(seen)};
 }
 
-std::vector<float> CudaTransformer::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+std::vector<float> CudaTransformer::forward(std::span<const std::int32_t> tokens,
+                                            std::span<const std::int32_t> positions,
                                             std::span<const std::int64_t> logit_rows, bool want_q, bool record_last,
                                             const LayerCallback& on_layer) {
   KVSIM_CUDA_CHECK(cudaSetDevice(impl_->device));
@@ -805,7 +823,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     throw std::invalid_argument("forward: tokens and positions must be non-empty and equal in length");
   for (const auto t : tokens)
     if (t < 0 || t >= s.vocab) throw std::invalid_argument("forward: token id " + std::to_string(t) + " out of range");
-  if (*std::min_element(positions.begin(), positions.end()) < 0) throw std::invalid_argument("forward: negative position");
+  if (*std::min_element(positions.begin(), positions.end()) < 0)
+    throw std::invalid_argument("forward: negative position");
   for (const auto r : logit_rows)
     if (r < 0 || r >= n) throw std::invalid_argument("forward: logit row " + std::to_string(r) + " out of range");
   const std::int64_t E = s.n_embd, Q = s.q_dim(), K = s.kv_dim(), F = s.n_ff;
@@ -814,7 +833,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
   m.ensure_rope(*std::max_element(positions.begin(), positions.end()));
   cudaStream_t st = m.compute;
   KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_tokens.ptr, tokens.data(), tokens.size_bytes(), cudaMemcpyHostToDevice, st));
-  KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_positions.ptr, positions.data(), positions.size_bytes(), cudaMemcpyHostToDevice, st));
+  KVSIM_CUDA_CHECK(
+      cudaMemcpyAsync(m.dev_positions.ptr, positions.data(), positions.size_bytes(), cudaMemcpyHostToDevice, st));
   const DeviceMem& embd = m.w(WeightId::TokenEmbd, -1);
   KVSIM_CUDA_CHECK(embed_rows(embd.ptr, f16, m.dev_tokens.as<std::int32_t>(), static_cast<int>(n), static_cast<int>(E),
                               static_cast<float>(s.embd_scale), m.x.as<float>(), st));
@@ -830,7 +850,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
       for (auto r : lc.rows) most = std::max(most, r + n);
     m.last_stride = most;
     m.probs.ensure(static_cast<std::size_t>(s.n_layers) * s.n_q_heads * most * sizeof(float), st);
-    m.last_seen.assign(static_cast<std::size_t>(s.n_layers), std::vector<std::int64_t>(static_cast<std::size_t>(s.n_q_heads)));
+    m.last_seen.assign(static_cast<std::size_t>(s.n_layers),
+                       std::vector<std::int64_t>(static_cast<std::size_t>(s.n_q_heads)));
   }
 
   // The host side of the capture: layer l's rows, copied while layer l + 1 computes.
@@ -850,13 +871,14 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
     m.gemm(m.in.ptr, n, m.w(WeightId::Wq, l), Q, E, qb, false);
     m.gemm(m.in.ptr, n, m.w(WeightId::Wk, l), K, E, kb, false);
     m.gemm(m.in.ptr, n, m.w(WeightId::Wv, l), K, E, vb, false);
-    const QkvFinish fin{m.bias(WeightId::Bq, l), m.bias(WeightId::Bk, l), m.bias(WeightId::Bv, l),
+    const QkvFinish fin{m.bias(WeightId::Bq, l),       m.bias(WeightId::Bk, l),       m.bias(WeightId::Bv, l),
                         m.qk_norm(WeightId::QNorm, l), m.qk_norm(WeightId::KNorm, l), eps};
     const int window = s.window(l);
     const bool local = window > 0 && s.rope_theta_local > 0;  // this layer's RoPE base
     KVSIM_CUDA_CHECK(qkv_finish(qs, static_cast<int>(n), qb, kb, vb, fin, m.dev_positions.as<std::int32_t>(),
-                                (local ? m.cos_local : m.cos_t).as<float>(), (local ? m.sin_local : m.sin_t).as<float>(),
-                                m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), st));
+                                (local ? m.cos_local : m.cos_t).as<float>(),
+                                (local ? m.sin_local : m.sin_t).as<float>(), m.kh.as<std::uint16_t>(),
+                                m.vh.as<std::uint16_t>(), st));
     if (on_layer) {
       KVSIM_CUDA_CHECK(cudaEventRecord(m.rows_ready[b], st));
       KVSIM_CUDA_CHECK(cudaStreamWaitEvent(m.copy, m.rows_ready[b], 0));
@@ -874,7 +896,8 @@ std::vector<float> CudaTransformer::Impl::forward(std::span<const std::int32_t> 
                                    static_cast<int>(E), eps, m.in.ptr, f16, st));
     m.gemm(m.in.ptr, n, m.w(WeightId::Wgate, l), F, E, m.gate.as<float>(), false);
     m.gemm(m.in.ptr, n, m.w(WeightId::Wup, l), F, E, m.up.as<float>(), false);
-    KVSIM_CUDA_CHECK(gated_act(m.gate.as<float>(), m.up.as<float>(), n * F, s.ffn_act == FfnAct::GeluTanh, m.in.ptr, f16, st));
+    KVSIM_CUDA_CHECK(
+        gated_act(m.gate.as<float>(), m.up.as<float>(), n * F, s.ffn_act == FfnAct::GeluTanh, m.in.ptr, f16, st));
     m.project_into_residual(n, WeightId::Wdown, WeightId::PostFfnNorm, l, F);
     if (on_layer && l >= 1) deliver(l - 1);
   }
@@ -888,52 +911,53 @@ void CudaTransformer::Impl::attend_layer(int l, std::int64_t n, const float* qb,
   cudaStream_t st = compute;
   const int d = s.head_dim, G = s.group(), window = s.window(l);
   const std::int64_t Q = s.q_dim();
-    auto& lc = m.cache[static_cast<std::size_t>(l)];
-    const bool pqh = per_query_head(s, static_cast<int>(lc.rows.size()));
-    // Inverse divisors: query head h reads entry h / head_div; entry e takes KV head e / entry_div.
-    const int head_div = pqh ? 1 : G, entry_div = pqh ? G : 1;
-    m.ensure_cache(lc, n);
-    const EntryRows past = m.entry_rows(lc, 0), seen = m.entry_rows(lc, n);
-    float* last_w = record_last ? m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_q_heads * m.last_stride : nullptr;
-    if (record_last)
-      for (int h = 0; h < s.n_q_heads; ++h)
-        m.last_seen[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)] = seen.rows[pqh ? h : h / G];
-    std::uint16_t *ck = lc.k.as<std::uint16_t>(), *cv = lc.v.as<std::uint16_t>();
-    std::int64_t cap = lc.capacity;
-    // The new rows join the fp16 rows (after the packed prefixes, if any).
-    KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_kv_heads, d,
-                               lc.packed.empty() ? past : m.stored_rows(lc), entry_div, lc.capacity, ck, cv, st));
-    if (!lc.packed.empty() && n == 1 && m.packed_decode == PackedDecode::Fused) {
-      // Decode reads the packed prefixes where they are, with the last-row weights on the way.
-      const RopeShape rope{s.rope.type == RopeType::Neox, s.rope.rope_dim};
-      KVSIM_CUDA_CHECK(attend_decode_packed(qb, s.n_q_heads, d, head_div, lc.views.as<const PackedEntryView>(), rope,
-                                            m.cos_t.as<float>(), m.sin_t.as<float>(), ck, cv, cap, seen, scale,
-                                            m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, last_w,
-                                            static_cast<int>(m.last_stride), m.head_stats.as<float>(), st));
-    } else {
-      if (!lc.packed.empty()) {
-        // Attention reads the layer unpacked: each entry's packed prefix read back, its fp16 rows
-        // after it, in the one-layer scratch.
-        cap = 0;
-        for (auto r : lc.rows) cap = std::max(cap, r + n);
-        const auto ne = lc.rows.size(), per = static_cast<std::size_t>(cap) * static_cast<std::size_t>(d);
-        m.unpacked_k.ensure(ne * per * sizeof(std::uint16_t), st);
-        m.unpacked_v.ensure(ne * per * sizeof(std::uint16_t), st);
-        ck = m.unpacked_k.as<std::uint16_t>();
-        cv = m.unpacked_v.as<std::uint16_t>();
-        for (std::size_t e = 0; e < ne; ++e) m.materialize(lc, e, n, ck + e * per, cv + e * per);
-      }
-      if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
-        KVSIM_CUDA_CHECK(attend_decode(qb, s.n_q_heads, d, head_div, ck, cv, cap, seen, window, scale,
-                                       m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, st));
-      else
-        KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_q_heads, d, head_div, ck, cv, cap, past, window, scale,
-                                     m.in.ptr, f16, st));
-      if (record_last)
-        KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_q_heads, d, head_div, ck, cap, seen, window, scale, last_w,
-                                          static_cast<int>(m.last_stride), st));
+  auto& lc = m.cache[static_cast<std::size_t>(l)];
+  const bool pqh = per_query_head(s, static_cast<int>(lc.rows.size()));
+  // Inverse divisors: query head h reads entry h / head_div; entry e takes KV head e / entry_div.
+  const int head_div = pqh ? 1 : G, entry_div = pqh ? G : 1;
+  m.ensure_cache(lc, n);
+  const EntryRows past = m.entry_rows(lc, 0), seen = m.entry_rows(lc, n);
+  float* last_w =
+      record_last ? m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_q_heads * m.last_stride : nullptr;
+  if (record_last)
+    for (int h = 0; h < s.n_q_heads; ++h)
+      m.last_seen[static_cast<std::size_t>(l)][static_cast<std::size_t>(h)] = seen.rows[pqh ? h : h / G];
+  std::uint16_t *ck = lc.k.as<std::uint16_t>(), *cv = lc.v.as<std::uint16_t>();
+  std::int64_t cap = lc.capacity;
+  // The new rows join the fp16 rows (after the packed prefixes, if any).
+  KVSIM_CUDA_CHECK(kv_append(m.kh.as<std::uint16_t>(), m.vh.as<std::uint16_t>(), static_cast<int>(n), s.n_kv_heads, d,
+                             lc.packed.empty() ? past : m.stored_rows(lc), entry_div, lc.capacity, ck, cv, st));
+  if (!lc.packed.empty() && n == 1 && m.packed_decode == PackedDecode::Fused) {
+    // Decode reads the packed prefixes where they are, with the last-row weights on the way.
+    const RopeShape rope{s.rope.type == RopeType::Neox, s.rope.rope_dim};
+    KVSIM_CUDA_CHECK(attend_decode_packed(qb, s.n_q_heads, d, head_div, lc.views.as<const PackedEntryView>(), rope,
+                                          m.cos_t.as<float>(), m.sin_t.as<float>(), ck, cv, cap, seen, scale,
+                                          m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, last_w,
+                                          static_cast<int>(m.last_stride), m.head_stats.as<float>(), st));
+  } else {
+    if (!lc.packed.empty()) {
+      // Attention reads the layer unpacked: each entry's packed prefix read back, its fp16 rows
+      // after it, in the one-layer scratch.
+      cap = 0;
+      for (auto r : lc.rows) cap = std::max(cap, r + n);
+      const auto ne = lc.rows.size(), per = static_cast<std::size_t>(cap) * static_cast<std::size_t>(d);
+      m.unpacked_k.ensure(ne * per * sizeof(std::uint16_t), st);
+      m.unpacked_v.ensure(ne * per * sizeof(std::uint16_t), st);
+      ck = m.unpacked_k.as<std::uint16_t>();
+      cv = m.unpacked_v.as<std::uint16_t>();
+      for (std::size_t e = 0; e < ne; ++e) m.materialize(lc, e, n, ck + e * per, cv + e * per);
     }
-    for (auto& r : lc.rows) r += n;
+    if (n == 1)  // decode: split over the keys, or a handful of blocks would walk the whole cache
+      KVSIM_CUDA_CHECK(attend_decode(qb, s.n_q_heads, d, head_div, ck, cv, cap, seen, window, scale,
+                                     m.decode_scratch.as<float>(), m.decode_floats(), m.in.ptr, f16, st));
+    else
+      KVSIM_CUDA_CHECK(attend_rows(qb, static_cast<int>(n), s.n_q_heads, d, head_div, ck, cv, cap, past, window, scale,
+                                   m.in.ptr, f16, st));
+    if (record_last)
+      KVSIM_CUDA_CHECK(last_row_weights(qb + (n - 1) * Q, s.n_q_heads, d, head_div, ck, cap, seen, window, scale,
+                                        last_w, static_cast<int>(m.last_stride), st));
+  }
+  for (auto& r : lc.rows) r += n;
 }
 
 std::vector<float> CudaTransformer::Impl::finish_forward(std::span<const std::int64_t> logit_rows, bool record_last) {
@@ -944,9 +968,10 @@ std::vector<float> CudaTransformer::Impl::finish_forward(std::span<const std::in
   std::vector<float> out(logit_rows.size() * static_cast<std::size_t>(V));
   if (!logit_rows.empty()) {
     const auto nl = static_cast<std::int64_t>(logit_rows.size());
-    KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.dev_logit_rows.ptr, logit_rows.data(), logit_rows.size_bytes(), cudaMemcpyHostToDevice, st));
-    KVSIM_CUDA_CHECK(gather_rows(m.x.as<float>(), m.dev_logit_rows.as<std::int64_t>(), static_cast<int>(nl), static_cast<int>(E),
-                                 m.xr.as<float>(), st));
+    KVSIM_CUDA_CHECK(
+        cudaMemcpyAsync(m.dev_logit_rows.ptr, logit_rows.data(), logit_rows.size_bytes(), cudaMemcpyHostToDevice, st));
+    KVSIM_CUDA_CHECK(gather_rows(m.x.as<float>(), m.dev_logit_rows.as<std::int64_t>(), static_cast<int>(nl),
+                                 static_cast<int>(E), m.xr.as<float>(), st));
     KVSIM_CUDA_CHECK(rms_norm_rows(m.xr.as<float>(), m.w(WeightId::OutputNorm, -1).as<float>(), static_cast<int>(nl),
                                    static_cast<int>(E), eps, m.in.ptr, f16, st));
     m.gemm(m.in.ptr, nl, s.tied_embeddings ? m.w(WeightId::TokenEmbd, -1) : m.w(WeightId::Output, -1), V, E,
@@ -954,11 +979,13 @@ std::vector<float> CudaTransformer::Impl::finish_forward(std::span<const std::in
     KVSIM_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.ptr, out.size() * sizeof(float), cudaMemcpyDeviceToHost, st));
   }
   if (record_last && m.last_on_host) {
-    m.last.assign(static_cast<std::size_t>(s.n_layers), std::vector<float>(static_cast<std::size_t>(s.n_q_heads * m.last_stride)));
+    m.last.assign(static_cast<std::size_t>(s.n_layers),
+                  std::vector<float>(static_cast<std::size_t>(s.n_q_heads * m.last_stride)));
     for (int l = 0; l < s.n_layers; ++l)
       KVSIM_CUDA_CHECK(cudaMemcpyAsync(m.last[static_cast<std::size_t>(l)].data(),
                                        m.probs.as<float>() + static_cast<std::size_t>(l) * s.n_q_heads * m.last_stride,
-                                       m.last[static_cast<std::size_t>(l)].size() * sizeof(float), cudaMemcpyDeviceToHost, st));
+                                       m.last[static_cast<std::size_t>(l)].size() * sizeof(float),
+                                       cudaMemcpyDeviceToHost, st));
   }
   KVSIM_CUDA_CHECK(cudaStreamSynchronize(st));
   return out;

@@ -12,8 +12,10 @@ __device__ __forceinline__ std::uint16_t to_half(float x) { return __half_as_ush
 
 // Element i of an fp32 or fp16 output (the next GEMM's input type).
 __device__ __forceinline__ void store(void* out, std::int64_t i, float x, bool half_out) {
-  if (half_out) static_cast<std::uint16_t*>(out)[i] = to_half(x);
-  else static_cast<float*>(out)[i] = x;
+  if (half_out)
+    static_cast<std::uint16_t*>(out)[i] = to_half(x);
+  else
+    static_cast<float*>(out)[i] = x;
 }
 
 __device__ __forceinline__ float warp_max(float x) {

@@ -20,8 +20,8 @@ struct AttnShape {
 };
 
 struct QuantSpec {
-  int bits = 4;            // 2, 4 or 8
-  int group = 32;          // channels per (scale, min) pair; divides head_dim
+  int bits = 4;    // 2, 4 or 8
+  int group = 32;  // channels per (scale, min) pair; divides head_dim
   bool symmetric = false;
   KVSIM_HD int row_bytes(int head_dim) const { return head_dim * bits / 8; }
   KVSIM_HD int groups(int head_dim) const { return head_dim / group; }

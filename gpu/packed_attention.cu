@@ -61,16 +61,19 @@ struct PackedRows {
 };
 
 template <int kLanes, int kG>
-__global__ void packed_decode_kernel(const float* __restrict__ q, int head_div, const PackedEntryView* __restrict__ entries,
-                                     RopeShape rope, const float* __restrict__ rope_cos, const float* __restrict__ rope_sin,
-                                     const std::uint16_t* __restrict__ cache_k, const std::uint16_t* __restrict__ cache_v,
-                                     std::int64_t capacity, EntryRows seen, float scale, int chunk, float* __restrict__ scratch,
-                                     float* __restrict__ logits, int stride) {
+__global__ void packed_decode_kernel(const float* __restrict__ q, int head_div,
+                                     const PackedEntryView* __restrict__ entries, RopeShape rope,
+                                     const float* __restrict__ rope_cos, const float* __restrict__ rope_sin,
+                                     const std::uint16_t* __restrict__ cache_k,
+                                     const std::uint16_t* __restrict__ cache_v, std::int64_t capacity, EntryRows seen,
+                                     float scale, int chunk, float* __restrict__ scratch, float* __restrict__ logits,
+                                     int stride) {
   constexpr int d = kLanes * 32;
   __shared__ float bufs[kDecodeWarps * d];  // a row per warp, for the rotation of low-rank keys
   split_decode<kLanes, kG>(q, scale, head_div, seen, 0, chunk, scratch, logits, stride, [&](int e) {
     const std::int64_t base = static_cast<std::int64_t>(e) * capacity * d;
-    return PackedRows<kLanes, kG>{entries[e], cache_k + base, cache_v + base, rope, rope_cos, rope_sin, bufs + (threadIdx.x / 32) * d};
+    return PackedRows<kLanes, kG>{
+        entries[e], cache_k + base, cache_v + base, rope, rope_cos, rope_sin, bufs + (threadIdx.x / 32) * d};
   });
 }
 
@@ -85,8 +88,9 @@ __global__ void normalize_kernel(float* probs, int stride, int head_div, EntryRo
 template <int kLanes, int kG>
 cudaError_t launch(const float* q, int n_head, int head_div, const PackedEntryView* entries, const RopeShape& rope,
                    const float* rope_cos, const float* rope_sin, const std::uint16_t* ck, const std::uint16_t* cv,
-                   std::int64_t capacity, const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
-                   void* out, bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
+                   std::int64_t capacity, const EntryRows& seen, float scale, float* scratch,
+                   std::size_t scratch_floats, void* out, bool half_out, float* probs, int stride, float* stats,
+                   cudaStream_t stream) {
   constexpr int d = kLanes * 32;
   if (!decode_heads_fit(n_head, head_div, seen.count)) return cudaErrorInvalidValue;
   const int block_rows = decode_block_rows(n_head, head_div);
@@ -112,22 +116,29 @@ cudaError_t launch(const float* q, int n_head, int head_div, const PackedEntryVi
 cudaError_t attend_decode_packed(const float* q, int n_head, int head_dim, int head_div, const PackedEntryView* entries,
                                  const RopeShape& rope, const float* rope_cos, const float* rope_sin,
                                  const std::uint16_t* cache_k, const std::uint16_t* cache_v, std::int64_t capacity,
-                                 const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats, void* out,
-                                 bool half_out, float* probs, int stride, float* stats, cudaStream_t stream) {
+                                 const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
+                                 void* out, bool half_out, float* probs, int stride, float* stats,
+                                 cudaStream_t stream) {
   switch (head_dim) {
-#define KVSIM_PACKED_DECODE(L)                                                                                          \
+#define KVSIM_PACKED_DECODE(L)                                                                                        \
   with_head_tile(head_div, [&](auto tile) {                                                                           \
-    return launch<L, decltype(tile)::value>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, cache_k, cache_v,   \
-                                            capacity, seen, scale, scratch, scratch_floats, out, half_out, probs, stride, \
-                                            stats, stream);                                                             \
+    return launch<L, decltype(tile)::value>(q, n_head, head_div, entries, rope, rope_cos, rope_sin, cache_k, cache_v, \
+                                            capacity, seen, scale, scratch, scratch_floats, out, half_out, probs,     \
+                                            stride, stats, stream);                                                   \
   })
-    case 32: return KVSIM_PACKED_DECODE(1);
-    case 64: return KVSIM_PACKED_DECODE(2);
-    case 96: return KVSIM_PACKED_DECODE(3);
-    case 128: return KVSIM_PACKED_DECODE(4);
-    case 256: return KVSIM_PACKED_DECODE(8);
+    case 32:
+      return KVSIM_PACKED_DECODE(1);
+    case 64:
+      return KVSIM_PACKED_DECODE(2);
+    case 96:
+      return KVSIM_PACKED_DECODE(3);
+    case 128:
+      return KVSIM_PACKED_DECODE(4);
+    case 256:
+      return KVSIM_PACKED_DECODE(8);
 #undef KVSIM_PACKED_DECODE
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

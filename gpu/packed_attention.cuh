@@ -31,7 +31,7 @@ struct PackedEntryView {
 cudaError_t attend_decode_packed(const float* q, int n_head, int head_dim, int head_div, const PackedEntryView* entries,
                                  const RopeShape& rope, const float* rope_cos, const float* rope_sin,
                                  const std::uint16_t* cache_k, const std::uint16_t* cache_v, std::int64_t capacity,
-                                 const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats, void* out,
-                                 bool half_out, float* probs, int stride, float* stats, cudaStream_t stream);
+                                 const EntryRows& seen, float scale, float* scratch, std::size_t scratch_floats,
+                                 void* out, bool half_out, float* probs, int stride, float* stats, cudaStream_t stream);
 
 }  // namespace kvsim::gpu

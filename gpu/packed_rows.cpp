@@ -9,12 +9,13 @@ namespace kvsim::gpu {
 
 RowTable row_table(const PackedTensor& t, int head_dim) {
   RowTable out;
-  const bool positions =
-      t.rotate && std::any_of(t.rows.begin(), t.rows.end(), [](const PackedRow& r) { return r.kind == PackedKind::LowRank; });
+  const bool positions = t.rotate && std::any_of(t.rows.begin(), t.rows.end(),
+                                                 [](const PackedRow& r) { return r.kind == PackedKind::LowRank; });
   constexpr std::int64_t kMax = std::numeric_limits<std::uint32_t>::max();
   // Runs are counted in an int on the device (a run a row at most).
   if (t.rows.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
-    throw std::invalid_argument("packed tensor of " + std::to_string(t.rows.size()) + " rows: more than the device's row index holds");
+    throw std::invalid_argument("packed tensor of " + std::to_string(t.rows.size()) +
+                                " rows: more than the device's row index holds");
   const std::int64_t groups = t.param_span > 0 ? head_dim / t.param_span : 0;
   std::int64_t len = 0;  // rows in the last run
   int step = -1;         // the last run's pairs: -1 not yet known (one row), 0 shared, 1 each row its own
@@ -40,8 +41,8 @@ RowTable row_table(const PackedTensor& t, int head_dim) {
       ++len;
       continue;
     }
-    out.runs.push_back({static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(r.data), static_cast<std::uint32_t>(r.param),
-                        r.rank, static_cast<std::uint8_t>(r.kind), 0});
+    out.runs.push_back({static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(r.data),
+                        static_cast<std::uint32_t>(r.param), r.rank, static_cast<std::uint8_t>(r.kind), 0});
     len = 1;
     step = -1;
   }

@@ -99,8 +99,10 @@ KVSIM_HD PackedRow packed_row_at(const PackedTensorView& t, int head_dim, std::i
   int lo = 0, hi = t.n_runs - 1;  // the last run whose first row is <= m
   while (lo < hi) {
     const int mid = lo + (hi - lo + 1) / 2;
-    if (static_cast<std::int64_t>(t.runs[mid].first) <= m) lo = mid;
-    else hi = mid - 1;
+    if (static_cast<std::int64_t>(t.runs[mid].first) <= m)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const RowRun run = t.runs[lo];
   const std::int64_t i = m - run.first;
@@ -145,7 +147,8 @@ KVSIM_HD float packed_value(const PackedTensorView& t, const PackedRow& r, int i
     return static_cast<float>(u) * scale + half_value(t.params[pair + 1]);
   }
   float v = 0;
-  for (int c = 0; c < r.rank; ++c) v += half_value(t.basis[static_cast<std::int64_t>(i) * t.basis_cols + c]) * half_value(t.halves[r.data + c]);
+  for (int c = 0; c < r.rank; ++c)
+    v += half_value(t.basis[static_cast<std::int64_t>(i) * t.basis_cols + c]) * half_value(t.halves[r.data + c]);
   return v;
 }
 

@@ -26,8 +26,8 @@ cudaError_t unpack_packed(const PackedTensorView& t, int head_dim, const RopeSha
                           const float* rope_sin, std::uint16_t* out, cudaStream_t stream) {
   if (t.n_rows == 0) return cudaSuccess;
   if (head_dim <= 0 || head_dim > 256) return cudaErrorInvalidValue;
-  unpack_kernel<<<static_cast<unsigned>(t.n_rows), head_dim, head_dim * sizeof(float), stream>>>(t, head_dim, rope, rope_cos,
-                                                                                                 rope_sin, out);
+  unpack_kernel<<<static_cast<unsigned>(t.n_rows), head_dim, head_dim * sizeof(float), stream>>>(
+      t, head_dim, rope, rope_cos, rope_sin, out);
   return cudaGetLastError();
 }
 

@@ -109,8 +109,8 @@ __global__ void decode_rule_kernel(RuleStepArgs a) {
 // One block per entry: its kept rows moved to the front, tile by tile in increasing order. A
 // tile is read whole before it is written, and it writes rows below its first source row's
 // successors: kept[j] >= j, so no tile overwrites a row a later tile still reads.
-__global__ void compact_kernel(RuleStepArgs a, std::uint16_t* cache_k,
-                                                           std::uint16_t* cache_v, std::int64_t capacity, int d) {
+__global__ void compact_kernel(RuleStepArgs a, std::uint16_t* cache_k, std::uint16_t* cache_v, std::int64_t capacity,
+                               int d) {
   __shared__ std::uint16_t tile_k[kMoveRows * 256], tile_v[kMoveRows * 256];
   __shared__ int first;
   const int e = blockIdx.x, t = threadIdx.x;
@@ -120,8 +120,10 @@ __global__ void compact_kernel(RuleStepArgs a, std::uint16_t* cache_k,
     int lo = 0, hi = n_kept;
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
-      if (list[mid] == mid) lo = mid + 1;
-      else hi = mid;
+      if (list[mid] == mid)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     first = lo;
   }

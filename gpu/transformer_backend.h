@@ -17,7 +17,7 @@ class TransformerBackend {
   virtual ~TransformerBackend() = default;
   virtual const ModelConfig& shape() const = 0;
   virtual WeightSink sink() = 0;
-  virtual void reset() = 0;                                                  // every layer: n_head_kv empty entries
+  virtual void reset() = 0;  // every layer: n_head_kv empty entries
   // Replaces a layer's cache; rows are held as fp16 (a codec's rebuilt rows are rounded), an
   // entry's packed prefix (HostEntry::packed) as stored where the backend can.
   virtual void load_layer(int layer, std::span<const HostEntry> entries) = 0;

@@ -24,7 +24,8 @@ __global__ void embed_kernel(const void* table, bool half_table, const std::int3
   if (idx >= static_cast<std::int64_t>(n) * e) return;
   const std::int64_t i = idx / e, c = idx % e;
   const std::int64_t src = static_cast<std::int64_t>(tokens[i]) * e + c;
-  const float v = half_table ? from_half(static_cast<const std::uint16_t*>(table)[src]) : static_cast<const float*>(table)[src];
+  const float v =
+      half_table ? from_half(static_cast<const std::uint16_t*>(table)[src]) : static_cast<const float*>(table)[src];
   x[idx] = scale == 1.0f ? v : v * scale;
 }
 
@@ -70,7 +71,8 @@ __device__ void head_norms(const QkvShape& s, float* qi, float* ki, const QkvFin
 // One block per row: biases, then per-head norms, then the rotation of every (head, pair), then
 // K/V rounding.
 __global__ void qkv_finish_kernel(QkvShape s, float* q, float* k, float* v, QkvFinish f, const std::int32_t* positions,
-                                  const float* cos_t, const float* sin_t, std::uint16_t* k_half, std::uint16_t* v_half) {
+                                  const float* cos_t, const float* sin_t, std::uint16_t* k_half,
+                                  std::uint16_t* v_half) {
   const std::int64_t i = blockIdx.x;
   const int d = s.head_dim, Q = s.n_q_heads * d, K = s.n_kv_heads * d, pairs = s.rope_dim / 2;
   float* qi = q + i * Q;
@@ -140,7 +142,7 @@ __global__ void attend_rows_kernel(const float* __restrict__ q, int n, int n_hea
   const int first = blockIdx.x * kRowsPerBlock, i = first + warp;
   const bool active = i < n;
   const int p = past.rows[e];
-  const int limit = p + i;                                     // the last key this row sees
+  const int limit = p + i;                                           // the last key this row sees
   const int block_last = p + min(n - 1, first + kRowsPerBlock - 1);  // the last key any row sees
   // A sliding window: the first key this row sees, and the first any row of the block sees.
   const int lo = window > 0 ? max(0, limit - window + 1) : 0;
@@ -293,7 +295,8 @@ __global__ void gated_act_kernel(const float* gate, const float* up, std::int64_
   store(out, i, a * up[i], half_out);
 }
 
-__global__ void gather_half_kernel(const std::uint16_t* src, const std::int32_t* rows, int n, int d, std::uint16_t* dst) {
+__global__ void gather_half_kernel(const std::uint16_t* src, const std::int32_t* rows, int n, int d,
+                                   std::uint16_t* dst) {
   const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<std::int64_t>(n) * d) return;
   dst[idx] = src[static_cast<std::int64_t>(rows[idx / d]) * d + idx % d];
@@ -307,13 +310,13 @@ __global__ void gather_kernel(const float* x, const std::int64_t* rows, int m, i
 
 template <int kLanes>
 cudaError_t launch_attend(const float* q, int n, int n_head, int head_div, const std::uint16_t* ck,
-                          const std::uint16_t* cv, std::int64_t capacity, const EntryRows& past, int window, float scale,
-                          void* out, bool half_out, cudaStream_t stream) {
+                          const std::uint16_t* cv, std::int64_t capacity, const EntryRows& past, int window,
+                          float scale, void* out, bool half_out, cudaStream_t stream) {
   constexpr int d = kLanes * 32;
   const std::size_t smem = (kTile * (d + 2) + kTile * d) * sizeof(std::uint16_t) + kRowsPerBlock * d * sizeof(float);
   const dim3 grid((n + kRowsPerBlock - 1) / kRowsPerBlock, n_head);
-  attend_rows_kernel<kLanes><<<grid, kRowsPerBlock * 32, smem, stream>>>(q, n, n_head, head_div, ck, cv, capacity,
-                                                                         past, window, scale, out, half_out);
+  attend_rows_kernel<kLanes><<<grid, kRowsPerBlock * 32, smem, stream>>>(q, n, n_head, head_div, ck, cv, capacity, past,
+                                                                         window, scale, out, half_out);
   return cudaGetLastError();
 }
 
@@ -326,9 +329,8 @@ cudaError_t launch_decode(const float* q, int n_head, int head_div, const std::u
   const int block_rows = decode_block_rows(n_head, head_div);
   const DecodeSplit sp = decode_split(block_rows, window_span(seen, window));
   if (static_cast<std::size_t>(n_head) * sp.splits * (d + 2) > scratch_floats) return cudaErrorInvalidValue;
-  decode_split_kernel<kLanes, kG><<<dim3(sp.splits, block_rows), kDecodeWarps * 32, 0, stream>>>(q, head_div, ck, cv, capacity,
-                                                                                                 seen, window, scale, sp.chunk,
-                                                                                                 scratch);
+  decode_split_kernel<kLanes, kG><<<dim3(sp.splits, block_rows), kDecodeWarps * 32, 0, stream>>>(
+      q, head_div, ck, cv, capacity, seen, window, scale, sp.chunk, scratch);
   return combine_decode(scratch, n_head, sp.splits, d, out, half_out, nullptr, stream);
 }
 
@@ -371,7 +373,8 @@ cudaError_t rms_norm_rows(const float* x, const float* w, int n, int n_embd, flo
   return cudaGetLastError();
 }
 
-cudaError_t rms_norm_add_rows(const float* y, const float* w, int n, int n_embd, float eps, float* x, cudaStream_t stream) {
+cudaError_t rms_norm_add_rows(const float* y, const float* w, int n, int n_embd, float eps, float* x,
+                              cudaStream_t stream) {
   rms_norm_add_kernel<<<n, kThreads, 0, stream>>>(y, w, n_embd, eps, x);
   return cudaGetLastError();
 }
@@ -401,13 +404,19 @@ cudaError_t attend_rows(const float* q, int n, int n_head, int head_dim, int hea
   switch (head_dim) {
 #define KVSIM_ATTEND(L) \
   launch_attend<L>(q, n, n_head, head_div, cache_k, cache_v, capacity, past, window, scale, out, half_out, stream)
-    case 32: return KVSIM_ATTEND(1);
-    case 64: return KVSIM_ATTEND(2);
-    case 96: return KVSIM_ATTEND(3);
-    case 128: return KVSIM_ATTEND(4);
-    case 256: return KVSIM_ATTEND(8);
+    case 32:
+      return KVSIM_ATTEND(1);
+    case 64:
+      return KVSIM_ATTEND(2);
+    case 96:
+      return KVSIM_ATTEND(3);
+    case 128:
+      return KVSIM_ATTEND(4);
+    case 256:
+      return KVSIM_ATTEND(8);
 #undef KVSIM_ATTEND
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -416,18 +425,24 @@ cudaError_t attend_decode(const float* q, int n_head, int head_dim, int head_div
                           float scale, float* scratch, std::size_t scratch_floats, void* out, bool half_out,
                           cudaStream_t stream) {
   switch (head_dim) {
-#define KVSIM_DECODE(L)                                                                                              \
-  with_head_tile(head_div, [&](auto tile) {                                                                          \
-    return launch_decode<L, decltype(tile)::value>(q, n_head, head_div, cache_k, cache_v, capacity, seen, window,    \
-                                                   scale, scratch, scratch_floats, out, half_out, stream);           \
+#define KVSIM_DECODE(L)                                                                                           \
+  with_head_tile(head_div, [&](auto tile) {                                                                       \
+    return launch_decode<L, decltype(tile)::value>(q, n_head, head_div, cache_k, cache_v, capacity, seen, window, \
+                                                   scale, scratch, scratch_floats, out, half_out, stream);        \
   })
-    case 32: return KVSIM_DECODE(1);
-    case 64: return KVSIM_DECODE(2);
-    case 96: return KVSIM_DECODE(3);
-    case 128: return KVSIM_DECODE(4);
-    case 256: return KVSIM_DECODE(8);
+    case 32:
+      return KVSIM_DECODE(1);
+    case 64:
+      return KVSIM_DECODE(2);
+    case 96:
+      return KVSIM_DECODE(3);
+    case 128:
+      return KVSIM_DECODE(4);
+    case 256:
+      return KVSIM_DECODE(8);
 #undef KVSIM_DECODE
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -435,8 +450,8 @@ cudaError_t last_row_weights(const float* q_last, int n_head, int head_dim, int 
                              std::int64_t capacity, const EntryRows& seen, int window, float scale, float* probs,
                              int stride, cudaStream_t stream) {
   const std::size_t smem = (static_cast<std::size_t>(head_dim) + kThreads / 32) * sizeof(float);
-  last_row_kernel<<<n_head, kThreads, smem, stream>>>(q_last, head_dim, head_div, cache_k, capacity, seen, window, scale,
-                                                      probs, stride);
+  last_row_kernel<<<n_head, kThreads, smem, stream>>>(q_last, head_dim, head_div, cache_k, capacity, seen, window,
+                                                      scale, probs, stride);
   return cudaGetLastError();
 }
 
@@ -446,8 +461,8 @@ cudaError_t gated_act(const float* gate, const float* up, std::int64_t count, bo
   return cudaGetLastError();
 }
 
-cudaError_t gather_half_rows(const std::uint16_t* src, const std::int32_t* rows, int n, int head_dim, std::uint16_t* dst,
-                             cudaStream_t stream) {
+cudaError_t gather_half_rows(const std::uint16_t* src, const std::int32_t* rows, int n, int head_dim,
+                             std::uint16_t* dst, cudaStream_t stream) {
   const std::int64_t count = static_cast<std::int64_t>(n) * head_dim;
   if (count == 0) return cudaSuccess;
   gather_half_kernel<<<blocks_for(count), kThreads, 0, stream>>>(src, rows, n, head_dim, dst);

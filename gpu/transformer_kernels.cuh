@@ -39,7 +39,8 @@ cudaError_t rms_norm_rows(const float* x, const float* w, int n, int n_embd, flo
 
 // x[i, :] += y[i, :] / rms(y[i, :]) * w: a block's output through its post-norm into the
 // residual stream (gemma3).
-cudaError_t rms_norm_add_rows(const float* y, const float* w, int n, int n_embd, float eps, float* x, cudaStream_t stream);
+cudaError_t rms_norm_add_rows(const float* y, const float* w, int n, int n_embd, float eps, float* x,
+                              cudaStream_t stream);
 
 struct QkvShape {
   int n_q_heads = 0, n_kv_heads = 0, head_dim = 0, rope_dim = 0;
@@ -139,8 +140,8 @@ cudaError_t gated_act(const float* gate, const float* up, std::int64_t count, bo
                       cudaStream_t stream);
 
 // dst[j, :] = src[rows[j], :] for j < n: rows of head_dim halves (an entry compacted on the device).
-cudaError_t gather_half_rows(const std::uint16_t* src, const std::int32_t* rows, int n, int head_dim, std::uint16_t* dst,
-                             cudaStream_t stream);
+cudaError_t gather_half_rows(const std::uint16_t* src, const std::int32_t* rows, int n, int head_dim,
+                             std::uint16_t* dst, cudaStream_t stream);
 
 // y[j, :] = x[rows[j], :].
 cudaError_t gather_rows(const float* x, const std::int64_t* rows, int m, int width, float* y, cudaStream_t stream);

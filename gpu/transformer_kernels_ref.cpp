@@ -37,14 +37,14 @@ void attend_rows_ref(const AttnShape& s, int kv, const float* q, const std::vect
     softmax(w);
     std::vector<double> o(static_cast<std::size_t>(d), 0.0);
     for (std::int64_t m = 0; m < n; ++m)
-      for (int x = 0; x < d; ++x) o[static_cast<std::size_t>(x)] += w[static_cast<std::size_t>(m)] * values[static_cast<std::size_t>(m * d + x)];
+      for (int x = 0; x < d; ++x)
+        o[static_cast<std::size_t>(x)] += w[static_cast<std::size_t>(m)] * values[static_cast<std::size_t>(m * d + x)];
     for (int x = 0; x < d; ++x) out[h * d + x] = static_cast<float>(o[static_cast<std::size_t>(x)]);
     if (weights)
       for (std::int64_t m = 0; m < stride; ++m)
         weights[h * stride + m] = m < n ? static_cast<float>(w[static_cast<std::size_t>(m)]) : 0.0f;
   }
 }
-
 
 void attend_kept_ref(const AttnShape& s, const float* q, const std::uint16_t* k, const std::uint16_t* v,
                      const std::int32_t* kept, const std::int32_t* counts, int max_kept, float* out, float* weights) {

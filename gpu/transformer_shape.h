@@ -24,8 +24,25 @@ const char* device_weights_name(DeviceWeights w);
 // QNorm/KNorm (per head, [head_dim]) and the post-norms exist where the shape has qk_norm /
 // post_norms (gemma3).
 enum class WeightId {
-  TokenEmbd, Output, OutputNorm, AttnNorm, FfnNorm, Wq, Wk, Wv, Wo, Wgate, Wup, Wdown, Bq, Bk, Bv,
-  QNorm, KNorm, PostAttnNorm, PostFfnNorm
+  TokenEmbd,
+  Output,
+  OutputNorm,
+  AttnNorm,
+  FfnNorm,
+  Wq,
+  Wk,
+  Wv,
+  Wo,
+  Wgate,
+  Wup,
+  Wdown,
+  Bq,
+  Bk,
+  Bv,
+  QNorm,
+  KNorm,
+  PostAttnNorm,
+  PostFfnNorm
 };
 constexpr int kWeightIds = static_cast<int>(WeightId::PostFfnNorm) + 1;
 const char* weight_id_name(WeightId id);

@@ -24,25 +24,29 @@ void hold_at_peak(ConfigBudget& b, const Policy& policy, double fraction, std::i
                   const std::string& label) {
   const std::string who = "policy " + (label.empty() ? std::string("?") : label);
   if (policy.selects_across_layers())
-    throw Error(who + " selects across layers at the compression point and cannot re-apply its rule per layer "
-                      "under --budget-semantics peak; use its per-layer level (e.g. kvzip:level=layer)");
+    throw Error(who +
+                " selects across layers at the compression point and cannot re-apply its rule per layer "
+                "under --budget-semantics peak; use its per-layer level (e.g. kvzip:level=layer)");
   if (policy.needs_repeat_pass())
-    throw Error(who + " scores with the context reconstruction pass, which covers only the context: it cannot "
-                      "re-apply to later tokens under --budget-semantics peak (use kvzip_proxy)");
+    throw Error(who +
+                " scores with the context reconstruction pass, which covers only the context: it cannot "
+                "re-apply to later tokens under --budget-semantics peak (use kvzip_proxy)");
   const std::int64_t growth = policy.decode_growth();
   b.peak_tokens = b.tokens;
   if (growth > 1 && growth > b.peak_tokens / 2)
-    throw Error(who + " lets its cache grow " + std::to_string(growth) + " tokens between re-tiers, more than half its "
-                "peak budget of " + std::to_string(b.peak_tokens) + " tokens per head (budget " + std::to_string(fraction) +
-                " of " + std::to_string(c) + " tokens) under --budget-semantics peak; re-tier more often (e.g. qevict:retier=" +
+    throw Error(who + " lets its cache grow " + std::to_string(growth) +
+                " tokens between re-tiers, more than half its "
+                "peak budget of " +
+                std::to_string(b.peak_tokens) + " tokens per head (budget " + std::to_string(fraction) + " of " +
+                std::to_string(c) + " tokens) under --budget-semantics peak; re-tier more often (e.g. qevict:retier=" +
                 std::to_string(std::max<std::int64_t>(1, b.peak_tokens / 4)) + ") or raise the budget");
   b.peak_entry_bytes = fraction * static_cast<double>(c) * b.kv_token_bytes;
   const std::int64_t headroom =
       growth > 0 ? growth : std::max<std::int64_t>(1, std::min(rule.every, b.peak_tokens / 2));
   b.reapply_every = growth > 0 ? 0 : headroom;
   b.tokens = std::max<std::int64_t>(0, b.peak_tokens - headroom);
-  b.fraction = std::max(0.0, fraction - static_cast<double>(headroom) * b.token_bytes /
-                                            (static_cast<double>(c) * b.kv_token_bytes));
+  b.fraction = std::max(
+      0.0, fraction - static_cast<double>(headroom) * b.token_bytes / (static_cast<double>(c) * b.kv_token_bytes));
 }
 
 }  // namespace
@@ -55,11 +59,12 @@ ConfigBudget config_budget(const Policy& policy, double fraction, std::int64_t t
   b.fraction = fraction;
   b.token_bytes = b.kv_token_bytes + (b.compress ? policy.state_bytes_per_token() : 0.0);
   b.head_bytes = b.compress ? policy.state_bytes_per_head() : 0.0;
-  b.tokens = b.compress ? std::max<std::int64_t>(
-                              0, static_cast<std::int64_t>(std::floor(
-                                     (fraction * static_cast<double>(tokens_at_point) * b.kv_token_bytes - b.head_bytes) /
-                                     b.token_bytes)))
-                        : tokens_at_point;
+  b.tokens = b.compress
+                 ? std::max<std::int64_t>(
+                       0, static_cast<std::int64_t>(std::floor(
+                              (fraction * static_cast<double>(tokens_at_point) * b.kv_token_bytes - b.head_bytes) /
+                              b.token_bytes)))
+                 : tokens_at_point;
   if (rule.peak && b.compress) hold_at_peak(b, policy, fraction, tokens_at_point, rule, label);
   return b;
 }
@@ -92,10 +97,11 @@ double global_fraction(double budget, const WindowShare& s, std::int64_t c, cons
   return f;
 }
 
-void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy, const std::string& label,
-                          const std::string& where) {
+void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy,
+                          const std::string& label, const std::string& where) {
   if (std::none_of(g.sliding_window.begin(), g.sliding_window.end(), [](int w) { return w > 0; })) return;
-  if (rule.peak) throw Error(where + ": peak budget semantics on sliding-window layers are not supported yet; use point");
+  if (rule.peak)
+    throw Error(where + ": peak budget semantics on sliding-window layers are not supported yet; use point");
   if (policy.selects_across_layers())
     throw Error(label + ": selects across layers, which is not supported on sliding-window models yet (" + where + ")");
 }

@@ -15,19 +15,19 @@ namespace kvsim {
 // budget and re-applies its rule whenever its cache reaches the budget again.
 struct BudgetRule {
   bool peak = false;
-  std::int64_t every = 64;  // peak: the one-shot policies' re-application cadence, in tokens
+  std::int64_t every = 64;   // peak: the one-shot policies' re-application cadence, in tokens
   std::string name() const;  // "point" or "peak/<every>": the CSV's budget_semantics
 };
 // "point" or "peak" (the --budget-semantics value); throws naming the flag otherwise.
 BudgetRule parse_budget_rule(const std::string& semantics, std::int64_t every);
 
 struct ConfigBudget {
-  bool compress = false;          // false: budget 1.0 or a policy that ignores budgets
-  std::int64_t tokens = 0;        // tokens each (layer, KV head) may keep after compressing
-  double fraction = 1.0;          // the byte budget the policy is told (Budget::fraction), of the fp16 cache then
-  double token_bytes = 0;         // fp16 K/V plus the policy's per-token state
-  double head_bytes = 0;          // the policy's fixed state per plan entry and layer
-  double kv_token_bytes = 0;      // fp16 K/V of one token in one (layer, KV head)
+  bool compress = false;      // false: budget 1.0 or a policy that ignores budgets
+  std::int64_t tokens = 0;    // tokens each (layer, KV head) may keep after compressing
+  double fraction = 1.0;      // the byte budget the policy is told (Budget::fraction), of the fp16 cache then
+  double token_bytes = 0;     // fp16 K/V plus the policy's per-token state
+  double head_bytes = 0;      // the policy's fixed state per plan entry and layer
+  double kv_token_bytes = 0;  // fp16 K/V of one token in one (layer, KV head)
   // Peak semantics (0 otherwise): the tokens one entry may hold at any step after the compression
   // point, its bytes (as a codec policy counts them) and a one-shot policy's re-application cadence.
   std::int64_t peak_tokens = 0;
@@ -71,7 +71,7 @@ WindowShare window_share(const ModelGeometry& g, std::int64_t c);
 double global_fraction(double budget, const WindowShare& s, std::int64_t c, const std::string& label);
 // Replay and verify refuse on windowed models what they cannot hold yet: peak semantics and
 // policies that select across layers. Throws naming `where`.
-void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy, const std::string& label,
-                          const std::string& where);
+void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy,
+                          const std::string& label, const std::string& where);
 
 }  // namespace kvsim

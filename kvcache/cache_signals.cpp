@@ -36,7 +36,9 @@ Mat CacheSignals::compute_attention(int q_head, std::int64_t first, std::int64_t
   std::vector<std::int64_t> limit(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)
     limit[static_cast<std::size_t>(i)] =
-        (std::upper_bound(tokens.begin(), tokens.end(), observed_[static_cast<std::size_t>(first + i)]) - tokens.begin()) - 1;
+        (std::upper_bound(tokens.begin(), tokens.end(), observed_[static_cast<std::size_t>(first + i)]) -
+         tokens.begin()) -
+        1;
   // Blocks of rows, each against the keys its rows can see only: a prompt's causal triangle is
   // half the square. Every entry is the same dot product as one full GEMM's, and causal_softmax
   // zeroes each row past its limit, so the entries left unset are never read.

@@ -59,9 +59,18 @@ class CacheSignals final : public LayerSignals {
   // `where` names the trace (or live run) and request in error messages. `view.future` may be
   // empty (live): future_attention() then throws.
   CacheSignals(std::string where, const ModelGeometry& g, int layer, std::int64_t n, const RequestTokens& h,
-                const FloatBuffer& q, const CacheView& view)
-      : where_(std::move(where)), g_(g), layer_(layer), c_(n), h_(h), q_(q), keys_(view.keys), values_(view.values),
-        future_(view.future), tokens_(view.tokens), repeat_(view.repeat) {
+               const FloatBuffer& q, const CacheView& view)
+      : where_(std::move(where)),
+        g_(g),
+        layer_(layer),
+        c_(n),
+        h_(h),
+        q_(q),
+        keys_(view.keys),
+        values_(view.values),
+        future_(view.future),
+        tokens_(view.tokens),
+        repeat_(view.repeat) {
     for (std::size_t r = 0; r < h.q_index.size() && h.q_index[r] < n; ++r) observed_.push_back(h.q_index[r]);
   }
   const ModelGeometry& geometry() const override { return g_; }
@@ -71,7 +80,9 @@ class CacheSignals final : public LayerSignals {
     return {h_.positions.data(), static_cast<std::size_t>(c_)};
   }
   std::span<const std::int8_t> segments() const override { return {h_.segments.data(), static_cast<std::size_t>(c_)}; }
-  std::span<const std::int32_t> cached(int kv_head) const override { return tokens_[static_cast<std::size_t>(kv_head)]; }
+  std::span<const std::int32_t> cached(int kv_head) const override {
+    return tokens_[static_cast<std::size_t>(kv_head)];
+  }
   const RepeatPassView* repeat_pass() const override { return repeat_; }
   MatrixView keys(int kv_head) const override { return view(keys_[static_cast<std::size_t>(kv_head)]); }
   MatrixView values(int kv_head) const override { return view(values_[static_cast<std::size_t>(kv_head)]); }
@@ -90,8 +101,8 @@ class CacheSignals final : public LayerSignals {
   }
   OwnedMatrix observed_attention(int q_head) const override {
     if (observed_.empty())
-      throw Error(where_ + ": needs prompt queries before the compression point (token " +
-                  std::to_string(c_) + "), but the trace recorded none there");
+      throw Error(where_ + ": needs prompt queries before the compression point (token " + std::to_string(c_) +
+                  "), but the trace recorded none there");
     const auto m = static_cast<std::int64_t>(observed_.size());
     const auto n = static_cast<std::int64_t>(tokens_[static_cast<std::size_t>(q_head / g_.group())].size());
     // Small enough (a few recorded rows): keep it for the other policies of this layer; all of
@@ -105,7 +116,8 @@ class CacheSignals final : public LayerSignals {
   }
   // Blocks of at most kBlockFloats floats (16 MB), computed one at a time; a matrix small enough
   // to keep is one block, the one observed_attention() keeps.
-  void visit_observed_attention(int q_head, const std::function<void(std::int64_t, const MatrixView&)>& visit) const override {
+  void visit_observed_attention(int q_head,
+                                const std::function<void(std::int64_t, const MatrixView&)>& visit) const override {
     const auto m = static_cast<std::int64_t>(observed_.size());
     const auto n = static_cast<std::int64_t>(tokens_[static_cast<std::size_t>(q_head / g_.group())].size());
     if (m == 0 || m * n <= (std::int64_t{1} << 20)) {
@@ -127,13 +139,17 @@ class CacheSignals final : public LayerSignals {
     if (it == cache_.end()) {
       const int Hq = g_.n_q_heads, d = g_.head_dim;
       const auto m = static_cast<Eigen::Index>(observed_.size());
-      it = cache_.emplace(std::make_pair(q_head, -1), Mat(StridedMap(q_.data() + q_head * d, m, d, Eigen::OuterStride<>(Hq * d)))).first;
+      it = cache_
+               .emplace(std::make_pair(q_head, -1),
+                        Mat(StridedMap(q_.data() + q_head * d, m, d, Eigen::OuterStride<>(Hq * d))))
+               .first;
     }
     return view(it->second);
   }
   MatrixView future_attention(int q_head) const override {
     if (future_.empty())
-      throw Error(where_ + ": future attention is an offline oracle (the queries after the compression point); "
+      throw Error(where_ +
+                  ": future attention is an offline oracle (the queries after the compression point); "
                   "a live run cannot provide it");
     return view(future_[static_cast<std::size_t>(q_head)]);
   }

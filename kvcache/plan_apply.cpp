@@ -102,14 +102,17 @@ LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerS
   LayerPlan plan = cfg.impl->compress(s, b.policy_budget());
   const bool per_query_head = check_plan(cfg, plan, cached, s.geometry());
   if (one_entry_per_kv_head && has_logit_bias(plan))
-    throw Error("policy " + cfg.label() + ": a soft-gated plan (logit biases) is made once, at the compression point: "
+    throw Error("policy " + cfg.label() +
+                ": a soft-gated plan (logit biases) is made once, at the compression point: "
                 "run it without --compress-every and with --budget-semantics point");
   if (per_query_head && one_entry_per_kv_head)
-    throw Error("policy " + cfg.policy + ": per-query-head plans are not supported with chunked compression or peak-matched budgets");
+    throw Error("policy " + cfg.policy +
+                ": per-query-head plans are not supported with chunked compression or peak-matched budgets");
   return plan;
 }
 
-void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeometry& g, LayerIndex& cache, RowSink* rows) {
+void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeometry& g, LayerIndex& cache,
+                RowSink* rows) {
   const bool per_query_head = check_plan(cfg, plan, cache.sizes(), g);
   LayerIndex next;
   // Without a codec every kept token is fp16: left implicit, so decode-time edits stay cheap.
@@ -144,7 +147,8 @@ bool has_logit_bias(const LayerPlan& plan) {
 
 void refuse_logit_bias_offline(const ReplayConfig& cfg, const LayerPlan& plan) {
   if (has_logit_bias(plan))
-    throw Error("policy " + cfg.label() + ": its plan biases attention logits (a soft-gated run), which offline replay "
+    throw Error("policy " + cfg.label() +
+                ": its plan biases attention logits (a soft-gated run), which offline replay "
                 "does not score; run it live (kvsim verify, CPU engine). kvsim train sigmoid_gate reports its offline "
                 "soft error");
 }
@@ -154,7 +158,8 @@ LayerPlan drops_only(const LayerPlan& plan) {
   for (const HeadPlan& hp : plan.heads) {
     HeadPlan kept;
     kept.codec.reserve(hp.codec.size());
-    for (const TokenCodec c : hp.codec) kept.codec.push_back(c == TokenCodec::Drop ? TokenCodec::Drop : TokenCodec::Fp16);
+    for (const TokenCodec c : hp.codec)
+      kept.codec.push_back(c == TokenCodec::Drop ? TokenCodec::Drop : TokenCodec::Fp16);
     out.heads.push_back(std::move(kept));
   }
   return out;
@@ -178,7 +183,8 @@ bool over_budget(const LayerIndex& cache, std::int64_t tokens) {
                      [&](const std::vector<std::int32_t>& t) { return static_cast<std::int64_t>(t.size()) > tokens; });
 }
 
-bool apply_cut(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s, LayerIndex& cache, RowSink* rows) {
+bool apply_cut(const ReplayConfig& cfg, const ConfigBudget& b, const LayerSignals& s, LayerIndex& cache,
+               RowSink* rows) {
   if (!over_budget(cache, b.tokens)) return false;
   const LayerPlan plan = make_plan(cfg, b, s, cache.sizes(), true);
   apply_plan(cfg, drops_only(plan), s.geometry(), cache, rows);
@@ -214,7 +220,8 @@ void append_token(LayerIndex& cache, std::int32_t token) {
 }
 
 KeepBits keep_bits(const HeadPlan& plan, std::int64_t n) {
-  if (static_cast<std::int64_t>(plan.codec.size()) < n) throw Error("keep_bits: a plan over fewer tokens than " + std::to_string(n));
+  if (static_cast<std::int64_t>(plan.codec.size()) < n)
+    throw Error("keep_bits: a plan over fewer tokens than " + std::to_string(n));
   KeepBits out;
   out.words.assign(static_cast<std::size_t>((n + 63) / 64), 0);
   for (std::int64_t j = 0; j < n; ++j) {
@@ -274,8 +281,8 @@ void apply_retier(const std::string& label, const LayerPlan& next, int layer, st
     const HeadPlan& hp = next.heads[e];
     const auto& held = cache.tokens[e];
     if (hp.codec.size() != held.size())
-      throw Error("policy " + label + ": re-tier plan covers " + std::to_string(hp.codec.size()) + " tokens, expected " +
-                  std::to_string(held.size()));
+      throw Error("policy " + label + ": re-tier plan covers " + std::to_string(hp.codec.size()) +
+                  " tokens, expected " + std::to_string(held.size()));
     std::vector<std::int32_t> tokens = kept_tokens(hp, held);
     HeadPlan plan = without_drops(hp);
     const double bytes = codec.bytes(plan, head_dim);

@@ -86,7 +86,8 @@ LayerPlan make_plan(const ReplayConfig& cfg, const ConfigBudget& b, const LayerS
 // planned (per-query-head plans give each query head its own entry); `rows` mirrors it, logit
 // biases included (without `rows`, a plan with logit biases is refused). The
 // encoding is kept as the policy made it when the policy has a codec, else left implicit (fp16).
-void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeometry& g, LayerIndex& cache, RowSink* rows);
+void apply_plan(const ReplayConfig& cfg, const LayerPlan& plan, const ModelGeometry& g, LayerIndex& cache,
+                RowSink* rows);
 
 // The plan's drops alone, every kept token fp16: what a cut before the compression point applies
 // (encodings apply once, at the compression point, from the original rows).
@@ -103,7 +104,8 @@ bool over_budget(const LayerIndex& cache, std::int64_t tokens);
 // and only then are its signals built (`with_signals(f)` builds them over the cache as it is and
 // calls f with them). Returns whether it cut.
 template <class WithSignals>
-bool cut_if_over(const ReplayConfig& cfg, const ConfigBudget& b, LayerIndex& cache, RowSink* rows, WithSignals&& with_signals) {
+bool cut_if_over(const ReplayConfig& cfg, const ConfigBudget& b, LayerIndex& cache, RowSink* rows,
+                 WithSignals&& with_signals) {
   if (!over_budget(cache, b.tokens)) return false;
   bool cut = false;
   with_signals([&](const LayerSignals& s) { cut = apply_cut(cfg, b, s, cache, rows); });

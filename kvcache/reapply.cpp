@@ -11,10 +11,14 @@ namespace {
 class Reapply final : public DecodeState {
  public:
   Reapply(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& initial, std::int64_t c, int head_dim)
-      : cfg_(cfg), b_(b), codec_(cfg.impl->codec()), d_(head_dim),
+      : cfg_(cfg),
+        b_(b),
+        codec_(cfg.impl->codec()),
+        d_(head_dim),
         plan_bytes_(b.fraction * static_cast<double>(c) * b.kv_token_bytes),
         state_bytes_(b.token_bytes - b.kv_token_bytes) {
-    if (b.peak_tokens <= 0) throw Error("policy " + cfg.label() + ": re-application needs a peak-matched budget (a kvsim bug)");
+    if (b.peak_tokens <= 0)
+      throw Error("policy " + cfg.label() + ": re-application needs a peak-matched budget (a kvsim bug)");
     for (const HeadPlan& hp : initial.heads) {
       kept_ += hp.kept();
       if (codec_) encoding_.push_back(without_drops(hp));
@@ -96,8 +100,8 @@ class Reapply final : public DecodeState {
   ConfigBudget b_;
   const KvCodec* codec_;
   int d_;
-  double plan_bytes_;   // bytes per entry a plan may keep (the budget less the headroom)
-  double state_bytes_;  // per-token policy state beside K/V
+  double plan_bytes_;               // bytes per entry a plan may keep (the budget less the headroom)
+  double state_bytes_;              // per-token policy state beside K/V
   std::vector<HeadPlan> encoding_;  // codec policies: how each entry's held tokens are stored now
   std::int64_t kept_ = 0;           // tokens the layer kept at the compression point
   std::int64_t ceiling_ = 0;        // eviction policies: rows the layer may hold with a token joining
@@ -108,23 +112,26 @@ class Reapply final : public DecodeState {
 std::unique_ptr<DecodeState> reapply_state(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& initial,
                                            std::int64_t c, int head_dim) {
   if (has_logit_bias(initial))
-    throw Error("policy " + cfg.label() + ": a soft-gated plan holds the whole cache, so it cannot be held to a peak "
+    throw Error("policy " + cfg.label() +
+                ": a soft-gated plan holds the whole cache, so it cannot be held to a peak "
                 "budget; run it with --budget-semantics point");
   return std::make_unique<Reapply>(cfg, b, initial, c, head_dim);
 }
 
-DecodeStart decode_start(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& plan, std::unique_ptr<DecodeState> own,
-                         std::int64_t c, int n_kv_heads, int head_dim) {
+DecodeStart decode_start(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& plan,
+                         std::unique_ptr<DecodeState> own, std::int64_t c, int n_kv_heads, int head_dim) {
   const bool per_query_head = static_cast<int>(plan.heads.size()) != n_kv_heads;
   DecodeStart out{std::move(own), false};
   if (!out.state && b.peak_tokens > 0) {
     if (per_query_head)
-      throw Error("policy " + cfg.label() + ": per-query-head plans cannot be re-applied under --budget-semantics peak");
+      throw Error("policy " + cfg.label() +
+                  ": per-query-head plans cannot be re-applied under --budget-semantics peak");
     out.state = reapply_state(cfg, b, plan, c, head_dim);
     out.reapplied = true;
   }
   if (out.state && per_query_head)
-    throw Error("policy " + cfg.label() + ": decode-time plans must have one entry per KV head (per-query-head plans "
+    throw Error("policy " + cfg.label() +
+                ": decode-time plans must have one entry per KV head (per-query-head plans "
                 "cannot be stepped)");
   return out;
 }

@@ -30,8 +30,8 @@ struct DecodeStart {
   std::unique_ptr<DecodeState> state;
   bool reapplied = false;  // the state re-applies a one-shot rule
 };
-DecodeStart decode_start(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& plan, std::unique_ptr<DecodeState> own,
-                         std::int64_t c, int n_kv_heads, int head_dim);
+DecodeStart decode_start(const ReplayConfig& cfg, const ConfigBudget& b, const LayerPlan& plan,
+                         std::unique_ptr<DecodeState> own, std::int64_t c, int n_kv_heads, int head_dim);
 
 // Under peak semantics no step after the compression point may hold more than the budget's bytes:
 // a config that did is a kvsim bug, refused naming the policy and `where`.

@@ -8,7 +8,8 @@
 namespace kvsim::kvcache {
 
 bool any_training_prompts(const std::vector<ReplayConfig>& configs) {
-  return std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) { return !c.impl->training_prompts().empty(); });
+  return std::any_of(configs.begin(), configs.end(),
+                     [](const ReplayConfig& c) { return !c.impl->training_prompts().empty(); });
 }
 
 void check_training_prompts(const std::vector<ReplayConfig>& configs, std::span<const std::int32_t> prompt,

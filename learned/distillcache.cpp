@@ -9,8 +9,7 @@
 namespace kvsim::learned {
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "distillcache",
-    "REINFORCE-trained token scorer (reward: -KL full vs compressed); keep each head's top tokens",
+    "distillcache", "REINFORCE-trained token scorer (reward: -KL full vs compressed); keep each head's top tokens",
     "the seed's DistillCache (built from its description); model from kvsim train distillcache",
     scored_policy_params("distillcache"), [](const Params& p) { return make_scored_policy("distillcache", p); }});
 

@@ -100,11 +100,11 @@ RowShape row_shape(const MatrixView& m, bool with_cosine) {
 }  // namespace
 
 const std::vector<std::string>& feature_names() {
-  static const std::vector<std::string> names = {
-      "attn_mean_8", "attn_mean_16", "attn_mean_32",   "attn_mean_128", "attn_last",   "attn_max_128",
-      "attn_entropy_32", "key_norm", "value_norm",     "key_cos_mean",  "pos_relative", "dist_from_end",
-      "is_sink",     "seg_system",   "seg_context",    "seg_question",  "seg_generated", "layer_frac",
-      "head_frac"};
+  static const std::vector<std::string> names = {"attn_mean_8",   "attn_mean_16", "attn_mean_32",    "attn_mean_128",
+                                                 "attn_last",     "attn_max_128", "attn_entropy_32", "key_norm",
+                                                 "value_norm",    "key_cos_mean", "pos_relative",    "dist_from_end",
+                                                 "is_sink",       "seg_system",   "seg_context",     "seg_question",
+                                                 "seg_generated", "layer_frac",   "head_frac"};
   return names;
 }
 
@@ -137,17 +137,22 @@ HeadFeatures extract_features(const LayerSignals& s, int kv) {
   const RowShape keys = row_shape(s.keys(kv), true), values = row_shape(s.values(kv), false);
   const auto positions = s.positions();
   const auto segments = s.segments();
-  const float last_pos = static_cast<float>(std::max<double>(1.0, positions[static_cast<std::size_t>(s.n_tokens() - 1)]));
+  const float last_pos =
+      static_cast<float>(std::max<double>(1.0, positions[static_cast<std::size_t>(s.n_tokens() - 1)]));
   HeadFeatures f;
   f.tokens = n;
   f.x.assign(static_cast<std::size_t>(n * kFeatureCount), 0.0f);
   // Column by column, each vectorised over the tokens.
   Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, kFeatureCount, Eigen::RowMajor>> x(f.x.data(), n, kFeatureCount);
-  const auto scaled_log = [n](const Eigen::ArrayXf& a) -> Eigen::ArrayXf { return (kFloor + a * static_cast<float>(n)).log(); };
-  for (std::size_t w = 0; w < std::size(kWindows); ++w) x.col(kMean8 + static_cast<int>(w)) = scaled_log(st.mean[w]).matrix();
+  const auto scaled_log = [n](const Eigen::ArrayXf& a) -> Eigen::ArrayXf {
+    return (kFloor + a * static_cast<float>(n)).log();
+  };
+  for (std::size_t w = 0; w < std::size(kWindows); ++w)
+    x.col(kMean8 + static_cast<int>(w)) = scaled_log(st.mean[w]).matrix();
   x.col(kLast) = scaled_log(st.last).matrix();
   x.col(kMax) = scaled_log(st.max).matrix();
-  x.col(kEntropy) = scaled_log(st.entropy / static_cast<float>(std::log(std::max<double>(2.0, static_cast<double>(n))))).matrix();
+  x.col(kEntropy) =
+      scaled_log(st.entropy / static_cast<float>(std::log(std::max<double>(2.0, static_cast<double>(n))))).matrix();
   x.col(kKeyNorm) = keys.log_norm.matrix();
   x.col(kValueNorm) = values.log_norm.matrix();
   x.col(kKeyCos) = keys.cos_mean.matrix();

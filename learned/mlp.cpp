@@ -30,10 +30,12 @@ RowMat<T> run_forward(const Mlp& m, const T* x, std::int64_t n, Keep&& keep) {
     const int in = sizes[l], out = sizes[l + 1];
     // Owned (aligned) copies: Eigen's matrix-vector kernels peel unaligned heads, so a product
     // over a map into a std::vector would round differently from run to run.
-    const RowMat<T> w = Eigen::Map<const RowMat<double>>(m.params().data() + m.weight_offset(static_cast<int>(l)), out, in)
-                            .template cast<T>();
+    const RowMat<T> w =
+        Eigen::Map<const RowMat<double>>(m.params().data() + m.weight_offset(static_cast<int>(l)), out, in)
+            .template cast<T>();
     const Eigen::Matrix<T, 1, Eigen::Dynamic> b =
-        Eigen::Map<const Eigen::RowVectorXd>(m.params().data() + m.bias_offset(static_cast<int>(l)), out).template cast<T>();
+        Eigen::Map<const Eigen::RowVectorXd>(m.params().data() + m.bias_offset(static_cast<int>(l)), out)
+            .template cast<T>();
     RowMat<T> z = a * w.transpose();
     z.rowwise() += b;
     if (l + 2 < sizes.size()) activate(z, m.activation());
@@ -85,7 +87,8 @@ Mlp::Mlp(std::vector<int> sizes, Activation act, std::vector<double> params, con
 std::size_t Mlp::weight_offset(int layer) const {
   std::size_t off = 0;
   for (int l = 0; l < layer; ++l)
-    off += static_cast<std::size_t>(sizes_[static_cast<std::size_t>(l) + 1]) * static_cast<std::size_t>(sizes_[static_cast<std::size_t>(l)] + 1);
+    off += static_cast<std::size_t>(sizes_[static_cast<std::size_t>(l) + 1]) *
+           static_cast<std::size_t>(sizes_[static_cast<std::size_t>(l)] + 1);
   return off;
 }
 
@@ -156,7 +159,8 @@ void Adam::step(std::vector<double>& params, const std::vector<double>& grad) {
     if (std::sqrt(sq) > clip_norm) scale = clip_norm / std::sqrt(sq);
   }
   ++t_;
-  const double c1 = 1.0 - std::pow(beta1_, static_cast<double>(t_)), c2 = 1.0 - std::pow(beta2_, static_cast<double>(t_));
+  const double c1 = 1.0 - std::pow(beta1_, static_cast<double>(t_)),
+               c2 = 1.0 - std::pow(beta2_, static_cast<double>(t_));
   for (std::size_t i = 0; i < params.size(); ++i) {
     const double g = grad[i] * scale;
     m_[i] = beta1_ * m_[i] + (1.0 - beta1_) * g;

@@ -25,7 +25,8 @@ void write_f64(hid_t loc, const std::string& name, const std::vector<double>& v)
   Handle space = check(H5Screate_simple(1, dims, nullptr), "dataspace " + name);
   Handle d = check(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                    "create " + name);
-  if (!v.empty()) check_status(H5Dwrite(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "write " + name);
+  if (!v.empty())
+    check_status(H5Dwrite(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), "write " + name);
 }
 
 // Every value must be finite: a NaN weight or gate would order tokens or heads arbitrarily.
@@ -83,7 +84,8 @@ Provenance read_provenance(hid_t root, const std::string& path) {
   const std::string ctx = path + ": /provenance";
   Provenance p;
   const nlohmann::json traces = parse_json(h5::read_attr_string(g.get(), "traces", ctx), ctx + " attribute 'traces'");
-  const nlohmann::json requests = parse_json(h5::read_attr_string(g.get(), "requests", ctx), ctx + " attribute 'requests'");
+  const nlohmann::json requests =
+      parse_json(h5::read_attr_string(g.get(), "requests", ctx), ctx + " attribute 'requests'");
   auto unsigned_of = [&](const std::string& text, const std::string& field) {
     if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
       throw FormatError(ctx + " " + field + ": '" + text + "' is not an unsigned integer");
@@ -94,7 +96,8 @@ Provenance read_provenance(hid_t root, const std::string& path) {
     }
   };
   try {
-    for (const auto& t : traces) p.traces.emplace_back(t.at("path").get<std::string>(), t.at("sha256").get<std::string>());
+    for (const auto& t : traces)
+      p.traces.emplace_back(t.at("path").get<std::string>(), t.at("sha256").get<std::string>());
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(ctx + " attribute 'traces': expected a list of {path, sha256} (" + e.what() + ")");
   }
@@ -121,7 +124,8 @@ ModelGeometry read_geometry(hid_t root, const std::string& path) {
   const std::string ctx = path + ": /geometry";
   ModelGeometry g;
   h5::read_shape_attrs(gr.get(), ctx, g);
-  if (g.n_layers < 1 || g.n_kv_heads < 1 || g.n_q_heads < g.n_kv_heads || g.n_q_heads % g.n_kv_heads != 0 || g.head_dim < 1)
+  if (g.n_layers < 1 || g.n_kv_heads < 1 || g.n_q_heads < g.n_kv_heads || g.n_q_heads % g.n_kv_heads != 0 ||
+      g.head_dim < 1)
     throw FormatError(ctx + ": layers " + std::to_string(g.n_layers) + ", heads " + std::to_string(g.n_q_heads) + "/" +
                       std::to_string(g.n_kv_heads) + ", head_dim " + std::to_string(g.head_dim) +
                       "; expected positive sizes with query heads a multiple of KV heads");
@@ -147,7 +151,8 @@ void read_network(hid_t root, const std::string& path, LearnedModel& m) {
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(ctx + " attribute 'sizes': expected a list of layer sizes (" + e.what() + ")");
   }
-  const Activation act = parse_activation(h5::read_attr_string(g.get(), "activation", ctx), ctx + " attribute 'activation'");
+  const Activation act =
+      parse_activation(h5::read_attr_string(g.get(), "activation", ctx), ctx + " attribute 'activation'");
   m.network = Mlp(sizes, act, read_f64(g.get(), "params", path), ctx + " dataset 'params'");
   m.norm_mean = read_f64(g.get(), "norm_mean", path);
   m.norm_std = read_f64(g.get(), "norm_std", path);
@@ -195,7 +200,8 @@ LearnedModel read_in_process(const std::string& path) {
   Handle f = check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path + ": not an HDF5 file");
   const std::string ctx = path + ": /";
   if (!h5::attr_exists(f.get(), "format") || h5::read_attr_string(f.get(), "format", ctx) != kFormat)
-    throw FormatError(path + ": attribute 'format' is not '" + std::string(kFormat) + "'; not a kvsim learned-policy model");
+    throw FormatError(path + ": attribute 'format' is not '" + std::string(kFormat) +
+                      "'; not a kvsim learned-policy model");
   const std::int64_t version = h5::read_attr_i64(f.get(), "format_version", ctx);
   if (version != kModelFormatVersion)
     throw FormatError(path + ": attribute 'format_version' is " + std::to_string(version) + "; this kvsim reads " +
@@ -219,16 +225,17 @@ LearnedModel read_in_process(const std::string& path) {
   m.curve.step = read_f64(c.get(), "step", path);
   m.curve.value = read_f64(c.get(), "value", path);
   if (m.curve.step.size() != m.curve.value.size())
-    throw FormatError(path + ": /curve step and value differ in length (" + std::to_string(m.curve.step.size()) + " vs " +
-                      std::to_string(m.curve.value.size()) + ")");
+    throw FormatError(path + ": /curve step and value differ in length (" + std::to_string(m.curve.step.size()) +
+                      " vs " + std::to_string(m.curve.value.size()) + ")");
   m.provenance = read_provenance(f.get(), path);
   if (m.has_network() && static_cast<int>(m.features.size()) != m.network.inputs())
     throw FormatError(path + ": " + std::to_string(m.features.size()) + " feature names for a network of " +
                       std::to_string(m.network.inputs()) + " inputs");
-  if (!m.head_gates.empty() && m.head_gates.size() != static_cast<std::size_t>(m.geometry.n_layers) * m.geometry.n_kv_heads)
-    throw FormatError(path + ": dataset 'head_gates' holds " + std::to_string(m.head_gates.size()) + " values; expected " +
-                      std::to_string(m.geometry.n_layers) + " layers x " + std::to_string(m.geometry.n_kv_heads) +
-                      " KV heads");
+  if (!m.head_gates.empty() &&
+      m.head_gates.size() != static_cast<std::size_t>(m.geometry.n_layers) * m.geometry.n_kv_heads)
+    throw FormatError(path + ": dataset 'head_gates' holds " + std::to_string(m.head_gates.size()) +
+                      " values; expected " + std::to_string(m.geometry.n_layers) + " layers x " +
+                      std::to_string(m.geometry.n_kv_heads) + " KV heads");
   return m;
 }
 
@@ -238,20 +245,24 @@ LearnedModel read_learned_model(const std::string& path) {
   h5::silence_library_errors();
   if (!std::filesystem::exists(path)) throw Error(path + ": model file not found");
   // HDF5 1.10 can crash on a corrupt file: read it in a child first (a model file is small).
-  probe_hdf5(path, [&] { read_in_process(path); }, "a kvsim learned-policy model (kvsim train)");
+  probe_hdf5(
+      path, [&] { read_in_process(path); }, "a kvsim learned-policy model (kvsim train)");
   return read_in_process(path);
 }
 
-void check_learned_model(const LearnedModel& m, const std::string& path, const std::string& method, const ModelGeometry& g) {
+void check_learned_model(const LearnedModel& m, const std::string& path, const std::string& method,
+                         const ModelGeometry& g) {
   auto refuse = [&](const std::string& field, const std::string& has, const std::string& want) {
     throw Error(path + ": " + field + " is " + has + "; expected " + want);
   };
-  if (m.method != method) refuse("attribute 'method'", "'" + m.method + "'", "'" + method + "' (train it with kvsim train " + method + ")");
+  if (m.method != method)
+    refuse("attribute 'method'", "'" + m.method + "'", "'" + method + "' (train it with kvsim train " + method + ")");
   if (method != "rlkv") {  // every other method scores tokens with its network
-    if (!m.has_network()) refuse("group '/network'", "missing", "a network (a " + method + " model scores tokens with one)");
+    if (!m.has_network())
+      refuse("group '/network'", "missing", "a network (a " + method + " model scores tokens with one)");
     if (m.network.inputs() != kFeatureCount || m.network.outputs() < 1)
-      refuse("/network attribute 'sizes'", std::to_string(m.network.inputs()) + " inputs, " +
-                 std::to_string(m.network.outputs()) + " outputs",
+      refuse("/network attribute 'sizes'",
+             std::to_string(m.network.inputs()) + " inputs, " + std::to_string(m.network.outputs()) + " outputs",
              std::to_string(kFeatureCount) + " inputs (one per token feature) and at least one output");
   }
   if (m.has_network()) {  // per-head gates alone read no token features

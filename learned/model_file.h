@@ -22,7 +22,7 @@ struct TrainingCurve {
 };
 
 struct TrainedRequest {
-  int trace = 0;       // index into Provenance::traces
+  int trace = 0;  // index into Provenance::traces
   std::string id;
   std::uint64_t prompt = 0;  // prompt_fingerprint of its prompt tokens
 };
@@ -40,8 +40,8 @@ struct LearnedModel {
   std::string feature_set;
   int feature_version = 0;
   std::vector<std::string> features;
-  ModelGeometry geometry;  // name, arch, layers, heads, head size (RoPE and windows are not compared)
-  Mlp network;  // empty (no sizes) for methods without one (rlkv: per-head gates only)
+  ModelGeometry geometry;                   // name, arch, layers, heads, head size (RoPE and windows are not compared)
+  Mlp network;                              // empty (no sizes) for methods without one (rlkv: per-head gates only)
   std::vector<double> norm_mean, norm_std;  // [inputs]: x' = (x - mean) / std before the network
   std::vector<double> head_gates;           // [n_layers * n_kv_heads] or empty
   TrainingCurve curve;

@@ -19,7 +19,8 @@ class Rlkv : public Policy {
       : path_(std::move(path)), model_(read_learned_model(path_)), sinks_(sinks), recent_(recent) {
     // Method and geometry are checked here once; each layer then checks only the run's geometry.
     check_learned_model(model_, path_, "rlkv", model_.geometry);
-    if (model_.head_gates.empty()) throw Error(path_ + ": dataset 'head_gates' is empty; an rlkv model needs one gate per (layer, KV head)");
+    if (model_.head_gates.empty())
+      throw Error(path_ + ": dataset 'head_gates' is empty; an rlkv model needs one gate per (layer, KV head)");
     prompts_ = learned::training_prompts(model_);
   }
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
@@ -62,7 +63,8 @@ class Rlkv : public Policy {
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "rlkv",
-    "per-head gates: the highest-gated heads of a layer keep their whole cache within the budget, the rest sinks + recent",
+    "per-head gates: the highest-gated heads of a layer keep their whole cache within the budget, the rest sinks + "
+    "recent",
     "RLKV (Kurt232/RLKV adapter_weights.tsv; DuoAttention's deployment); model from kvsim train rlkv",
     {{"model", "", "model file written by kvsim train rlkv (trained, or imported from adapter_weights.tsv)"},
      {"sinks", "16", "first tokens a streaming head keeps (RLKV: 16)"},

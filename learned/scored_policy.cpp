@@ -13,7 +13,10 @@ namespace {
 class ScoredPolicy : public ScoringPolicy {
  public:
   ScoredPolicy(const std::string& path, const std::string& method, std::int64_t sinks, std::int64_t window, bool soft)
-      : scorer_(path, method), prompts_(learned::training_prompts(scorer_.model())), sinks_(sinks), window_(window),
+      : scorer_(path, method),
+        prompts_(learned::training_prompts(scorer_.model())),
+        sinks_(sinks),
+        window_(window),
         soft_(soft) {}
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     std::vector<HeadScores> out(static_cast<std::size_t>(s.geometry().n_kv_heads));
@@ -38,7 +41,8 @@ class ScoredPolicy : public ScoringPolicy {
       for (std::size_t j = 0; j < h.score.size(); ++j) {
         const double z = h.score[j];
         const bool kept = !h.protect.empty() && h.protect[j];  // sinks and window: fully open
-        hp.logit_bias.push_back(kept ? 0.0f : static_cast<float>(z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z))));
+        hp.logit_bias.push_back(
+            kept ? 0.0f : static_cast<float>(z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z))));
       }
       plan.heads.push_back(std::move(hp));
     }
@@ -59,7 +63,8 @@ std::vector<ParamSpec> scored_policy_params(const std::string& method) {
                                 {"sinks", "0", "first tokens always kept"},
                                 {"window", "0", "most recent cached tokens always kept"}};
   if (method == "sigmoid_gate")
-    out.push_back({"soft", "0", "1: the gates as trained, log g added to every token's attention logit and no token "
+    out.push_back({"soft", "0",
+                   "1: the gates as trained, log g added to every token's attention logit and no token "
                    "dropped (the whole cache is held; live verify on the CPU engine only)"});
   return out;
 }

@@ -8,8 +8,7 @@
 namespace kvsim::learned {
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "sigmoid_gate",
-    "learned soft retention gates deployed hard: keep each head's top tokens by gate",
+    "sigmoid_gate", "learned soft retention gates deployed hard: keep each head's top tokens by gate",
     "the seed's sigmoid-gated eviction (cf. TRIM-KV, DMS); model from kvsim train sigmoid_gate",
     scored_policy_params("sigmoid_gate"), [](const Params& p) { return make_scored_policy("sigmoid_gate", p); }});
 

@@ -1,9 +1,9 @@
 #include "learned/token_scorer.h"
 
-
 namespace kvsim::learned {
 
-void standardize(std::vector<float>& x, std::int64_t rows, const std::vector<double>& mean, const std::vector<double>& std_dev) {
+void standardize(std::vector<float>& x, std::int64_t rows, const std::vector<double>& mean,
+                 const std::vector<double>& std_dev) {
   const auto cols = static_cast<std::int64_t>(mean.size());
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t c = 0; c < cols; ++c) {
@@ -26,7 +26,8 @@ std::vector<float> TokenScorer::score(const LayerSignals& s, int kv) const {
   std::vector<float> y = model_.network.forward(f.x.data(), f.tokens);
   if (model_.network.outputs() == 1) return y;
   std::vector<float> first(static_cast<std::size_t>(f.tokens));
-  for (std::int64_t i = 0; i < f.tokens; ++i) first[static_cast<std::size_t>(i)] = y[static_cast<std::size_t>(i * model_.network.outputs())];
+  for (std::int64_t i = 0; i < f.tokens; ++i)
+    first[static_cast<std::size_t>(i)] = y[static_cast<std::size_t>(i * model_.network.outputs())];
   return first;
 }
 

@@ -10,7 +10,8 @@
 namespace kvsim::learned {
 
 // Standardises rows in place with the model's mean and std: x' = (x - mean) / std.
-void standardize(std::vector<float>& x, std::int64_t rows, const std::vector<double>& mean, const std::vector<double>& std_dev);
+void standardize(std::vector<float>& x, std::int64_t rows, const std::vector<double>& mean,
+                 const std::vector<double>& std_dev);
 
 class TokenScorer {
  public:

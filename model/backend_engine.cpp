@@ -58,7 +58,8 @@ void BackendEngine::end_rules() {
 
 void BackendEngine::start_decode_rule(int layer, const DecodeRuleStart& start) {
   if (layer < 0 || layer >= cfg_.n_layers)
-    throw Error("start_decode_rule: layer " + std::to_string(layer) + " of a model of " + std::to_string(cfg_.n_layers));
+    throw Error("start_decode_rule: layer " + std::to_string(layer) + " of a model of " +
+                std::to_string(cfg_.n_layers));
   // An eviction inside a window would break the row masking (check_windows); no policy runs there.
   if (cfg_.window(layer) > 0)
     throw Error("start_decode_rule: layer " + std::to_string(layer) + " is a sliding-window layer (window " +
@@ -68,8 +69,9 @@ void BackendEngine::start_decode_rule(int layer, const DecodeRuleStart& start) {
 
 std::vector<std::vector<std::vector<std::int32_t>>> BackendEngine::decode_rule_step(std::int64_t budget) {
   if (std::find(rule_on_.begin(), rule_on_.end(), true) == rule_on_.end())
-    throw Error("decode_rule_step: no decode rule is running (a forward() starts them; a cache edit, set_cache or "
-                "reset ends them)");
+    throw Error(
+        "decode_rule_step: no decode rule is running (a forward() starts them; a cache edit, set_cache or "
+        "reset ends them)");
   std::vector<std::vector<std::vector<std::int64_t>>> rows;
   auto torn = [&](const std::exception& e) {
     edited_ = true;  // the device may have compacted part of the layers: reload from the mirror
@@ -116,7 +118,8 @@ void BackendEngine::set_cache(KvCache cache) {
     const auto n = static_cast<int>(cache.layers[l].size());
     if (n != cfg_.n_kv_heads && n != cfg_.n_q_heads)
       throw Error("set_cache: layer " + std::to_string(l) + " has " + std::to_string(n) + " entries, expected " +
-                  std::to_string(cfg_.n_kv_heads) + " (KV heads) or " + std::to_string(cfg_.n_q_heads) + " (query heads)");
+                  std::to_string(cfg_.n_kv_heads) + " (KV heads) or " + std::to_string(cfg_.n_q_heads) +
+                  " (query heads)");
   }
   cache_ = std::move(cache);
   edited_ = true;
@@ -133,7 +136,8 @@ void BackendEngine::evict(int layer, int entry, std::span<const std::int32_t> to
   cache_.evict(layer, entry, tokens);  // checks every token first
   if (was_packed) edited_ = true;      // packed rows cannot be gathered in place: reload
   if (edited_) return;                 // the whole cache is reloaded before the next pass anyway
-  const std::vector<std::int32_t>& now = cache_.layers[static_cast<std::size_t>(layer)][static_cast<std::size_t>(entry)].tokens;
+  const std::vector<std::int32_t>& now =
+      cache_.layers[static_cast<std::size_t>(layer)][static_cast<std::size_t>(entry)].tokens;
   std::vector<std::int64_t> rows;  // the kept tokens' rows in the backend (both lists increase)
   std::size_t j = 0;
   for (std::size_t r = 0; r < had.size() && j < now.size(); ++r)
@@ -145,7 +149,9 @@ void BackendEngine::evict(int layer, int entry, std::span<const std::int32_t> to
   edited_ = false;
 }
 
-std::span<const float> BackendEngine::last_attention(int layer, int q_head) const { return backend_->last_attention(layer, q_head); }
+std::span<const float> BackendEngine::last_attention(int layer, int q_head) const {
+  return backend_->last_attention(layer, q_head);
+}
 
 // The backends mask a sliding-window layer by row (gpu/transformer_shape.h's window_start), which
 // is the model's window of tokens while each entry's newest rows are the newest tokens without a
@@ -174,7 +180,8 @@ void BackendEngine::load_backend() {
     std::vector<gpu::HostEntry> entries;
     for (KvEntry& e : cache_.layers[static_cast<std::size_t>(l)]) {
       if (!e.bias.empty())
-        throw Error("KV cache layer " + std::to_string(l) + ": soft-gated rows (logit biases) run on the CPU engine only; "
+        throw Error("KV cache layer " + std::to_string(l) +
+                    ": soft-gated rows (logit biases) run on the CPU engine only; "
                     "verify a soft-gated config with --device cpu");
       // The backend's cache is fp16: rows a codec rebuilt are rounded here too, so the mirror
       // stays what the backend holds (the CPU engine keeps them unrounded).
@@ -184,9 +191,10 @@ void BackendEngine::load_backend() {
       // rebuild in another summation order than the codec's reconstruction).
       if (e.packed) {
         if (e.packed->head_dim != cfg_.head_dim || e.packed->rows() > e.rows())
-          throw Error("KV cache layer " + std::to_string(l) + ": a packed entry of " + std::to_string(e.packed->rows()) +
-                      " rows of head_dim " + std::to_string(e.packed->head_dim) + " for an entry of " +
-                      std::to_string(e.rows()) + " rows of head_dim " + std::to_string(cfg_.head_dim));
+          throw Error("KV cache layer " + std::to_string(l) + ": a packed entry of " +
+                      std::to_string(e.packed->rows()) + " rows of head_dim " + std::to_string(e.packed->head_dim) +
+                      " for an entry of " + std::to_string(e.rows()) + " rows of head_dim " +
+                      std::to_string(cfg_.head_dim));
         std::vector<float> rows;
         unpack_tensor(e.packed->k, cfg_.head_dim, cfg_.rope, rows);
         std::copy(rows.begin(), rows.end(), e.k.begin());
@@ -201,7 +209,7 @@ void BackendEngine::load_backend() {
 }
 
 std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
-                                       std::span<const std::int64_t> logit_rows, const LayerHook& hook) {
+                                          std::span<const std::int64_t> logit_rows, const LayerHook& hook) {
   check_windows();
   try {
     if (edited_) {
@@ -227,7 +235,8 @@ std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, 
   const bool rules = std::find(rule_on_.begin(), rule_on_.end(), true) != rule_on_.end();
   const auto n = static_cast<std::int64_t>(tokens.size());
   const int d = cfg_.head_dim, G = cfg_.n_q_heads / cfg_.n_kv_heads;
-  const std::int64_t kw = static_cast<std::int64_t>(cfg_.n_kv_heads) * d, qw = static_cast<std::int64_t>(cfg_.n_q_heads) * d;
+  const std::int64_t kw = static_cast<std::int64_t>(cfg_.n_kv_heads) * d,
+                     qw = static_cast<std::int64_t>(cfg_.n_q_heads) * d;
   const std::int64_t first = cache_.seen;
   // The mirror takes each layer's new rows as the backend delivers them (entry e reads KV head
   // e, or e / group when the layer holds one entry per query head).
@@ -244,7 +253,10 @@ std::vector<float> BackendEngine::forward(std::span<const std::int32_t> tokens, 
       }
     }
     if (hook)
-      hook(LayerActivations{r.layer, r.n, {r.q, static_cast<std::size_t>(r.n * qw)}, {r.k, static_cast<std::size_t>(r.n * kw)},
+      hook(LayerActivations{r.layer,
+                            r.n,
+                            {r.q, static_cast<std::size_t>(r.n * qw)},
+                            {r.k, static_cast<std::size_t>(r.n * kw)},
                             {r.v, static_cast<std::size_t>(r.n * kw)}});
   };
   // A pass that fails part-way leaves the mirror as it was, and the backend to be re-loaded.

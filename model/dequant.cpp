@@ -149,7 +149,9 @@ using BlockFn = void (*)(const std::uint8_t*, float*);
 
 void dequantize_row(GgmlType type, const std::uint8_t* src, float* dst, std::int64_t n) {
   switch (type) {
-    case GgmlType::F32: std::memcpy(dst, src, static_cast<std::size_t>(n) * 4); return;
+    case GgmlType::F32:
+      std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
+      return;
     case GgmlType::F16:
       halves_to_floats_scalar(reinterpret_cast<const std::uint16_t*>(src), dst, static_cast<std::size_t>(n));
       return;
@@ -160,18 +162,35 @@ void dequantize_row(GgmlType type, const std::uint8_t* src, float* dst, std::int
         dst[i] = std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
       }
       return;
-    default: break;
+    default:
+      break;
   }
   BlockFn fn = nullptr;
   switch (type) {
-    case GgmlType::Q4_0: fn = q4_0; break;
-    case GgmlType::Q4_1: fn = q4_1; break;
-    case GgmlType::Q5_0: fn = q5_0; break;
-    case GgmlType::Q5_1: fn = q5_1; break;
-    case GgmlType::Q8_0: fn = q8_0; break;
-    case GgmlType::Q4_K: fn = q4_k; break;
-    case GgmlType::Q5_K: fn = q5_k; break;
-    case GgmlType::Q6_K: fn = q6_k; break;
+    case GgmlType::Q4_0:
+      fn = q4_0;
+      break;
+    case GgmlType::Q4_1:
+      fn = q4_1;
+      break;
+    case GgmlType::Q5_0:
+      fn = q5_0;
+      break;
+    case GgmlType::Q5_1:
+      fn = q5_1;
+      break;
+    case GgmlType::Q8_0:
+      fn = q8_0;
+      break;
+    case GgmlType::Q4_K:
+      fn = q4_k;
+      break;
+    case GgmlType::Q5_K:
+      fn = q5_k;
+      break;
+    case GgmlType::Q6_K:
+      fn = q6_k;
+      break;
     default: {
       const GgmlTypeInfo* info = ggml_type_info(static_cast<std::uint32_t>(type));
       throw Error(std::string("no dequantizer for ggml type ") + (info ? info->name : "?") + " (" +
@@ -265,26 +284,45 @@ void u8_q6_k(const std::uint8_t* b, Groups out) {
 
 bool unpacks_to_u8(GgmlType type) {
   switch (type) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
-    case GgmlType::Q6_K: return true;
-    default: return false;
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
   }
 }
 
 void unpack_row_u8(GgmlType type, const std::uint8_t* src, std::int64_t n, std::uint8_t* q, float* s, float* o) {
-  if (!unpacks_to_u8(type)) throw Error("unpack_row_u8: ggml type " + std::to_string(static_cast<std::uint32_t>(type)) +
-                                        " is not a scale-and-offset format");
+  if (!unpacks_to_u8(type))
+    throw Error("unpack_row_u8: ggml type " + std::to_string(static_cast<std::uint32_t>(type)) +
+                " is not a scale-and-offset format");
   const GgmlTypeInfo* info = ggml_type_info(static_cast<std::uint32_t>(type));
   for (std::int64_t b = 0; b < n / info->block; ++b) {
     const std::uint8_t* blk = src + b * info->bytes;
     Groups g{q + b * info->block, s + b * info->block / 16, o + b * info->block / 16};
     switch (type) {
-      case GgmlType::Q4_0: u8_q4_0(blk, g); break;
-      case GgmlType::Q5_0: u8_q5(blk, g, false); break;
-      case GgmlType::Q5_1: u8_q5(blk, g, true); break;
-      case GgmlType::Q4_K: u8_qk(blk, g, false); break;
-      case GgmlType::Q5_K: u8_qk(blk, g, true); break;
-      default: u8_q6_k(blk, g); break;
+      case GgmlType::Q4_0:
+        u8_q4_0(blk, g);
+        break;
+      case GgmlType::Q5_0:
+        u8_q5(blk, g, false);
+        break;
+      case GgmlType::Q5_1:
+        u8_q5(blk, g, true);
+        break;
+      case GgmlType::Q4_K:
+        u8_qk(blk, g, false);
+        break;
+      case GgmlType::Q5_K:
+        u8_qk(blk, g, true);
+        break;
+      default:
+        u8_q6_k(blk, g);
+        break;
     }
   }
 }

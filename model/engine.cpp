@@ -22,10 +22,11 @@ std::vector<float> Engine::prefill(std::span<const std::int32_t> tokens, std::in
   for (std::size_t s = 0; s < tokens.size(); s += static_cast<std::size_t>(chunk)) {
     const std::size_t e = std::min(tokens.size(), s + static_cast<std::size_t>(chunk));
     std::vector<std::int32_t> pos(e - s);
-    for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int32_t>(cached_tokens()) + static_cast<std::int32_t>(i);
+    for (std::size_t i = 0; i < pos.size(); ++i)
+      pos[i] = static_cast<std::int32_t>(cached_tokens()) + static_cast<std::int32_t>(i);
     const std::int64_t last = static_cast<std::int64_t>(e - s) - 1;
-    const std::span<const std::int64_t> rows = e == tokens.size() ? std::span<const std::int64_t>(&last, 1)
-                                                                   : std::span<const std::int64_t>();
+    const std::span<const std::int64_t> rows =
+        e == tokens.size() ? std::span<const std::int64_t>(&last, 1) : std::span<const std::int64_t>();
     logits = forward(tokens.subspan(s, e - s), pos, rows, hook);
   }
   return logits;
@@ -69,8 +70,9 @@ void require_device(Device d) {
   if (gpu::cuda_devices(&why) == 0)
     throw Error("--device cuda: no CUDA device is visible (" + why + "); use --device cpu");
 #else
-  throw Error("--device cuda: this kvsim was built without CUDA (no nvcc when it was configured); rebuild where the "
-              "CUDA toolkit is installed, or use --device cpu");
+  throw Error(
+      "--device cuda: this kvsim was built without CUDA (no nvcc when it was configured); rebuild where the "
+      "CUDA toolkit is installed, or use --device cpu");
 #endif
 }
 

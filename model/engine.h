@@ -43,18 +43,21 @@ class Engine {
                                      std::span<const std::int64_t> logit_rows, const LayerHook& hook = {}) = 0;
   // `tokens` continue the cached sequence at the next positions, in chunks of `chunk`; returns
   // the last token's logits [vocab].
-  std::vector<float> prefill(std::span<const std::int32_t> tokens, std::int64_t chunk = 256, const LayerHook& hook = {});
+  std::vector<float> prefill(std::span<const std::int32_t> tokens, std::int64_t chunk = 256,
+                             const LayerHook& hook = {});
   // One decode step: `token` at the next position; returns its logits [vocab].
   std::vector<float> step(std::int32_t token, const LayerHook& hook = {});
-  virtual void reset() = 0;                        // empties the KV cache: one full entry per KV head
-  virtual void reserve(std::int64_t tokens) = 0;   // sizes the KV cache for this many tokens
+  virtual void reset() = 0;                                    // empties the KV cache: one full entry per KV head
+  virtual void reserve(std::int64_t tokens) = 0;               // sizes the KV cache for this many tokens
   std::int64_t cached_tokens() const { return cache().seen; }  // tokens run through since reset()
   virtual const KvCache& cache() const = 0;
   virtual KvCache& cache() = 0;  // for editing between forward() calls
   virtual void set_cache(KvCache cache) = 0;
   // Drops `tokens` (each must be cached) from one entry: KvCache::evict, which a backend engine
   // also applies on the device instead of reloading the cache.
-  virtual void evict(int layer, int entry, std::span<const std::int32_t> tokens) { cache().evict(layer, entry, tokens); }
+  virtual void evict(int layer, int entry, std::span<const std::int32_t> tokens) {
+    cache().evict(layer, entry, tokens);
+  }
   // When on, forward() keeps each layer's attention weights of its last row over the entry the
   // query head reads (aligned with that entry's tokens): what decode-time policies read.
   virtual void record_last_attention(bool on) = 0;

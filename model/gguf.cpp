@@ -20,21 +20,36 @@ const GgmlTypeInfo* ggml_type_info(std::uint32_t id) {
       q2_k{"Q2_K", 256, 84}, q3_k{"Q3_K", 256, 110}, q4_k{"Q4_K", 256, 144}, q5_k{"Q5_K", 256, 176},
       q6_k{"Q6_K", 256, 210}, q8_k{"Q8_K", 256, 292};
   switch (static_cast<GgmlType>(id)) {
-    case GgmlType::F32: return &f32;
-    case GgmlType::F16: return &f16;
-    case GgmlType::BF16: return &bf16;
-    case GgmlType::Q4_0: return &q4_0;
-    case GgmlType::Q4_1: return &q4_1;
-    case GgmlType::Q5_0: return &q5_0;
-    case GgmlType::Q5_1: return &q5_1;
-    case GgmlType::Q8_0: return &q8_0;
-    case GgmlType::Q8_1: return &q8_1;
-    case GgmlType::Q2_K: return &q2_k;
-    case GgmlType::Q3_K: return &q3_k;
-    case GgmlType::Q4_K: return &q4_k;
-    case GgmlType::Q5_K: return &q5_k;
-    case GgmlType::Q6_K: return &q6_k;
-    case GgmlType::Q8_K: return &q8_k;
+    case GgmlType::F32:
+      return &f32;
+    case GgmlType::F16:
+      return &f16;
+    case GgmlType::BF16:
+      return &bf16;
+    case GgmlType::Q4_0:
+      return &q4_0;
+    case GgmlType::Q4_1:
+      return &q4_1;
+    case GgmlType::Q5_0:
+      return &q5_0;
+    case GgmlType::Q5_1:
+      return &q5_1;
+    case GgmlType::Q8_0:
+      return &q8_0;
+    case GgmlType::Q8_1:
+      return &q8_1;
+    case GgmlType::Q2_K:
+      return &q2_k;
+    case GgmlType::Q3_K:
+      return &q3_k;
+    case GgmlType::Q4_K:
+      return &q4_k;
+    case GgmlType::Q5_K:
+      return &q5_k;
+    case GgmlType::Q6_K:
+      return &q6_k;
+    case GgmlType::Q8_K:
+      return &q8_k;
   }
   return nullptr;
 }
@@ -75,7 +90,8 @@ class Cursor {
   }
   std::string string(const char* what) {
     const auto n = read<std::uint64_t>(what);
-    if (n > (std::uint64_t{1} << 30)) throw FormatError(path_ + ": " + what + " claims a " + std::to_string(n) + "-byte string");
+    if (n > (std::uint64_t{1} << 30))
+      throw FormatError(path_ + ": " + what + " claims a " + std::to_string(n) + "-byte string");
     const auto* p = take(static_cast<std::size_t>(n), what);
     return std::string(reinterpret_cast<const char*>(p), static_cast<std::size_t>(n));
   }
@@ -92,15 +108,33 @@ GgufValue read_value(Cursor& c, std::uint32_t type, const std::string& key, cons
   v.type = type;
   const char* what = "a metadata value";
   switch (type) {
-    case 0: v.value = static_cast<std::uint64_t>(c.read<std::uint8_t>(what)); break;
-    case 1: v.value = static_cast<std::int64_t>(c.read<std::int8_t>(what)); break;
-    case 2: v.value = static_cast<std::uint64_t>(c.read<std::uint16_t>(what)); break;
-    case 3: v.value = static_cast<std::int64_t>(c.read<std::int16_t>(what)); break;
-    case 4: v.value = static_cast<std::uint64_t>(c.read<std::uint32_t>(what)); break;
-    case 5: v.value = static_cast<std::int64_t>(c.read<std::int32_t>(what)); break;
-    case 6: v.value = static_cast<double>(c.read<float>(what)); break;
-    case 7: v.value = c.read<std::uint8_t>(what) != 0; break;
-    case 8: v.value = c.string(what); break;
+    case 0:
+      v.value = static_cast<std::uint64_t>(c.read<std::uint8_t>(what));
+      break;
+    case 1:
+      v.value = static_cast<std::int64_t>(c.read<std::int8_t>(what));
+      break;
+    case 2:
+      v.value = static_cast<std::uint64_t>(c.read<std::uint16_t>(what));
+      break;
+    case 3:
+      v.value = static_cast<std::int64_t>(c.read<std::int16_t>(what));
+      break;
+    case 4:
+      v.value = static_cast<std::uint64_t>(c.read<std::uint32_t>(what));
+      break;
+    case 5:
+      v.value = static_cast<std::int64_t>(c.read<std::int32_t>(what));
+      break;
+    case 6:
+      v.value = static_cast<double>(c.read<float>(what));
+      break;
+    case 7:
+      v.value = c.read<std::uint8_t>(what) != 0;
+      break;
+    case 8:
+      v.value = c.string(what);
+      break;
     case 9: {
       if (depth > 0) throw FormatError(path + ": metadata '" + key + "' is a nested array (not allowed in GGUF)");
       const auto elem = c.read<std::uint32_t>("an array element type");
@@ -118,9 +152,15 @@ GgufValue read_value(Cursor& c, std::uint32_t type, const std::string& key, cons
       v.value = std::move(items);
       break;
     }
-    case 10: v.value = c.read<std::uint64_t>(what); break;
-    case 11: v.value = c.read<std::int64_t>(what); break;
-    case 12: v.value = c.read<double>(what); break;
+    case 10:
+      v.value = c.read<std::uint64_t>(what);
+      break;
+    case 11:
+      v.value = c.read<std::int64_t>(what);
+      break;
+    case 12:
+      v.value = c.read<double>(what);
+      break;
     default:
       throw FormatError(path + ": metadata '" + key + "' has value type " + std::to_string(type) +
                         ", expected 0..12 (GGUF v3 value types)");
@@ -163,8 +203,8 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
   const auto n_tensors = c.read<std::uint64_t>("the tensor count");
   const auto n_kv = c.read<std::uint64_t>("the metadata count");
   if (n_tensors > 1'000'000 || n_kv > 1'000'000)
-    throw FormatError(path + ": implausible counts (" + std::to_string(n_tensors) + " tensors, " + std::to_string(n_kv) +
-                      " metadata entries)");
+    throw FormatError(path + ": implausible counts (" + std::to_string(n_tensors) + " tensors, " +
+                      std::to_string(n_kv) + " metadata entries)");
   for (std::uint64_t i = 0; i < n_kv; ++i) {
     std::string key = c.string("a metadata key");
     const auto type = c.read<std::uint32_t>("a metadata value type");
@@ -185,11 +225,13 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     if (!names.insert(t.name).second) throw FormatError(path + ": tensor '" + t.name + "' appears twice");
     const auto n_dims = c.read<std::uint32_t>("a tensor rank");
     if (n_dims == 0 || n_dims > 4)
-      throw FormatError(path + ": tensor '" + t.name + "' has " + std::to_string(n_dims) + " dimensions, expected 1..4");
+      throw FormatError(path + ": tensor '" + t.name + "' has " + std::to_string(n_dims) +
+                        " dimensions, expected 1..4");
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const auto ne = c.read<std::uint64_t>("a tensor dimension");
       if (ne == 0 || ne > (std::uint64_t{1} << 40))
-        throw FormatError(path + ": tensor '" + t.name + "' dimension " + std::to_string(d) + " is " + std::to_string(ne));
+        throw FormatError(path + ": tensor '" + t.name + "' dimension " + std::to_string(d) + " is " +
+                          std::to_string(ne));
       t.ne.push_back(static_cast<std::int64_t>(ne));
     }
     const auto type = c.read<std::uint32_t>("a tensor type");
@@ -200,8 +242,10 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     t.type = static_cast<GgmlType>(type);
     t.offset = c.read<std::uint64_t>("a tensor offset");
     if (t.ne[0] % info->block != 0)
-      throw FormatError(path + ": tensor '" + t.name + "' row of " + std::to_string(t.ne[0]) + " elements is not a whole "
-                        "number of " + info->name + " blocks (" + std::to_string(info->block) + ")");
+      throw FormatError(path + ": tensor '" + t.name + "' row of " + std::to_string(t.ne[0]) +
+                        " elements is not a whole "
+                        "number of " +
+                        info->name + " blocks (" + std::to_string(info->block) + ")");
     std::uint64_t elems = 1;
     for (auto ne : t.ne) {
       if (elems > (std::uint64_t{1} << 50) / static_cast<std::uint64_t>(ne))
@@ -214,8 +258,10 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
   const std::uint64_t data_offset = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
   for (GgufTensor& t : tensors_) {
     if (t.offset % alignment_ != 0)
-      throw FormatError(path + ": tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not a multiple of "
-                        "the alignment " + std::to_string(alignment_));
+      throw FormatError(path + ": tensor '" + t.name + "' offset " + std::to_string(t.offset) +
+                        " is not a multiple of "
+                        "the alignment " +
+                        std::to_string(alignment_));
     if (data_offset + t.offset > size_ || t.nbytes > size_ - data_offset - t.offset)
       throw FormatError(path + ": tensor '" + t.name + "' data [" + std::to_string(data_offset + t.offset) + ", +" +
                         std::to_string(t.nbytes) + ") lies beyond the end of the file (" + std::to_string(size_) +
@@ -244,7 +290,8 @@ std::int64_t GgufFile::get_int(const std::string& key) const {
   const GgufValue& v = it->second;
   if (const auto* i = std::get_if<std::int64_t>(&v.value)) return *i;
   if (const auto* u = std::get_if<std::uint64_t>(&v.value)) {
-    if (*u > static_cast<std::uint64_t>(INT64_MAX)) throw FormatError(path_ + ": metadata '" + key + "' overflows int64");
+    if (*u > static_cast<std::uint64_t>(INT64_MAX))
+      throw FormatError(path_ + ": metadata '" + key + "' overflows int64");
     return static_cast<std::int64_t>(*u);
   }
   throw FormatError(path_ + ": metadata '" + key + "' is a " + kind(v) + ", expected an integer");
@@ -293,8 +340,8 @@ const GgufTensor& GgufFile::tensor(const std::string& name) const {
 
 void GgufFile::dequantize_rows(const GgufTensor& t, std::int64_t row0, std::int64_t count, std::span<float> out) const {
   if (row0 < 0 || count < 0 || row0 + count > t.rows())
-    throw Error(path_ + ": tensor '" + t.name + "' rows [" + std::to_string(row0) + ", " + std::to_string(row0 + count) +
-                ") out of range [0, " + std::to_string(t.rows()) + ")");
+    throw Error(path_ + ": tensor '" + t.name + "' rows [" + std::to_string(row0) + ", " +
+                std::to_string(row0 + count) + ") out of range [0, " + std::to_string(t.rows()) + ")");
   if (static_cast<std::int64_t>(out.size()) != count * t.row_size())
     throw Error(path_ + ": tensor '" + t.name + "': output holds " + std::to_string(out.size()) + " values, expected " +
                 std::to_string(count * t.row_size()));

@@ -14,8 +14,21 @@ namespace kvsim {
 
 // ggml tensor type ids (formats.md §1.3).
 enum class GgmlType : std::uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, BF16 = 30,
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  BF16 = 30,
 };
 
 struct GgmlTypeInfo {
@@ -38,7 +51,7 @@ struct GgufTensor {
   std::string name;
   std::vector<std::int64_t> ne;  // GGUF order: ne[0] is the contiguous (fastest) dimension
   GgmlType type = GgmlType::F32;
-  std::uint64_t offset = 0;      // relative to the data section
+  std::uint64_t offset = 0;  // relative to the data section
   std::uint64_t nbytes = 0;
   const std::uint8_t* data = nullptr;
   std::int64_t rows() const;      // product of ne[1..]
@@ -67,7 +80,7 @@ class GgufFile {
   std::int64_t get_int(const std::string& key, std::int64_t fallback) const;
   double get_float(const std::string& key, double fallback) const;
 
-  const GgufTensor* find(const std::string& name) const;  // nullptr if absent
+  const GgufTensor* find(const std::string& name) const;    // nullptr if absent
   const GgufTensor& tensor(const std::string& name) const;  // throws naming the tensor
 
   // Rows [row0, row0 + count) of a tensor as f32, `count * row_size()` values.

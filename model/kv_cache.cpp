@@ -38,14 +38,17 @@ KvEntry select_rows(const KvEntry& src, const std::vector<std::int32_t>& want, i
 void KvCache::keep(int layer, const std::vector<std::vector<std::int32_t>>& keep, int n_q_heads) {
   auto& entries = layers.at(static_cast<std::size_t>(layer));
   const auto n = entries.size();
-  const bool expand = keep.size() != n && static_cast<int>(keep.size()) == n_q_heads && n_q_heads % static_cast<int>(n) == 0;
+  const bool expand =
+      keep.size() != n && static_cast<int>(keep.size()) == n_q_heads && n_q_heads % static_cast<int>(n) == 0;
   if (keep.size() != n && !expand)
     throw Error("KV cache, layer " + std::to_string(layer) + ": plan has " + std::to_string(keep.size()) +
-                " entries, expected " + std::to_string(n) + " or one per query head (" + std::to_string(n_q_heads) + ")");
+                " entries, expected " + std::to_string(n) + " or one per query head (" + std::to_string(n_q_heads) +
+                ")");
   const std::size_t group = expand ? keep.size() / n : 1;
   std::vector<KvEntry> out;
   out.reserve(keep.size());
-  for (std::size_t e = 0; e < keep.size(); ++e) out.push_back(select_rows(entries[e / group], keep[e], head_dim, layer));
+  for (std::size_t e = 0; e < keep.size(); ++e)
+    out.push_back(select_rows(entries[e / group], keep[e], head_dim, layer));
   entries = std::move(out);
 }
 
@@ -56,12 +59,13 @@ void KvCache::evict(int layer, int entry, std::span<const std::int32_t> tokens) 
   std::sort(drop.begin(), drop.end());
   for (std::int32_t t : drop)
     if (!std::binary_search(e.tokens.begin(), e.tokens.end(), t))
-      throw Error("KV cache, layer " + std::to_string(layer) + ", entry " + std::to_string(entry) + ": cannot evict token " +
-                  std::to_string(t) + ", which is not cached");
+      throw Error("KV cache, layer " + std::to_string(layer) + ", entry " + std::to_string(entry) +
+                  ": cannot evict token " + std::to_string(t) + ", which is not cached");
   // In place: the rows after the first dropped one move up. A decode-time policy drops a token or
   // two from every entry each step; a new entry per eviction would copy the whole cache.
   const auto d = static_cast<std::size_t>(head_dim);
-  auto out = static_cast<std::size_t>(std::lower_bound(e.tokens.begin(), e.tokens.end(), drop.front()) - e.tokens.begin());
+  auto out =
+      static_cast<std::size_t>(std::lower_bound(e.tokens.begin(), e.tokens.end(), drop.front()) - e.tokens.begin());
   std::size_t j = 0;
   for (std::size_t r = out; r < e.tokens.size(); ++r) {
     while (j < drop.size() && drop[j] < e.tokens[r]) ++j;
@@ -69,8 +73,10 @@ void KvCache::evict(int layer, int entry, std::span<const std::int32_t> tokens) 
     if (out != r) {
       e.tokens[out] = e.tokens[r];
       if (!e.bias.empty()) e.bias[out] = e.bias[r];
-      std::copy_n(e.k.begin() + static_cast<std::ptrdiff_t>(r * d), d, e.k.begin() + static_cast<std::ptrdiff_t>(out * d));
-      std::copy_n(e.v.begin() + static_cast<std::ptrdiff_t>(r * d), d, e.v.begin() + static_cast<std::ptrdiff_t>(out * d));
+      std::copy_n(e.k.begin() + static_cast<std::ptrdiff_t>(r * d), d,
+                  e.k.begin() + static_cast<std::ptrdiff_t>(out * d));
+      std::copy_n(e.v.begin() + static_cast<std::ptrdiff_t>(r * d), d,
+                  e.v.begin() + static_cast<std::ptrdiff_t>(out * d));
     }
     ++out;
   }

@@ -41,7 +41,8 @@ struct KvCache {
   // Empty: `layers` layers of `kv_heads` entries, their memory released (a compressed cache may
   // have grown per-query-head copies).
   void clear(int layers, int kv_heads);
-  void reserve(std::int64_t tokens);  // room for this many rows in every entry  // K/V rows over every layer and entry (each copy counts)
+  void reserve(std::int64_t tokens);  // room for this many rows in every entry  // K/V rows over every layer and entry
+                                      // (each copy counts)
 };
 
 }  // namespace kvsim

@@ -41,7 +41,8 @@ void gemma3_config(const GgufFile& f, ModelConfig& c) {
   const std::string p = "gemma3.";
   const std::int64_t window_raw = f.get_int(p + "attention.sliding_window", 0);
   const int window = window_raw == 0 ? 0 : dimension(f, p + "attention.sliding_window", window_raw);
-  const int pattern = dimension(f, p + "attention.sliding_window_pattern", f.get_int(p + "attention.sliding_window_pattern", 6));
+  const int pattern =
+      dimension(f, p + "attention.sliding_window_pattern", f.get_int(p + "attention.sliding_window_pattern", 6));
   if (window > 0 && pattern > 0) {
     c.sliding_window.assign(static_cast<std::size_t>(c.n_layers), 0);
     for (int l = 0; l < c.n_layers; ++l)
@@ -167,7 +168,8 @@ void append_rows(std::vector<KvEntry>& entries, const Mat& k, const Mat& v, std:
   const Eigen::Index n = k.rows();
   for (std::size_t e = 0; e < entries.size(); ++e) {
     KvEntry& entry = entries[e];
-    const auto col = static_cast<std::ptrdiff_t>(per_query_head ? static_cast<int>(e) / group : static_cast<int>(e)) * head_dim;
+    const auto col =
+        static_cast<std::ptrdiff_t>(per_query_head ? static_cast<int>(e) / group : static_cast<int>(e)) * head_dim;
     for (Eigen::Index i = 0; i < n; ++i) {
       entry.tokens.push_back(static_cast<std::int32_t>(seen + i));
       entry.k.insert(entry.k.end(), k.row(i).data() + col, k.row(i).data() + col + head_dim);
@@ -299,8 +301,11 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
     round_to_half(k);
     round_to_half(v);
     if (hook)
-      hook(LayerActivations{l, n, {q.data(), static_cast<std::size_t>(q.size())},
-                            {k.data(), static_cast<std::size_t>(k.size())}, {v.data(), static_cast<std::size_t>(v.size())}});
+      hook(LayerActivations{l,
+                            n,
+                            {q.data(), static_cast<std::size_t>(q.size())},
+                            {k.data(), static_cast<std::size_t>(k.size())},
+                            {v.data(), static_cast<std::size_t>(v.size())}});
     auto& entries = impl_->cache.layers[static_cast<std::size_t>(l)];
     const bool per_query_head = static_cast<int>(entries.size()) == c.n_q_heads && c.n_q_heads != c.n_kv_heads;
     append_rows(entries, k, v, impl_->cache.seen, d, G, per_query_head, l);
@@ -332,7 +337,7 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
       }
       if (impl_->record_attention)
         last_rows[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)].assign(s.row(n - 1).data(),
-                                                                                     s.row(n - 1).data() + total);
+                                                                                    s.row(n - 1).data() + total);
       attn_out.middleCols(static_cast<Eigen::Index>(hq) * d, d).noalias() = s * vh;
     }
     const Mat o = matmul(attn_out, L.wo);

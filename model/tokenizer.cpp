@@ -54,11 +54,11 @@ const ByteMap& byte_map() {
 // Pre-tokenizer regexes per tokenizer.ggml.pre (llama.cpp src/llama-vocab.cpp), applied in turn.
 std::vector<std::string> patterns_for(const std::string& pre) {
   const std::string gpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
-  if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r")
-    return {"\\p{N}", gpt2};
+  if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r") return {"\\p{N}", gpt2};
   if (pre == "qwen2" || pre == "deepseek-r1-qwen")
-    return {"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-            "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"};
+    return {
+        "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+        "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"};
   if (pre == "gpt-2" || pre == "default" || pre.empty()) return {gpt2};
   throw FormatError("tokenizer.ggml.pre = '" + pre + "' is not supported (expected smollm, qwen2, gpt-2)");
 }
@@ -84,7 +84,8 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
                       "'; expected gemma3 (other SentencePiece families are not supported yet)");
   pre_ = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
   const auto& toks = f.get_array("tokenizer.ggml.tokens");
-  const std::vector<GgufValue>* types = f.has("tokenizer.ggml.token_type") ? &f.get_array("tokenizer.ggml.token_type") : nullptr;
+  const std::vector<GgufValue>* types =
+      f.has("tokenizer.ggml.token_type") ? &f.get_array("tokenizer.ggml.token_type") : nullptr;
   tokens_.reserve(toks.size());
   for (std::size_t i = 0; i < toks.size(); ++i) {
     const auto* s = std::get_if<std::string>(&toks[i].value);
@@ -94,7 +95,8 @@ Tokenizer::Tokenizer(const GgufFile& f) : re_(std::make_unique<Regexes>()) {
     if (types && i < types->size() && (*types)[i].is_integer()) {
       const auto* v = std::get_if<std::int64_t>(&(*types)[i].value);
       const std::int64_t t = v ? *v : static_cast<std::int64_t>(std::get<std::uint64_t>((*types)[i].value));
-      if ((t == 3 || t == 4) && !s->empty()) specials_.emplace_back(*s, static_cast<std::int32_t>(i));  // control, user-defined
+      if ((t == 3 || t == 4) && !s->empty())
+        specials_.emplace_back(*s, static_cast<std::int32_t>(i));  // control, user-defined
       if (t == 4) {
         user_defined_.resize(toks.size(), 0);
         user_defined_[i] = 1;
@@ -148,8 +150,8 @@ void Tokenizer::load_sentencepiece(const GgufFile& f) {
   spm_->ids = ids_;
   const auto& scores = f.get_array("tokenizer.ggml.scores");
   if (scores.size() != tokens_.size())
-    throw FormatError(f.path() + ": tokenizer.ggml.scores has " + std::to_string(scores.size()) + " entries, expected " +
-                      std::to_string(tokens_.size()) + " (one per token)");
+    throw FormatError(f.path() + ": tokenizer.ggml.scores has " + std::to_string(scores.size()) +
+                      " entries, expected " + std::to_string(tokens_.size()) + " (one per token)");
   for (const GgufValue& s : scores) {
     const auto* d = std::get_if<double>(&s.value);
     if (!d) throw FormatError(f.path() + ": tokenizer.ggml.scores holds a non-float");
@@ -184,7 +186,8 @@ std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
     for (const std::string& piece : pieces) {
       PCRE2_SIZE start = 0, last = 0;
       while (start <= piece.size()) {
-        const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(piece.data()), piece.size(), start, 0, md, nullptr);
+        const int rc =
+            pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(piece.data()), piece.size(), start, 0, md, nullptr);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
           pcre2_match_data_free(md);

@@ -54,10 +54,10 @@ class Tokenizer {
 
   std::vector<std::string> tokens_;  // in GPT-2's byte-to-unicode alphabet
   std::unordered_map<std::string, std::int32_t> ids_;
-  std::unordered_map<std::string, std::int32_t> merge_rank_;  // "left right" -> rank
+  std::unordered_map<std::string, std::int32_t> merge_rank_;    // "left right" -> rank
   std::vector<std::pair<std::string, std::int32_t>> specials_;  // literal text, id; longest first
-  std::vector<std::size_t> special_by_byte_[256];  // indices into specials_ by first byte, in its order
-  std::vector<std::uint8_t> is_special_;           // [id] 1: a control or user-defined token
+  std::vector<std::size_t> special_by_byte_[256];               // indices into specials_ by first byte, in its order
+  std::vector<std::uint8_t> is_special_;                        // [id] 1: a control or user-defined token
   std::string pre_;
   std::int32_t bos_ = -1, eos_ = -1, eot_ = -1;
   bool add_bos_ = false;

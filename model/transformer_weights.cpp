@@ -18,7 +18,8 @@ void load_transformer_weights(const GgufFile& f, const ModelConfig& s, const gpu
     const GgufTensor& t = f.tensor(name);
     if (t.row_size() != cols || t.rows() != rows)
       throw FormatError(f.path() + ": tensor '" + name + "' has shape [" + std::to_string(t.row_size()) + ", " +
-                        std::to_string(t.rows()) + "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+                        std::to_string(t.rows()) + "], expected [" + std::to_string(cols) + ", " +
+                        std::to_string(rows) + "]");
     buf.resize(static_cast<std::size_t>(rows * cols));
     f.dequantize_rows(t, 0, rows, buf);
     sink(id, layer, buf);

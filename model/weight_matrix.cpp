@@ -28,7 +28,7 @@ WeightFormat parse_weight_format(const std::string& s) {
 
 struct WeightMatrix::Impl {
   WeightFormat fmt = WeightFormat::F32;
-  std::vector<float> f32;  // F32 form: rows x cols
+  std::vector<float> f32;              // F32 form: rows x cols
   const std::uint8_t* data = nullptr;  // Quantized form: the tensor's blocks in the mapped file
   GgmlType type = GgmlType::F32;
   std::int64_t row_bytes = 0;
@@ -94,7 +94,8 @@ float dot_q8_0(const std::uint8_t* w, const float* x, std::int64_t nb) {
 }
 
 // Unpacked groups of 16: w = s*q + o, so sum(w*x) = sum_g s_g*sum(q*x) + o_g*sum(x).
-float dot_u8(const std::uint8_t* q, const float* s, const float* o, const float* x, const float* xsum, std::int64_t ng) {
+float dot_u8(const std::uint8_t* q, const float* s, const float* o, const float* x, const float* xsum,
+             std::int64_t ng) {
   __m256 acc = _mm256_setzero_ps();
   float offset = 0;
   for (std::int64_t g = 0; g < ng; ++g, q += 16, x += 16) {
@@ -131,7 +132,8 @@ WeightMatrix::WeightMatrix(const GgufFile& f, const std::string& name, std::int6
   const GgufTensor& t = f.tensor(name);
   if (t.row_size() != cols || t.rows() != rows)
     throw FormatError(f.path() + ": tensor '" + name + "' has shape [" + std::to_string(t.row_size()) + ", " +
-                      std::to_string(t.rows()) + "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+                      std::to_string(t.rows()) + "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) +
+                      "]");
   impl_->fmt = fmt;
   impl_->type = t.type;
   if (fmt == WeightFormat::F32 || t.type == GgmlType::F32) {
@@ -152,8 +154,8 @@ WeightMatrix::WeightMatrix(const GgufFile& f, const std::string& name, std::int6
     impl_->u8_scale.resize(static_cast<std::size_t>(rows * cols / 16));
     impl_->u8_offset.resize(impl_->u8_scale.size());
     for (std::int64_t r = 0; r < rows; ++r)
-      unpack_row_u8(t.type, impl_->row_ptr(r), cols, impl_->u8.data() + r * cols, impl_->u8_scale.data() + r * cols / 16,
-                    impl_->u8_offset.data() + r * cols / 16);
+      unpack_row_u8(t.type, impl_->row_ptr(r), cols, impl_->u8.data() + r * cols,
+                    impl_->u8_scale.data() + r * cols / 16, impl_->u8_offset.data() + r * cols / 16);
   }
 #endif
 }
@@ -163,7 +165,8 @@ std::size_t WeightMatrix::heap_bytes() const {
 }
 
 void WeightMatrix::row(std::int64_t r, float* out) const {
-  if (r < 0 || r >= rows_) throw Error("weight row " + std::to_string(r) + " out of range [0, " + std::to_string(rows_) + ")");
+  if (r < 0 || r >= rows_)
+    throw Error("weight row " + std::to_string(r) + " out of range [0, " + std::to_string(rows_) + ")");
   if (impl_->fmt == WeightFormat::F32)
     std::memcpy(out, impl_->f32.data() + r * cols_, static_cast<std::size_t>(cols_) * sizeof(float));
   else
@@ -184,7 +187,8 @@ void WeightMatrix::multiply(const float* x, std::int64_t n, float* y) const {
       const std::int64_t ng = cols_ / 16;
       std::vector<float> xsum(static_cast<std::size_t>(n * ng));
       for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t g = 0; g < ng; ++g) xsum[static_cast<std::size_t>(i * ng + g)] = X.row(i).segment(g * 16, 16).sum();
+        for (std::int64_t g = 0; g < ng; ++g)
+          xsum[static_cast<std::size_t>(i * ng + g)] = X.row(i).segment(g * 16, 16).sum();
 #pragma omp parallel for schedule(static)
       for (std::int64_t r = 0; r < rows_; ++r)
         for (std::int64_t i = 0; i < n; ++i)

@@ -73,8 +73,9 @@ class AdaKv : public Policy {
     // Floor blend, then trim rounding overshoot so the layer never exceeds its total.
     std::vector<std::int64_t> cap(H);
     for (std::size_t h = 0; h < H; ++h)
-      cap[h] = std::min<std::int64_t>(static_cast<std::int64_t>(scores[h].score.size()) - prot[h], std::llround(static_cast<double>(won[h]) * (1 - alpha_) +
-                                                  alpha_ * static_cast<double>(share[h])));
+      cap[h] = std::min<std::int64_t>(
+          static_cast<std::int64_t>(scores[h].score.size()) - prot[h],
+          std::llround(static_cast<double>(won[h]) * (1 - alpha_) + alpha_ * static_cast<double>(share[h])));
     std::int64_t sum = std::accumulate(cap.begin(), cap.end(), std::int64_t{0});
     while (sum > total) {
       const auto h = static_cast<std::size_t>(std::max_element(cap.begin(), cap.end()) - cap.begin());
@@ -100,7 +101,8 @@ class AdaKv : public Policy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "adakv", "head-adaptive budgets inside each layer over any scoring policy's scores (prefill one-shot)",
+    "adakv",
+    "head-adaptive budgets inside each layer over any scoring policy's scores (prefill one-shot)",
     "Feng et al., NeurIPS 2025, arXiv 2407.11550",
     {{"base", "snapkv",
       "one-shot scoring policy whose scores are re-allocated; its parameters follow '/': snapkv/window=64. "

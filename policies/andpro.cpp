@@ -34,8 +34,10 @@ class AnDPro : public ScoringPolicy {
       Eigen::MatrixXd U = A.cast<double>() * V.cast<double>();
       for (Eigen::Index i = 0; i < U.rows(); ++i) {
         const double norm = U.row(i).norm();
-        if (norm == 0) U.row(i).setZero();
-        else U.row(i) /= norm;
+        if (norm == 0)
+          U.row(i).setZero();
+        else
+          U.row(i) /= norm;
       }
       const Eigen::MatrixXd P = V.cast<double>() * U.transpose();  // [n, w]
       std::vector<float> score(static_cast<std::size_t>(n), 0.0f);
@@ -64,7 +66,8 @@ class AnDPro : public ScoringPolicy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "andpro", "[interp] window queries' attention-weighted projection of each value on their output direction",
+    "andpro",
+    "[interp] window queries' attention-weighted projection of each value on their output direction",
     "Geng et al., NeurIPS 2025 (OpenReview Tdl89SZItB); methods.md §10.d",
     {{"window", "32", "observation window: last prompt tokens whose outputs give the anchor directions"},
      {"sign", "signed", "signed | clamp (negatives to 0) | abs"},
@@ -72,7 +75,9 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
     [](const Params& p) {
       const std::string sign = p.choice("sign", {"signed", "clamp", "abs"});
       return std::make_unique<AnDPro>(static_cast<int>(p.integer("window")),
-                                      sign == "signed" ? Sign::Signed : sign == "clamp" ? Sign::Clamp : Sign::Abs,
+                                      sign == "signed"  ? Sign::Signed
+                                      : sign == "clamp" ? Sign::Clamp
+                                                        : Sign::Abs,
                                       parse_gqa(p.text("gqa"), "andpro"));
     }});
 

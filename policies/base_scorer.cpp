@@ -22,7 +22,9 @@ std::unique_ptr<Policy> make_base_scorer(const std::string& base_param, const st
   if (!scorer->selection_is_uniform())
     throw Error("policy " + wrapper + ": parameter 'base' = '" + base_param +
                 "' selects by more than its scores (layer budgets, budget-dependent windows or decode-time "
-                "eviction) and " + wrapper + " would drop that part; use a one-shot scoring policy such as snapkv, "
+                "eviction) and " +
+                wrapper +
+                " would drop that part; use a one-shot scoring policy such as snapkv, "
                 "expected_attention or tova:phase=prefill");
   return std::move(base.policy);
 }

@@ -68,7 +68,8 @@ BasisSet load_basis_set(const std::string& path) {
   if (!in) throw Error("cannot open basis file '" + path + "'");
   char magic[sizeof kMagic - 1] = {};
   if (!in.read(magic, sizeof magic) || std::memcmp(magic, kMagic, sizeof magic) != 0)
-    throw Error("basis file '" + path + "': not a kvsim basis file (expected it to start with KVSIMBASIS1; write one "
+    throw Error("basis file '" + path +
+                "': not a kvsim basis file (expected it to start with KVSIMBASIS1; write one "
                 "with `kvsim trace fit-basis`)");
   BasisSet s;
   s.n_layers = get<std::int32_t>(in, path, "n_layers");
@@ -78,11 +79,14 @@ BasisSet load_basis_set(const std::string& path) {
   s.rope.rope_dim = get<std::int32_t>(in, path, "rope_dim");
   s.rope.theta = get<double>(in, path, "rope_theta");
   s.tokens = get<std::int64_t>(in, path, "tokens");
-  if (s.n_layers < 1 || s.n_layers > 4096) throw Error(where(path, "n_layers") + " = " + std::to_string(s.n_layers) + ", expected 1..4096");
+  if (s.n_layers < 1 || s.n_layers > 4096)
+    throw Error(where(path, "n_layers") + " = " + std::to_string(s.n_layers) + ", expected 1..4096");
   if (s.n_kv_heads < 1 || s.n_kv_heads > 4096)
     throw Error(where(path, "n_kv_heads") + " = " + std::to_string(s.n_kv_heads) + ", expected 1..4096");
-  if (s.head_dim < 1 || s.head_dim > 1024) throw Error(where(path, "head_dim") + " = " + std::to_string(s.head_dim) + ", expected 1..1024");
-  if (rope_type != 0 && rope_type != 1) throw Error(where(path, "rope_type") + " = " + std::to_string(rope_type) + ", expected 0 or 1");
+  if (s.head_dim < 1 || s.head_dim > 1024)
+    throw Error(where(path, "head_dim") + " = " + std::to_string(s.head_dim) + ", expected 1..1024");
+  if (rope_type != 0 && rope_type != 1)
+    throw Error(where(path, "rope_type") + " = " + std::to_string(rope_type) + ", expected 0 or 1");
   s.rope.type = static_cast<RopeType>(rope_type);
   s.rope.head_dim = s.head_dim;
   const auto len = get<std::uint32_t>(in, path, "source length");
@@ -101,7 +105,8 @@ BasisSet load_basis_set(const std::string& path) {
                   std::to_string(s.n_layers * s.n_kv_heads) + " read)");
     s.heads.push_back(std::move(b));
   }
-  if (in.peek() != std::char_traits<char>::eof()) throw Error("basis file '" + path + "': trailing bytes after the bases");
+  if (in.peek() != std::char_traits<char>::eof())
+    throw Error("basis file '" + path + "': trailing bytes after the bases");
   return s;
 }
 

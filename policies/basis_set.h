@@ -14,8 +14,8 @@ namespace kvsim {
 struct BasisSet {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0;
   RopeSpec rope;
-  std::int64_t tokens = 0;  // calibration tokens per (layer, KV head)
-  std::string source;       // what it was fitted on (trace files, model)
+  std::int64_t tokens = 0;       // calibration tokens per (layer, KV head)
+  std::string source;            // what it was fitted on (trace files, model)
   std::vector<HeadBasis> heads;  // [layer * n_kv_heads + kv]
   // Requests the set's bytes are amortised over (the policies' `serves`; not stored in the file).
   double serves = 1;

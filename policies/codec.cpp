@@ -9,9 +9,12 @@ namespace kvsim {
 
 double codec_token_bytes(TokenCodec codec, int head_dim) {
   switch (codec) {
-    case TokenCodec::Drop: return 0.0;
-    case TokenCodec::Fp16: return 2.0 * 2.0 * head_dim;  // K and V, 2 bytes each
-    default: break;
+    case TokenCodec::Drop:
+      return 0.0;
+    case TokenCodec::Fp16:
+      return 2.0 * 2.0 * head_dim;  // K and V, 2 bytes each
+    default:
+      break;
   }
   throw Error(std::string("codec ") + codec_name(codec) + ": byte model not available yet");
 }
@@ -25,12 +28,18 @@ bool needs_codec(const HeadPlan& plan) {
 
 const char* codec_name(TokenCodec codec) {
   switch (codec) {
-    case TokenCodec::Drop: return "drop";
-    case TokenCodec::Fp16: return "fp16";
-    case TokenCodec::Int8: return "int8";
-    case TokenCodec::Int4: return "int4";
-    case TokenCodec::Int2: return "int2";
-    case TokenCodec::LowRank: return "lowrank";
+    case TokenCodec::Drop:
+      return "drop";
+    case TokenCodec::Fp16:
+      return "fp16";
+    case TokenCodec::Int8:
+      return "int8";
+    case TokenCodec::Int4:
+      return "int4";
+    case TokenCodec::Int2:
+      return "int2";
+    case TokenCodec::LowRank:
+      return "lowrank";
   }
   return "?";
 }
@@ -38,12 +47,14 @@ const char* codec_name(TokenCodec codec) {
 bool codec_reconstruct(TokenCodec codec, std::span<const float> k, std::span<const float> v, std::span<float> k_hat,
                        std::span<float> v_hat) {
   switch (codec) {
-    case TokenCodec::Drop: return false;
+    case TokenCodec::Drop:
+      return false;
     case TokenCodec::Fp16:
       std::copy(k.begin(), k.end(), k_hat.begin());
       std::copy(v.begin(), v.end(), v_hat.begin());
       return true;
-    default: break;
+    default:
+      break;
   }
   throw Error(std::string("codec ") + codec_name(codec) + ": reconstruction not available yet");
 }
@@ -53,13 +64,15 @@ void KvCodec::pack(const HeadPlan&, const ModelGeometry&, std::span<const std::i
   throw Error("codec: this policy's encoding has no packed (device) form yet; verify it with --device cpu");
 }
 
-void pack_plan(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
-               std::span<const float> keys, std::span<const float> values, PackedEntry& out) {
+void pack_plan(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g,
+               std::span<const std::int32_t> positions, std::span<const float> keys, std::span<const float> values,
+               PackedEntry& out) {
   const auto d = static_cast<std::size_t>(g.head_dim);
   const auto kept = static_cast<std::size_t>(plan.kept());
   if (positions.size() != kept || keys.size() != kept * d || values.size() != kept * d)
     throw Error("pack: a plan keeping " + std::to_string(kept) + " tokens got " + std::to_string(positions.size()) +
-                " positions and " + std::to_string(keys.size()) + " / " + std::to_string(values.size()) + " key / value floats");
+                " positions and " + std::to_string(keys.size()) + " / " + std::to_string(values.size()) +
+                " key / value floats");
   if (needs_codec(plan)) {
     if (!codec) throw Error("pack: the plan has encoded tokens but the policy has no codec");
     codec->pack(plan, g, positions, keys, values, out);

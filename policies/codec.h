@@ -53,8 +53,9 @@ class KvCodec {
   // U ([head_dim, head_dim] row-major, its first r columns used; owned by the plan's data), and it
   // returns r. Attention weights times C is an r-wide product instead of a head_dim-wide one plus
   // the rebuild. Returns -1 when `values` holds V̂ (the default).
-  virtual int reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
-                                   std::span<float> keys, std::span<float> values, std::span<const float>& basis) const {
+  virtual int reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g,
+                                   std::span<const std::int32_t> positions, std::span<float> keys,
+                                   std::span<float> values, std::span<const float>& basis) const {
     reconstruct(plan, g, positions, keys, values);
     basis = {};
     return -1;
@@ -68,8 +69,9 @@ class KvCodec {
 
 // Packs one plan entry: through `codec` when the plan needs it, else as fp16 rows (`codec` may be
 // null then). The result is checked (check_packed) before it is returned.
-void pack_plan(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
-               std::span<const float> keys, std::span<const float> values, PackedEntry& out);
+void pack_plan(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g,
+               std::span<const std::int32_t> positions, std::span<const float> keys, std::span<const float> values,
+               PackedEntry& out);
 
 // Whether a plan entry needs its policy's codec (some token is neither dropped nor fp16).
 bool needs_codec(const HeadPlan& plan);

@@ -33,7 +33,8 @@ Mat mean_rotation(const RopeSpec& rope, std::int64_t start, std::int64_t count) 
     // sum = sin(count w / 2) / sin(w / 2) * {cos, sin}(start w + (count - 1) w / 2).
     const double w = rope_frequency(rope, i);
     const double half = std::sin(w / 2);
-    const double gain = std::abs(half) < 1e-12 ? static_cast<double>(count) : std::sin(static_cast<double>(count) * w / 2) / half;
+    const double gain =
+        std::abs(half) < 1e-12 ? static_cast<double>(count) : std::sin(static_cast<double>(count) * w / 2) / half;
     const double mid = static_cast<double>(start) * w + static_cast<double>(count - 1) * w / 2;
     const double c = gain * std::cos(mid) / static_cast<double>(count);
     const double s = gain * std::sin(mid) / static_cast<double>(count);
@@ -78,7 +79,8 @@ class ExpectedAttention : public ScoringPolicy {
         using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
         const Eigen::Map<const RowMat> K(keys.data, n, d);
         const Eigen::VectorXf lin = K * (mu_r.cast<float>() / std::sqrt(static_cast<float>(d)));
-        const Eigen::VectorXf quad = (K * sigma_r.cast<float>()).cwiseProduct(K).rowwise().sum() / (2.0f * static_cast<float>(d));
+        const Eigen::VectorXf quad =
+            (K * sigma_r.cast<float>()).cwiseProduct(K).rowwise().sum() / (2.0f * static_cast<float>(d));
         std::vector<double> z(static_cast<std::size_t>(n), -INFINITY);
         double zmax = -INFINITY;
         for (std::int64_t j = 0; j < n; ++j) {
@@ -92,14 +94,16 @@ class ExpectedAttention : public ScoringPolicy {
           if (!is_sink(j)) sum += std::exp(z[static_cast<std::size_t>(j)] - zmax);
         std::vector<float> p(static_cast<std::size_t>(n), 0.0f);
         for (std::int64_t j = 0; j < n; ++j)
-          if (!is_sink(j)) p[static_cast<std::size_t>(j)] = static_cast<float>(std::exp(z[static_cast<std::size_t>(j)] - zmax) / sum);
+          if (!is_sink(j))
+            p[static_cast<std::size_t>(j)] = static_cast<float>(std::exp(z[static_cast<std::size_t>(j)] - zmax) / sum);
         per_q.push_back(std::move(p));
       }
       HeadScores& hs = out[static_cast<std::size_t>(kv)];
       hs.score = aggregate_group(per_q, GqaAgg::Mean);
       for (std::int64_t j = 0; j < n; ++j) {
         const double vn = o_.vnorm ? Eigen::Map<const Eigen::VectorXf>(values.row(j), d).norm() : 1.0;
-        hs.score[static_cast<std::size_t>(j)] = static_cast<float>((hs.score[static_cast<std::size_t>(j)] + o_.epsilon) * vn);
+        hs.score[static_cast<std::size_t>(j)] =
+            static_cast<float>((hs.score[static_cast<std::size_t>(j)] + o_.epsilon) * vn);
       }
       hs.protect = protect_cached(cached, o_.sinks, 0);
     }
@@ -113,7 +117,8 @@ class ExpectedAttention : public ScoringPolicy {
     const auto rows = s.observed_rows();
     const auto positions = s.positions();
     const MatrixView q = s.observed_queries(qh);
-    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor> pre(d, static_cast<Eigen::Index>(rows.size()));
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor> pre(d,
+                                                                              static_cast<Eigen::Index>(rows.size()));
     Eigen::Index n = 0;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       if (rows[i] < o_.sinks) continue;

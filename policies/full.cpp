@@ -19,7 +19,8 @@ class Full : public Policy {
 
 }  // namespace
 
-KVSIM_REGISTER_POLICY(PolicyInfo{"full", "keep every token (reference; ignores budgets)", "-", {},
-                                 [](const Params&) { return std::make_unique<Full>(); }});
+KVSIM_REGISTER_POLICY(PolicyInfo{"full", "keep every token (reference; ignores budgets)", "-", {}, [](const Params&) {
+                                   return std::make_unique<Full>();
+                                 }});
 
 }  // namespace kvsim

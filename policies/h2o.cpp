@@ -41,8 +41,10 @@ class H2oDecode : public DecodeState {
       const std::vector<std::uint8_t> gone = lowest_rows(sc, size - recent_, size - s.budget);
       std::size_t out = 0;
       for (std::size_t m = 0; m < sc.size(); ++m) {
-        if (gone[m]) evict[kv].push_back(cache[m]);
-        else sc[out++] = sc[m];
+        if (gone[m])
+          evict[kv].push_back(cache[m]);
+        else
+          sc[out++] = sc[m];
       }
       sc.resize(out);
     }
@@ -50,7 +52,9 @@ class H2oDecode : public DecodeState {
 
   std::optional<DecodeRuleStart> rule() const override {
     if (gqa_ == GqaAgg::PerQueryHead) return std::nullopt;
-    const HeadCombine c = gqa_ == GqaAgg::Max ? HeadCombine::Max : gqa_ == GqaAgg::Mean ? HeadCombine::Mean : HeadCombine::Sum;
+    const HeadCombine c = gqa_ == GqaAgg::Max    ? HeadCombine::Max
+                          : gqa_ == GqaAgg::Mean ? HeadCombine::Mean
+                                                 : HeadCombine::Sum;
     return DecodeRuleStart{DecodeRule{true, false, c, recent_}, scores_};
   }
 
@@ -131,7 +135,8 @@ class H2o : public ScoringPolicy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "h2o", "recent window + heavy hitters by accumulated attention (prompt queries, then every decode step)",
+    "h2o",
+    "recent window + heavy hitters by accumulated attention (prompt queries, then every decode step)",
     "Zhang et al., NeurIPS 2023, arXiv 2306.14048",
     {{"recent_ratio", "0.5", "share of the budget given to the most recent tokens (paper: heavy = recent)"},
      {"normalize", "false", "divide by the number of queries that saw each token (kvpress ObservedAttention)"},

@@ -32,14 +32,16 @@ class IntN : public Policy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "intn", "every token's K and V quantized per token in groups of channels (fp16 scales); over budget: sinks + recent",
+    "intn",
+    "every token's K and V quantized per token in groups of channels (fp16 scales); over budget: sinks + recent",
     "uniform quantization baseline, methods.md §12 (HF QuantizedCache: nbits=4, q_group_size=64)",
     {{"bits", "4", "2 | 4 | 8"},
      {"group", "64", "channels per scale group (32 | 64 | 128, dividing head_dim)"},
      {"symmetric", "false", "true: absmax, 2 B per group | false: min-max, 4 B per group"},
      {"sinks", "4", "first tokens kept when not every token fits"}},
     [](const Params& p) {
-      const IntSpec s{static_cast<int>(p.integer("bits")), static_cast<int>(p.integer("group")), p.boolean("symmetric")};
+      const IntSpec s{static_cast<int>(p.integer("bits")), static_cast<int>(p.integer("group")),
+                      p.boolean("symmetric")};
       int_codec(s.bits);  // names a bad width at parse time
       return std::make_unique<IntN>(s, static_cast<int>(p.integer("sinks")));
     }});

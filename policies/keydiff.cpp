@@ -46,8 +46,8 @@ class KeyDiff : public Policy {
       std::int64_t next = 0;
       while (next < n) {
         // The first `keep` tokens fill the cache, then blocks of `block` join it (kvpress BlockPress).
-        const std::int64_t end = next == 0 && block_ > 0 ? std::min(n, std::max<std::int64_t>(keep, 1))
-                                                         : std::min(n, next + step);
+        const std::int64_t end =
+            next == 0 && block_ > 0 ? std::min(n, std::max<std::int64_t>(keep, 1)) : std::min(n, next + step);
         std::vector<std::int32_t> cand = kept;
         Eigen::VectorXf anchor = kept_sum;
         for (std::int64_t j = next; j < end; ++j) {
@@ -85,7 +85,8 @@ class KeyDiff : public Policy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "keydiff", "keep the keys least similar to the mean key direction, block by block (attention-free)",
+    "keydiff",
+    "keep the keys least similar to the mean key direction, block by block (attention-free)",
     "Park et al., arXiv 2504.15364",
     {{"block", "128", "prompt block size (kvpress leaderboard: BlockPress block_size=128); 0 = whole prompt at once"}},
     [](const Params& p) {

@@ -22,8 +22,8 @@ class KiviCodec : public KvCodec {
     const int d = g.head_dim;
     kivi_roundtrip(s_, d, kept_tokens(plan), keys, values);
   }
-  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
-            std::span<const float> values, PackedEntry& out) const override {
+  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
+            std::span<const float> keys, std::span<const float> values, PackedEntry& out) const override {
     kivi_pack(s_, g.head_dim, kept_tokens(plan), keys, values, positions, out);
   }
 
@@ -38,7 +38,8 @@ class Kivi : public Policy {
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const int d = s.geometry().head_dim;
     check_kivi_spec(spec_, d);
-    return fit_every_head(s, budget, sinks_, int_codec(spec_.bits), [&](std::int64_t k) { return kivi_bytes(spec_, d, k); });
+    return fit_every_head(s, budget, sinks_, int_codec(spec_.bits),
+                          [&](std::int64_t k) { return kivi_bytes(spec_, d, k); });
   }
 
  private:
@@ -50,7 +51,8 @@ class Kivi : public Policy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "kivi", "keys per channel over token groups, values per token, fp16 residual window; over budget: sinks + recent",
+    "kivi",
+    "keys per channel over token groups, values per token, fp16 residual window; over budget: sinks + recent",
     "Liu et al., ICML 2024, arXiv 2402.02750 (jy-yuan/KIVI)",
     {{"bits", "2", "2 | 4 | 8 (KIVI-2 / KIVI-4)"},
      {"group", "32", "tokens per key group and channels per value group (example.py: 32)"},

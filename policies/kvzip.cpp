@@ -38,7 +38,8 @@ std::vector<LayerPlan> select_over(const std::vector<const std::vector<HeadScore
   const std::int64_t total = budget.tokens * heads;
   std::vector<LayerPlan> plans;
   if (pinned >= total) {
-    for (const auto* scores : layers) plans.push_back(select_uniform(*scores, budget, static_cast<int>(scores->size())));
+    for (const auto* scores : layers)
+      plans.push_back(select_uniform(*scores, budget, static_cast<int>(scores->size())));
     return plans;
   }
   struct Item {
@@ -54,7 +55,8 @@ std::vector<LayerPlan> select_over(const std::vector<const std::vector<HeadScore
         if (hs.protect.empty() || !hs.protect[m])
           items.push_back({hs.score[m], static_cast<std::int32_t>(m), static_cast<int>(l), static_cast<int>(h)});
     }
-  const auto take = static_cast<std::size_t>(std::min<std::int64_t>(total - pinned, static_cast<std::int64_t>(items.size())));
+  const auto take =
+      static_cast<std::size_t>(std::min<std::int64_t>(total - pinned, static_cast<std::int64_t>(items.size())));
   auto better = [](const Item& a, const Item& b) {
     if (a.score != b.score) return a.score > b.score;
     if (a.token != b.token) return a.token > b.token;
@@ -69,7 +71,8 @@ std::vector<LayerPlan> select_over(const std::vector<const std::vector<HeadScore
       for (std::size_t m = 0; m < hs.protect.size(); ++m) k[m] = hs.protect[m];
     }
   for (std::size_t i = 0; i < take; ++i)
-    keep[static_cast<std::size_t>(items[i].layer)][static_cast<std::size_t>(items[i].head)][static_cast<std::size_t>(items[i].token)] = 1;
+    keep[static_cast<std::size_t>(items[i].layer)][static_cast<std::size_t>(items[i].head)]
+        [static_cast<std::size_t>(items[i].token)] = 1;
   for (const auto& layer : keep) {
     LayerPlan& plan = plans.emplace_back();
     for (const auto& k : layer) plan.heads.push_back(plan_from_mask(k));
@@ -97,25 +100,29 @@ RowMat chunk_keys(const MatrixView& K, const std::vector<std::size_t>& sinks, co
   const auto d = static_cast<Eigen::Index>(K.cols);
   const auto ns = static_cast<Eigen::Index>(sinks.size()), no = static_cast<Eigen::Index>(own.size());
   RowMat keys(ns + no + rows, d);
-  auto key = [&](std::size_t m) { return Eigen::Map<const Eigen::RowVectorXf>(K.row(static_cast<std::int64_t>(m)), d); };
+  auto key = [&](std::size_t m) {
+    return Eigen::Map<const Eigen::RowVectorXf>(K.row(static_cast<std::int64_t>(m)), d);
+  };
   for (Eigen::Index i = 0; i < ns; ++i) keys.row(i) = key(sinks[static_cast<std::size_t>(i)]);
   for (Eigen::Index i = 0; i < no; ++i) keys.row(ns + i) = key(own[static_cast<std::size_t>(i)]);
-  for (Eigen::Index r = 0; r < rows; ++r) keys.row(ns + no + r) = Eigen::Map<const Eigen::RowVectorXf>(repeat_k + r * stride, d);
+  for (Eigen::Index r = 0; r < rows; ++r)
+    keys.row(ns + no + r) = Eigen::Map<const Eigen::RowVectorXf>(repeat_k + r * stride, d);
   return keys;
 }
 
 // The largest softmax weight one query head's repeat rows give each of the `no` own tokens: rows
 // attend to the sinks, the own tokens and the repeat rows up to themselves. Row blocks stop at
 // their causal edge, so the repeat rows' upper triangle is never computed.
-Eigen::RowVectorXf max_attention(const RowMat& keys, Eigen::Index ns, Eigen::Index no, const float* q0, Eigen::Index rows,
-                                 Eigen::Index stride, float scale) {
+Eigen::RowVectorXf max_attention(const RowMat& keys, Eigen::Index ns, Eigen::Index no, const float* q0,
+                                 Eigen::Index rows, Eigen::Index stride, float scale) {
   constexpr Eigen::Index kBlock = 128;
   const auto d = keys.cols();
   Eigen::RowVectorXf best = Eigen::RowVectorXf::Zero(no);
   RowMat a;
   for (Eigen::Index first = 0; first < rows; first += kBlock) {
     const Eigen::Index count = std::min(kBlock, rows - first), cols = ns + no + first + count;
-    const Eigen::Map<const RowMat, 0, Eigen::OuterStride<>> q(q0 + first * stride, count, d, Eigen::OuterStride<>(stride));
+    const Eigen::Map<const RowMat, 0, Eigen::OuterStride<>> q(q0 + first * stride, count, d,
+                                                              Eigen::OuterStride<>(stride));
     a.noalias() = (q * scale) * keys.topRows(cols).transpose();
     for (Eigen::Index r = 0; r < count; ++r) {
       auto row = a.row(r).head(ns + no + first + r + 1);
@@ -160,10 +167,11 @@ class Kvzip : public KvzipBase {
   std::vector<HeadScores> score(const LayerSignals& s) const override {
     const RepeatPassView* rp = s.repeat_pass();
     if (!rp)
-      throw Error("policy kvzip needs KVzip's reconstruction pass, which this trace did not record (capture with "
-                  "`kvsim capture --repeat-pass`, or use kvzip_proxy: prefill attention, not KVzip's signal) or which "
-                  "is not handed out at compression cuts (--compress-every: the pass repeats the whole context, so it "
-                  "exists only once the context is complete)");
+      throw Error(
+          "policy kvzip needs KVzip's reconstruction pass, which this trace did not record (capture with "
+          "`kvsim capture --repeat-pass`, or use kvzip_proxy: prefill attention, not KVzip's signal) or which "
+          "is not handed out at compression cuts (--compress-every: the pass repeats the whole context, so it "
+          "exists only once the context is complete)");
     const ModelGeometry& g = s.geometry();
     const int d = g.head_dim, G = g.group(), Hq = g.n_q_heads, Hkv = g.n_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -177,7 +185,8 @@ class Kvzip : public KvzipBase {
       hs.score.assign(cached.size(), 0.0f);
       hs.protect = outside_context(cached, ctx_begin, ctx_end);
       // The sinks every chunk's rows attend to: the cached tokens before the context.
-      for (std::size_t m = 0; m < cached.size() && cached[m] < ctx_begin; ++m) sinks[static_cast<std::size_t>(kv)].push_back(m);
+      for (std::size_t m = 0; m < cached.size() && cached[m] < ctx_begin; ++m)
+        sinks[static_cast<std::size_t>(kv)].push_back(m);
     }
     for (const auto& ch : rp->chunks) {
       std::vector<std::vector<std::size_t>> own(out.size());  // cached entries of this chunk's context tokens
@@ -186,8 +195,9 @@ class Kvzip : public KvzipBase {
         const auto cached = s.cached(kv);
         for (std::size_t m = 0; m < cached.size(); ++m)
           if (cached[m] >= ch.begin && cached[m] < ch.end) own[static_cast<std::size_t>(kv)].push_back(m);
-        keys[static_cast<std::size_t>(kv)] = chunk_keys(s.keys(kv), sinks[static_cast<std::size_t>(kv)], own[static_cast<std::size_t>(kv)],
-                                                        rp->k + (ch.row_begin * Hkv + kv) * d, ch.row_end - ch.row_begin, Hkv * d);
+        keys[static_cast<std::size_t>(kv)] =
+            chunk_keys(s.keys(kv), sinks[static_cast<std::size_t>(kv)], own[static_cast<std::size_t>(kv)],
+                       rp->k + (ch.row_begin * Hkv + kv) * d, ch.row_end - ch.row_begin, Hkv * d);
       }
       // Every query head on its own (a thread each where the caller is not threaded), then the
       // group's maximum.
@@ -249,7 +259,8 @@ class KvzipProxy : public KvzipBase {
           const auto row_token = rows[static_cast<std::size_t>(first + r)];
           if (row_token < begin || row_token >= end) continue;
           const float* row = a.row(r);
-          for (std::int64_t m = 0; m < a.cols; ++m) hs.score[static_cast<std::size_t>(m)] = std::max(hs.score[static_cast<std::size_t>(m)], row[m]);
+          for (std::int64_t m = 0; m < a.cols; ++m)
+            hs.score[static_cast<std::size_t>(m)] = std::max(hs.score[static_cast<std::size_t>(m)], row[m]);
         }
       });
     }
@@ -268,9 +279,12 @@ Level parse_level(const Params& p) {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "kvzip", "query-agnostic: max attention a context KV pair gets while the model repeats the context (needs capture --repeat-pass)",
+    "kvzip",
+    "query-agnostic: max attention a context KV pair gets while the model repeats the context (needs capture "
+    "--repeat-pass)",
     "Kim et al., NeurIPS 2025 (snu-mllab/KVzip), methods.md §8",
-    {{"level", "model", "model: one threshold over every layer and head (KVzip's) | layer: over the layer's heads | head: top per head"}},
+    {{"level", "model",
+      "model: one threshold over every layer and head (KVzip's) | layer: over the layer's heads | head: top per head"}},
     [](const Params& p) { return std::make_unique<Kvzip>(parse_level(p)); }});
 
 KVSIM_REGISTER_POLICY(PolicyInfo{

@@ -79,7 +79,8 @@ void fit_and_project(const RowMat& k, const Eigen::Map<const RowMat>& v, HeadBas
                      std::vector<float>* cv, const HeadBasis* fixed = nullptr) {
   b.d = static_cast<int>(k.cols());
   if (fixed) {
-    if (fixed->d != b.d) throw Error("low-rank basis of dimension " + std::to_string(fixed->d) + " for head_dim " + std::to_string(b.d));
+    if (fixed->d != b.d)
+      throw Error("low-rank basis of dimension " + std::to_string(fixed->d) + " for head_dim " + std::to_string(b.d));
     b = *fixed;
   } else {
     b.uk = principal_directions(k);
@@ -102,7 +103,8 @@ HeadBasis fit_basis(const ModelGeometry& g, std::span<const float> keys, std::sp
                     std::span<const std::int32_t> positions, std::vector<float>* ck, std::vector<float>* cv) {
   const auto n = static_cast<Eigen::Index>(positions.size());
   HeadBasis b;
-  fit_and_project(unrotated_keys(g, keys, positions), Eigen::Map<const RowMat>(values.data(), n, g.head_dim), b, ck, cv);
+  fit_and_project(unrotated_keys(g, keys, positions), Eigen::Map<const RowMat>(values.data(), n, g.head_dim), b, ck,
+                  cv);
   return b;
 }
 
@@ -129,12 +131,13 @@ HeadBasis GramAccumulator::basis() const {
   return b;
 }
 
-std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
-                                              std::span<const std::int32_t> positions, const HeadBasis* fixed) {
+std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<const float> keys,
+                                              std::span<const float> values, std::span<const std::int32_t> positions,
+                                              const HeadBasis* fixed) {
   auto fit = std::make_shared<LowRankFit>();
   fit->n = static_cast<std::int64_t>(positions.size());
-  fit_and_project(unrotated_keys(g, keys, positions),
-                  Eigen::Map<const RowMat>(values.data(), fit->n, g.head_dim), fit->basis, &fit->ck, &fit->cv, fixed);
+  fit_and_project(unrotated_keys(g, keys, positions), Eigen::Map<const RowMat>(values.data(), fit->n, g.head_dim),
+                  fit->basis, &fit->ck, &fit->cv, fixed);
   return fit;
 }
 
@@ -189,7 +192,8 @@ double lowrank_bytes(const HeadPlan& plan, int head_dim) {
     r_max = std::max(r_max, r);
   }
   const auto fit = std::dynamic_pointer_cast<const LowRankFit>(plan.data);
-  return fp16 + lowrank_cost(k, coefficients, k > 0 && r_min != r_max, r_max, head_dim, fit ? fit->charge : BasisCharge{});
+  return fp16 +
+         lowrank_cost(k, coefficients, k > 0 && r_min != r_max, r_max, head_dim, fit ? fit->charge : BasisCharge{});
 }
 
 namespace {
@@ -219,9 +223,9 @@ void LowRankCodec::reconstruct(const HeadPlan& plan, const ModelGeometry& g, std
   rebuild(plan, g, positions, keys, values, nullptr);
 }
 
-int LowRankCodec::reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
-                                       std::span<float> keys, std::span<float> values,
-                                       std::span<const float>& basis) const {
+int LowRankCodec::reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g,
+                                       std::span<const std::int32_t> positions, std::span<float> keys,
+                                       std::span<float> values, std::span<const float>& basis) const {
   basis = {};
   return rebuild(plan, g, positions, keys, values, &basis);
 }
@@ -301,7 +305,8 @@ int LowRankCodec::rebuild(const HeadPlan& plan, const ModelGeometry& g, std::spa
   // Only the first r_max basis directions take part (no row has coefficients beyond them).
   Eigen::Index r_max = 0;
   for (std::size_t j = 0; j < plan.codec.size(); ++j)
-    if (plan.codec[j] == TokenCodec::LowRank) r_max = std::max<Eigen::Index>(r_max, std::min<Eigen::Index>(plan.rank.at(j), d));
+    if (plan.codec[j] == TokenCodec::LowRank)
+      r_max = std::max<Eigen::Index>(r_max, std::min<Eigen::Index>(plan.rank.at(j), d));
   auto ck = ck_buf.get(m, r_max);
   auto cv = factored ? Eigen::Map<ScratchMatrix::Mat>(values.data(), m, r_max) : cv_buf.get(m, r_max);
   std::size_t row = 0;
@@ -332,7 +337,8 @@ int LowRankCodec::rebuild(const HeadPlan& plan, const ModelGeometry& g, std::spa
     row = 0;
     for (std::size_t j = 0; j < plan.codec.size(); ++j) {
       if (plan.codec[j] == TokenCodec::Drop) continue;
-      if (plan.codec[j] == TokenCodec::LowRank) Eigen::Map<Eigen::RowVectorXf>(values.data() + row * d, d) = vr.row(i++);
+      if (plan.codec[j] == TokenCodec::LowRank)
+        Eigen::Map<Eigen::RowVectorXf>(values.data() + row * d, d) = vr.row(i++);
       ++row;
     }
   }

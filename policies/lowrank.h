@@ -23,7 +23,8 @@ struct HeadBasis {
 // Bases from n tokens' post-RoPE keys and values ([n, d] row-major) at `positions`; with ck/cv,
 // also every token's coefficients in them ([n, d] each, fp16 values, keys un-rotated first).
 HeadBasis fit_basis(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
-                    std::span<const std::int32_t> positions, std::vector<float>* ck = nullptr, std::vector<float>* cv = nullptr);
+                    std::span<const std::int32_t> positions, std::vector<float>* ck = nullptr,
+                    std::vector<float>* cv = nullptr);
 
 // Second moments of pre-RoPE keys and of values over calibration tokens, for bases that are
 // fitted once on calibration traces and reused for every request.
@@ -61,18 +62,21 @@ struct LowRankFit : CodecData {
 
 // Fits bases on the given tokens (training-free), or, with `fixed`, projects onto those
 // (calibration bases).
-std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<const float> keys, std::span<const float> values,
-                                              std::span<const std::int32_t> positions, const HeadBasis* fixed = nullptr);
+std::shared_ptr<const LowRankFit> fit_lowrank(const ModelGeometry& g, std::span<const float> keys,
+                                              std::span<const float> values, std::span<const std::int32_t> positions,
+                                              const HeadBasis* fixed = nullptr);
 
 struct BasisSet;  // policies/basis_set.h
 // Every KV head's fit of one layer on all its cached tokens (calibration bases when given),
 // memoised per layer and basis source, so every budget and every low-rank policy shares them.
-std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s, const std::shared_ptr<const BasisSet>& calibration);
+std::vector<std::shared_ptr<const LowRankFit>> layer_fits(const LayerSignals& s,
+                                                          const std::shared_ptr<const BasisSet>& calibration);
 
 // Bytes of k low-rank tokens holding `coefficients` ranks in all (K and V each, fp16), one rank
 // byte per token when their ranks differ (one rank for all is a constant), and the bases at
 // `charge` for a highest rank r_max.
-double lowrank_cost(std::int64_t k, double coefficients, bool ranks_differ, int r_max, int head_dim, const BasisCharge& charge);
+double lowrank_cost(std::int64_t k, double coefficients, bool ranks_differ, int r_max, int head_dim,
+                    const BasisCharge& charge);
 
 // Bytes of one (layer, KV head) cache under a low-rank plan: lowrank_cost of its LowRank tokens
 // (the bases charged as the plan's fit says; a request's own without one) plus fp16 tokens.
@@ -81,17 +85,18 @@ double lowrank_bytes(const HeadPlan& plan, int head_dim);
 class LowRankCodec : public KvCodec {
  public:
   double bytes(const HeadPlan& plan, int head_dim) const override { return lowrank_bytes(plan, head_dim); }
-  void reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
-                   std::span<float> values) const override;
+  void reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
+                   std::span<float> keys, std::span<float> values) const override;
   int reconstruct_factored(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
-                           std::span<float> keys, std::span<float> values, std::span<const float>& basis) const override;
+                           std::span<float> keys, std::span<float> values,
+                           std::span<const float>& basis) const override;
   bool reads_rows(const HeadPlan& plan) const override;
-  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
-            std::span<const float> values, PackedEntry& out) const override;
+  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
+            std::span<const float> keys, std::span<const float> values, PackedEntry& out) const override;
 
  private:
-  int rebuild(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<float> keys,
-              std::span<float> values, std::span<const float>* basis) const;
+  int rebuild(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
+              std::span<float> keys, std::span<float> values, std::span<const float>* basis) const;
 };
 
 }  // namespace kvsim

@@ -39,7 +39,8 @@ HeadPlan fit_tokens(std::int64_t n, double budget, int sinks, int min_rank, bool
 std::shared_ptr<const BasisSet> basis_param(const Params& p, const char* policy) {
   const double serves = p.number("serves");
   if (!(serves >= 1))
-    throw Error(std::string("policy ") + policy + ": parameter 'serves' = " + p.text("serves") + ", expected a number >= 1");
+    throw Error(std::string("policy ") + policy + ": parameter 'serves' = " + p.text("serves") +
+                ", expected a number >= 1");
   const std::string value = p.text("basis");
   if (value == "request") return nullptr;
   auto set = std::make_shared<BasisSet>(load_basis_set(value));
@@ -241,7 +242,7 @@ class VarRate : public Policy {
       };
       const Greedy* greedy = nullptr;
       thread_local Greedy local;  // megabytes per head, every config and layer
-      if (kept == n) {  // every token at r_min: the same greedy at every budget where all fit
+      if (kept == n) {            // every token at r_min: the same greedy at every budget where all fit
         greedy = &all_kept(s, fits, r_min)[static_cast<std::size_t>(kv)];
       } else {
         prepare(s, kv, fits, p, local);
@@ -261,8 +262,8 @@ class VarRate : public Policy {
     std::vector<std::size_t> slot;
   };
   // The greedy's running minima and order for plan p of head kv.
-  void prepare(const LayerSignals& s, int kv, const std::vector<std::shared_ptr<const LowRankFit>>& fits, const HeadPlan& p,
-               Greedy& out) const {
+  void prepare(const LayerSignals& s, int kv, const std::vector<std::shared_ptr<const LowRankFit>>& fits,
+               const HeadPlan& p, Greedy& out) const {
     const int d = s.geometry().head_dim;
     const std::vector<double> sal = salience(s, kv, static_cast<std::int64_t>(s.cached(kv).size()));
     // Energies of each token's coefficients (K and V together) in the bases.
@@ -313,32 +314,34 @@ class VarRate : public Policy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "lowrank", "every token at the same rank r in per-head PCA bases of pre-RoPE keys and of values (the request's own)",
+    "lowrank",
+    "every token at the same rank r in per-head PCA bases of pre-RoPE keys and of values (the request's own)",
     "uniform low-rank baseline, methods.md §11 (Palu / xKV style, training-free basis)",
     {{"sinks", "4", "first tokens kept when not every token fits at rank 1"},
-     {"basis", "request", "request: fitted on the request's own cached tokens | FILE: calibration bases (kvsim trace fit-basis)"},
+     {"basis", "request",
+      "request: fitted on the request's own cached tokens | FILE: calibration bases (kvsim trace fit-basis)"},
      {"serves", "100", "requests a calibration basis's bytes are amortised over (basis=FILE)"}},
     [](const Params& p) {
-      return std::make_unique<LowRankUniform>(static_cast<int>(p.integer("sinks")),
-                                              basis_param(p, "lowrank"));
+      return std::make_unique<LowRankUniform>(static_cast<int>(p.integer("sinks")), basis_param(p, "lowrank"));
     }});
 
 // The issue and the seed papers call the uniform baseline lowrank_uniform.
 KVSIM_REGISTER_POLICY_ALIAS("lowrank_uniform", "lowrank");
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "varrate", "[interp] variable rank per token >= r_min: greedy water-filling on salience-weighted coefficient energy",
+    "varrate",
+    "[interp] variable rank per token >= r_min: greedy water-filling on salience-weighted coefficient energy",
     "seed VarRate (not found), read after DynaKV arXiv 2603.04411; methods.md §10.b",
     {{"r_min", "1", "rank every kept token keeps at least"},
      {"window", "32", "observation window whose attention gives the salience (SnapKV's)"},
      {"sinks", "4", "first tokens kept when not every token fits at r_min"},
-     {"basis", "request", "request: fitted on the request's own cached tokens | FILE: calibration bases (kvsim trace fit-basis)"},
+     {"basis", "request",
+      "request: fitted on the request's own cached tokens | FILE: calibration bases (kvsim trace fit-basis)"},
      {"serves", "100", "requests a calibration basis's bytes are amortised over (basis=FILE)"}},
     [](const Params& p) {
       if (p.integer("r_min") < 1) throw Error("varrate: r_min must be >= 1");
       return std::make_unique<VarRate>(static_cast<int>(p.integer("r_min")), static_cast<int>(p.integer("window")),
-                                       static_cast<int>(p.integer("sinks")),
-                                       basis_param(p, "varrate"));
+                                       static_cast<int>(p.integer("sinks")), basis_param(p, "varrate"));
     }});
 
 }  // namespace kvsim

@@ -48,7 +48,8 @@ class OracleFuture : public ScoringPolicy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "oracle_future", "upper bound: keep what the future evaluation queries attend to most (offline only)",
+    "oracle_future",
+    "upper bound: keep what the future evaluation queries attend to most (offline only)",
     "kvsim oracle (methods.md §14.8)",
     {{"alloc", "uniform", "uniform: same budget per KV head | layer: layer budget shared across heads"}},
     [](const Params& p) {

@@ -32,8 +32,8 @@ class OracleGolden : public ScoringPolicy {
         }
         const double scale = 1.0 / static_cast<double>((b1 - b0) * g.group());
         for (std::int64_t j = 0; j < n; ++j)
-          best[static_cast<std::size_t>(j)] =
-              std::max(best[static_cast<std::size_t>(j)], static_cast<float>(mean[static_cast<std::size_t>(j)] * scale));
+          best[static_cast<std::size_t>(j)] = std::max(best[static_cast<std::size_t>(j)],
+                                                       static_cast<float>(mean[static_cast<std::size_t>(j)] * scale));
       }
       out[static_cast<std::size_t>(kv)].score = std::move(best);
     }

@@ -15,8 +15,8 @@ Params::Params(std::string policy, const std::vector<ParamSpec>& specs, const st
     if (!known) {
       std::string valid;
       for (const auto& s : specs) valid += (valid.empty() ? "" : ", ") + s.key;
-      throw Error("policy " + policy_ + ": unknown parameter '" + key + "'; valid: " +
-                  (valid.empty() ? std::string("none") : valid));
+      throw Error("policy " + policy_ + ": unknown parameter '" + key +
+                  "'; valid: " + (valid.empty() ? std::string("none") : valid));
     }
   }
   for (const auto& s : specs) {

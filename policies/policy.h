@@ -59,13 +59,13 @@ class LayerSignals {
   virtual ~LayerSignals() = default;
   virtual const ModelGeometry& geometry() const = 0;
   virtual int layer() const = 0;
-  virtual std::int64_t n_tokens() const = 0;                     // tokens seen, n
+  virtual std::int64_t n_tokens() const = 0;                    // tokens seen, n
   virtual std::span<const std::int32_t> positions() const = 0;  // [n], by token index
   virtual std::span<const std::int8_t> segments() const = 0;    // [n], Segment codes, by token index
   // The token indices KV head kv_head holds, increasing; the newest tokens are always there.
   virtual std::span<const std::int32_t> cached(int kv_head) const = 0;
-  virtual MatrixView keys(int kv_head) const = 0;                // [cached, d]
-  virtual MatrixView values(int kv_head) const = 0;              // [cached, d]
+  virtual MatrixView keys(int kv_head) const = 0;    // [cached, d]
+  virtual MatrixView values(int kv_head) const = 0;  // [cached, d]
   // Attention rows of the queries of the last `window` tokens (causal softmax over the head's
   // cached keys, fp32), [window, cached], for one query head. Throws naming what is missing
   // when those queries were not recorded.
@@ -77,7 +77,8 @@ class LayerSignals {
   // The same rows in blocks of consecutive rows, in order: visit(first_row, block), block
   // [rows, cached]. For policies that reduce over the rows (column sums, maxima): a long prompt's
   // n x n per head is then never held at once. By default one block, observed_attention().
-  virtual void visit_observed_attention(int q_head, const std::function<void(std::int64_t, const MatrixView&)>& visit) const {
+  virtual void visit_observed_attention(int q_head,
+                                        const std::function<void(std::int64_t, const MatrixView&)>& visit) const {
     const OwnedMatrix a = observed_attention(q_head);
     visit(0, a.view());
   }
@@ -108,8 +109,8 @@ struct CodecData {
 
 // Encoding of each cached token of one KV head (keys and values alike), in cached() order.
 struct HeadPlan {
-  std::vector<TokenCodec> codec;  // [cached]
-  std::vector<std::uint16_t> rank;  // [cached] or empty: coefficients kept per LowRank token
+  std::vector<TokenCodec> codec;          // [cached]
+  std::vector<std::uint16_t> rank;        // [cached] or empty: coefficients kept per LowRank token
   std::shared_ptr<const CodecData> data;  // the codec's precomputed state for these cached tokens, or null
   // The codec could not hold every token, and the policy kept the sinks and most recent tokens by
   // position instead of by its rule (reported per config as position_fallback).
@@ -117,7 +118,7 @@ struct HeadPlan {
   // [cached] or empty: a bias added to each kept token's attention logit (a soft-gated run, whose
   // gates scale attention instead of dropping tokens). Live engines only: replay refuses it.
   std::vector<float> logit_bias;
-  std::int64_t kept() const;      // tokens not dropped
+  std::int64_t kept() const;  // tokens not dropped
 };
 
 // heads has one entry per KV head (the group's query heads share it), or one per query head:

@@ -54,7 +54,8 @@ class PyramidKv : public ScoringPolicy {
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "pyramidkv", "SnapKV scores with a layer budget pyramid (more in low layers, same mean; prefill one-shot)",
-    "Cai et al., arXiv 2406.02069", [] {
+    "Cai et al., arXiv 2406.02069",
+    [] {
       auto specs = snapkv_param_specs();
       specs.push_back({"beta", "20", "pyramid steepness: the top layer keeps (budget - window) / beta"});
       return specs;

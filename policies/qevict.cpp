@@ -166,7 +166,8 @@ class QevictDecode : public DecodeState {
       const auto& cache = s.cache[kv];
       for (std::size_t m = 0; m < cache.size(); ++m) {
         double w = 0;
-        for (int r = 0; r < group_; ++r) w += s.attention[kv * static_cast<std::size_t>(group_) + static_cast<std::size_t>(r)][m];
+        for (int r = 0; r < group_; ++r)
+          w += s.attention[kv * static_cast<std::size_t>(group_) + static_cast<std::size_t>(r)][m];
         DecodeScore& d = acc[cache[m]];
         d.sum += w / group_;
         ++d.seen;
@@ -248,7 +249,8 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
     {{"base", "snapkv", "scoring policy giving token scores (its parameters follow '/')"},
      {"window", "32", "window length in tokens (windows also break at segment boundaries)"},
      {"agg", "mean", "window confidence: mean | max of its tokens' scores"},
-     {"hi_share", "0.5", "share of the byte budget for the fp16 tier (pins may exceed it); 1 = keep/drop, 0 = quantized/drop"},
+     {"hi_share", "0.5",
+      "share of the byte budget for the fp16 tier (pins may exceed it); 1 = keep/drop, 0 = quantized/drop"},
      {"bits", "4", "quantized tier: 2 | 4 | 8 bits per value"},
      {"group", "32", "quantized tier: channels per scale group"},
      {"symmetric", "false", "quantized tier: absmax (true) or min-max (false)"},
@@ -258,7 +260,8 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
      {"retier", "128", "decode: re-tier every this many steps by score + accumulated attention (0: never)"}},
     [](const Params& p) {
       TierSpec t;
-      t.quant = IntSpec{static_cast<int>(p.integer("bits")), static_cast<int>(p.integer("group")), p.boolean("symmetric")};
+      t.quant =
+          IntSpec{static_cast<int>(p.integer("bits")), static_cast<int>(p.integer("group")), p.boolean("symmetric")};
       int_codec(t.quant.bits);
       t.window = static_cast<int>(p.integer("window"));
       t.sinks = static_cast<int>(p.integer("sinks"));
@@ -267,7 +270,8 @@ KVSIM_REGISTER_POLICY(PolicyInfo{
       t.agg = p.choice("agg", {"mean", "max"}) == "max" ? WindowScore::Max : WindowScore::Mean;
       t.pinned_segments = parse_segment_list(p.text("pin"), "qevict", "pin");
       t.retier = static_cast<int>(p.integer("retier"));
-      if (t.window < 1) throw Error("policy qevict: parameter 'window' = " + std::to_string(t.window) + ", expected >= 1");
+      if (t.window < 1)
+        throw Error("policy qevict: parameter 'window' = " + std::to_string(t.window) + ", expected >= 1");
       if (t.sinks < 0 || t.recent < 0 || t.retier < 0)
         throw Error("policy qevict: parameters 'sinks', 'recent' and 'retier' must be >= 0");
       if (!(t.hi_share >= 0 && t.hi_share <= 1))

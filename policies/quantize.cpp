@@ -57,7 +57,9 @@ void absmax_group(float* x, std::int64_t n, int bits, GroupCodes* codes = nullpt
 }
 
 // A channel group never spans more than one row: groups wider than head_dim are one per row.
-int channel_group(int group, std::int64_t head_dim) { return static_cast<int>(std::min<std::int64_t>(group, head_dim)); }
+int channel_group(int group, std::int64_t head_dim) {
+  return static_cast<int>(std::min<std::int64_t>(group, head_dim));
+}
 
 void check_bits(int bits, const char* what) {
   if (bits != 2 && bits != 4 && bits != 8)
@@ -100,15 +102,18 @@ void check_int_spec(const IntSpec& s, int head_dim) {
 }
 
 double int_row_bytes(const IntSpec& s, int head_dim) {
-  return head_dim * s.bits / 8.0 + static_cast<double>(head_dim / channel_group(s.group, head_dim)) * (s.symmetric ? 2.0 : 4.0);
+  return head_dim * s.bits / 8.0 +
+         static_cast<double>(head_dim / channel_group(s.group, head_dim)) * (s.symmetric ? 2.0 : 4.0);
 }
 
 void int_roundtrip(const IntSpec& s, std::span<float> row) {
   const int group = channel_group(s.group, static_cast<std::int64_t>(row.size()));
   for (std::size_t g0 = 0; g0 < row.size(); g0 += static_cast<std::size_t>(group)) {
     float* x = row.data() + g0;
-    if (s.symmetric) absmax_group(x, group, s.bits);
-    else minmax_group(x, group, 1, s.bits);
+    if (s.symmetric)
+      absmax_group(x, group, s.bits);
+    else
+      minmax_group(x, group, 1, s.bits);
   }
 }
 
@@ -126,8 +131,10 @@ void int_pack_row(const IntSpec& s, std::span<const float> row, std::int32_t pos
   r.param = static_cast<std::int64_t>(t.params.size() / 2);
   for (std::int64_t g0 = 0; g0 < d; g0 += group) {
     GroupCodes gc{u.data() + g0};
-    if (s.symmetric) absmax_group(x.data() + g0, group, s.bits, &gc);
-    else minmax_group(x.data() + g0, group, 1, s.bits, &gc);
+    if (s.symmetric)
+      absmax_group(x.data() + g0, group, s.bits, &gc);
+    else
+      minmax_group(x.data() + g0, group, 1, s.bits, &gc);
     push_pair(t, gc);
   }
   r.data = append_codes(t.codes, u.data(), d, s.bits);
@@ -139,7 +146,8 @@ void check_kivi_spec(const KiviSpec& s, int head_dim) {
   if (s.group <= 0 || head_dim % channel_group(s.group, head_dim) != 0)
     throw Error("kivi: group = " + std::to_string(s.group) + " does not divide head_dim " + std::to_string(head_dim));
   if (s.residual < 0 || s.residual % s.group != 0)
-    throw Error("kivi: residual = " + std::to_string(s.residual) + " is not a multiple of group " + std::to_string(s.group));
+    throw Error("kivi: residual = " + std::to_string(s.residual) + " is not a multiple of group " +
+                std::to_string(s.group));
 }
 
 // Without a residual window, keys still quantize only in whole token groups (a partial group has
@@ -172,14 +180,15 @@ void kivi_roundtrip(const KiviSpec& s, int head_dim, std::int64_t n, std::span<f
     for (std::int64_t c0 = 0; c0 < d; c0 += vg) minmax_group(values.data() + t * d + c0, vg, 1, s.bits);
 }
 
-void kivi_pack(const KiviSpec& s, int head_dim, std::int64_t n, std::span<const float> keys, std::span<const float> values,
-               std::span<const std::int32_t> positions, PackedEntry& out) {
+void kivi_pack(const KiviSpec& s, int head_dim, std::int64_t n, std::span<const float> keys,
+               std::span<const float> values, std::span<const std::int32_t> positions, PackedEntry& out) {
   check_kivi_spec(s, head_dim);
   const std::int64_t d = head_dim;
   if (static_cast<std::int64_t>(positions.size()) != n || static_cast<std::int64_t>(keys.size()) != n * d ||
       static_cast<std::int64_t>(values.size()) != n * d)
-    throw Error("kivi: pack of " + std::to_string(n) + " tokens got " + std::to_string(positions.size()) + " positions and " +
-                std::to_string(keys.size()) + " / " + std::to_string(values.size()) + " key / value floats");
+    throw Error("kivi: pack of " + std::to_string(n) + " tokens got " + std::to_string(positions.size()) +
+                " positions and " + std::to_string(keys.size()) + " / " + std::to_string(values.size()) +
+                " key / value floats");
   out = PackedEntry{};
   out.head_dim = head_dim;
   PackedTensor& k = out.k;
@@ -195,7 +204,8 @@ void kivi_pack(const KiviSpec& s, int head_dim, std::int64_t n, std::span<const 
       GroupCodes gc{column.data()};
       minmax_group(block.data() + ch, s.group, d, s.bits, &gc);
       push_pair(k, gc);
-      for (int i = 0; i < s.group; ++i) codes[static_cast<std::size_t>(i * d + ch)] = column[static_cast<std::size_t>(i)];
+      for (int i = 0; i < s.group; ++i)
+        codes[static_cast<std::size_t>(i * d + ch)] = column[static_cast<std::size_t>(i)];
     }
     for (int i = 0; i < s.group; ++i) {
       PackedRow r;
@@ -206,14 +216,16 @@ void kivi_pack(const KiviSpec& s, int head_dim, std::int64_t n, std::span<const 
       k.rows.push_back(r);
     }
   }
-  for (std::int64_t t = qk; t < n; ++t) pack_fp16_row(k, keys.data() + t * d, head_dim, positions[static_cast<std::size_t>(t)]);
+  for (std::int64_t t = qk; t < n; ++t)
+    pack_fp16_row(k, keys.data() + t * d, head_dim, positions[static_cast<std::size_t>(t)]);
   // Values: per token over channel groups, as intN stores them; the last min(n, R) stay fp16.
   const std::int64_t qv = n - kivi_fp16_values(s, n);
   const IntSpec vs{s.bits, s.group, false};
   for (std::int64_t t = 0; t < qv; ++t)
     int_pack_row(vs, values.subspan(static_cast<std::size_t>(t * d), static_cast<std::size_t>(d)),
                  positions[static_cast<std::size_t>(t)], out.v);
-  for (std::int64_t t = qv; t < n; ++t) pack_fp16_row(out.v, values.data() + t * d, head_dim, positions[static_cast<std::size_t>(t)]);
+  for (std::int64_t t = qv; t < n; ++t)
+    pack_fp16_row(out.v, values.data() + t * d, head_dim, positions[static_cast<std::size_t>(t)]);
 }
 
 }  // namespace kvsim

@@ -48,7 +48,7 @@ double kivi_bytes(const KiviSpec& s, int head_dim, std::int64_t n);
 void kivi_roundtrip(const KiviSpec& s, int head_dim, std::int64_t n, std::span<float> keys, std::span<float> values);
 // The stored form of that cache (kivi_bytes of payload): each key token group shares one run of
 // head_dim (scale, min) pairs, value rows have their own per channel group; fp16 rows as above.
-void kivi_pack(const KiviSpec& s, int head_dim, std::int64_t n, std::span<const float> keys, std::span<const float> values,
-               std::span<const std::int32_t> positions, PackedEntry& out);
+void kivi_pack(const KiviSpec& s, int head_dim, std::int64_t n, std::span<const float> keys,
+               std::span<const float> values, std::span<const std::int32_t> positions, PackedEntry& out);
 
 }  // namespace kvsim

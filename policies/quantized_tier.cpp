@@ -17,8 +17,10 @@ HeadPlan fit_quantized(std::int64_t n, double budget, int sinks, TokenCodec code
   std::int64_t lo = 0, hi = n;  // largest k in [0, n] with bytes(k) <= budget (bytes grows with k)
   while (lo < hi) {
     const std::int64_t mid = (lo + hi + 1) / 2;
-    if (bytes(mid) <= budget) lo = mid;
-    else hi = mid - 1;
+    if (bytes(mid) <= budget)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   HeadPlan p;
   p.position_fallback = lo < n;
@@ -33,15 +35,19 @@ LayerPlan fit_every_head(const LayerSignals& s, const Budget& b, int sinks, Toke
                          const std::function<double(std::int64_t)>& bytes) {
   LayerPlan plan;
   for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv)
-    plan.heads.push_back(fit_quantized(static_cast<std::int64_t>(s.cached(kv).size()), head_byte_budget(s, b), sinks, codec, bytes));
+    plan.heads.push_back(
+        fit_quantized(static_cast<std::int64_t>(s.cached(kv).size()), head_byte_budget(s, b), sinks, codec, bytes));
   return plan;
 }
 
 TokenCodec int_codec(int bits) {
   switch (bits) {
-    case 8: return TokenCodec::Int8;
-    case 4: return TokenCodec::Int4;
-    case 2: return TokenCodec::Int2;
+    case 8:
+      return TokenCodec::Int8;
+    case 4:
+      return TokenCodec::Int4;
+    case 2:
+      return TokenCodec::Int2;
   }
   throw Error("bits = " + std::to_string(bits) + ", expected 2, 4 or 8");
 }

@@ -37,8 +37,8 @@ class IntCodec : public KvCodec {
   double host_bytes(const HeadPlan& plan, int head_dim) const override;
   void reconstruct(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
                    std::span<float> keys, std::span<float> values) const override;
-  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions, std::span<const float> keys,
-            std::span<const float> values, PackedEntry& out) const override;
+  void pack(const HeadPlan& plan, const ModelGeometry& g, std::span<const std::int32_t> positions,
+            std::span<const float> keys, std::span<const float> values, PackedEntry& out) const override;
   const IntSpec& spec() const { return s_; }
 
  private:

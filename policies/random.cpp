@@ -38,11 +38,11 @@ class Random : public ScoringPolicy {
 
 }  // namespace
 
-KVSIM_REGISTER_POLICY(PolicyInfo{"random", "uniformly random keep-set per (layer, KV head); a control",
-                                 "-",
-                                 {{"seed", "0", "random seed (written to the results)"}},
-                                 [](const Params& p) {
-                                   return std::make_unique<Random>(static_cast<std::uint64_t>(p.integer("seed")));
-                                 }});
+KVSIM_REGISTER_POLICY(PolicyInfo{
+    "random",
+    "uniformly random keep-set per (layer, KV head); a control",
+    "-",
+    {{"seed", "0", "random seed (written to the results)"}},
+    [](const Params& p) { return std::make_unique<Random>(static_cast<std::uint64_t>(p.integer("seed"))); }});
 
 }  // namespace kvsim

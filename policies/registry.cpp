@@ -53,7 +53,8 @@ const PolicyInfo& PolicyRegistry::find(const std::string& name) const {
   for (const auto* info : all()) valid += (valid.empty() ? "" : ", ") + info->name;
   std::string aliases;
   for (const auto& [alias, target] : aliases_) aliases += (aliases.empty() ? "" : ", ") + alias + " = " + target;
-  throw Error("unknown policy '" + name + "'; valid policies: " + valid + (aliases.empty() ? "" : "; aliases: " + aliases));
+  throw Error("unknown policy '" + name + "'; valid policies: " + valid +
+              (aliases.empty() ? "" : "; aliases: " + aliases));
 }
 
 std::vector<const PolicyInfo*> PolicyRegistry::all() const {

@@ -61,10 +61,10 @@ std::string table_label(const std::string& label);
 #define KVSIM_POLICY_CONCAT_(a, b) a##b
 #define KVSIM_POLICY_CONCAT(a, b) KVSIM_POLICY_CONCAT_(a, b)
 // Registers a policy at static-initialisation time: KVSIM_REGISTER_POLICY(PolicyInfo{...});
-#define KVSIM_REGISTER_POLICY(...)                                                    \
+#define KVSIM_REGISTER_POLICY(...)                                                             \
   static const bool KVSIM_POLICY_CONCAT(kvsim_policy_registered_, __LINE__) [[maybe_unused]] = \
       ::kvsim::PolicyRegistry::instance().add(__VA_ARGS__)
 // KVSIM_REGISTER_POLICY_ALIAS("other_name", "name"): `other_name` selects the policy `name`.
-#define KVSIM_REGISTER_POLICY_ALIAS(alias, name)                                                  \
+#define KVSIM_REGISTER_POLICY_ALIAS(alias, name)                                          \
   static const bool KVSIM_POLICY_CONCAT(kvsim_policy_alias_, __LINE__) [[maybe_unused]] = \
       ::kvsim::PolicyRegistry::instance().add_alias(alias, name)

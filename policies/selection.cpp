@@ -58,7 +58,8 @@ std::vector<float> pool1d(std::span<const float> x, int kernel, PoolKind kind) {
   const auto n = static_cast<std::int64_t>(x.size());
   const std::int64_t half = kernel / 2;
   for (std::int64_t j = 0; j < n; ++j) {
-    const std::int64_t lo = std::max<std::int64_t>(0, j - half), hi = std::min<std::int64_t>(n - 1, j - half + kernel - 1);
+    const std::int64_t lo = std::max<std::int64_t>(0, j - half),
+                       hi = std::min<std::int64_t>(n - 1, j - half + kernel - 1);
     if (kind == PoolKind::Avg) {
       double s = 0;
       for (std::int64_t i = lo; i <= hi; ++i) s += x[static_cast<std::size_t>(i)];
@@ -82,10 +83,14 @@ GqaAgg parse_gqa(const std::string& s, const std::string& policy) {
 
 const char* gqa_name(GqaAgg a) {
   switch (a) {
-    case GqaAgg::Mean: return "mean";
-    case GqaAgg::Max: return "max";
-    case GqaAgg::Sum: return "sum";
-    case GqaAgg::PerQueryHead: return "per_query_head";
+    case GqaAgg::Mean:
+      return "mean";
+    case GqaAgg::Max:
+      return "max";
+    case GqaAgg::Sum:
+      return "sum";
+    case GqaAgg::PerQueryHead:
+      return "per_query_head";
   }
   return "?";
 }
@@ -105,7 +110,8 @@ std::vector<HeadScores> group_scores(std::vector<HeadScores> per_q_head, int gro
 }
 
 std::vector<float> aggregate_group(const std::vector<std::vector<float>>& per_q_head, GqaAgg agg) {
-  std::vector<float> out(per_q_head.front().size(), agg == GqaAgg::Max ? -std::numeric_limits<float>::infinity() : 0.0f);
+  std::vector<float> out(per_q_head.front().size(),
+                         agg == GqaAgg::Max ? -std::numeric_limits<float>::infinity() : 0.0f);
   for (const auto& s : per_q_head)
     for (std::size_t j = 0; j < out.size(); ++j) out[j] = agg == GqaAgg::Max ? std::max(out[j], s[j]) : out[j] + s[j];
   if (agg == GqaAgg::Mean)
@@ -145,7 +151,8 @@ const std::vector<HeadScores>& ScoringPolicy::cached_score(const LayerSignals& s
   return *static_cast<const std::vector<HeadScores>*>(p.get());
 }
 
-std::vector<std::uint8_t> protect_cached(std::span<const std::int32_t> cached, std::int64_t sinks, std::int64_t window) {
+std::vector<std::uint8_t> protect_cached(std::span<const std::int32_t> cached, std::int64_t sinks,
+                                         std::int64_t window) {
   const auto n = static_cast<std::int64_t>(cached.size());
   std::vector<std::uint8_t> p(static_cast<std::size_t>(n), 0);
   for (std::int64_t m = 0; m < n; ++m)

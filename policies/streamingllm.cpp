@@ -57,7 +57,8 @@ class StreamingLlm : public ScoringPolicy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "streamingllm", "attention sinks + most recent tokens (no position shift: keys keep their trace RoPE)",
+    "streamingllm",
+    "attention sinks + most recent tokens (no position shift: keys keep their trace RoPE)",
     "Xiao et al., ICLR 2024, arXiv 2309.17453",
     {{"sinks", "4", "first tokens always kept (paper and kvpress: 4)"},
      {"phase", "decode", "decode: evict at every step (paper) | prefill: once at the compression point (kvpress)"}},

@@ -69,12 +69,14 @@ class Structure : public Policy {
       std::vector<std::pair<double, std::size_t>> remainder;
       std::int64_t given = 0;
       for (std::size_t r = 0; r < runs.size() && total > 0; ++r) {
-        const double exact = static_cast<double>(rest) * static_cast<double>(runs[r].second - runs[r].first) / static_cast<double>(total);
+        const double exact = static_cast<double>(rest) * static_cast<double>(runs[r].second - runs[r].first) /
+                             static_cast<double>(total);
         share[r] = std::min<std::int64_t>(static_cast<std::int64_t>(std::floor(exact)), runs[r].second - runs[r].first);
         given += share[r];
         remainder.push_back({exact - std::floor(exact), r});
       }
-      std::stable_sort(remainder.begin(), remainder.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+      std::stable_sort(remainder.begin(), remainder.end(),
+                       [](const auto& x, const auto& y) { return x.first > y.first; });
       for (const auto& [frac, r] : remainder) {
         if (given >= std::min(rest, total)) break;
         if (share[r] < runs[r].second - runs[r].first) {
@@ -101,7 +103,8 @@ class Structure : public Policy {
 }  // namespace
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
-    "structure", "[interp] pin the system prompt and question; other segment runs share the rest by length, by base scores",
+    "structure",
+    "[interp] pin the system prompt and question; other segment runs share the rest by length, by base scores",
     "seed idea (prompt structure as a signal); methods.md §10.c structural windows",
     {{"base", "snapkv", "scoring policy ranking tokens inside each run (its parameters follow '/')"},
      {"pin", "system/question", "segments always kept, '/'-separated: system, context, question"}},

@@ -30,7 +30,9 @@ class TovaDecode : public DecodeState {
         for (auto& e : evict) e.push_back(cache[m]);
   }
   // The mean over heads orders tokens as their sum does: the rule sums, as step() does.
-  std::optional<DecodeRuleStart> rule() const override { return DecodeRuleStart{DecodeRule{false, true, HeadCombine::Sum, 1}, {}}; }
+  std::optional<DecodeRuleStart> rule() const override {
+    return DecodeRuleStart{DecodeRule{false, true, HeadCombine::Sum, 1}, {}};
+  }
 };
 
 class Tova : public ScoringPolicy {
@@ -61,14 +63,14 @@ class Tova : public ScoringPolicy {
 
 }  // namespace
 
-KVSIM_REGISTER_POLICY(PolicyInfo{"tova",
-                                 "attention of the current query, mean over all heads of the layer, same set for "
-                                 "every KV head",
-                                 "Oren et al., EMNLP 2024, arXiv 2401.06104",
-                                 {{"phase", "decode",
-                                   "decode: drop the lowest token every step (paper) | prefill: once (kvpress)"}},
-                                 [](const Params& p) {
-                                   return std::make_unique<Tova>(p.choice("phase", {"decode", "prefill"}) == "decode");
-                                 }});
+KVSIM_REGISTER_POLICY(PolicyInfo{
+    "tova",
+    "attention of the current query, mean over all heads of the layer, same set for "
+    "every KV head",
+    "Oren et al., EMNLP 2024, arXiv 2401.06104",
+    {{"phase", "decode", "decode: drop the lowest token every step (paper) | prefill: once (kvpress)"}},
+    [](const Params& p) {
+      return std::make_unique<Tova>(p.choice("phase", {"decode", "prefill"}) == "decode");
+    }});
 
 }  // namespace kvsim

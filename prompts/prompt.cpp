@@ -61,7 +61,8 @@ Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::st
   return p;
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, const std::vector<std::int64_t>& splits,
+std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end,
+                                                                  const std::vector<std::int64_t>& splits,
                                                                   std::int64_t chunk) {
   std::vector<std::pair<std::int64_t, std::int64_t>> out;
   for (std::int64_t s = 0; s < end;) {

@@ -29,7 +29,8 @@ Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::st
 // split too (the question's start; live verify's compression cuts), counting afresh from each, so
 // a run that stops at the question (query-agnostic verify) computes the context exactly as a
 // capture that runs on did.
-std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end, const std::vector<std::int64_t>& splits,
+std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t end,
+                                                                  const std::vector<std::int64_t>& splits,
                                                                   std::int64_t chunk);
 
 // The strings a free generation should contain: the request's `expected` list, else its answer.

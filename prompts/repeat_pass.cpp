@@ -37,8 +37,10 @@ RepeatPass run_repeat_pass(Engine& model, const Tokenizer& tok, const Prompt& p,
   if (chunk_tokens < 1) throw Error("repeat pass: chunk size must be >= 1");
   const auto [begin, end] = context_span(p);
   if (model.cached_tokens() != end)
-    throw Error("repeat pass: the cache holds " + std::to_string(model.cached_tokens()) + " tokens, expected the prompt up to "
-                "the context's end (" + std::to_string(end) + ")");
+    throw Error("repeat pass: the cache holds " + std::to_string(model.cached_tokens()) +
+                " tokens, expected the prompt up to "
+                "the context's end (" +
+                std::to_string(end) + ")");
   const ModelConfig& c = model.config();
   RepeatPass out;
   out.q.assign(static_cast<std::size_t>(c.n_layers), {});

@@ -36,7 +36,8 @@ std::vector<CaptureRequest> read_capture_requests(const std::string& path) {
     };
     CaptureRequest r;
     r.line = n;
-    r.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump()) : "r" + std::to_string(out.size());
+    r.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump())
+                            : "r" + std::to_string(out.size());
     if (j.contains("text")) {
       r.context = text("text", true);
     } else {

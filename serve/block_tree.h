@@ -18,7 +18,7 @@ class BlockTree {
   // -1 for a root. The graph's in-edge, read from the trace's own parent list (the same edge):
   // it is on the replay's hot path.
   std::int32_t parent(std::int32_t block) const { return trace_.parent[static_cast<std::size_t>(block)]; }
-  std::int64_t children(std::int32_t block) const;    // blocks that follow it anywhere
+  std::int64_t children(std::int32_t block) const;  // blocks that follow it anywhere
   // Its first child (in graph order) for which `pred` holds, or -1.
   std::int32_t find_child(std::int32_t block, const std::function<bool(std::int32_t)>& pred) const;
   std::size_t blocks() const { return trace_.blocks(); }

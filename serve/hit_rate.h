@@ -16,7 +16,9 @@ struct HitRateResult {
   std::int64_t capacity = 0;  // blocks
   std::int64_t requests = 0, block_refs = 0, hit_blocks = 0, tokens = 0, hit_tokens = 0, evictions = 0;
   double seconds = 0;
-  double block_hit_rate() const { return block_refs ? static_cast<double>(hit_blocks) / static_cast<double>(block_refs) : 0.0; }
+  double block_hit_rate() const {
+    return block_refs ? static_cast<double>(hit_blocks) / static_cast<double>(block_refs) : 0.0;
+  }
   double token_hit_rate() const { return tokens ? static_cast<double>(hit_tokens) / static_cast<double>(tokens) : 0.0; }
 };
 

@@ -21,7 +21,9 @@ double run_bytes(const std::vector<BlockState>& blocks, std::size_t from, std::s
   return b;
 }
 
-double recompute_ms(const BlockState& b, const MaterializeCosts& c) { return c.prefill.recompute_ms(b.start, b.tokens); }
+double recompute_ms(const BlockState& b, const MaterializeCosts& c) {
+  return c.prefill.recompute_ms(b.start, b.tokens);
+}
 
 double transition_ms(const BlockState& b, const MaterializeCosts& c) {
   const std::int64_t k = transition_tokens(b.tokens, c.transition_diff);
@@ -87,7 +89,8 @@ std::string way_name(Way w) {
 }
 
 std::int64_t transition_tokens(std::int64_t tokens, double diff) {
-  return std::min(tokens, std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(diff * static_cast<double>(tokens)))));
+  return std::min(tokens,
+                  std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(diff * static_cast<double>(tokens)))));
 }
 
 MaterializePlan plan_materialization(const std::vector<BlockState>& blocks, const MaterializeCosts& c) {

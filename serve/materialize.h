@@ -30,11 +30,11 @@ struct Link {
 
 // One block of a request, as the planner sees it.
 struct BlockState {
-  std::int64_t start = 0, tokens = 0;   // its first token's position, its token count
-  double bytes = 0;                     // its KV bytes as held (compressed, paged)
-  std::array<bool, kTiers> in{};        // cached in HBM / DRAM / SSD
-  int sibling_tier = -1;                // the fastest tier holding a sibling, -1 for none
-  std::int32_t sibling = -1;            // that sibling (for the caller; the planner reads its bytes)
+  std::int64_t start = 0, tokens = 0;  // its first token's position, its token count
+  double bytes = 0;                    // its KV bytes as held (compressed, paged)
+  std::array<bool, kTiers> in{};       // cached in HBM / DRAM / SSD
+  int sibling_tier = -1;               // the fastest tier holding a sibling, -1 for none
+  std::int32_t sibling = -1;           // that sibling (for the caller; the planner reads its bytes)
   double sibling_bytes = 0;
 };
 
@@ -46,8 +46,8 @@ struct MaterializeCosts {
 };
 
 struct MaterializePlan {
-  std::vector<Way> way;     // per block
-  double ms = 0;            // the path's cost
+  std::vector<Way> way;          // per block
+  double ms = 0;                 // the path's cost
   double recompute_only_ms = 0;  // HBM blocks reused, every other block recomputed
   double load_only_ms = 0;       // HBM reused, then any block in a tier loaded, the rest recomputed
 };

@@ -131,16 +131,22 @@ struct PrefixCache::Impl {
   // b's place in the eviction order: (first, second), the smallest evicted first.
   std::pair<double, double> key(std::int32_t b) const {
     const auto u = static_cast<std::size_t>(b);
-    const auto l = static_cast<double>(last[u]), h = static_cast<double>(hits[u]), t = static_cast<double>(trace.tokens[u]);
+    const auto l = static_cast<double>(last[u]), h = static_cast<double>(hits[u]),
+               t = static_cast<double>(trace.tokens[u]);
     switch (o.kind) {
-      case Eviction::Lru: return {l, 0.0};
-      case Eviction::Lfu: return {h, l};
-      case Eviction::Slru: return {static_cast<double>(prot[u]), l};
-      case Eviction::HitsPerToken: return {h / t, l};
+      case Eviction::Lru:
+        return {l, 0.0};
+      case Eviction::Lfu:
+        return {h, l};
+      case Eviction::Slru:
+        return {static_cast<double>(prot[u]), l};
+      case Eviction::HitsPerToken:
+        return {h / t, l};
       case Eviction::Rppc: {
         // Value = frequency x latency benefit / footprint; the benefit is what a hit saves
         // against recomputing the block after its cached prefix.
-        const double recompute = o.cost.recompute_ms(static_cast<std::int64_t>(trace.depth[u]) * trace.block_size, trace.tokens[u]);
+        const double recompute =
+            o.cost.recompute_ms(static_cast<std::int64_t>(trace.depth[u]) * trace.block_size, trace.tokens[u]);
         return {h * std::max(0.0, recompute - o.load_ms_per_token * t) / t, l};
       }
     }
@@ -249,7 +255,8 @@ PrefixCache::PrefixCache(const BlockTree& tree, std::int64_t capacity, EvictionO
   if (capacity < 1) throw Error("prefix cache: capacity " + std::to_string(capacity) + " blocks; expected >= 1");
   if (!(options.slru_protected > 0 && options.slru_protected <= 1))
     throw Error("prefix cache: SLRU protected share " + std::to_string(options.slru_protected) + "; expected (0, 1]");
-  impl_->protected_cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(options.slru_protected * static_cast<double>(capacity)));
+  impl_->protected_cap =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(options.slru_protected * static_cast<double>(capacity)));
 }
 
 PrefixCache::~PrefixCache() = default;

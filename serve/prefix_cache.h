@@ -22,8 +22,8 @@ const std::vector<std::string>& eviction_names();
 
 struct EvictionOptions {
   Eviction kind = Eviction::Lru;
-  double slru_protected = 0.8;  // SLRU: the protected segment's share of the capacity
-  PrefillCost cost;             // RPPC: what recomputing a block costs
+  double slru_protected = 0.8;   // SLRU: the protected segment's share of the capacity
+  PrefillCost cost;              // RPPC: what recomputing a block costs
   double load_ms_per_token = 0;  // RPPC: loading a block from this tier (0 for HBM)
 };
 
@@ -47,7 +47,7 @@ class PrefixCache {
   // call's. The caller keeps the capacity: insert never evicts, evict removes one victim.
   void touch(std::int32_t block, std::int64_t now);   // a hit on a cached block
   void insert(std::int32_t block, std::int64_t now);  // an uncached block; its parent need not be here
-  std::int32_t evict(std::int64_t now);                // the policy's victim, or -1 when none is evictable
+  std::int32_t evict(std::int64_t now);               // the policy's victim, or -1 when none is evictable
   // A pinned block (held by a running request) is never a victim. Counted: returns whether the
   // block's pin count went from 0 to 1 (pin) or back to 0 (unpin).
   bool pin(std::int32_t block);

@@ -42,8 +42,8 @@ double number(const nlohmann::json& j, const char* key, const std::string& where
 
 // Solves the normal equations of y = X w for the columns in `use` (others 0), by Gaussian
 // elimination; returns false when they are singular.
-bool least_squares(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y, const std::array<bool, 3>& use,
-                   std::array<double, 3>& w) {
+bool least_squares(const std::vector<std::array<double, 3>>& x, const std::vector<double>& y,
+                   const std::array<bool, 3>& use, std::array<double, 3>& w) {
   std::vector<int> cols;
   for (int k = 0; k < 3; ++k)
     if (use[static_cast<std::size_t>(k)]) cols.push_back(k);
@@ -51,7 +51,8 @@ bool least_squares(const std::vector<std::array<double, 3>>& x, const std::vecto
   std::vector<std::vector<double>> m(n, std::vector<double>(n + 1, 0.0));
   for (std::size_t s = 0; s < x.size(); ++s)
     for (std::size_t i = 0; i < n; ++i) {
-      for (std::size_t j = 0; j < n; ++j) m[i][j] += x[s][static_cast<std::size_t>(cols[i])] * x[s][static_cast<std::size_t>(cols[j])];
+      for (std::size_t j = 0; j < n; ++j)
+        m[i][j] += x[s][static_cast<std::size_t>(cols[i])] * x[s][static_cast<std::size_t>(cols[j])];
       m[i][n] += x[s][static_cast<std::size_t>(cols[i])] * y[s];
     }
   for (std::size_t i = 0; i < n; ++i) {
@@ -166,7 +167,8 @@ std::vector<double> fit_nonnegative(const std::vector<CostSample>& samples, bool
     }
   }
   if (best_err < 0)
-    throw Error("cost fit: " + std::to_string(samples.size()) + " samples admit no fit with coefficients >= 0; measure more lengths");
+    throw Error("cost fit: " + std::to_string(samples.size()) +
+                " samples admit no fit with coefficients >= 0; measure more lengths");
   return {best[0], best[1], best[2]};
 }
 

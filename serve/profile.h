@@ -19,10 +19,10 @@ struct DecodeCost {
 };
 
 struct ServeProfile {
-  std::string name, source;          // source: "fitted: ..." or "public specs: ..."
+  std::string name, source;  // source: "fitted: ..." or "public specs: ..."
   PrefillCost prefill;
   DecodeCost decode;
-  double kv_bytes_per_token = 0;     // K and V over every layer, fp16
+  double kv_bytes_per_token = 0;  // K and V over every layer, fp16
 };
 
 // The profiles built in: llama2-7b-h100, llama2-7b-h200.

@@ -35,7 +35,7 @@ RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_siz
   t.path = path;
   t.block_size = block_size;
   std::unordered_map<std::int64_t, std::int32_t> index;  // the hash index: file id -> block
-  std::vector<std::int64_t> first_line;                   // [block] where it first appeared
+  std::vector<std::int64_t> first_line;                  // [block] where it first appeared
   std::string text;
   std::int64_t line = 0;
   while (std::getline(in, text)) {
@@ -72,10 +72,12 @@ RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_siz
     for (std::size_t i = 0; i < ids->size(); ++i) {
       const nlohmann::json& h = (*ids)[i];
       if (!h.is_number_integer())
-        throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " is " + h.dump() + "; expected an integer");
+        throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " is " + h.dump() +
+                    "; expected an integer");
       const auto [it, fresh] = index.emplace(h.get<std::int64_t>(), static_cast<std::int32_t>(t.parent.size()));
       const std::int32_t b = it->second;
-      const std::int64_t tokens = i + 1 < ids->size() ? block_size : r.input_tokens - block_size * static_cast<std::int64_t>(i);
+      const std::int64_t tokens =
+          i + 1 < ids->size() ? block_size : r.input_tokens - block_size * static_cast<std::int64_t>(i);
       if (fresh) {
         t.parent.push_back(prev);
         t.depth.push_back(static_cast<std::int32_t>(i));
@@ -83,14 +85,15 @@ RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_siz
         t.tokens.push_back(tokens);
         first_line.push_back(line);
       } else if (t.parent[static_cast<std::size_t>(b)] != prev) {
-        throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " (" + h.dump() + ") follows another block " +
-                    "than on line " + std::to_string(first_line[static_cast<std::size_t>(b)]) +
+        throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " (" + h.dump() +
+                    ") follows another block " + "than on line " +
+                    std::to_string(first_line[static_cast<std::size_t>(b)]) +
                     "; expected prefix hashes (equal ids = equal prefixes)");
       } else if (t.tokens[static_cast<std::size_t>(b)] != tokens) {
         throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " (" + h.dump() + ") holds " +
-                    std::to_string(tokens) + " tokens here and " + std::to_string(t.tokens[static_cast<std::size_t>(b)]) +
-                    " on line " + std::to_string(first_line[static_cast<std::size_t>(b)]) +
-                    "; expected one size per block id");
+                    std::to_string(tokens) + " tokens here and " +
+                    std::to_string(t.tokens[static_cast<std::size_t>(b)]) + " on line " +
+                    std::to_string(first_line[static_cast<std::size_t>(b)]) + "; expected one size per block id");
       }
       r.blocks.push_back(b);
       prev = b;

@@ -13,13 +13,14 @@ namespace kvsim::serve {
 constexpr std::int64_t kMooncakeBlockTokens = 512;
 
 struct ServeRequest {
-  std::int64_t line = 0;            // in the file (1-based), for messages
+  std::int64_t line = 0;  // in the file (1-based), for messages
   double arrival_ms = 0;
   std::int64_t input_tokens = 0, output_tokens = 0;
   std::vector<std::int32_t> blocks;  // dense block ids, prompt order
   // Tokens of its i-th block: full blocks, and the remainder in the last one.
   std::int64_t block_tokens(std::size_t i, std::int64_t block_size) const {
-    return i + 1 < blocks.size() ? block_size : input_tokens - block_size * static_cast<std::int64_t>(blocks.size() - 1);
+    return i + 1 < blocks.size() ? block_size
+                                 : input_tokens - block_size * static_cast<std::int64_t>(blocks.size() - 1);
   }
 };
 
@@ -27,10 +28,10 @@ struct RequestTrace {
   std::string path;
   std::int64_t block_size = kMooncakeBlockTokens;
   std::vector<ServeRequest> requests;
-  std::vector<std::int32_t> parent;      // [block] the block before it, -1 for a first block
-  std::vector<std::int32_t> depth;       // [block] its index in every prompt that holds it
-  std::vector<std::int64_t> hash;        // [block] the id in the file
-  std::vector<std::int64_t> tokens;      // [block] tokens it holds (512, or a tail's remainder)
+  std::vector<std::int32_t> parent;       // [block] the block before it, -1 for a first block
+  std::vector<std::int32_t> depth;        // [block] its index in every prompt that holds it
+  std::vector<std::int64_t> hash;         // [block] the id in the file
+  std::vector<std::int64_t> tokens;       // [block] tokens it holds (512, or a tail's remainder)
   std::int64_t block_references() const;  // blocks over all requests
   std::size_t blocks() const { return parent.size(); }
 };

@@ -60,7 +60,8 @@ class Simulation {
   std::int64_t tick() { return ++tick_; }
   // Arrivals count from the trace's first, scaled.
   double arrival_ms(std::int32_t req) const {
-    return (trace_.requests[static_cast<std::size_t>(req)].arrival_ms - trace_.requests.front().arrival_ms) / o_.time_scale;
+    return (trace_.requests[static_cast<std::size_t>(req)].arrival_ms - trace_.requests.front().arrival_ms) /
+           o_.time_scale;
   }
   void arrive(std::int32_t req);
   std::size_t route(const ServeRequest& r);
@@ -69,7 +70,8 @@ class Simulation {
   void end_step(std::size_t i, double ms);
   bool admit(Instance& in, std::int32_t req);
   std::vector<BlockState> block_states(const Instance& in, const ServeRequest& r) const;
-  void reserve_loads(Instance& in, const ServeRequest& r, const std::vector<BlockState>& st, const MaterializePlan& plan, Seq& s);
+  void reserve_loads(Instance& in, const ServeRequest& r, const std::vector<BlockState>& st,
+                     const MaterializePlan& plan, Seq& s);
   void evict_hbm(Instance& in, double need);
   void demote(Instance& in, int tier, std::int32_t block);
   double chunk_ms(const Seq& s, std::int64_t tokens) const;
@@ -81,7 +83,7 @@ class Simulation {
   const BlockTree& tree_;
   const RequestTrace& trace_;
   SimOptions o_;
-  double bpt_;  // KV bytes per token, after compression
+  double bpt_;                       // KV bytes per token, after compression
   std::vector<double> block_bytes_;  // [block] its KV bytes, compressed and paged
   MaterializeCosts costs_;
   EventQueue<double> q_;

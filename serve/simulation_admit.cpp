@@ -157,7 +157,8 @@ bool Simulation::admit(Instance& in, std::int32_t req) {
     const Way w = plan.way[i];
     if (w == Way::LoadDram || w == Way::LoadSsd)
       sources.emplace_back(in.tiers[w == Way::LoadDram ? 1 : 2].cache.get(), r.blocks[i]);
-    if (w == Way::Transition) sources.emplace_back(in.tiers[static_cast<std::size_t>(st[i].sibling_tier)].cache.get(), st[i].sibling);
+    if (w == Way::Transition)
+      sources.emplace_back(in.tiers[static_cast<std::size_t>(st[i].sibling_tier)].cache.get(), st[i].sibling);
   }
   for (const auto& [c, b] : sources) c->pin(b);
   evict_hbm(in, need);

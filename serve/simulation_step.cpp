@@ -74,8 +74,7 @@ void Simulation::start_step(std::size_t i) {
     chunks = true;
   }
   if (batch == 0 && !chunks) {  // idle until a load lands or a request arrives
-    if (next_ready < kInf)
-      q_.schedule(next_ready, kWake, [this, i] { start_step(i); });
+    if (next_ready < kInf) q_.schedule(next_ready, kWake, [this, i] { start_step(i); });
     return;
   }
   in.busy = true;
@@ -100,7 +99,8 @@ void Simulation::end_step(std::size_t i, double ms) {
   }
   samples_.tbt.add(ms, decoded);
   res_.output_tokens += decoded;
-  auto done = std::stable_partition(in.running.begin(), in.running.end(), [](const Seq& s) { return s.generated < s.output; });
+  auto done =
+      std::stable_partition(in.running.begin(), in.running.end(), [](const Seq& s) { return s.generated < s.output; });
   for (auto it = done; it != in.running.end(); ++it) finish(in, *it);
   in.running.erase(done, in.running.end());
   in.busy = false;

@@ -17,7 +17,11 @@ namespace kvsim::serve {
 namespace detail {
 
 Simulation::Simulation(const BlockTree& tree, const SimOptions& o)
-    : tree_(tree), trace_(tree.trace()), o_(o), bpt_(o.profile.kv_bytes_per_token * o.kv_ratio), inst_(static_cast<std::size_t>(o.instances)) {
+    : tree_(tree),
+      trace_(tree.trace()),
+      o_(o),
+      bpt_(o.profile.kv_bytes_per_token * o.kv_ratio),
+      inst_(static_cast<std::size_t>(o.instances)) {
   for (const std::int64_t t : trace_.tokens) block_bytes_.push_back(paged_bytes(t));
   costs_.prefill = o.profile.prefill;
   costs_.links[1] = {o.dram.gbps, o.dram.latency_ms};
@@ -35,7 +39,8 @@ Simulation::Simulation(const BlockTree& tree, const SimOptions& o)
       e.load_ms_per_token = t == 0 ? 0.0 : bpt_ / (costs_.links[static_cast<std::size_t>(t)].gbps * 1e6);
       Tier& tier = in.tiers[static_cast<std::size_t>(t)];
       // The simulation keeps bytes; the block capacity only sizes SLRU's protected segment.
-      const auto blocks = static_cast<std::int64_t>(capacity[static_cast<std::size_t>(t)] / paged_bytes(trace_.block_size));
+      const auto blocks =
+          static_cast<std::int64_t>(capacity[static_cast<std::size_t>(t)] / paged_bytes(trace_.block_size));
       tier.cache = std::make_unique<PrefixCache>(tree, std::max<std::int64_t>(1, blocks), e);
       tier.capacity = capacity[static_cast<std::size_t>(t)];
     }
@@ -92,8 +97,9 @@ void Simulation::check_accounting() const {
       ok = ok && std::abs(held - t.bytes) <= tolerance && t.bytes <= t.capacity + tolerance;
     }
     if (!ok)
-      throw std::logic_error("serve simulation: instance " + std::to_string(i) + "'s memory accounting drifted (reserved " +
-                             std::to_string(in.private_bytes) + " B, pinned " + std::to_string(in.pinned_bytes) + " B)");
+      throw std::logic_error("serve simulation: instance " + std::to_string(i) +
+                             "'s memory accounting drifted (reserved " + std::to_string(in.private_bytes) +
+                             " B, pinned " + std::to_string(in.pinned_bytes) + " B)");
   }
 }
 
@@ -150,11 +156,14 @@ std::string route_name(Route r) {
 }
 
 double SimResult::hit_rate() const {
-  return block_refs ? 1.0 - static_cast<double>(blocks_by_way[static_cast<int>(Way::Recompute)]) / static_cast<double>(block_refs) : 0.0;
+  return block_refs ? 1.0 - static_cast<double>(blocks_by_way[static_cast<int>(Way::Recompute)]) /
+                                static_cast<double>(block_refs)
+                    : 0.0;
 }
 
 double SimResult::share(Way w) const {
-  return block_refs ? static_cast<double>(blocks_by_way[static_cast<std::size_t>(w)]) / static_cast<double>(block_refs) : 0.0;
+  return block_refs ? static_cast<double>(blocks_by_way[static_cast<std::size_t>(w)]) / static_cast<double>(block_refs)
+                    : 0.0;
 }
 
 }  // namespace kvsim::serve
@@ -169,10 +178,12 @@ void check_options(const BlockTree& tree, const SimOptions& o) {
   if (o.instances < 1) fail("instances " + std::to_string(o.instances) + "; expected >= 1");
   if (!(o.hbm_gb > 0)) fail("HBM capacity " + std::to_string(o.hbm_gb) + " GB; expected > 0");
   for (const auto& [name, t] : {std::pair{"DRAM", o.dram}, std::pair{"SSD", o.ssd}}) {
-    if (!(t.capacity_gb >= 0)) fail(std::string(name) + " capacity " + std::to_string(t.capacity_gb) + " GB; expected >= 0");
+    if (!(t.capacity_gb >= 0))
+      fail(std::string(name) + " capacity " + std::to_string(t.capacity_gb) + " GB; expected >= 0");
     if (t.capacity_gb > 0 && !(t.gbps > 0))
       fail(std::string(name) + " bandwidth " + std::to_string(t.gbps) + " GB/s; expected > 0 for a tier with capacity");
-    if (!(t.latency_ms >= 0)) fail(std::string(name) + " latency " + std::to_string(t.latency_ms) + " ms; expected >= 0");
+    if (!(t.latency_ms >= 0))
+      fail(std::string(name) + " latency " + std::to_string(t.latency_ms) + " ms; expected >= 0");
   }
   if (o.max_batch_tokens < 1) fail("max batch tokens " + std::to_string(o.max_batch_tokens) + "; expected >= 1");
   if (o.max_seqs < 1) fail("max sequences " + std::to_string(o.max_seqs) + "; expected >= 1");

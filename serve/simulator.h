@@ -32,13 +32,13 @@ struct TierSpec {
 struct SimOptions {
   ServeProfile profile;
   int instances = 1;
-  double hbm_gb = 16;    // KV space per instance (after weights and activations)
-  TierSpec dram, ssd;    // per instance
+  double hbm_gb = 16;  // KV space per instance (after weights and activations)
+  TierSpec dram, ssd;  // per instance
   Eviction eviction = Eviction::Lru;
   double slru_protected = 0.8;
   std::int64_t max_batch_tokens = 2048;  // per step: decode tokens + prefill chunks
   int max_seqs = 256;                    // running sequences per instance
-  double kv_ratio = 1;    // KV bytes per token relative to the profile's (compression)
+  double kv_ratio = 1;                   // KV bytes per token relative to the profile's (compression)
   // Each head's share of a block (and of the output) rounds up to pages of this many tokens, as a
   // paged allocator holds ragged per-head caches.
   std::int64_t kv_page_tokens = 16;
@@ -58,16 +58,16 @@ struct Percentiles {
 struct SimResult {
   std::int64_t requests = 0, completed = 0, rejected = 0;  // rejected: more KV than an instance's HBM
   std::int64_t block_refs = 0;
-  std::array<std::int64_t, kWays> blocks_by_way{};   // how each block reference was materialised
+  std::array<std::int64_t, kWays> blocks_by_way{};       // how each block reference was materialised
   std::array<double, kTiers> loaded_gb{}, written_gb{};  // traffic into HBM per tier; write-backs per tier
-  std::int64_t prefill_tokens = 0, output_tokens = 0;   // computed prefill tokens; generated tokens
-  Percentiles ttft_ms, tbt_ms, queue_ms;  // queue: arrival to admission
-  std::vector<double> ttft_centiles_ms;    // TTFT at 0, 1, ..., 100 percent (empty without samples)
+  std::int64_t prefill_tokens = 0, output_tokens = 0;    // computed prefill tokens; generated tokens
+  Percentiles ttft_ms, tbt_ms, queue_ms;                 // queue: arrival to admission
+  std::vector<double> ttft_centiles_ms;                  // TTFT at 0, 1, ..., 100 percent (empty without samples)
   double makespan_s = 0, throughput_tokens_s = 0, throughput_requests_s = 0;
   double planned_ms = 0, recompute_only_ms = 0, load_only_ms = 0;  // the plans' estimates, summed
   std::int64_t steps = 0, evictions = 0;
-  double hbm_blocks = 0;  // what one instance's HBM holds, in trace blocks (full ones)
-  double seconds = 0;     // wall time of the simulation
+  double hbm_blocks = 0;    // what one instance's HBM holds, in trace blocks (full ones)
+  double seconds = 0;       // wall time of the simulation
   double hit_rate() const;  // block references not recomputed (any tier, or a transition)
   double share(Way w) const;
 };

@@ -31,14 +31,17 @@ BasisSet fit_calibration_bases(const std::vector<std::string>& traces, int reque
       const auto n = static_cast<std::size_t>(h.n_prompt);
       const auto d = static_cast<std::size_t>(g.head_dim), H = static_cast<std::size_t>(g.n_kv_heads);
       std::vector<float> k(reader.layer_elements(id, Tensor::K)), v(k.size()), kh(n * d), vh(n * d);
-      const std::vector<std::int32_t> positions(h.positions.begin(), h.positions.begin() + static_cast<std::ptrdiff_t>(n));
+      const std::vector<std::int32_t> positions(h.positions.begin(),
+                                                h.positions.begin() + static_cast<std::ptrdiff_t>(n));
       for (int layer = 0; layer < g.n_layers; ++layer) {
         reader.read_layer(id, Tensor::K, layer, k);
         reader.read_layer(id, Tensor::V, layer, v);
         for (std::size_t kv = 0; kv < H; ++kv) {
           for (std::size_t t = 0; t < n; ++t) {  // [T, Hkv, d] -> this head's [n, d]
-            std::copy_n(k.begin() + static_cast<std::ptrdiff_t>((t * H + kv) * d), d, kh.begin() + static_cast<std::ptrdiff_t>(t * d));
-            std::copy_n(v.begin() + static_cast<std::ptrdiff_t>((t * H + kv) * d), d, vh.begin() + static_cast<std::ptrdiff_t>(t * d));
+            std::copy_n(k.begin() + static_cast<std::ptrdiff_t>((t * H + kv) * d), d,
+                        kh.begin() + static_cast<std::ptrdiff_t>(t * d));
+            std::copy_n(v.begin() + static_cast<std::ptrdiff_t>((t * H + kv) * d), d,
+                        vh.begin() + static_cast<std::ptrdiff_t>(t * d));
           }
           grams[static_cast<std::size_t>(layer) * H + kv].add(g, kh, vh, positions);
         }
@@ -48,7 +51,8 @@ BasisSet fit_calibration_bases(const std::vector<std::string>& traces, int reque
   if (grams.empty() || grams.front().tokens == 0) {
     std::string names;
     for (const std::string& path : traces) names += (names.empty() ? "" : ", ") + path;
-    throw Error(names + ": no prompt tokens of complete requests to fit bases on (expected at least one committed "
+    throw Error(names +
+                ": no prompt tokens of complete requests to fit bases on (expected at least one committed "
                 "request)");
   }
   BasisSet set;

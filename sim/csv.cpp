@@ -57,8 +57,8 @@ CsvReader::CsvReader(const std::string& path, const std::vector<std::string>& re
   for (std::size_t i = 0; i < f.size(); ++i) col_[f[i]] = i;
   for (const auto& r : required)
     if (!col_.count(r))
-      throw FormatError(where() + ": header has no column '" + r + "' (expected " + what + " with columns " + csv_line(required) +
-                        ", ...)");
+      throw FormatError(where() + ": header has no column '" + r + "' (expected " + what + " with columns " +
+                        csv_line(required) + ", ...)");
 }
 
 CsvReader::~CsvReader() = default;
@@ -82,7 +82,8 @@ bool CsvReader::next() {
   if (!read_record(record)) return false;
   fields_ = parse_csv_line(record);
   if (fields_.size() != col_.size())
-    throw FormatError(where() + ": " + std::to_string(fields_.size()) + " fields, expected " + std::to_string(col_.size()));
+    throw FormatError(where() + ": " + std::to_string(fields_.size()) + " fields, expected " +
+                      std::to_string(col_.size()));
   return true;
 }
 

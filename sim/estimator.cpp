@@ -14,8 +14,9 @@ namespace kvsim {
 
 double Estimator::predict(const std::vector<double>& layer_feature, const std::string& where) const {
   if (layer_feature.size() != weights.size())
-    throw Error(where + ": " + std::to_string(layer_feature.size()) + " layers of " + feature + ", but the estimator has " +
-                std::to_string(weights.size()) + " layer weights (calibrated on another model?)");
+    throw Error(where + ": " + std::to_string(layer_feature.size()) + " layers of " + feature +
+                ", but the estimator has " + std::to_string(weights.size()) +
+                " layer weights (calibrated on another model?)");
   double s = 0;
   for (std::size_t l = 0; l < weights.size(); ++l) s += weights[l] * layer_feature[l];
   return s;
@@ -25,9 +26,10 @@ std::vector<double> nnls(const std::vector<double>& a, int rows, int cols, const
   using Eigen::MatrixXd, Eigen::VectorXd;
   if (rows < 1 || cols < 1 || a.size() != static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) ||
       b_in.size() != static_cast<std::size_t>(rows))
-    throw Error("nnls: a " + std::to_string(rows) + " x " + std::to_string(cols) + " system needs that many matrix entries and " +
-                std::to_string(rows) + " targets");
-  const MatrixXd A = Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(a.data(), rows, cols);
+    throw Error("nnls: a " + std::to_string(rows) + " x " + std::to_string(cols) +
+                " system needs that many matrix entries and " + std::to_string(rows) + " targets");
+  const MatrixXd A =
+      Eigen::Map<const Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(a.data(), rows, cols);
   const VectorXd b = Eigen::Map<const VectorXd>(b_in.data(), rows);
   const double tol = 1e-12 * std::max(1.0, A.cwiseAbs().maxCoeff()) * std::max(1.0, b.cwiseAbs().maxCoeff()) * rows;
   VectorXd x = VectorXd::Zero(cols);
@@ -72,11 +74,11 @@ std::vector<double> nnls(const std::vector<double>& a, int rows, int cols, const
   return {x.data(), x.data() + cols};
 }
 
-std::vector<double> fit_layer_weights(const std::vector<std::vector<double>>& features, const std::vector<double>& targets,
-                                      double smoothness) {
+std::vector<double> fit_layer_weights(const std::vector<std::vector<double>>& features,
+                                      const std::vector<double>& targets, double smoothness) {
   if (features.empty() || features.size() != targets.size())
-    throw Error("calibrate: " + std::to_string(features.size()) + " feature rows for " + std::to_string(targets.size()) +
-                " targets; need the same number, at least one");
+    throw Error("calibrate: " + std::to_string(features.size()) + " feature rows for " +
+                std::to_string(targets.size()) + " targets; need the same number, at least one");
   if (!(smoothness >= 0)) throw Error("calibrate: smoothness must be >= 0");
   const auto n = static_cast<int>(features.size());
   const auto L = static_cast<int>(features.front().size());
@@ -94,14 +96,17 @@ std::vector<double> fit_layer_weights(const std::vector<std::vector<double>>& fe
   for (double y : targets) v += y * y;
   v = std::sqrt(v / n);
   if (!(u > 0))
-    throw Error("calibrate: every per-layer output error is zero (budgets of 1.0, or configs that keep everything); "
-                "nothing to fit the layer weights to");
+    throw Error(
+        "calibrate: every per-layer output error is zero (budgets of 1.0, or configs that keep everything); "
+        "nothing to fit the layer weights to");
   if (!(v > 0)) throw Error("calibrate: every live KL is zero; nothing to fit the layer weights to");
   const int penalty = smoothness > 0 && L > 2 ? L - 2 : 0;
   const int rows = n + penalty;
-  std::vector<double> A(static_cast<std::size_t>(rows) * static_cast<std::size_t>(L), 0.0), b(static_cast<std::size_t>(rows), 0.0);
+  std::vector<double> A(static_cast<std::size_t>(rows) * static_cast<std::size_t>(L), 0.0),
+      b(static_cast<std::size_t>(rows), 0.0);
   for (int i = 0; i < n; ++i) {
-    for (int l = 0; l < L; ++l) A[static_cast<std::size_t>(i * L + l)] = features[static_cast<std::size_t>(i)][static_cast<std::size_t>(l)] / u;
+    for (int l = 0; l < L; ++l)
+      A[static_cast<std::size_t>(i * L + l)] = features[static_cast<std::size_t>(i)][static_cast<std::size_t>(l)] / u;
     b[static_cast<std::size_t>(i)] = targets[static_cast<std::size_t>(i)] / v;
   }
   const double r = std::sqrt(smoothness * n);
@@ -117,14 +122,15 @@ std::vector<double> fit_layer_weights(const std::vector<std::vector<double>>& fe
 }
 
 void write_estimator(const Estimator& e, const std::string& path) {
-  const nlohmann::json j{{"kvsim_estimator", Estimator::kVersion},
-                         {"feature", e.feature},
-                         {"target", e.target},
-                         {"weights", e.weights},
-                         {"smoothness", e.smoothness},
-                         {"mode", e.mode},
-                         {"calibration", {{"requests", e.requests}, {"configs", e.configs}, {"rows", e.rows},
-                                          {"fit_spearman", e.fit_spearman}}}};
+  const nlohmann::json j{
+      {"kvsim_estimator", Estimator::kVersion},
+      {"feature", e.feature},
+      {"target", e.target},
+      {"weights", e.weights},
+      {"smoothness", e.smoothness},
+      {"mode", e.mode},
+      {"calibration",
+       {{"requests", e.requests}, {"configs", e.configs}, {"rows", e.rows}, {"fit_spearman", e.fit_spearman}}}};
   write_file_atomically(path, j.dump(2) + "\n");
 }
 
@@ -174,12 +180,14 @@ Estimator read_estimator(const std::string& path) {
   };
   count("configs", e.configs);
   count("rows", e.rows);
-  e.fit_spearman = c.contains("fit_spearman") && c["fit_spearman"].is_number() ? c["fit_spearman"].get<double>() : std::nan("");
+  e.fit_spearman =
+      c.contains("fit_spearman") && c["fit_spearman"].is_number() ? c["fit_spearman"].get<double>() : std::nan("");
   if (e.feature != "layer_out_sq")
     throw FormatError(path + ": field 'feature' is '" + e.feature + "', expected 'layer_out_sq'");
   if (e.weights.empty()) throw FormatError(path + ": field 'weights' is empty, expected one weight per layer");
   for (double w : e.weights)
-    if (!(w >= 0) || !std::isfinite(w)) throw FormatError(path + ": field 'weights' holds " + std::to_string(w) + ", expected finite values >= 0");
+    if (!(w >= 0) || !std::isfinite(w))
+      throw FormatError(path + ": field 'weights' holds " + std::to_string(w) + ", expected finite values >= 0");
   return e;
 }
 

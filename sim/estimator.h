@@ -17,9 +17,9 @@ struct Estimator {
   double smoothness = 0;                 // the depth-smoothness strength of the fit
   // Where it came from: the mode and model geometry of the sweep, and the live runs it was fitted on.
   std::string mode;
-  std::vector<std::string> requests;     // calibration requests: agreement leaves them out
+  std::vector<std::string> requests;  // calibration requests: agreement leaves them out
   int configs = 0, rows = 0;
-  double fit_spearman = 0;               // over the calibration configs (in-sample)
+  double fit_spearman = 0;  // over the calibration configs (in-sample)
 
   // est_kl of one (request, config) from its per-layer feature; throws naming `where` when the
   // layer count differs from the weights'.
@@ -33,8 +33,8 @@ std::vector<double> nnls(const std::vector<double>& A, int rows, int cols, const
 // Fits weights to (features [n][L], targets [n]) by NNLS with a penalty smoothness * n * |D w|^2
 // on the second differences of the weights across depth (features scaled to a common unit
 // first, so the strength does not depend on their magnitude).
-std::vector<double> fit_layer_weights(const std::vector<std::vector<double>>& features, const std::vector<double>& targets,
-                                      double smoothness);
+std::vector<double> fit_layer_weights(const std::vector<std::vector<double>>& features,
+                                      const std::vector<double>& targets, double smoothness);
 
 void write_estimator(const Estimator& e, const std::string& path);
 // Errors name the file and the field that is missing or malformed.

@@ -23,25 +23,25 @@ struct ConfigResult {
   std::int64_t budget_tokens = 0;  // per (layer, KV head), before per-layer/head reallocation
   std::int64_t rows = 0;           // (layer, query head, evaluation query) rows
   double mean_recall = 0, mean_kl = 0, p95_kl = 0, mean_err = 0, p95_err = 0;
-  double mean_out_sq = 0;          // mean squared absolute output error over the rows (layer_out_sq's)
+  double mean_out_sq = 0;  // mean squared absolute output error over the rows (layer_out_sq's)
   std::vector<double> layer_recall, layer_kl, layer_err;  // per-layer means
   std::vector<double> layer_p95_kl, layer_p95_err;        // per-layer tails
   std::vector<std::vector<double>> head_kl;               // [layer][query head] mean KL
   // Per-layer mean squared absolute output error |o - o'|^2: what the offline estimate weighs.
   std::vector<double> layer_out_sq;
-  double kept_fraction = 1.0;      // kept / cached K/V entries at the compression point (per-query-head copies count)
-  double compressed_bytes = 0;     // K/V + policy state right after compression
-  double budget_bytes = 0;         // budget x full fp16 bytes at the compression point
+  double kept_fraction = 1.0;   // kept / cached K/V entries at the compression point (per-query-head copies count)
+  double compressed_bytes = 0;  // K/V + policy state right after compression
+  double budget_bytes = 0;      // budget x full fp16 bytes at the compression point
   double peak_bytes = 0, final_bytes = 0;
   // The most the cache held at any step from the compression point on (a joining token
   // included): what peak semantics holds within budget_bytes.
   double decode_peak_bytes = 0;
-  double host_bytes = 0;           // peak host-side copies of recoverable tiers (not in the device bytes)
+  double host_bytes = 0;  // peak host-side copies of recoverable tiers (not in the device bytes)
   // Share of (layer, entry) plans whose codec could not hold every token, so the policy kept the
   // sinks and most recent tokens by position instead of by its rule (HeadPlan::position_fallback).
   double position_fallback = 0;
-  double footprint = 0;            // bytes x token steps over the whole request
-  std::uint64_t keep_hash = 0;     // FNV-1a of every keep mask: golden tests compare these
+  double footprint = 0;         // bytes x token steps over the whole request
+  std::uint64_t keep_hash = 0;  // FNV-1a of every keep mask: golden tests compare these
   // With Replayer::record_keep_sets: the tokens each entry holds right after compression,
   // [layer][entry] (what live verify reports as LiveConfigResult::kept).
   std::vector<std::vector<std::vector<std::int32_t>>> kept;
@@ -70,8 +70,9 @@ class Replayer {
  private:
   // Policies that select across layers (Policy::selects_across_layers) get their selection from
   // a pass over every layer's signals first (layer_signals(l) loads layer l).
-  void select_across_layers(std::vector<ConfigBudget>& budgets, std::int64_t c,
-                            const std::function<std::unique_ptr<const kvcache::CacheSignals>(int)>& layer_signals) const;
+  void select_across_layers(
+      std::vector<ConfigBudget>& budgets, std::int64_t c,
+      const std::function<std::unique_ptr<const kvcache::CacheSignals>(int)>& layer_signals) const;
 
   const TraceReader& reader_;
   ReplayMode mode_;

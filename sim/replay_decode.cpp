@@ -34,13 +34,16 @@ DecodeWalk policy_walk(const ReplayConfig& cfg, const ConfigBudget& b, const Lay
   auto attend = [&](std::int64_t i) {
     kvcache::append_token(walk, static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
     const std::vector<double> mass = cache_weights(w, i, walk.tokens, weights, state.needs_attention());
-    for (int qh = 0; qh < Hq; ++qh) recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = mass[static_cast<std::size_t>(qh)];
+    for (int qh = 0; qh < Hq; ++qh)
+      recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)] = mass[static_cast<std::size_t>(qh)];
   };
   auto evict = [&](std::int64_t i) {
     const auto t = static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]);
     auto& ev = evicted[static_cast<std::size_t>(i)];
     ev.assign(static_cast<std::size_t>(Hkv), {});
-    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] { return signals_over(w, walk.tokens, t + 1); };
+    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&] {
+      return signals_over(w, walk.tokens, t + 1);
+    };
     DecodeStep step{t, walk.tokens, weights, budget_tokens, segment_of(w, t)};
     step.signals = &signals;
     state.step(step, ev);
@@ -74,15 +77,18 @@ std::vector<std::vector<double>> block_errors(const LayerWork& w, const std::vec
     {
       std::size_t k = 0;
       for (std::int32_t j = 0; j < static_cast<std::int32_t>(c); ++j) {
-        if (k < cache.size() && cache[k] == j) ++k;
-        else dropped.push_back(j);
+        if (k < cache.size() && cache[k] == j)
+          ++k;
+        else
+          dropped.push_back(j);
       }
     }
     const Mat& V = w.full_v[static_cast<std::size_t>(kv)];
     for (std::int64_t b0 = 0; b0 < E; b0 += kBlock) {
       const std::int64_t nb = std::min(kBlock, E - b0);
       std::vector<std::int32_t> kept_side = cache;
-      for (std::int64_t i = b0; i < b0 + nb; ++i) kept_side.push_back(static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
+      for (std::int64_t i = b0; i < b0 + nb; ++i)
+        kept_side.push_back(static_cast<std::int32_t>(w.eval_tokens[static_cast<std::size_t>(i)]));
       const bool use_dropped = dropped.size() < kept_side.size();
       const auto& side = use_dropped ? dropped : kept_side;
       const auto ns = static_cast<Eigen::Index>(side.size());
@@ -151,8 +157,10 @@ void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWo
   const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads;
   const std::int64_t c = w.c, E = w.E;
   if (E != w.T - c)
-    throw Error("policy " + cfg.policy + " evicts at every decode step and needs the query of every token after the "
-                "compression point (" + std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
+    throw Error("policy " + cfg.policy +
+                " evicts at every decode step and needs the query of every token after the "
+                "compression point (" +
+                std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
                 "; capture with all decode-step queries");
   kvcache::LayerIndex walk = kvcache::LayerIndex::prefix(Hkv, c);
   kvcache::apply_plan(cfg, plan, w.g, walk, nullptr);
@@ -168,7 +176,8 @@ void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWo
   for (std::int64_t i = 0; i < E; ++i)
     for (int qh = 0; qh < Hq; ++qh)
       a.add_row(w.layer, qh, recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)],
-                err[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)], w.out[static_cast<std::size_t>(qh)].row(i).squaredNorm());
+                err[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)],
+                w.out[static_cast<std::size_t>(qh)].row(i).squaredNorm());
 }
 
 }  // namespace kvsim::replay_detail

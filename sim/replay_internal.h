@@ -31,26 +31,26 @@ using kvcache::StridedMap;
 struct Accumulator {
   std::vector<std::vector<float>> kl, err;  // [layer][row]
   std::vector<double> layer_recall, layer_kl, layer_err;
-  std::vector<double> layer_out_sq;         // sum of squared absolute output errors, err^2 x |o|^2
+  std::vector<double> layer_out_sq;  // sum of squared absolute output errors, err^2 x |o|^2
   std::vector<std::int64_t> layer_rows;
-  std::vector<double> head_kl;              // [layer * query heads + head]: KL summed over its rows
+  std::vector<double> head_kl;  // [layer * query heads + head]: KL summed over its rows
   std::vector<std::int64_t> head_rows;
-  int heads = 0;                            // query heads
-  double full_rows = 0;                     // K/V rows of the full cache at the compression point
+  int heads = 0;         // query heads
+  double full_rows = 0;  // K/V rows of the full cache at the compression point
   // Sliding-window layers, held at their window and charged fp16 K/V only (no policy state).
   int window_layers = 0;
-  double window_rows = 0;                   // at the compression point
-  std::vector<double> window_prefill;       // [c] at each prefill step
-  std::vector<double> window_after_step;    // [T - c] after each later step
-  std::int64_t kept = 0;                    // right after compression, over layers and heads
-  std::int64_t entries = 0;                 // plan entries of one layer (KV or query heads)
-  std::vector<double> kept_after_step;      // [T - c] cache size after each later step
-  std::vector<double> prefill_size;         // [c] cache size at each prefill step (all layers, heads)
+  double window_rows = 0;                 // at the compression point
+  std::vector<double> window_prefill;     // [c] at each prefill step
+  std::vector<double> window_after_step;  // [T - c] after each later step
+  std::int64_t kept = 0;                  // right after compression, over layers and heads
+  std::int64_t entries = 0;               // plan entries of one layer (KV or query heads)
+  std::vector<double> kept_after_step;    // [T - c] cache size after each later step
+  std::vector<double> prefill_size;       // [c] cache size at each prefill step (all layers, heads)
   std::uint64_t hash = 1469598103934665603ull;
-  double codec_saving = 0;                  // fp16 bytes of the kept rows minus what their codec stores
-  std::vector<double> saving_after_step;    // [T - c] the same after each later step (re-tiering changes it)
-  double host_bytes = 0;                    // peak bytes of host copies (recoverable tiers)
-  kvcache::FallbackCount fallback;          // plan entries made, and those kept by position
+  double codec_saving = 0;                // fp16 bytes of the kept rows minus what their codec stores
+  std::vector<double> saving_after_step;  // [T - c] the same after each later step (re-tiering changes it)
+  double host_bytes = 0;                  // peak bytes of host copies (recoverable tiers)
+  kvcache::FallbackCount fallback;        // plan entries made, and those kept by position
   std::vector<std::vector<std::vector<std::int32_t>>> kept_sets;  // [layer][entry], when recorded
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
@@ -94,22 +94,22 @@ struct LayerWork {
   const ModelGeometry& g;
   int layer;
   std::int64_t c, E, T;
-  std::int64_t compress_every;                    // 0: one compression at c; else also every this many tokens
-  bool record_keep_sets;                          // fill Accumulator::kept_sets
+  std::int64_t compress_every;  // 0: one compression at c; else also every this many tokens
+  bool record_keep_sets;        // fill Accumulator::kept_sets
   const std::string& where;
   const RequestHeader& h;
-  const kvcache::RequestTokens& tokens;           // h as the signals see it
-  const FloatBuffer& q;                           // this layer's recorded queries
-  const std::vector<Mat>& full_k;                 // [Hkv] T x d
+  const kvcache::RequestTokens& tokens;          // h as the signals see it
+  const FloatBuffer& q;                          // this layer's recorded queries
+  const std::vector<Mat>& full_k;                // [Hkv] T x d
   const std::vector<std::int64_t>& eval_tokens;  // [E] token index of each evaluation row
   const CacheSignals& signals;
-  const std::vector<Mat>& attn;       // [Hq] full attention of the evaluation rows, E x T
-  const std::vector<Mat>& out;        // [Hq] full attention outputs, E x d
-  const std::vector<Mat>& out_tail;   // [Hq] part of out from tokens >= c (never compressed here)
+  const std::vector<Mat>& attn;      // [Hq] full attention of the evaluation rows, E x T
+  const std::vector<Mat>& out;       // [Hq] full attention outputs, E x d
+  const std::vector<Mat>& out_tail;  // [Hq] part of out from tokens >= c (never compressed here)
   const std::vector<Eigen::VectorXf>& tail_mass;
-  const std::vector<Mat>& full_v;     // [Hkv] T x d
-  std::int64_t first_eval;            // row of q holding the first evaluation query
-  const std::vector<Mat>& logits;     // [Hq] E x T scaled logits before the softmax (kept when a codec config needs them)
+  const std::vector<Mat>& full_v;  // [Hkv] T x d
+  std::int64_t first_eval;         // row of q holding the first evaluation query
+  const std::vector<Mat>& logits;  // [Hq] E x T scaled logits before the softmax (kept when a codec config needs them)
   const std::vector<Eigen::VectorXd>& lse;  // [Hq] E: logsumexp of each full row (with logits)
 };
 
@@ -131,7 +131,8 @@ struct BuildOrder {
 // restricted to its KV head's cache and renormalised over it (softmax restricted to the cache).
 // Returns, per query head, the mass the cache held before renormalising (the row's recall);
 // with renormalise false the weights stay unnormalised.
-inline std::vector<double> cache_weights(const LayerWork& w, std::int64_t i, const std::vector<std::vector<std::int32_t>>& cache,
+inline std::vector<double> cache_weights(const LayerWork& w, std::int64_t i,
+                                         const std::vector<std::vector<std::int32_t>>& cache,
                                          std::vector<std::vector<float>>& weights, bool renormalise) {
   const int Hq = w.g.n_q_heads, G = w.g.group();
   std::vector<double> mass(static_cast<std::size_t>(Hq));
@@ -156,7 +157,8 @@ inline int segment_of(const LayerWork& w, std::int64_t t) {
 
 // The layer's signals over a decode-time cache after n tokens (DecodeStep::signals): what a
 // policy re-applied under peak semantics plans from, built like the compression point's.
-inline std::shared_ptr<const LayerSignals> signals_over(const LayerWork& w, const std::vector<std::vector<std::int32_t>>& cache,
+inline std::shared_ptr<const LayerSignals> signals_over(const LayerWork& w,
+                                                        const std::vector<std::vector<std::int32_t>>& cache,
                                                         std::int64_t n) {
   struct Held {
     CacheView view;
@@ -189,8 +191,8 @@ void add_codec_rows(const LayerWork& w, const CodedRows& rows, Accumulator& a);
 
 // A sliding-window layer held at its window (replay_window.cpp; the budget's share is
 // kvcache/budget.h's): its tokens, memory at every step, zero-loss rows.
-void hold_window_layer(const ModelGeometry& g, int layer, std::int64_t c, std::int64_t T, std::int64_t E, bool record_keep_sets,
-                       Accumulator& a);
+void hold_window_layer(const ModelGeometry& g, int layer, std::int64_t c, std::int64_t T, std::int64_t E,
+                       bool record_keep_sets, Accumulator& a);
 // Plans with encoded tokens whose policy evicts or re-tiers while decoding (replay_codec.cpp).
 void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
                          DecodeState& state, Accumulator& a);

@@ -10,7 +10,6 @@
 
 namespace kvsim::replay_detail {
 
-
 namespace {
 
 struct LayerDecision {
@@ -32,7 +31,8 @@ LayerDecision decide(const ReplayConfig& cfg, const ConfigBudget& b, const Layer
     d.plan = kvcache::make_plan(cfg, b, w.signals, std::vector<std::int64_t>(static_cast<std::size_t>(Hkv), c));
     a.fallback.add(d.plan);
     d.state = cfg.impl->start_decode(w.signals, d.plan, budget);
-    for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
+    for (std::int64_t t = 0; t < c; ++t)
+      a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
     return d;
   }
   kvcache::LayerIndex cache = kvcache::LayerIndex::prefix(Hkv, 0);
@@ -85,7 +85,8 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
     if (w.record_keep_sets) a.kept_sets[static_cast<std::size_t>(w.layer)] = kvcache::LayerIndex::prefix(Hkv, c).tokens;
     for (int kv = 0; kv < Hkv; ++kv) a.mix(static_cast<std::uint64_t>(c));
     a.kept += c * Hkv;
-    for (std::int64_t t = 0; t < c; ++t) a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
+    for (std::int64_t t = 0; t < c; ++t)
+      a.prefill_size[static_cast<std::size_t>(t)] += static_cast<double>((t + 1) * Hkv);
     for (std::int64_t i = 0; i < w.T - c; ++i)
       a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>((c + i + 1) * Hkv);
     for (int qh = 0; qh < w.g.n_q_heads; ++qh)
@@ -107,12 +108,15 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
   d.state = kvcache::decode_start(cfg, budget, plan, std::move(d.state), c, Hkv, w.g.head_dim).state;
   if (d.state) {
     a.entries = Hkv;
-    if (cfg.impl->codec()) replay_codec_decode(cfg, budget, w, plan, *d.state, a);
-    else replay_decode(cfg, budget, w, plan, *d.state, a);
+    if (cfg.impl->codec())
+      replay_codec_decode(cfg, budget, w, plan, *d.state, a);
+    else
+      replay_decode(cfg, budget, w, plan, *d.state, a);
     return {};
   }
   if (std::any_of(plan.heads.begin(), plan.heads.end(), [](const HeadPlan& hp) { return needs_codec(hp); })) {
-    if (per_query_head) throw Error("policy " + cfg.policy + ": plans with encoded tokens must have one entry per KV head");
+    if (per_query_head)
+      throw Error("policy " + cfg.policy + ": plans with encoded tokens must have one entry per KV head");
     a.entries = Hkv;
     return {std::nullopt, account_codec(index, cfg, plan, w, a)};
   }
@@ -123,10 +127,12 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
     kvcache::KeepBits kb = kvcache::keep_bits(hp, c);
     std::vector<std::uint64_t>& bits = kb.words;
     const std::int64_t kept = kb.kept;
-    for (std::int64_t j = 0; j < c; ++j) a.mix(bits[static_cast<std::size_t>(j / 64)] >> (j % 64) & 1 ? 0x9dull : 0x3bull);
+    for (std::int64_t j = 0; j < c; ++j)
+      a.mix(bits[static_cast<std::size_t>(j / 64)] >> (j % 64) & 1 ? 0x9dull : 0x3bull);
     // Memory: every entry holds its own K/V (a per-query-head plan stores G copies per group).
     a.kept += kept;
-    for (std::int64_t i = 0; i < w.T - c; ++i) a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept + i + 1);
+    for (std::int64_t i = 0; i < w.T - c; ++i)
+      a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>(kept + i + 1);
     for (int r = 0; r < (per_query_head ? 1 : G); ++r) {
       shot.bits.push_back(bits);
       shot.count.push_back(kept);
@@ -197,8 +203,10 @@ void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const Bu
     add.clear();
     rem.clear();
     for (std::size_t k = 0; k < bits.size(); ++k) {
-      const std::uint64_t base = parent == -1 ? 0 : parent == -2 ? ~std::uint64_t{0}
-                                                                 : shots[static_cast<std::size_t>(parent)].bits[static_cast<std::size_t>(q_head)][k];
+      const std::uint64_t base =
+          parent == -1   ? 0
+          : parent == -2 ? ~std::uint64_t{0}
+                         : shots[static_cast<std::size_t>(parent)].bits[static_cast<std::size_t>(q_head)][k];
       for (std::uint64_t x = bits[k] & ~base; x; x &= x - 1)
         add.push_back(static_cast<std::int32_t>(k * 64 + static_cast<std::size_t>(std::countr_zero(x))));
       for (std::uint64_t x = base & ~bits[k]; x; x &= x - 1) {
@@ -215,7 +223,8 @@ void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const Bu
       Eigen::Map<Mat> Wd(wbuf.data(), E, nd), Vd(vbuf.data(), nd, d + 1);
       for (Eigen::Index k = 0; k < nd; ++k) {
         const bool adding = k < static_cast<Eigen::Index>(add.size());
-        const std::int32_t j = adding ? add[static_cast<std::size_t>(k)] : rem[static_cast<std::size_t>(k) - add.size()];
+        const std::int32_t j =
+            adding ? add[static_cast<std::size_t>(k)] : rem[static_cast<std::size_t>(k) - add.size()];
         const float sign = adding ? 1.0f : -1.0f;
         Vd.row(k).head(d) = sign * V.row(j);
         Vd(k, d) = sign;
@@ -233,7 +242,8 @@ void score_shots(const LayerWork& w, const std::vector<OneShot>& shots, const Bu
     rec.resize(static_cast<std::size_t>(E));
     er.resize(static_cast<std::size_t>(E));
     for (Eigen::Index i = 0; i < E; ++i) {
-      const double m = std::clamp(static_cast<double>(P(i, d)) + w.tail_mass[static_cast<std::size_t>(q_head)](i), 1e-30, 1.0);
+      const double m =
+          std::clamp(static_cast<double>(P(i, d)) + w.tail_mass[static_cast<std::size_t>(q_head)](i), 1e-30, 1.0);
       const auto o = w.out[static_cast<std::size_t>(q_head)].row(i);
       const auto tail = w.out_tail[static_cast<std::size_t>(q_head)].row(i);
       double diff2 = 0, norm2 = 0;

@@ -9,8 +9,8 @@
 
 namespace kvsim::replay_detail {
 
-void hold_window_layer(const ModelGeometry& g, int layer, std::int64_t c, std::int64_t T, std::int64_t E, bool record_keep_sets,
-                       Accumulator& a) {
+void hold_window_layer(const ModelGeometry& g, int layer, std::int64_t c, std::int64_t T, std::int64_t E,
+                       bool record_keep_sets, Accumulator& a) {
   const int Hkv = g.n_kv_heads;
   const std::int64_t W = g.window(layer);
   const std::int64_t held = std::min(c, W);

@@ -29,12 +29,33 @@ namespace kvsim {
 
 namespace {
 
-const std::vector<std::string> kColumns = {
-    "trace",       "request",        "mode",          "policy",     "params",         "budget",
-    "budget_tokens", "kept_fraction", "mean_recall",  "mean_kl",    "p95_kl",         "mean_out_err",
-    "p95_out_err", "compressed_bytes", "budget_bytes", "peak_bytes", "final_bytes",    "footprint_byte_steps",
-    "host_bytes",  "eval_queries", "rows",          "keep_hash",  "position_fallback", "budget_semantics",
-    "decode_peak_bytes", "mean_out_sq", "est_kl"};
+const std::vector<std::string> kColumns = {"trace",
+                                           "request",
+                                           "mode",
+                                           "policy",
+                                           "params",
+                                           "budget",
+                                           "budget_tokens",
+                                           "kept_fraction",
+                                           "mean_recall",
+                                           "mean_kl",
+                                           "p95_kl",
+                                           "mean_out_err",
+                                           "p95_out_err",
+                                           "compressed_bytes",
+                                           "budget_bytes",
+                                           "peak_bytes",
+                                           "final_bytes",
+                                           "footprint_byte_steps",
+                                           "host_bytes",
+                                           "eval_queries",
+                                           "rows",
+                                           "keep_hash",
+                                           "position_fallback",
+                                           "budget_semantics",
+                                           "decode_peak_bytes",
+                                           "mean_out_sq",
+                                           "est_kl"};
 
 }  // namespace
 
@@ -58,8 +79,7 @@ std::pair<int, int> parse_shard(const std::string& s) {
   } catch (const std::exception&) {
     n = 0;
   }
-  if (n < 1 || i < 0 || i >= n)
-    throw Error("--shard '" + s + "': expected i/n with 0 <= i < n (e.g. 0/4 ... 3/4)");
+  if (n < 1 || i < 0 || i >= n) throw Error("--shard '" + s + "': expected i/n with 0 <= i < n (e.g. 0/4 ... 3/4)");
   return {i, n};
 }
 
@@ -95,13 +115,15 @@ void check_row(const std::vector<std::string>& f, const std::string& where) {
   if (f.size() != kColumns.size())
     throw FormatError(where + ": " + std::to_string(f.size()) + " fields, expected " + std::to_string(kColumns.size()) +
                       " (not a kvsim sweep row; use --force to start again)");
-  static const std::set<std::string> text = {"trace", "request", "mode", "policy", "params", "budget_semantics", "est_kl"};
+  static const std::set<std::string> text = {"trace",  "request",          "mode",  "policy",
+                                             "params", "budget_semantics", "est_kl"};
   for (std::size_t i = 0; i < f.size(); ++i) {
     if (text.count(kColumns[i]) && !(kColumns[i] == "est_kl" && !f[i].empty())) continue;
     char* end = nullptr;
     (void)std::strtod(f[i].c_str(), &end);
     if (f[i].empty() || end != f[i].c_str() + f[i].size())
-      throw FormatError(where + ": column '" + kColumns[i] + "' is '" + f[i] + "', expected a number (use --force to start again)");
+      throw FormatError(where + ": column '" + kColumns[i] + "' is '" + f[i] +
+                        "', expected a number (use --force to start again)");
   }
 }
 
@@ -134,9 +156,8 @@ ResumeState read_for_resume(const std::string& path, const std::string& config_l
     if (line.rfind("# config: ", 0) == 0) {
       saw_config = true;
       if (line != config_line)
-        throw Error(path + ": --resume with a different configuration; the file was written for\n  " +
-                    line.substr(10) + "\nbut this run is\n  " + config_line.substr(10) +
-                    "\n(use a new --out, or --force to replace it)");
+        throw Error(path + ": --resume with a different configuration; the file was written for\n  " + line.substr(10) +
+                    "\nbut this run is\n  " + config_line.substr(10) + "\n(use a new --out, or --force to replace it)");
       continue;
     }
     if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
@@ -172,7 +193,8 @@ SweepRequestRows finished_sweep_rows(const std::string& path, const std::string&
   return read_for_resume(path, config_line, per_request).kept;
 }
 
-SweepRequestRows finished_detail_rows(const std::string& path, const std::string& config_json, std::size_t per_request) {
+SweepRequestRows finished_detail_rows(const std::string& path, const std::string& config_json,
+                                      std::size_t per_request) {
   return read_detail_for_resume(path, config_json, per_request).kept;
 }
 
@@ -194,7 +216,8 @@ std::vector<ReplayConfig> expand_configs(const SweepSpec& spec) {
   return out;
 }
 
-std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs, std::int64_t all_requests) {
+std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
+                              std::int64_t all_requests) {
   nlohmann::json j;
   j["tool"] = std::string("kvsim sweep ") + KVSIM_VERSION_STRING;
   j["traces"] = spec.traces;
@@ -243,8 +266,9 @@ std::vector<std::unique_ptr<TraceReader>> open_traces(const SweepSpec& spec, con
     if (!spec.allow_training_requests && kvcache::any_training_prompts(configs))  // else no header to read
       for (const auto& id : r.request_ids()) {
         const RequestHeader h = r.header(id);
-        kvcache::check_training_prompts(configs, std::span<const std::int32_t>(h.tokens).first(static_cast<std::size_t>(h.n_prompt)),
-                                        path + ": request '" + id + "'", false);
+        kvcache::check_training_prompts(
+            configs, std::span<const std::int32_t>(h.tokens).first(static_cast<std::size_t>(h.n_prompt)),
+            path + ": request '" + id + "'", false);
       }
   }
 
@@ -257,44 +281,65 @@ std::optional<Estimator> sweep_estimator(const SweepSpec& spec, int n_layers) {
   if (spec.estimator.empty()) return estimator;
   estimator = read_estimator(spec.estimator);
   if (estimator->weights.size() != static_cast<std::size_t>(n_layers))
-    throw Error(spec.estimator + ": " + std::to_string(estimator->weights.size()) + " layer weights, but the traces' model has " +
-                std::to_string(n_layers) + " layers (calibrated on another model?)");
+    throw Error(spec.estimator + ": " + std::to_string(estimator->weights.size()) +
+                " layer weights, but the traces' model has " + std::to_string(n_layers) +
+                " layers (calibrated on another model?)");
   if (estimator->mode != mode_name(spec.mode))
-    throw Error(spec.estimator + ": calibrated on " + estimator->mode + " runs, but this sweep is " + mode_name(spec.mode));
+    throw Error(spec.estimator + ": calibrated on " + estimator->mode + " runs, but this sweep is " +
+                mode_name(spec.mode));
   return estimator;
 }
 
 // One replayed request's rows (and detail lines): one write per request, detail first, both
 // flushed, so a kill leaves whole requests or a torn tail that --resume redoes.
-void write_request(const SweepSpec& spec, const std::vector<ReplayConfig>& configs, const std::optional<Estimator>& estimator,
-                   const std::string& trace, const std::string& id, const RequestResult& res, std::ofstream& csv,
-                   std::ofstream& detail) {
+void write_request(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
+                   const std::optional<Estimator>& estimator, const std::string& trace, const std::string& id,
+                   const RequestResult& res, std::ofstream& csv, std::ofstream& detail) {
   std::ostringstream rows;  // one write per request: a kill leaves whole requests or a torn tail
   for (std::size_t p = 0; p < configs.size(); ++p) {
     const ConfigResult& r = res.configs[p];
-    rows << csv_line({trace, id, mode_name(spec.mode), configs[p].policy, configs[p].params,
-         num(configs[p].budget), std::to_string(r.budget_tokens), num(r.kept_fraction),
-         num(r.mean_recall), num(r.mean_kl), num(r.p95_kl), num(r.mean_err), num(r.p95_err),
-         num(r.compressed_bytes), num(r.budget_bytes), num(r.peak_bytes), num(r.final_bytes),
-         num(r.footprint), num(r.host_bytes), std::to_string(res.eval_queries), std::to_string(r.rows),
-         std::to_string(r.keep_hash), num(r.position_fallback), spec.budget_rule.name(),
-         num(r.decode_peak_bytes), num(r.mean_out_sq),
-         estimator ? num(estimator->predict(r.layer_out_sq, spec.estimator)) : std::string()})
-    << "\n";
+    rows << csv_line({trace,
+                      id,
+                      mode_name(spec.mode),
+                      configs[p].policy,
+                      configs[p].params,
+                      num(configs[p].budget),
+                      std::to_string(r.budget_tokens),
+                      num(r.kept_fraction),
+                      num(r.mean_recall),
+                      num(r.mean_kl),
+                      num(r.p95_kl),
+                      num(r.mean_err),
+                      num(r.p95_err),
+                      num(r.compressed_bytes),
+                      num(r.budget_bytes),
+                      num(r.peak_bytes),
+                      num(r.final_bytes),
+                      num(r.footprint),
+                      num(r.host_bytes),
+                      std::to_string(res.eval_queries),
+                      std::to_string(r.rows),
+                      std::to_string(r.keep_hash),
+                      num(r.position_fallback),
+                      spec.budget_rule.name(),
+                      num(r.decode_peak_bytes),
+                      num(r.mean_out_sq),
+                      estimator ? num(estimator->predict(r.layer_out_sq, spec.estimator)) : std::string()})
+         << "\n";
     if (detail.is_open()) {
       detail << nlohmann::json{{"trace", trace},
-               {"request", id},
-               {"policy", configs[p].label()},
-               {"budget", configs[p].budget},
-               {"layer_recall", r.layer_recall},
-               {"layer_kl", r.layer_kl},
-               {"head_kl", r.head_kl},
-               {"layer_out_err", r.layer_err},
-               {"layer_out_sq", r.layer_out_sq},
-               {"layer_p95_kl", r.layer_p95_kl},
-               {"layer_p95_out_err", r.layer_p95_err}}
-        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-         << "\n";
+                               {"request", id},
+                               {"policy", configs[p].label()},
+                               {"budget", configs[p].budget},
+                               {"layer_recall", r.layer_recall},
+                               {"layer_kl", r.layer_kl},
+                               {"head_kl", r.head_kl},
+                               {"layer_out_err", r.layer_err},
+                               {"layer_out_sq", r.layer_out_sq},
+                               {"layer_p95_kl", r.layer_p95_kl},
+                               {"layer_p95_out_err", r.layer_p95_err}}
+                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+             << "\n";
     }
   }
   if (detail.is_open()) detail.flush();  // detail first: resume redoes a request whose detail is torn
@@ -410,7 +455,8 @@ std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path) {
 void print_summary(const std::vector<SweepSummaryRow>& rows, std::ostream& os) {
   os << std::left << std::setw(8) << "budget" << std::setw(44) << "policy" << std::right << std::setw(10) << "kept"
      << std::setw(10) << "recall" << std::setw(10) << "KL" << std::setw(10) << "p95 KL" << std::setw(10) << "out err"
-     << std::setw(6) << "reqs" << "\n";
+     << std::setw(6) << "reqs"
+     << "\n";
   double last = -1;
   for (const auto& r : rows) {
     if (r.budget != last && last >= 0) os << "\n";

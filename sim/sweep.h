@@ -17,14 +17,14 @@ struct SweepSpec {
   std::vector<std::string> policies;  // "name" or "name:key=value,..."
   std::vector<double> budgets;        // fractions of the full fp16 KV bytes, in (0, 1]
   ReplayMode mode = ReplayMode::QueryAware;
-  std::int64_t compress_every = 0;    // > 0: the policy also cuts the cache every this many prompt tokens
-  BudgetRule budget_rule;             // when the byte budget holds: at the compression point, or at every step
+  std::int64_t compress_every = 0;  // > 0: the policy also cuts the cache every this many prompt tokens
+  BudgetRule budget_rule;           // when the byte budget holds: at the compression point, or at every step
   std::string out_csv;
-  std::string detail_jsonl;           // empty: no per-layer detail
-  std::string estimator;              // a `kvsim calibrate` file: fills the est_kl column (else empty)
-  bool resume = false;                // skip rows already in out_csv (same configuration only)
-  bool force = false;                 // replace an existing out_csv
-  bool progress = true;               // progress line on stderr
+  std::string detail_jsonl;              // empty: no per-layer detail
+  std::string estimator;                 // a `kvsim calibrate` file: fills the est_kl column (else empty)
+  bool resume = false;                   // skip rows already in out_csv (same configuration only)
+  bool force = false;                    // replace an existing out_csv
+  bool progress = true;                  // progress line on stderr
   bool allow_training_requests = false;  // learned policies may be evaluated on their training prompts
   // --shard i/n: only the requests k (over all traces, in order) with k % n == i; the results file
   // records the shard, and `kvsim sweep merge` joins a complete set (sim/sweep_merge.h).

@@ -27,9 +27,9 @@ struct RequestRows {
 struct ShardFile {
   std::string path;
   int shard = 0, shards = 0;
-  std::string own_config;   // the configuration JSON as written (with its shard)
-  std::string base_config;  // the same without the shard: what a serial sweep writes
-  std::size_t configs = 0;  // rows per request
+  std::string own_config;          // the configuration JSON as written (with its shard)
+  std::string base_config;         // the same without the shard: what a serial sweep writes
+  std::size_t configs = 0;         // rows per request
   std::int64_t all_requests = -1;  // the whole sweep's request count
   std::vector<RequestRows> requests;
 };
@@ -42,7 +42,8 @@ std::vector<std::string> read_lines(const std::string& path) {
   if (!in) throw Error(path + ": cannot open");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (!text.empty() && text.back() != '\n')
-    throw Error(path + ": its last line is cut short (the shard was stopped while writing); resume that shard "
+    throw Error(path +
+                ": its last line is cut short (the shard was stopped while writing); resume that shard "
                 "(kvsim sweep ... --shard i/n --resume), then merge");
   std::vector<std::string> lines;
   std::size_t at = 0;
@@ -63,7 +64,8 @@ void read_config(const std::string& path, const std::string& json_text, ShardFil
   }
   if (!j.is_object() || !j.contains("shard") || !j["shard"].is_string() || !j.contains("configs") ||
       !j["configs"].is_array() || !j.contains("shard_of_requests") || !j["shard_of_requests"].is_number_integer())
-    throw Error(path + ": its configuration has no \"shard\" and \"shard_of_requests\"; expected the result file of "
+    throw Error(path +
+                ": its configuration has no \"shard\" and \"shard_of_requests\"; expected the result file of "
                 "kvsim sweep --shard i/n");
   try {
     std::tie(f.shard, f.shards) = parse_shard(j["shard"].get<std::string>());
@@ -80,8 +82,8 @@ void read_config(const std::string& path, const std::string& json_text, ShardFil
 
 // Consecutive rows of one request, checked whole; `key_of` reads a line's (trace, request).
 template <class KeyOf>
-std::vector<RequestRows> group_requests(const std::string& path, const std::vector<std::string>& lines, std::size_t first,
-                                        std::size_t per_request, const KeyOf& key_of) {
+std::vector<RequestRows> group_requests(const std::string& path, const std::vector<std::string>& lines,
+                                        std::size_t first, std::size_t per_request, const KeyOf& key_of) {
   std::vector<RequestRows> out;
   std::set<RequestKey> seen;
   for (std::size_t i = first; i < lines.size(); ++i) {
@@ -96,8 +98,9 @@ std::vector<RequestRows> group_requests(const std::string& path, const std::vect
   }
   for (const auto& r : out)
     if (r.lines.size() != per_request)
-      throw Error(path + ": request '" + r.key.second + "' (" + r.key.first + ") has " + std::to_string(r.lines.size()) +
-                  " of " + std::to_string(per_request) + " config rows: the shard did not finish; resume it "
+      throw Error(path + ": request '" + r.key.second + "' (" + r.key.first + ") has " +
+                  std::to_string(r.lines.size()) + " of " + std::to_string(per_request) +
+                  " config rows: the shard did not finish; resume it "
                   "(kvsim sweep ... --shard i/n --resume), then merge");
   return out;
 }
@@ -135,10 +138,12 @@ std::vector<RequestRows> read_detail(const std::string& path, const ShardFile& s
       throw Error(path + ":" + std::to_string(n) + ": not a detail row (JSON with \"trace\" and \"request\")");
     }
   });
-  if (rows.size() != shard.requests.size() ||
-      !std::equal(rows.begin(), rows.end(), shard.requests.begin(), [](const auto& a, const auto& b) { return a.key == b.key; }))
-    throw Error(path + ": its requests are not those of " + shard.path + " (the shard stopped between the two files; "
-                "run it again), expected " + std::to_string(shard.requests.size()) + " requests in the same order");
+  if (rows.size() != shard.requests.size() || !std::equal(rows.begin(), rows.end(), shard.requests.begin(),
+                                                          [](const auto& a, const auto& b) { return a.key == b.key; }))
+    throw Error(path + ": its requests are not those of " + shard.path +
+                " (the shard stopped between the two files; "
+                "run it again), expected " +
+                std::to_string(shard.requests.size()) + " requests in the same order");
   return rows;
 }
 
@@ -159,17 +164,19 @@ std::vector<ShardFile> read_shard_set(const std::vector<std::string>& inputs) {
       throw Error(f.path + ": shard " + std::to_string(f.shard) + "/" + std::to_string(f.shards) + ", but " +
                   files.front().path + " is one of " + std::to_string(n));
     if (!by_index.emplace(f.shard, f.path).second)
-      throw Error(f.path + ": shard " + std::to_string(f.shard) + "/" + std::to_string(n) + " is also " + by_index[f.shard]);
+      throw Error(f.path + ": shard " + std::to_string(f.shard) + "/" + std::to_string(n) + " is also " +
+                  by_index[f.shard]);
   }
   for (int i = 0; i < n; ++i)
     if (!by_index.count(i))
-      throw Error("shard " + std::to_string(i) + "/" + std::to_string(n) + " is missing (given: " +
-                  std::to_string(files.size()) + " of " + std::to_string(n) + " shard files)");
+      throw Error("shard " + std::to_string(i) + "/" + std::to_string(n) +
+                  " is missing (given: " + std::to_string(files.size()) + " of " + std::to_string(n) + " shard files)");
   std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.shard < b.shard; });
   // Round-robin over the serial order: shard i holds ceil((total - i) / n) of the sweep's requests.
   const auto total = static_cast<std::size_t>(files.front().all_requests);
   for (const auto& f : files) {
-    const std::size_t want = (total - static_cast<std::size_t>(f.shard) + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
+    const std::size_t want =
+        (total - static_cast<std::size_t>(f.shard) + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
     if (f.requests.size() != want)
       throw Error(f.path + ": " + std::to_string(f.requests.size()) + " requests, expected " + std::to_string(want) +
                   " for shard " + std::to_string(f.shard) + "/" + std::to_string(n) + " of " + std::to_string(total) +
@@ -208,7 +215,8 @@ std::vector<SweepSummaryRow> merge_sweeps(const SweepMergeSpec& spec) {
   std::vector<std::vector<RequestRows>> details(files.size());
   for (std::size_t i = 0; i < spec.detail_inputs.size(); ++i) {
     const std::size_t at = static_cast<std::size_t>(
-        std::find_if(files.begin(), files.end(), [&](const ShardFile& f) { return f.path == spec.inputs[i]; }) - files.begin());
+        std::find_if(files.begin(), files.end(), [&](const ShardFile& f) { return f.path == spec.inputs[i]; }) -
+        files.begin());
     details[at] = read_detail(spec.detail_inputs[i], files[at]);
   }
   const std::string config = files.front().base_config;

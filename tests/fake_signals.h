@@ -63,7 +63,8 @@ class FakeSignals : public LayerSignals {
   const RepeatPassView* repeat_ = nullptr;
   // Worked examples build a fresh policy per call (a new object may reuse a freed address), so
   // nothing is shared: every call recomputes, and the results live as long as this view.
-  std::shared_ptr<const void> memo(const void*, const std::function<std::shared_ptr<const void>()>& make) const override {
+  std::shared_ptr<const void> memo(const void*,
+                                   const std::function<std::shared_ptr<const void>()>& make) const override {
     kept_alive_.push_back(make());
     return kept_alive_.back();
   }

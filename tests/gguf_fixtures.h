@@ -36,14 +36,15 @@ struct GgufBytes {
 
 inline std::string write_scratch(const std::string& name, const std::vector<std::uint8_t>& bytes) {
   const std::string path = scratch_file(name);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   return path;
 }
 
 // A copy of the GGUF model at `src` with its UINT32 metadata keys `patch` set to other values
 // (the tensors stay as they are): fewer layers, a shorter sliding window, ...
-inline std::string patched_model(const std::string& src, const std::vector<std::pair<std::string, std::uint32_t>>& patch,
+inline std::string patched_model(const std::string& src,
+                                 const std::vector<std::pair<std::string, std::uint32_t>>& patch,
                                  const std::string& name) {
   std::ifstream in(src, std::ios::binary);
   std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -12,9 +12,9 @@
 namespace kvsim::test {
 
 inline std::string seeded_model_file(const std::string& method, const ModelGeometry& g) {
-  const std::string path = scratch_file("seeded_" + method + "_" + std::to_string(g.n_layers) + "_" +
-                                        std::to_string(g.n_q_heads) + "_" + std::to_string(g.n_kv_heads) + "_" +
-                                        std::to_string(g.head_dim) + ".h5");
+  const std::string path =
+      scratch_file("seeded_" + method + "_" + std::to_string(g.n_layers) + "_" + std::to_string(g.n_q_heads) + "_" +
+                   std::to_string(g.n_kv_heads) + "_" + std::to_string(g.head_dim) + ".h5");
   if (std::filesystem::exists(path)) return path;
   learned::LearnedModel m;
   m.method = method;
@@ -51,7 +51,8 @@ inline std::string runnable_spec(const std::string& name, const ModelGeometry& g
 // A label with the scratch directory (it changes per run) written as $SCRATCH, for golden files.
 inline std::string stable_label(std::string label) {
   const std::string dir = scratch_dir().string();
-  for (auto at = label.find(dir); at != std::string::npos; at = label.find(dir)) label.replace(at, dir.size(), "$SCRATCH");
+  for (auto at = label.find(dir); at != std::string::npos; at = label.find(dir))
+    label.replace(at, dir.size(), "$SCRATCH");
   return label;
 }
 

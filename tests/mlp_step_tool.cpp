@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   std::ifstream in(argv[1]);
   const nlohmann::json j = nlohmann::json::parse(in);
   const auto sizes = j.at("sizes").get<std::vector<int>>();
-  Mlp m(sizes, parse_activation(j.at("activation").get<std::string>(), "input"), j.at("params").get<std::vector<double>>(), "input");
+  Mlp m(sizes, parse_activation(j.at("activation").get<std::string>(), "input"),
+        j.at("params").get<std::vector<double>>(), "input");
   const auto x = j.at("x").get<std::vector<double>>(), dy = j.at("dy").get<std::vector<double>>();
   const auto n = static_cast<std::int64_t>(x.size()) / sizes.front();
   Mlp::Tape tape;

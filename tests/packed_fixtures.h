@@ -47,8 +47,10 @@ inline PackedRows kept_rows(const PackedRows& all, const HeadPlan& plan, int d) 
   PackedRows r;
   for (std::size_t j = 0; j < plan.codec.size(); ++j) {
     if (plan.codec[j] == TokenCodec::Drop) continue;
-    r.k.insert(r.k.end(), all.k.begin() + static_cast<std::ptrdiff_t>(j * d), all.k.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
-    r.v.insert(r.v.end(), all.v.begin() + static_cast<std::ptrdiff_t>(j * d), all.v.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+    r.k.insert(r.k.end(), all.k.begin() + static_cast<std::ptrdiff_t>(j * d),
+               all.k.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+    r.v.insert(r.v.end(), all.v.begin() + static_cast<std::ptrdiff_t>(j * d),
+               all.v.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
     r.pos.push_back(all.pos[j]);
   }
   return r;

@@ -67,13 +67,15 @@ void require_same_cache(const KvCache& got, const KvCache& want) {
 }  // namespace
 
 TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does", "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel cpu(gguf, WeightFormat::F32);
   BackendEngine eng(gguf, reference_backend(gguf));
   CHECK(eng.device() == "cpu reference");
   const ModelConfig& c = cpu.config();
-  const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649, 314, 16, 17, 18};
+  const std::vector<std::int32_t> prompt = {1,   504,  3458, 282,  4649, 314, 2729, 30,
+                                            378, 3458, 282,  4649, 314,  16,  17,   18};
 
   // Prefill in two chunks with hooks, then two decode steps.
   Rows rc, re;
@@ -136,7 +138,8 @@ TEST_CASE("backend engine over the reference runs SmolLM2 as the CPU engine does
 }
 
 TEST_CASE("backend engine refuses a backend made for another model", "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   ModelConfig other = model_config(gguf);
   other.n_layers = 2;
@@ -145,7 +148,8 @@ TEST_CASE("backend engine refuses a backend made for another model", "[backend_e
 }
 
 TEST_CASE("gemma3: its turns end generation; its block is the backends'", "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA))
+    FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
   const GgufFile gguf(KVSIM_TEST_GEMMA);
   const Tokenizer tok(gguf);
   CHECK(tok.is_eog(tok.eos()));
@@ -165,15 +169,18 @@ TEST_CASE("gemma3: its turns end generation; its block is the backends'", "[back
 
 TEST_CASE("gemma3 on the backend engine: the CPU engine's logits, cache and weights; no gap inside a window",
           "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA))
+    FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
   // Six layers (five local, one global) and a window of 6 tokens: every step below crosses it.
-  const std::string path = kvsim::test::patched_model(
-      KVSIM_TEST_GEMMA, {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 6}}, "gemma3_window6_engine.gguf");
+  const std::string path =
+      kvsim::test::patched_model(KVSIM_TEST_GEMMA, {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 6}},
+                                 "gemma3_window6_engine.gguf");
   const GgufFile gguf(path);
   LlamaModel cpu(gguf, WeightFormat::F32);
   BackendEngine be(gguf, reference_backend(gguf));
   std::vector<std::int32_t> prompt(12), pos(12);
-  for (int i = 0; i < 12; ++i) prompt[static_cast<std::size_t>(i)] = 3000 + 131 * i, pos[static_cast<std::size_t>(i)] = i;
+  for (int i = 0; i < 12; ++i)
+    prompt[static_cast<std::size_t>(i)] = 3000 + 131 * i, pos[static_cast<std::size_t>(i)] = i;
   const std::span<const std::int32_t> all(prompt), at(pos);
   const auto want = cpu.forward(all, at, std::vector<std::int64_t>{11});
   be.forward(all.first(5), at.first(5), {});
@@ -202,9 +209,10 @@ TEST_CASE("gemma3 on the backend engine: the CPU engine's logits, cache and weig
   // A gap inside a local layer's window: the backends mask by row, so this is refused by name.
   be.evict(1, 0, std::vector<std::int32_t>{13});
   const KvCache before = be.cache();
-  CHECK_THROWS_WITH(be.forward(std::vector<std::int32_t>{5}, std::vector<std::int32_t>{15}, std::vector<std::int64_t>{0}),
-                    Catch::Contains("KV cache layer 1 entry 0: a sliding-window layer (window 6)") &&
-                        Catch::Contains("--device cpu"));
+  CHECK_THROWS_WITH(
+      be.forward(std::vector<std::int32_t>{5}, std::vector<std::int32_t>{15}, std::vector<std::int64_t>{0}),
+      Catch::Contains("KV cache layer 1 entry 0: a sliding-window layer (window 6)") &&
+          Catch::Contains("--device cpu"));
   require_same_cache(be.cache(), before);
 }
 
@@ -222,14 +230,17 @@ TEST_CASE("device choice: names, and a clear refusal where CUDA cannot run", "[b
   if (refusal.empty()) {
     CHECK(cuda_built());  // only a CUDA build can accept --device cuda
   } else {
-    if (cuda_built()) CHECK_THAT(refusal, Catch::Contains("--device cuda: no CUDA device is visible"));
-    else CHECK_THAT(refusal, Catch::Contains("--device cuda: this kvsim was built without CUDA"));
+    if (cuda_built())
+      CHECK_THAT(refusal, Catch::Contains("--device cuda: no CUDA device is visible"));
+    else
+      CHECK_THAT(refusal, Catch::Contains("--device cuda: this kvsim was built without CUDA"));
     CHECK_THAT(refusal, Catch::Contains("use --device cpu"));
   }
 }
 
 TEST_CASE("backend engine evicts on the backend without reloading the cache", "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel cpu(gguf, WeightFormat::F32);
   auto counting = std::make_unique<CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32);
@@ -261,7 +272,8 @@ TEST_CASE("backend engine evicts on the backend without reloading the cache", "[
 }
 
 TEST_CASE("backend engine hands packed entries to the backend, whose read-back the mirror holds", "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel cpu(gguf, WeightFormat::F32);
   auto owned = std::make_unique<CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32);
@@ -269,7 +281,8 @@ TEST_CASE("backend engine hands packed entries to the backend, whose read-back t
   BackendEngine eng(gguf, std::move(owned));
   const ModelConfig& c = cpu.config();
   const ModelGeometry& g = c;
-  const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649, 314, 16, 17, 18};
+  const std::vector<std::int32_t> prompt = {1,   504,  3458, 282,  4649, 314, 2729, 30,
+                                            378, 3458, 282,  4649, 314,  16,  17,   18};
   cpu.prefill(prompt);
   eng.prefill(prompt);
   // Every entry: the first two tokens fp16, the rest int4 (even layers) or rank-8 low rank (odd
@@ -328,9 +341,11 @@ TEST_CASE("backend engine hands packed entries to the backend, whose read-back t
   CHECK_THROWS_WITH(eng.step(11), Catch::Contains("KV cache layer 4: a packed entry"));
 }
 
-TEST_CASE("capture on the backend engine (the --device cuda path, over the CPU reference) writes the CPU engine's trace",
-          "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+TEST_CASE(
+    "capture on the backend engine (the --device cuda path, over the CPU reference) writes the CPU engine's trace",
+    "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   CaptureRequest req;
   req.id = "r";
   req.context = "The key to the blue door is under the third stone of the garden wall, next to the old well.";
@@ -380,9 +395,10 @@ TEST_CASE("capture on the backend engine (the --device cuda path, over the CPU r
   }
 }
 
-
-TEST_CASE("backend engine: decode rules start at the next pass, step on the backend and end at an edit", "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+TEST_CASE("backend engine: decode rules start at the next pass, step on the backend and end at an edit",
+          "[backend_engine]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   BackendEngine eng(gguf, reference_backend(gguf));
   const int L = eng.config().n_layers;
@@ -461,7 +477,8 @@ TEST_CASE("KV cache eviction compacts an entry in place, any order and repeats a
 }
 
 TEST_CASE("soft gating: logit biases scale attention on the CPU engine; the backend refuses them", "[backend_engine]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   const std::vector<std::int32_t> prompt = {1, 504, 3458, 282, 4649, 314, 2729, 30, 378, 3458, 282, 4649};
   LlamaModel plain(gguf, WeightFormat::F32), biased(gguf, WeightFormat::F32), evicted(gguf, WeightFormat::F32);

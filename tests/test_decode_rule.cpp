@@ -34,7 +34,8 @@ void fill_signals(test::FakeSignals& s, int n_q, std::int64_t n, std::mt19937& r
 TEST_CASE("a policy's decode rule evicts what its own step evicts", "[decode_rule]") {
   const int n_q = 4, n_kv = 2, G = n_q / n_kv;
   const std::int64_t n = 12, budget = 6;
-  for (const std::string spec : {"h2o", "h2o:gqa=mean", "h2o:gqa=max", "h2o:recent_ratio=0.25", "h2o:recent_ratio=0", "tova"}) {
+  for (const std::string spec :
+       {"h2o", "h2o:gqa=mean", "h2o:gqa=max", "h2o:recent_ratio=0.25", "h2o:recent_ratio=0", "tova"}) {
     INFO(spec);
     std::mt19937 rng(7);
     test::FakeSignals s(n_q, n_kv, n);
@@ -56,7 +57,8 @@ TEST_CASE("a policy's decode rule evicts what its own step evicts", "[decode_rul
       for (auto& c : cache) c.push_back(t);
       std::vector<std::int64_t> rows;
       std::int64_t stride = 0;
-      for (const auto& c : cache) rows.push_back(static_cast<std::int64_t>(c.size())), stride = std::max(stride, rows.back());
+      for (const auto& c : cache)
+        rows.push_back(static_cast<std::int64_t>(c.size())), stride = std::max(stride, rows.back());
       std::vector<std::vector<float>> weights(n_q);
       std::vector<float> flat(static_cast<std::size_t>(n_q * stride), 0.0f);
       for (int q = 0; q < n_q; ++q)
@@ -68,11 +70,13 @@ TEST_CASE("a policy's decode rule evicts what its own step evicts", "[decode_rul
       const std::int64_t b = t < 30 ? budget : budget - 2;
       std::vector<std::vector<std::int32_t>> evict(n_kv);
       state->step(DecodeStep{t, cache, weights, b}, evict);
-      const auto gone = decode_rule_step_ref(rule.rule, rule.scores, rows, LastRowWeights{flat.data(), stride, n_q, G}, b);
+      const auto gone =
+          decode_rule_step_ref(rule.rule, rule.scores, rows, LastRowWeights{flat.data(), stride, n_q, G}, b);
       REQUIRE(gone.size() == static_cast<std::size_t>(n_kv));
       for (int kv = 0; kv < n_kv; ++kv) {
         auto& c = cache[static_cast<std::size_t>(kv)];
-        std::set<std::int32_t> by_rule, by_step(evict[static_cast<std::size_t>(kv)].begin(), evict[static_cast<std::size_t>(kv)].end());
+        std::set<std::int32_t> by_rule,
+            by_step(evict[static_cast<std::size_t>(kv)].begin(), evict[static_cast<std::size_t>(kv)].end());
         for (const auto r : gone[static_cast<std::size_t>(kv)]) by_rule.insert(c[static_cast<std::size_t>(r)]);
         INFO("step " << t << ", KV head " << kv);
         REQUIRE(by_rule == by_step);
@@ -87,7 +91,8 @@ TEST_CASE("a policy's decode rule evicts what its own step evicts", "[decode_rul
 
 TEST_CASE("position-only and re-tiering policies state no rule", "[decode_rule]") {
   test::FakeSignals s(2, 1, 6);
-  auto state = PolicyRegistry::instance().create("streamingllm:sinks=2").policy->start_decode(s, LayerPlan{}, Budget{4, 0.5});
+  auto state =
+      PolicyRegistry::instance().create("streamingllm:sinks=2").policy->start_decode(s, LayerPlan{}, Budget{4, 0.5});
   REQUIRE(state);
   CHECK_FALSE(state->rule());
 }
@@ -108,8 +113,9 @@ TEST_CASE("the decode rule reference refuses state out of step with the cache", 
                     Catch::Contains("entry 1 holds 2 rows, its scores cover 1"));
   // A rule that does not accumulate needs no scores; its rows restart every step.
   std::vector<std::vector<double>> none;
-  const auto gone = decode_rule_step_ref(DecodeRule{false, false, HeadCombine::Sum, 1}, none, {4, 4},
-                                         LastRowWeights{std::vector<float>{0.4f, 0.1f, 0.3f, 0.2f, 0.1f, 0.1f, 0.5f, 0.3f}.data(), 4, 2, 1}, 2);
+  const auto gone = decode_rule_step_ref(
+      DecodeRule{false, false, HeadCombine::Sum, 1}, none, {4, 4},
+      LastRowWeights{std::vector<float>{0.4f, 0.1f, 0.3f, 0.2f, 0.1f, 0.1f, 0.5f, 0.3f}.data(), 4, 2, 1}, 2);
   CHECK(gone[0] == std::vector<std::int64_t>{1, 2});  // lowest two outside the newest: 0.1 (row 1), 0.3 (row 2)
   CHECK(gone[1] == std::vector<std::int64_t>{0, 1});  // 0.1 and 0.1 tie: both go, the newest (0.3) is protected
 }

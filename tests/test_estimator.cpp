@@ -23,9 +23,7 @@ std::filesystem::path temp_file(const std::string& name) {
   return dir / name;
 }
 
-void write(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream(p) << text;
-}
+void write(const std::filesystem::path& p, const std::string& text) { std::ofstream(p) << text; }
 
 // Offline rows of `requests` x `configs` whose per-layer features are random, and live rows whose
 // KL is the planted weights' sum of them (times a per-request factor when `noise`).

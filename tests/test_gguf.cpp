@@ -27,7 +27,11 @@ Bytes valid_file(std::uint32_t q8_type = 8, std::uint64_t f32_offset = 96) {
   f.str("llama.block_count").put<std::uint32_t>(4).put<std::uint32_t>(30);
   f.str("llama.rope.freq_base").put<std::uint32_t>(6).put<float>(100000.0f);
   f.str("tokenizer.ggml.tokens").put<std::uint32_t>(9).put<std::uint32_t>(8).put<std::uint64_t>(2).str("a").str("b");
-  f.str("q").put<std::uint32_t>(2).put<std::uint64_t>(32).put<std::uint64_t>(2).put<std::uint32_t>(q8_type)
+  f.str("q")
+      .put<std::uint32_t>(2)
+      .put<std::uint64_t>(32)
+      .put<std::uint64_t>(2)
+      .put<std::uint32_t>(q8_type)
       .put<std::uint64_t>(0);
   f.str("n").put<std::uint32_t>(1).put<std::uint64_t>(4).put<std::uint32_t>(0).put<std::uint64_t>(f32_offset);
   f.pad(32);
@@ -54,15 +58,16 @@ TEST_CASE("a small GGUF file reads back: metadata, tensors, dequantized rows", "
   CHECK(f.get_float("llama.rope.freq_base") == 100000.0);
   CHECK(f.get_array("tokenizer.ggml.tokens").size() == 2);
   CHECK(f.get_int("llama.missing", 7) == 7);
-  CHECK_THROWS_WITH(f.get_int("general.architecture"), Catch::Contains("'general.architecture' is a string, expected an integer"));
+  CHECK_THROWS_WITH(f.get_int("general.architecture"),
+                    Catch::Contains("'general.architecture' is a string, expected an integer"));
   CHECK_THROWS_WITH(f.get_string("nope"), Catch::Contains("metadata 'nope' is missing"));
   const GgufTensor& q = f.tensor("q");
   CHECK(q.rows() == 2);
   std::vector<float> rows(64);
   f.dequantize_rows(q, 0, 2, rows);
-  CHECK(rows[0] == -8.0f);   // 0.5 * (0 - 16)
-  CHECK(rows[31] == 7.5f);   // 0.5 * 15
-  CHECK(rows[32] == 8.0f);   // row 1: 0.5 * 16
+  CHECK(rows[0] == -8.0f);  // 0.5 * (0 - 16)
+  CHECK(rows[31] == 7.5f);  // 0.5 * 15
+  CHECK(rows[32] == 8.0f);  // row 1: 0.5 * 16
   std::vector<float> n(4);
   f.dequantize_rows(f.tensor("n"), 0, 1, n);
   CHECK(n == std::vector<float>{1.5f, -2.0f, 0.25f, 8.0f});
@@ -97,7 +102,8 @@ TEST_CASE("broken GGUF files are rejected with the reason", "[gguf]") {
                       Catch::Contains("tensor 'n' data") && Catch::Contains("beyond the end of the file"));
   }
   SECTION("misaligned tensor offset") {
-    CHECK_THROWS_WITH(GgufFile(write("align.gguf", valid_file(8, 100).b)), Catch::Contains("not a multiple of the alignment 32"));
+    CHECK_THROWS_WITH(GgufFile(write("align.gguf", valid_file(8, 100).b)),
+                      Catch::Contains("not a multiple of the alignment 32"));
   }
   SECTION("missing file") {
     CHECK_THROWS_WITH(GgufFile(test::scratch_file("none.gguf")), Catch::Contains("cannot open"));
@@ -117,7 +123,8 @@ TEST_CASE("broken GGUF files are rejected with the reason", "[gguf]") {
     f.str("w").put<std::uint32_t>(4);
     for (int d = 0; d < 4; ++d) f.put<std::uint64_t>(std::uint64_t{1} << 20);
     f.put<std::uint32_t>(0).put<std::uint64_t>(0);
-    CHECK_THROWS_WITH(GgufFile(write("huge_tensor.gguf", f.b)), Catch::Contains("tensor 'w' has more than 2^50 elements"));
+    CHECK_THROWS_WITH(GgufFile(write("huge_tensor.gguf", f.b)),
+                      Catch::Contains("tensor 'w' has more than 2^50 elements"));
   }
 }
 
@@ -125,7 +132,8 @@ TEST_CASE("broken GGUF files are rejected with the reason", "[gguf]") {
 // before any check; a negative layer count would have sized a vector. Every dimension is now
 // checked as it is read, naming its key.
 TEST_CASE("model metadata out of range is refused naming the key", "[gguf]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const std::vector<std::pair<std::string, std::pair<std::uint32_t, std::string>>> cases = {
       {"llama.attention.head_count", {0, "llama.attention.head_count = 0, expected 1..16777216"}},
       {"llama.block_count", {0xFFFFFFFFu, "llama.block_count = 4294967295, expected 1..16777216"}},

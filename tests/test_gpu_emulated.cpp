@@ -77,14 +77,16 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
     std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq * n));
     const auto kept = every_row_kept(c.entries, n);
     const std::vector<std::int32_t> counts(static_cast<std::size_t>(c.entries), n);
-    attend_kept_ref(shape, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(), n, out_ref.data(),
-                    w_ref.data());
-    std::vector<float> scratch(decode_scratch_floats(Hq, d)), out(out_ref.size()), probs(w_ref.size(), -1.0f), stats(2 * Hq);
+    attend_kept_ref(shape, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(), n,
+                    out_ref.data(), w_ref.data());
+    std::vector<float> scratch(decode_scratch_floats(Hq, d)), out(out_ref.size()), probs(w_ref.size(), -1.0f),
+        stats(2 * Hq);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const RopeShape rope{c.pairing == RopeType::Neox, d};
     REQUIRE(attend_decode_packed(q.data(), Hq, d, shape.group(), host.views.data(), rope, cos_t.data(), sin_t.data(),
-                                 cache.tail_k.data(), cache.tail_v.data(), cache.tail, same_rows(c.entries, n), scale, scratch.data(),
-                                 scratch.size(), out.data(), false, probs.data(), n, stats.data(), nullptr) == cudaSuccess);
+                                 cache.tail_k.data(), cache.tail_v.data(), cache.tail, same_rows(c.entries, n), scale,
+                                 scratch.data(), scratch.size(), out.data(), false, probs.data(), n, stats.data(),
+                                 nullptr) == cudaSuccess);
     CHECK(nmse(out, out_ref) < 1e-10);
     CHECK(nmse(probs, w_ref) < 1e-10);
     // The unpack path over the same cache: unpack_packed per entry, then the fp16 split decode.
@@ -96,19 +98,22 @@ TEST_CASE("emulated: the fused packed decode attends over what unpack_tensor rea
       REQUIRE(unpack_packed(v.v, d, rope, cos_t.data(), sin_t.data(), unpacked_v.data() + off, nullptr) == cudaSuccess);
       const auto p = static_cast<std::size_t>(v.k.n_rows);
       const auto tail_at = static_cast<std::size_t>(e) * static_cast<std::size_t>(cache.tail) * d;
-      std::copy_n(cache.tail_k.begin() + static_cast<std::ptrdiff_t>(tail_at), (n - p) * d, unpacked_k.begin() + static_cast<std::ptrdiff_t>(off + p * d));
-      std::copy_n(cache.tail_v.begin() + static_cast<std::ptrdiff_t>(tail_at), (n - p) * d, unpacked_v.begin() + static_cast<std::ptrdiff_t>(off + p * d));
+      std::copy_n(cache.tail_k.begin() + static_cast<std::ptrdiff_t>(tail_at), (n - p) * d,
+                  unpacked_k.begin() + static_cast<std::ptrdiff_t>(off + p * d));
+      std::copy_n(cache.tail_v.begin() + static_cast<std::ptrdiff_t>(tail_at), (n - p) * d,
+                  unpacked_v.begin() + static_cast<std::ptrdiff_t>(off + p * d));
     }
     // The emulator's arithmetic is the host's: unpacking gives unpack_tensor's rows to the bit.
     CHECK(unpacked_k == cache.dense_k);
     CHECK(unpacked_v == cache.dense_v);
     std::vector<float> out_unpack(out.size());
-    REQUIRE(attend_decode(q.data(), Hq, d, shape.group(), unpacked_k.data(), unpacked_v.data(), n, same_rows(c.entries, n), 0, scale,
-                          scratch.data(), scratch.size(), out_unpack.data(), false, nullptr) == cudaSuccess);
+    REQUIRE(attend_decode(q.data(), Hq, d, shape.group(), unpacked_k.data(), unpacked_v.data(), n,
+                          same_rows(c.entries, n), 0, scale, scratch.data(), scratch.size(), out_unpack.data(), false,
+                          nullptr) == cudaSuccess);
     CHECK(nmse(out_unpack, out_ref) < 1e-10);
     std::vector<float> last(w_ref.size(), -1.0f);
-    REQUIRE(last_row_weights(q.data(), Hq, d, shape.group(), unpacked_k.data(), n, same_rows(c.entries, n), 0, scale, last.data(), n,
-                             nullptr) == cudaSuccess);
+    REQUIRE(last_row_weights(q.data(), Hq, d, shape.group(), unpacked_k.data(), n, same_rows(c.entries, n), 0, scale,
+                             last.data(), n, nullptr) == cudaSuccess);
     CHECK(nmse(last, w_ref) < 1e-10);
   }
 }
@@ -128,7 +133,8 @@ TEST_CASE("emulated: prefill attention over past rows and the new rows, causally
     const int seen = past + i + 1;
     const std::vector<std::int32_t> kept = every_row_kept(entries, seen);
     const std::vector<std::int32_t> counts(static_cast<std::size_t>(entries), seen);
-    const std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * Hq * d), q.begin() + static_cast<std::ptrdiff_t>((i + 1) * Hq * d));
+    const std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * Hq * d),
+                                q.begin() + static_cast<std::ptrdiff_t>((i + 1) * Hq * d));
     attend_kept_ref(AttnShape{Hq, entries, d, cap}, qi.data(), k.data(), v.data(), kept.data(), counts.data(), seen,
                     want.data() + static_cast<std::ptrdiff_t>(i * Hq * d), nullptr);
   }
@@ -136,7 +142,8 @@ TEST_CASE("emulated: prefill attention over past rows and the new rows, causally
 }
 
 // kept[e * width + m]: the rows [lo_e, seen_e) of each entry, for attend_kept_ref.
-std::vector<std::int32_t> window_rows(const std::vector<int>& seen, int window, int width, std::vector<std::int32_t>& counts) {
+std::vector<std::int32_t> window_rows(const std::vector<int>& seen, int window, int width,
+                                      std::vector<std::int32_t>& counts) {
   std::vector<std::int32_t> kept(seen.size() * static_cast<std::size_t>(width), 0);
   counts.assign(seen.size(), 0);
   for (std::size_t e = 0; e < seen.size(); ++e) {
@@ -162,7 +169,8 @@ TEST_CASE("emulated: prefill attention over a sliding window sees each row's las
     for (int i = 0; i < n; ++i) {
       std::vector<std::int32_t> counts;
       const std::vector<std::int32_t> kept = window_rows(std::vector<int>(entries, past + i + 1), window, cap, counts);
-      const std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * Hq * d), q.begin() + static_cast<std::ptrdiff_t>((i + 1) * Hq * d));
+      const std::vector<float> qi(q.begin() + static_cast<std::ptrdiff_t>(i * Hq * d),
+                                  q.begin() + static_cast<std::ptrdiff_t>((i + 1) * Hq * d));
       attend_kept_ref(AttnShape{Hq, entries, d, cap}, qi.data(), k.data(), v.data(), kept.data(), counts.data(), cap,
                       want.data() + static_cast<std::ptrdiff_t>(i * Hq * d), nullptr);
     }
@@ -190,8 +198,8 @@ TEST_CASE("emulated: split decode and last-row weights over a sliding window of 
   std::vector<std::int32_t> counts;
   const std::vector<std::int32_t> kept = window_rows(seen, window, cap, counts);
   std::vector<float> want(q.size()), w_kept(static_cast<std::size_t>(Hq * cap));
-  attend_kept_ref(AttnShape{Hq, entries, d, cap}, q.data(), k.data(), v.data(), kept.data(), counts.data(), cap, want.data(),
-                  w_kept.data());
+  attend_kept_ref(AttnShape{Hq, entries, d, cap}, q.data(), k.data(), v.data(), kept.data(), counts.data(), cap,
+                  want.data(), w_kept.data());
   CHECK(nmse(out, want) < 1e-10);
   // The weights sit at the rows' places in the entry, zero before the window and past the rows.
   std::vector<float> w_want(w.size(), 0.0f);
@@ -207,18 +215,20 @@ TEST_CASE("emulated: split decode and last-row weights over a sliding window of 
 TEST_CASE("emulated: KV append places each KV head's rows in its entries", "[gpu-emu]") {
   const int n = 3, n_head_kv = 2, group = 3, d = 32;
   std::vector<std::uint16_t> kh(static_cast<std::size_t>(n * n_head_kv * d)), vh(kh.size());
-  for (std::size_t i = 0; i < kh.size(); ++i) kh[i] = static_cast<std::uint16_t>(i), vh[i] = static_cast<std::uint16_t>(i + 7);
+  for (std::size_t i = 0; i < kh.size(); ++i)
+    kh[i] = static_cast<std::uint16_t>(i), vh[i] = static_cast<std::uint16_t>(i + 7);
   for (const bool per_query_head : {false, true}) {
     INFO("per-query-head entries " << per_query_head);
     const int entries = per_query_head ? n_head_kv * group : n_head_kv, cap = 8, past = 2;
     std::vector<std::uint16_t> ck(static_cast<std::size_t>(entries * cap * d), 0), cv(ck.size(), 0);
-    REQUIRE(kv_append(kh.data(), vh.data(), n, n_head_kv, d, same_rows(entries, past), per_query_head ? group : 1, cap, ck.data(),
-                      cv.data(), nullptr) == cudaSuccess);
+    REQUIRE(kv_append(kh.data(), vh.data(), n, n_head_kv, d, same_rows(entries, past), per_query_head ? group : 1, cap,
+                      ck.data(), cv.data(), nullptr) == cudaSuccess);
     for (int e = 0; e < entries; ++e) {
       const int kv = per_query_head ? e / group : e;  // entry e holds KV head e / entry_div
       for (int i = 0; i < n; ++i)
         for (int c = 0; c < d; ++c) {
-          const auto at = (static_cast<std::size_t>(e) * cap + past + i) * d + c, from = (static_cast<std::size_t>(i) * n_head_kv + kv) * d + c;
+          const auto at = (static_cast<std::size_t>(e) * cap + past + i) * d + c,
+                     from = (static_cast<std::size_t>(i) * n_head_kv + kv) * d + c;
           REQUIRE(ck[at] == kh[from]);
           REQUIRE(cv[at] == vh[from]);
         }
@@ -265,8 +275,8 @@ TEST_CASE("emulated: decode rule steps evict what the reference evicts and compa
       const std::int64_t stride = *std::max_element(rows.begin(), rows.end());
       std::vector<float> w(static_cast<std::size_t>(c.n_heads * stride));
       for (auto& x : w) x = eighths();
-      const auto want = decode_rule_step_ref(c.rule, ref.scores, rows, LastRowWeights{w.data(), stride, c.n_heads, c.n_heads / c.entries},
-                                             c.budget);
+      const auto want = decode_rule_step_ref(
+          c.rule, ref.scores, rows, LastRowWeights{w.data(), stride, c.n_heads, c.n_heads / c.entries}, c.budget);
       const int report_stride = static_cast<int>(1 + std::max<std::int64_t>(stride - c.budget, 0));
       std::vector<std::uint8_t> gone(scored * static_cast<std::size_t>(stride), 0xab);
       std::vector<std::int32_t> kept(gone.size(), -7), report(static_cast<std::size_t>(c.entries * report_stride), -7);
@@ -296,8 +306,10 @@ TEST_CASE("emulated: decode rule steps evict what the reference evicts and compa
         REQUIRE(rep[0] == static_cast<std::int32_t>(gone_rows.size()));
         CHECK(std::vector<std::int64_t>(rep + 1, rep + 1 + rep[0]) == gone_rows);
         // The kept rows, in order, at the front of the entry's rows; its scores compacted with them.
-        std::vector<std::uint16_t> wk, wv, gk(k.begin() + e * cap * d, k.begin() + e * cap * d + (rows[static_cast<std::size_t>(e)] - rep[0]) * d);
-        std::vector<std::uint16_t> gv(v.begin() + e * cap * d, v.begin() + e * cap * d + (rows[static_cast<std::size_t>(e)] - rep[0]) * d);
+        std::vector<std::uint16_t> wk, wv,
+            gk(k.begin() + e * cap * d, k.begin() + e * cap * d + (rows[static_cast<std::size_t>(e)] - rep[0]) * d);
+        std::vector<std::uint16_t> gv(v.begin() + e * cap * d,
+                                      v.begin() + e * cap * d + (rows[static_cast<std::size_t>(e)] - rep[0]) * d);
         for (std::int64_t j = 0; j < rows[static_cast<std::size_t>(e)]; ++j) {
           if (std::binary_search(gone_rows.begin(), gone_rows.end(), j)) continue;
           wk.insert(wk.end(), k_before.begin() + (e * cap + j) * d, k_before.begin() + (e * cap + j + 1) * d);
@@ -310,7 +322,8 @@ TEST_CASE("emulated: decode rule steps evict what the reference evicts and compa
       if (c.rule.accumulate)
         for (std::size_t e = 0; e < scored; ++e)
           CHECK(std::vector<double>(scores.begin() + static_cast<std::ptrdiff_t>(e * cap),
-                                    scores.begin() + static_cast<std::ptrdiff_t>(e * cap + ref.scores[e].size())) == ref.scores[e]);
+                                    scores.begin() + static_cast<std::ptrdiff_t>(e * cap + ref.scores[e].size())) ==
+                ref.scores[e]);
       for (auto& n : rows) ++n;  // the next step's new row
     }
   }
@@ -324,7 +337,8 @@ TEST_CASE("emulated: a launch a GPU would refuse fails as it would", "[gpu-emu]"
   CHECK(last_row_weights(q.data(), 0, 32, 1, k.data(), 1, same_rows(1, 1), 0, 1.0f, w.data(), 1, nullptr) ==
         cudaErrorInvalidConfiguration);
   CHECK(cudaGetLastError() == cudaSuccess);  // the wrapper took it
-  CHECK(last_row_weights(q.data(), 1, 32, 1, k.data(), 1, same_rows(1, 1), 0, 1.0f, w.data(), 1, nullptr) == cudaSuccess);
+  CHECK(last_row_weights(q.data(), 1, 32, 1, k.data(), 1, same_rows(1, 1), 0, 1.0f, w.data(), 1, nullptr) ==
+        cudaSuccess);
   CHECK(w[0] == 1.0f);  // one key: all the weight
 }
 
@@ -361,6 +375,12 @@ void check_corner(std::size_t i) {
   check_transformer(shapes.at(i).first, shapes.at(i).second, DeviceWeights::F16);
 }
 
-TEST_CASE("emulated: the CUDA transformer matches its reference, head_dim 32 corner shape", "[gpu-emu]") { check_corner(0); }
-TEST_CASE("emulated: the CUDA transformer matches its reference, head_dim 96 corner shape", "[gpu-emu]") { check_corner(1); }
-TEST_CASE("emulated: the CUDA transformer matches its reference, head_dim 256 corner shape", "[gpu-emu]") { check_corner(2); }
+TEST_CASE("emulated: the CUDA transformer matches its reference, head_dim 32 corner shape", "[gpu-emu]") {
+  check_corner(0);
+}
+TEST_CASE("emulated: the CUDA transformer matches its reference, head_dim 96 corner shape", "[gpu-emu]") {
+  check_corner(1);
+}
+TEST_CASE("emulated: the CUDA transformer matches its reference, head_dim 256 corner shape", "[gpu-emu]") {
+  check_corner(2);
+}

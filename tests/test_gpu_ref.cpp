@@ -63,7 +63,8 @@ TEST_CASE("packed intN rows read back exactly what int_roundtrip reconstructs", 
         std::vector<float> back(rows.size());
         unpack_int_rows(s, d, codes.data(), params.data(), 20, back.data());
         std::vector<float> want = rows;
-        for (int t = 0; t < 20; ++t) int_roundtrip(IntSpec{bits, group, sym}, std::span(want).subspan(static_cast<std::size_t>(t * d), d));
+        for (int t = 0; t < 20; ++t)
+          int_roundtrip(IntSpec{bits, group, sym}, std::span(want).subspan(static_cast<std::size_t>(t * d), d));
         CHECK(back == want);
         CHECK(s.row_bytes(d) + s.groups(d) * (sym ? 2.0 : 4.0) == int_row_bytes(IntSpec{bits, group, sym}, d));
       }
@@ -80,7 +81,9 @@ TEST_CASE("kept-index attention: one token gives its value, equal keys average, 
   for (int h = 0; h < 4; ++h) {
     const int kv = h / 2, tok = kv == 0 ? 7 : 2;
     CHECK(w[static_cast<std::size_t>(h * 3)] == 1.0f);
-    for (int x = 0; x < 8; ++x) CHECK(out[static_cast<std::size_t>(h * 8 + x)] == half_to_float(v[static_cast<std::size_t>((kv * 10 + tok) * 8 + x)]));
+    for (int x = 0; x < 8; ++x)
+      CHECK(out[static_cast<std::size_t>(h * 8 + x)] ==
+            half_to_float(v[static_cast<std::size_t>((kv * 10 + tok) * 8 + x)]));
   }
   // Gathering kept indices from the full cache = attending over a cache holding only them.
   const std::vector<std::int32_t> kept = {1, 4, 9, 0, 3, 5}, counts = {3, 3};
@@ -95,7 +98,8 @@ TEST_CASE("kept-index attention: one token gives its value, equal keys average, 
       }
   const std::vector<std::int32_t> dense = {0, 1, 2, 0, 1, 2};
   std::vector<float> out2(out.size()), w2(w.size());
-  attend_kept_ref(AttnShape{4, 2, 8, 3}, q.data(), kc.data(), vc.data(), dense.data(), counts.data(), 3, out2.data(), w2.data());
+  attend_kept_ref(AttnShape{4, 2, 8, 3}, q.data(), kc.data(), vc.data(), dense.data(), counts.data(), 3, out2.data(),
+                  w2.data());
   CHECK(out2 == out);
   CHECK(w2 == w);
   double sum = 0;
@@ -124,13 +128,15 @@ TEST_CASE("quantized attention equals kept-index attention over the dequantized 
     double mx = -1e300, z = 0;
     for (int m = 0; m < 12; ++m) {
       double dot = 0;
-      for (int x = 0; x < 32; ++x) dot += q[static_cast<std::size_t>(h * 32 + x)] * kd[static_cast<std::size_t>((kv * 12 + m) * 32 + x)];
+      for (int x = 0; x < 32; ++x)
+        dot += q[static_cast<std::size_t>(h * 32 + x)] * kd[static_cast<std::size_t>((kv * 12 + m) * 32 + x)];
       mx = std::max(mx, w[static_cast<std::size_t>(m)] = dot / std::sqrt(32.0));
     }
     for (auto& x : w) z += (x = std::exp(x - mx));
     for (int x = 0; x < 32; ++x) {
       double o = 0;
-      for (int m = 0; m < 12; ++m) o += w[static_cast<std::size_t>(m)] / z * vd[static_cast<std::size_t>((kv * 12 + m) * 32 + x)];
+      for (int m = 0; m < 12; ++m)
+        o += w[static_cast<std::size_t>(m)] / z * vd[static_cast<std::size_t>((kv * 12 + m) * 32 + x)];
       CHECK(out[static_cast<std::size_t>(h * 32 + x)] == Approx(o).margin(1e-6));
     }
   }
@@ -208,8 +214,8 @@ TEST_CASE("the device's run table reads back every packed row", "[gpu-ref]") {
   // An offset past 32 bits cannot be held.
   PackedTensor huge = quant_only;
   huge.rows.front().data = std::int64_t{1} << 33;
-  CHECK_THROWS_WITH(row_table(huge, d), Catch::Contains("packed row 0: offsets 8589934592") &&
-                                            Catch::Contains("32-bit row table"));
+  CHECK_THROWS_WITH(row_table(huge, d),
+                    Catch::Contains("packed row 0: offsets 8589934592") && Catch::Contains("32-bit row table"));
 }
 
 TEST_CASE("the device's run table reads back every codec's packed output", "[gpu-ref]") {
@@ -288,11 +294,14 @@ TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is 
     int param_group;
     RopeType pairing;
   };
-  const Case cases[] = {{64, 4, 32, false, true, 1, RopeType::Norm},  {64, 2, 16, true, false, 1, RopeType::Norm},
-                        {32, 8, 1, false, true, 6, RopeType::Neox},   {96, 4, 96, true, true, 1, RopeType::Neox},
+  const Case cases[] = {{64, 4, 32, false, true, 1, RopeType::Norm},
+                        {64, 2, 16, true, false, 1, RopeType::Norm},
+                        {32, 8, 1, false, true, 6, RopeType::Neox},
+                        {96, 4, 96, true, true, 1, RopeType::Neox},
                         {128, 8, 32, false, false, 1, RopeType::Neox}};
   for (const Case& c : cases) {
-    INFO("d " << c.d << " bits " << c.bits << " span " << c.span << " symmetric " << c.symmetric << " rotate " << c.rotate);
+    INFO("d " << c.d << " bits " << c.bits << " span " << c.span << " symmetric " << c.symmetric << " rotate "
+              << c.rotate);
     const PackedTensor t = random_packed(c.d, 45, c.bits, c.span, c.symmetric, c.rotate, rng, 7, c.param_group);
     const RopeSpec spec{c.pairing, c.d, c.d == 96 ? 64 : c.d, 10000.0};  // d 96: partial rotary
     std::vector<float> want;
@@ -310,7 +319,8 @@ TEST_CASE("the kernels' row decoding (packed_value, rotate_pair, half_round) is 
       for (int i = 0; i < c.d; ++i) x[static_cast<std::size_t>(i)] = packed_value(view, r, i);
       if (packed_rotated(view, r)) {
         ++rotated;
-        for (int i = 0; i < rope.rope_dim / 2; ++i) rotate_pair(rope, cos_t.data(), sin_t.data(), r.position, i, x.data());
+        for (int i = 0; i < rope.rope_dim / 2; ++i)
+          rotate_pair(rope, cos_t.data(), sin_t.data(), r.position, i, x.data());
       }
       for (int i = 0; i < c.d; ++i) {
         const float got = half_round(x[static_cast<std::size_t>(i)]);

@@ -14,10 +14,10 @@ using namespace kvsim;
 TEST_CASE("half_to_float decodes the landmark values exactly", "[half]") {
   CHECK(half_to_float(0x3c00) == 1.0f);
   CHECK(half_to_float(0xc000) == -2.0f);
-  CHECK(half_to_float(0x7bff) == 65504.0f);                     // largest finite
-  CHECK(half_to_float(0x0400) == std::ldexp(1.0f, -14));        // smallest normal
-  CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24));        // smallest subnormal
-  CHECK(half_to_float(0x03ff) == std::ldexp(1023.0f, -24));     // largest subnormal
+  CHECK(half_to_float(0x7bff) == 65504.0f);                  // largest finite
+  CHECK(half_to_float(0x0400) == std::ldexp(1.0f, -14));     // smallest normal
+  CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24));     // smallest subnormal
+  CHECK(half_to_float(0x03ff) == std::ldexp(1023.0f, -24));  // largest subnormal
   CHECK(std::signbit(half_to_float(0x8000)));
   CHECK(half_to_float(0x8000) == 0.0f);
   CHECK(std::isinf(half_to_float(0x7c00)));
@@ -48,8 +48,8 @@ TEST_CASE("float_to_half rounds to nearest even and saturates to inf", "[half]")
   CHECK(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
   CHECK(float_to_half(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)) == 0x3c01);
   CHECK(float_to_half(65504.0f) == 0x7bff);
-  CHECK(float_to_half(65519.0f) == 0x7bff);   // below the rounding boundary
-  CHECK(float_to_half(65520.0f) == 0x7c00);   // rounds up to inf
+  CHECK(float_to_half(65519.0f) == 0x7bff);  // below the rounding boundary
+  CHECK(float_to_half(65520.0f) == 0x7c00);  // rounds up to inf
   CHECK(float_to_half(1e9f) == 0x7c00);
   CHECK(float_to_half(-1e9f) == 0xfc00);
   CHECK(float_to_half(std::numeric_limits<float>::infinity()) == 0x7c00);

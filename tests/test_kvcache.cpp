@@ -27,7 +27,8 @@ ModelGeometry geometry(int q_heads, int kv_heads) {
 
 HeadPlan plan_of(const std::string& codes) {  // '.' drop, 'f' fp16, '4' int4
   HeadPlan p;
-  for (char ch : codes) p.codec.push_back(ch == '.' ? TokenCodec::Drop : ch == '4' ? TokenCodec::Int4 : TokenCodec::Fp16);
+  for (char ch : codes)
+    p.codec.push_back(ch == '.' ? TokenCodec::Drop : ch == '4' ? TokenCodec::Int4 : TokenCodec::Fp16);
   return p;
 }
 
@@ -37,7 +38,9 @@ struct RecordingRows final : kvcache::RowSink {
   std::vector<std::pair<int, std::vector<std::int32_t>>> evictions;
   std::vector<int> encoded;
   void keep(const std::vector<std::vector<std::int32_t>>& k) override { keeps.push_back(k); }
-  void evict(int entry, std::span<const std::int32_t> t) override { evictions.emplace_back(entry, std::vector(t.begin(), t.end())); }
+  void evict(int entry, std::span<const std::int32_t> t) override {
+    evictions.emplace_back(entry, std::vector(t.begin(), t.end()));
+  }
   void encode(int entry, const HeadPlan&) override { encoded.push_back(entry); }
   std::vector<std::pair<int, std::vector<float>>> biases;
   void bias(int entry, std::vector<float> b) override { biases.emplace_back(entry, std::move(b)); }
@@ -67,7 +70,8 @@ TEST_CASE("plans are checked against the cache they were made for", "[kvcache]")
   plan.heads.push_back(plan_of("fff"));
   CHECK(kvcache::check_plan(cfg, plan, cached, g));  // one per query head
   LayerPlan short_plan{{plan_of("ff"), plan_of("fff")}};
-  CHECK_THROWS_WITH(kvcache::check_plan(cfg, short_plan, cached, g), Catch::Contains("plan covers 2 tokens, expected 3"));
+  CHECK_THROWS_WITH(kvcache::check_plan(cfg, short_plan, cached, g),
+                    Catch::Contains("plan covers 2 tokens, expected 3"));
   LayerPlan coded{{plan_of("f4f"), plan_of("fff")}};
   CHECK_THROWS_WITH(kvcache::check_plan(cfg, coded, cached, g), Catch::Contains("names no codec"));
   CHECK_FALSE(kvcache::check_plan(config_of("intn", 0.5), coded, cached, g));
@@ -166,8 +170,9 @@ TEST_CASE("re-tiering re-encodes the kept tokens within the entry's byte budget"
   CHECK(rows.encoded == std::vector<int>{0});
   const double fp16 = codec_token_bytes(TokenCodec::Fp16, d);
   LayerIndex again = LayerIndex::prefix(1, 4);
-  CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ffff")}}, 2, 9, codec, 3 * fp16, d, again, nullptr),
-                    Catch::Contains("re-tiered cache of layer 2, KV head 0 holds") && Catch::Contains("after step 9"));
+  CHECK_THROWS_WITH(
+      kvcache::apply_retier("qevict", LayerPlan{{plan_of("ffff")}}, 2, 9, codec, 3 * fp16, d, again, nullptr),
+      Catch::Contains("re-tiered cache of layer 2, KV head 0 holds") && Catch::Contains("after step 9"));
   CHECK_THROWS_WITH(kvcache::apply_retier("qevict", LayerPlan{{plan_of("ff")}}, 2, 9, codec, 1e9, d, again, nullptr),
                     Catch::Contains("re-tier plan covers 2 tokens, expected 4"));
 }

@@ -62,5 +62,6 @@ TEST_CASE("rlkv plans keep the sinks and the newest tokens of streaming heads", 
   CHECK_THROWS_WITH(p.policy->compress(wide, Budget(7, 0.7)), Catch::Contains(path) && Catch::Contains("/geometry"));
   const std::string foresight = test::seeded_model_file("foresight", g);
   CHECK_THROWS_WITH(PolicyRegistry::instance().create("rlkv:model=" + foresight), Catch::Contains("expected 'rlkv'"));
-  CHECK_THROWS_WITH(PolicyRegistry::instance().create("foresight:model=" + path), Catch::Contains("expected 'foresight'"));
+  CHECK_THROWS_WITH(PolicyRegistry::instance().create("foresight:model=" + path),
+                    Catch::Contains("expected 'foresight'"));
 }

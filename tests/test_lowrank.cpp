@@ -104,8 +104,10 @@ TEST_CASE("a head rebuilt from its plan's own fit does not read the rows it is h
   std::vector<std::int32_t> kept_pos;
   for (std::size_t j = 0; j < 64; ++j) {
     if (plan.codec[j] == TokenCodec::Drop) continue;
-    kk.insert(kk.end(), k.begin() + static_cast<std::ptrdiff_t>(j * 16), k.begin() + static_cast<std::ptrdiff_t>(j * 16 + 16));
-    vk.insert(vk.end(), v.begin() + static_cast<std::ptrdiff_t>(j * 16), v.begin() + static_cast<std::ptrdiff_t>(j * 16 + 16));
+    kk.insert(kk.end(), k.begin() + static_cast<std::ptrdiff_t>(j * 16),
+              k.begin() + static_cast<std::ptrdiff_t>(j * 16 + 16));
+    vk.insert(vk.end(), v.begin() + static_cast<std::ptrdiff_t>(j * 16),
+              v.begin() + static_cast<std::ptrdiff_t>(j * 16 + 16));
     kept_pos.push_back(pos[j]);
   }
   std::vector<float> kn(kk.size(), std::nanf("")), vn(vk.size(), std::nanf(""));
@@ -169,8 +171,8 @@ struct OneHeadCache {
     view.tokens.emplace_back(h.q_index);
     view.keys.push_back(Eigen::Map<const kvcache::Mat>(k.data(), n, d));
     view.values.push_back(Eigen::Map<const kvcache::Mat>(v.data(), n, d));
-    signals = std::make_unique<kvcache::CacheSignals>("test", g, 0, n, kvcache::RequestTokens{h.positions, h.segments, h.q_index},
-                                                      q, view);
+    signals = std::make_unique<kvcache::CacheSignals>(
+        "test", g, 0, n, kvcache::RequestTokens{h.positions, h.segments, h.q_index}, q, view);
   }
   HeadPlan plan(const std::string& spec, double fraction) const {
     const PolicyInstance p = PolicyRegistry::instance().create(spec);
@@ -221,8 +223,8 @@ TEST_CASE("calibration bases: their bytes are amortised over the requests they s
   {
     GramAccumulator acc;
     const MatrixView K = cache.signals->keys(0), V = cache.signals->values(0);
-    acc.add(cache.g, {K.data, static_cast<std::size_t>(K.rows * K.cols)}, {V.data, static_cast<std::size_t>(V.rows * V.cols)},
-            cache.h.positions);
+    acc.add(cache.g, {K.data, static_cast<std::size_t>(K.rows * K.cols)},
+            {V.data, static_cast<std::size_t>(V.rows * V.cols)}, cache.h.positions);
     set.heads = {acc.basis()};
   }
   const std::string path = test::scratch_file("amortised.basis");
@@ -247,8 +249,9 @@ TEST_CASE("varrate keeps every token at r_min or more and spends its coefficient
   const TraceReader reader(test::write_small_trace("varrate.h5", cfg));
   PolicyInstance var = PolicyRegistry::instance().create("varrate:r_min=2,window=8");
   PolicyInstance uni = PolicyRegistry::instance().create("lowrank");
-  const std::vector<ReplayConfig> cfgs = {{var.name, var.params, std::shared_ptr<const Policy>(std::move(var.policy)), 0.6},
-                                          {uni.name, uni.params, std::shared_ptr<const Policy>(std::move(uni.policy)), 0.6}};
+  const std::vector<ReplayConfig> cfgs = {
+      {var.name, var.params, std::shared_ptr<const Policy>(std::move(var.policy)), 0.6},
+      {uni.name, uni.params, std::shared_ptr<const Policy>(std::move(uni.policy)), 0.6}};
   const RequestResult res = Replayer(reader, ReplayMode::QueryAware, cfgs).replay(reader.request_ids().front());
   for (const auto& r : res.configs) {
     CHECK(r.kept_fraction == 1.0);
@@ -320,8 +323,8 @@ TEST_CASE("bases calibrated on the request's own tokens are the request's own fi
   set.rope = cache.g.rope;
   GramAccumulator acc;
   const MatrixView K = cache.signals->keys(0), V = cache.signals->values(0);
-  acc.add(cache.g, {K.data, static_cast<std::size_t>(K.rows * K.cols)}, {V.data, static_cast<std::size_t>(V.rows * V.cols)},
-          cache.h.positions);
+  acc.add(cache.g, {K.data, static_cast<std::size_t>(K.rows * K.cols)},
+          {V.data, static_cast<std::size_t>(V.rows * V.cols)}, cache.h.positions);
   set.heads = {acc.basis()};
   const auto own = layer_fits(*cache.signals, nullptr).at(0),
              calibrated = layer_fits(*cache.signals, std::make_shared<const BasisSet>(set)).at(0);
@@ -348,7 +351,8 @@ TEST_CASE("calibration bases from other requests replay differently; other geome
   };
   const std::string own = fitted(1, "r0.basis"), other = fitted(2, "r0r1.basis");
   std::vector<ReplayConfig> cfgs;
-  for (const std::string& spec : std::vector<std::string>{"lowrank", "lowrank:basis=" + other, "varrate:basis=" + other}) {
+  for (const std::string& spec :
+       std::vector<std::string>{"lowrank", "lowrank:basis=" + other, "varrate:basis=" + other}) {
     PolicyInstance inst = PolicyRegistry::instance().create(spec);
     cfgs.push_back({inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.3});
   }
@@ -364,6 +368,7 @@ TEST_CASE("calibration bases from other requests replay differently; other geome
   wrong.heads.resize(wrong.heads.size() + static_cast<std::size_t>(wrong.n_kv_heads), wrong.heads.front());
   save_basis_set(wrong, own + ".wrong");
   PolicyInstance inst = PolicyRegistry::instance().create("lowrank:basis=" + own + ".wrong");
-  const std::vector<ReplayConfig> bad{{inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.3}};
+  const std::vector<ReplayConfig> bad{
+      {inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.3}};
   CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, bad).replay("r0"), Catch::Contains("n_layers"));
 }

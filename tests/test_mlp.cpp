@@ -35,9 +35,11 @@ TEST_CASE("the backward pass matches central finite differences", "[mlp]") {
   Mlp m(sizes, act, 42);
   // Biases away from zero, so ReLU units sit clear of their kink.
   for (int l = 0; l < 3; ++l)
-    for (int i = 0; i < sizes[static_cast<std::size_t>(l) + 1]; ++i) m.params()[m.bias_offset(l) + static_cast<std::size_t>(i)] = 0.3;
+    for (int i = 0; i < sizes[static_cast<std::size_t>(l) + 1]; ++i)
+      m.params()[m.bias_offset(l) + static_cast<std::size_t>(i)] = 0.3;
   const std::int64_t n = 6;
-  const std::vector<double> x = random_vector(static_cast<std::size_t>(n * 5), 1), c = random_vector(static_cast<std::size_t>(n * 2), 2);
+  const std::vector<double> x = random_vector(static_cast<std::size_t>(n * 5), 1),
+                            c = random_vector(static_cast<std::size_t>(n * 2), 2);
   Mlp::Tape tape;
   m.forward(x.data(), n, &tape);
   std::vector<double> grad, dx;
@@ -85,7 +87,9 @@ TEST_CASE("Adam fits a least-squares problem; a seed fixes the run", "[mlp]") {
     learned::Adam adam(m.params().size(), 0.05);
     const std::vector<double> x = random_vector(64, 11);
     std::vector<double> target(32);
-    for (int i = 0; i < 32; ++i) target[static_cast<std::size_t>(i)] = 2 * x[static_cast<std::size_t>(2 * i)] - x[static_cast<std::size_t>(2 * i + 1)] + 0.5;
+    for (int i = 0; i < 32; ++i)
+      target[static_cast<std::size_t>(i)] =
+          2 * x[static_cast<std::size_t>(2 * i)] - x[static_cast<std::size_t>(2 * i + 1)] + 0.5;
     for (int step = 0; step < 600; ++step) {
       Mlp::Tape tape;
       const std::vector<double> y = m.forward(x.data(), 32, &tape);

@@ -76,8 +76,8 @@ TEST_CASE("a model that does not fit the run is refused naming the file and fiel
   const std::string path = test::scratch_file("model_refusals.h5");
   write_learned_model(m, path);
   const LearnedModel r = read_learned_model(path);
-  CHECK_THROWS_WITH(check_learned_model(r, path, "rlkv", g), Catch::Contains(path) && Catch::Contains("'method'") &&
-                                                                 Catch::Contains("kvsim train rlkv"));
+  CHECK_THROWS_WITH(check_learned_model(r, path, "rlkv", g),
+                    Catch::Contains(path) && Catch::Contains("'method'") && Catch::Contains("kvsim train rlkv"));
   ModelGeometry other = g;
   other.n_layers = 30;
   CHECK_THROWS_WITH(check_learned_model(r, path, "foresight", other),
@@ -94,11 +94,13 @@ TEST_CASE("a model that does not fit the run is refused naming the file and fiel
   CHECK_THROWS_WITH(read_learned_model(trace), Catch::Contains("not a kvsim learned-policy model"));
   m.head_gates.assign(5, 1.0);
   write_learned_model(m, path);
-  CHECK_THROWS_WITH(read_learned_model(path), Catch::Contains("'head_gates'") && Catch::Contains("4 layers x 2 KV heads"));
+  CHECK_THROWS_WITH(read_learned_model(path),
+                    Catch::Contains("'head_gates'") && Catch::Contains("4 layers x 2 KV heads"));
   m = small_model(g);
   m.head_gates[2] = std::nan("");
   write_learned_model(m, path);
-  CHECK_THROWS_WITH(read_learned_model(path), Catch::Contains("head_gates") && Catch::Contains("value 2 is not finite"));
+  CHECK_THROWS_WITH(read_learned_model(path),
+                    Catch::Contains("head_gates") && Catch::Contains("value 2 is not finite"));
   m = small_model(g);
   m.norm_std[3] = 0;
   write_learned_model(m, path);

@@ -25,7 +25,8 @@ namespace {
 
 // Packs the plan's kept rows and checks the read-back against reconstruct (rounded to fp16):
 // exactly (max_err 0) or to max_err; and the payload against the codec's byte count.
-void check_pack(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, const PackedRows& kept, float max_err = 0) {
+void check_pack(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry& g, const PackedRows& kept,
+                float max_err = 0) {
   PackedEntry e;
   pack_plan(codec, plan, g, kept.pos, kept.k, kept.v, e);
   REQUIRE(e.rows() == plan.kept());
@@ -39,7 +40,8 @@ void check_pack(const KvCodec* codec, const HeadPlan& plan, const ModelGeometry&
   REQUIRE(ku.size() == kh.size());
   REQUIRE(vu.size() == vh.size());
   float worst = 0;
-  for (std::size_t i = 0; i < ku.size(); ++i) worst = std::max({worst, std::abs(ku[i] - kh[i]), std::abs(vu[i] - vh[i])});
+  for (std::size_t i = 0; i < ku.size(); ++i)
+    worst = std::max({worst, std::abs(ku[i] - kh[i]), std::abs(vu[i] - vh[i])});
   CHECK(worst <= max_err);
   const double bytes = codec ? codec->bytes(plan, g.head_dim)
                              : static_cast<double>(plan.kept()) * codec_token_bytes(TokenCodec::Fp16, g.head_dim);
@@ -78,7 +80,8 @@ TEST_CASE("packed intN reads back as its reconstruction, bytes as counted", "[pa
 
 TEST_CASE("packed KIVI: shared key pairs per token group, fp16 residual rows", "[packed]") {
   const ModelGeometry g = geometry(32);
-  for (const char* spec : {"kivi:bits=2,group=16,residual=32", "kivi:bits=4,group=32,residual=64", "kivi:bits=8,group=16,residual=0"})
+  for (const char* spec :
+       {"kivi:bits=2,group=16,residual=32", "kivi:bits=4,group=32,residual=64", "kivi:bits=8,group=16,residual=0"})
     for (const std::int64_t n : {std::int64_t{10}, std::int64_t{64}, std::int64_t{70}, std::int64_t{101}}) {
       INFO(spec << ", " << n << " tokens");
       const PolicyInstance p = PolicyRegistry::instance().create(spec);
@@ -175,7 +178,8 @@ TEST_CASE("malformed packed entries are refused naming the row and field", "[pac
   // A quantized layout of a second kind cannot join a tensor holding one.
   PackedTensor t;
   int_pack_row(IntSpec{4, 16, false}, std::span(all.k).first(16), 0, t);
-  CHECK_THROWS_WITH(int_pack_row(IntSpec{2, 16, false}, std::span(all.k).first(16), 0, t), Catch::Contains("one quantized layout"));
+  CHECK_THROWS_WITH(int_pack_row(IntSpec{2, 16, false}, std::span(all.k).first(16), 0, t),
+                    Catch::Contains("one quantized layout"));
 }
 
 TEST_CASE("a codec without a packed form says so", "[packed]") {

@@ -45,7 +45,8 @@ TEST_CASE("top-k keeps protected tokens first and breaks ties toward the recent 
   const std::vector<std::uint8_t> prot = {0, 0, 0, 0, 0, 1};
   CHECK(top_k_mask(score, 2, prot) == std::vector<std::uint8_t>{0, 1, 0, 0, 0, 1});
   // More protected tokens than budget: the most recent protected ones stay.
-  CHECK(top_k_mask(score, 1, std::vector<std::uint8_t>{1, 1, 0, 0, 0, 0}) == std::vector<std::uint8_t>{0, 1, 0, 0, 0, 0});
+  CHECK(top_k_mask(score, 1, std::vector<std::uint8_t>{1, 1, 0, 0, 0, 0}) ==
+        std::vector<std::uint8_t>{0, 1, 0, 0, 0, 0});
   CHECK(top_k_mask(score, 0) == std::vector<std::uint8_t>(6, 0));
   CHECK(top_k_mask(score, 99) == std::vector<std::uint8_t>(6, 1));
 }
@@ -131,7 +132,10 @@ TEST_CASE("adakv shares a layer's budget across heads with a floor", "[policy]")
 
 TEST_CASE("h2o keeps heavy hitters by accumulated attention plus recent tokens", "[policy]") {
   FakeSignals s(1, 1, 5);
-  s.observed_[0] = {{1, 0, 0, 0, 0}, {0.5f, 0.5f, 0, 0, 0}, {0.2f, 0.6f, 0.2f, 0, 0}, {0.1f, 0.1f, 0.1f, 0.7f, 0},
+  s.observed_[0] = {{1, 0, 0, 0, 0},
+                    {0.5f, 0.5f, 0, 0, 0},
+                    {0.2f, 0.6f, 0.2f, 0, 0},
+                    {0.1f, 0.1f, 0.1f, 0.7f, 0},
                     {0.3f, 0.1f, 0.2f, 0.2f, 0.2f}};
   // Sums [2.1 1.3 0.5 0.9 0.2]; recent = floor(0.5*3) = 1.
   CHECK(kept(run("h2o", s, 3).heads[0]) == std::set<int>{0, 1, 4});
@@ -209,7 +213,8 @@ TEST_CASE("a policy alias selects the policy under its canonical name", "[policy
   CHECK_THROWS_WITH(reg.add_alias("lowrank_uniform", "h2o"), Catch::Contains("registered twice"));
   // An alias of an alias (or of nothing) is refused when used, never followed round a cycle.
   reg.add_alias("test_alias_of_alias", "lowrank_uniform");
-  CHECK_THROWS_WITH(reg.create("test_alias_of_alias"), Catch::Contains("names 'lowrank_uniform', which is not a policy"));
+  CHECK_THROWS_WITH(reg.create("test_alias_of_alias"),
+                    Catch::Contains("names 'lowrank_uniform', which is not a policy"));
 }
 
 TEST_CASE("expected_attention scores keys by expected attention of the mean query times |v|", "[policy]") {
@@ -217,7 +222,8 @@ TEST_CASE("expected_attention scores keys by expected attention of the mean quer
   s.queries_[0] = {{9, 9}, {1, 0}, {1, 0}, {3, 0}, {3, 0}};  // row 0 is a sink: left out, mean (2, 0)
   s.keys_[0] = {{0, 0}, {1, 0}, {0, 1}, {-1, 0}, {2, 0}};
   s.values_[0] = {{1, 0}, {1, 0}, {0, 3}, {1, 0}, {0.1f, 0}};
-  // z = mu.k / sqrt(2): [., 1.41, 0, -1.41, 2.83] -> p = [., .185, .045, .011, .76]; x |v| = [., .185, .135, .011, .076]
+  // z = mu.k / sqrt(2): [., 1.41, 0, -1.41, 2.83] -> p = [., .185, .045, .011, .76]; x |v| = [., .185, .135, .011,
+  // .076]
   CHECK(kept(run("expected_attention:sinks=1,covariance=false", s, 2).heads[0]) == std::set<int>{0, 1});
   CHECK(kept(run("expected_attention:sinks=1,covariance=false", s, 3).heads[0]) == std::set<int>{0, 1, 2});
   CHECK(kept(run("expected_attention:sinks=1,covariance=false,vnorm=false", s, 2).heads[0]) == std::set<int>{0, 4});
@@ -234,8 +240,8 @@ TEST_CASE("oracle_golden keeps by the best block, oracle_future by the total", "
 
 namespace {
 std::vector<std::vector<std::int32_t>> step(DecodeState& state, std::int64_t token,
-                                             const std::vector<std::vector<std::int32_t>>& cache,
-                                             const std::vector<std::vector<float>>& weights, std::int64_t budget) {
+                                            const std::vector<std::vector<std::int32_t>>& cache,
+                                            const std::vector<std::vector<float>>& weights, std::int64_t budget) {
   std::vector<std::vector<std::int32_t>> evict(cache.size());
   state.step(DecodeStep{token, cache, weights, budget}, evict);
   return evict;
@@ -245,7 +251,10 @@ std::vector<std::vector<std::int32_t>> step(DecodeState& state, std::int64_t tok
 TEST_CASE("decode-time h2o keeps accumulating renormalised attention and evicts outside the recent window",
           "[policy]") {
   FakeSignals s(1, 1, 5);
-  s.observed_[0] = {{1, 0, 0, 0, 0}, {0.5f, 0.5f, 0, 0, 0}, {0.2f, 0.6f, 0.2f, 0, 0}, {0.1f, 0.1f, 0.1f, 0.7f, 0},
+  s.observed_[0] = {{1, 0, 0, 0, 0},
+                    {0.5f, 0.5f, 0, 0, 0},
+                    {0.2f, 0.6f, 0.2f, 0, 0},
+                    {0.1f, 0.1f, 0.1f, 0.7f, 0},
                     {0.3f, 0.1f, 0.2f, 0.2f, 0.2f}};
   const auto inst = PolicyRegistry::instance().create("h2o");
   const LayerPlan plan = inst.policy->compress(s, Budget{3, 0.5});
@@ -273,7 +282,8 @@ TEST_CASE("decode-time tova drops the token with the lowest mean attention, one 
 
 TEST_CASE("decode-time streamingllm drops the oldest tokens past the sinks", "[policy]") {
   FakeSignals s(1, 1, 5);
-  auto state = PolicyRegistry::instance().create("streamingllm:sinks=2").policy->start_decode(s, LayerPlan{}, Budget{3, 0.5});
+  auto state =
+      PolicyRegistry::instance().create("streamingllm:sinks=2").policy->start_decode(s, LayerPlan{}, Budget{3, 0.5});
   REQUIRE(state);
   CHECK(step(*state, 7, {{0, 1, 5, 6, 7}}, {{0.2f, 0.2f, 0.2f, 0.2f, 0.2f}}, 3)[0] == std::vector<std::int32_t>{5, 6});
 }
@@ -287,8 +297,7 @@ TEST_CASE("per_query_head GQA keeps one set per query head within the group's bu
   REQUIRE(plan.heads.size() == 2);
   CHECK(kept(plan.heads[0]) == std::set<int>{0, 4});
   CHECK(kept(plan.heads[1]) == std::set<int>{3, 4});
-  CHECK_THROWS_WITH(PolicyRegistry::instance().create("h2o:gqa=per_query_head"),
-                    Catch::Contains("phase=prefill only"));
+  CHECK_THROWS_WITH(PolicyRegistry::instance().create("h2o:gqa=per_query_head"), Catch::Contains("phase=prefill only"));
 }
 
 TEST_CASE("expected_attention inverts RoPE and averages the future rotation, both pairings", "[policy]") {
@@ -310,14 +319,15 @@ TEST_CASE("expected_attention inverts RoPE and averages the future rotation, bot
       ++q.rows;
     }
     s.queries_[0] = q;
-    s.keys_[0] = {{0.1f, 0.2f, 0.3f, 0.4f}, {1.0f, -1.0f, 0.5f, 0.0f}, {-0.7f, 0.3f, 0.9f, -0.2f},
+    s.keys_[0] = {{0.1f, 0.2f, 0.3f, 0.4f},  {1.0f, -1.0f, 0.5f, 0.0f},  {-0.7f, 0.3f, 0.9f, -0.2f},
                   {0.4f, 0.8f, -0.6f, 1.1f}, {-1.2f, -0.3f, 0.2f, 0.6f}, {0.6f, -0.9f, -0.4f, 0.3f}};
     s.values_[0] = {{1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}, {1, 0, 0, 0}};
     std::vector<double> mean_q(4, 0.0);
     for (std::int64_t t = n; t < n + future; ++t) {
       std::vector<float> x = pre;
       apply_rope(rope, x.data(), 1, t);
-      for (int k = 0; k < 4; ++k) mean_q[static_cast<std::size_t>(k)] += x[static_cast<std::size_t>(k)] / double(future);
+      for (int k = 0; k < 4; ++k)
+        mean_q[static_cast<std::size_t>(k)] += x[static_cast<std::size_t>(k)] / double(future);
     }
     std::vector<float> z(static_cast<std::size_t>(n));
     const MatrixView keys = s.keys(0);
@@ -356,7 +366,8 @@ TEST_CASE("structure pins system and question tokens and shares the rest by segm
   s.set_segments({0, 0, 1, 1, 1, 1, 1, 1, 2, 2});
   s.window_[0] = {{0.0f, 0.0f, 0.3f, 0.0f, 0.25f, 0.1f, 0.05f, 0.2f, 0.0f, 0.1f}};
   // Budget 6: the 4 pinned tokens (0, 1, 8, 9) + the context's top 2 (2: .3, 4: .25).
-  CHECK(kept(run("structure:base=snapkv/window=1/kernel=1/pool=none", s, 6).heads[0]) == std::set<int>{0, 1, 2, 4, 8, 9});
+  CHECK(kept(run("structure:base=snapkv/window=1/kernel=1/pool=none", s, 6).heads[0]) ==
+        std::set<int>{0, 1, 2, 4, 8, 9});
   // Pinned tokens beyond the budget: the most recent of them.
   CHECK(kept(run("structure:base=snapkv/window=1/kernel=1/pool=none", s, 3).heads[0]) == std::set<int>{1, 8, 9});
   CHECK_THROWS_WITH(run("structure:pin=system/docs", s, 3), Catch::Contains("segment 'docs'"));

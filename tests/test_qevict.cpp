@@ -67,7 +67,8 @@ TEST_CASE("qevict fills fp16 with pins and top windows, then int4, then deletes"
 
 TEST_CASE("qevict never exceeds its byte budget", "[qevict]") {
   const FakeSignals s = example();
-  for (const std::string extra : {"", ",hi_share=0", ",hi_share=1", ",bits=2", ",bits=8,agg=max", ",pin=none", ",retier=64"}) {
+  for (const std::string extra :
+       {"", ",hi_share=0", ",hi_share=1", ",bits=2", ",bits=8,agg=max", ",pin=none", ",retier=64"}) {
     const auto policy = PolicyRegistry::instance().create(kBase + extra).policy;
     for (double b : {0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 0.7}) {
       const LayerPlan p = policy->compress(s, Budget{0, b});
@@ -139,7 +140,8 @@ TEST_CASE("qevict re-tiers in decode by score plus accumulated attention", "[qev
 
 TEST_CASE("qevict keeps its pins for tokens that join after the compression point", "[qevict]") {
   // No recent pin: only a pinned segment keeps tokens 16 and 17 (never attended) in fp16.
-  const std::string spec = "qevict:base=snapkv/window=1/kernel=1/pool=none,window=4,sinks=0,recent=0,group=32,bits=4,retier=2";
+  const std::string spec =
+      "qevict:base=snapkv/window=1/kernel=1/pool=none,window=4,sinks=0,recent=0,group=32,bits=4,retier=2";
   const FakeSignals s = example();
   const auto question = fp16_after_retier(spec, s, 2);  // query-agnostic: the question arrives later
   CHECK(question.count(16) == 1);

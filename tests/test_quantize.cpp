@@ -45,7 +45,8 @@ TEST_CASE("per-token intN stays within half a step (plus fp16 scale rounding)", 
           const double levels = sym ? (1 << (bits - 1)) - 1 : (1 << bits) - 1;
           const double step = sym ? amax / levels : (hi - lo) / levels;
           const double bound = step * (0.5 + levels * kHalfEps) + (sym ? 0.0 : std::abs(lo) * kHalfEps) + 1e-6;
-          for (int i = g0; i < g0 + group; ++i) CHECK(std::abs(y[static_cast<std::size_t>(i)] - x[static_cast<std::size_t>(i)]) <= bound);
+          for (int i = g0; i < g0 + group; ++i)
+            CHECK(std::abs(y[static_cast<std::size_t>(i)] - x[static_cast<std::size_t>(i)]) <= bound);
         }
       }
     }
@@ -89,8 +90,10 @@ TEST_CASE("KIVI keeps its residual window exact and bounds the rest", "[quantize
   const auto k = gaussian(static_cast<std::size_t>(n * d), 1), v = gaussian(static_cast<std::size_t>(n * d), 2);
   auto kh = k, vh = v;
   kivi_roundtrip(s, d, n, kh, vh);
-  for (std::int64_t t = 96 * d; t < n * d; ++t) CHECK(kh[static_cast<std::size_t>(t)] == k[static_cast<std::size_t>(t)]);
-  for (std::int64_t t = 68 * d; t < n * d; ++t) CHECK(vh[static_cast<std::size_t>(t)] == v[static_cast<std::size_t>(t)]);
+  for (std::int64_t t = 96 * d; t < n * d; ++t)
+    CHECK(kh[static_cast<std::size_t>(t)] == k[static_cast<std::size_t>(t)]);
+  for (std::int64_t t = 68 * d; t < n * d; ++t)
+    CHECK(vh[static_cast<std::size_t>(t)] == v[static_cast<std::size_t>(t)]);
   // Keys: per channel over groups of 32 tokens; 2 bits = 3 steps over the group's range.
   for (std::int64_t t0 = 0; t0 < 96; t0 += 32)
     for (int ch = 0; ch < d; ++ch) {
@@ -104,12 +107,15 @@ TEST_CASE("KIVI keeps its residual window exact and bounds the rest", "[quantize
         CHECK(std::abs(kh[static_cast<std::size_t>(t * d + ch)] - k[static_cast<std::size_t>(t * d + ch)]) <= bound);
     }
   int changed = 0;
-  for (std::int64_t t = 0; t < 68 * d; ++t) changed += vh[static_cast<std::size_t>(t)] != v[static_cast<std::size_t>(t)];
+  for (std::int64_t t = 0; t < 68 * d; ++t)
+    changed += vh[static_cast<std::size_t>(t)] != v[static_cast<std::size_t>(t)];
   CHECK(changed > 68 * d / 2);
 }
 
 TEST_CASE("quantizer specs are checked", "[quantize]") {
   CHECK_THROWS_WITH(check_int_spec(IntSpec{3, 32, false}, 64), Catch::Contains("bits = 3, expected 2, 4 or 8"));
-  CHECK_THROWS_WITH(check_int_spec(IntSpec{4, 48, false}, 64), Catch::Contains("group = 48 does not divide head_dim 64"));
-  CHECK_THROWS_WITH(check_kivi_spec(KiviSpec{2, 32, 48}, 64), Catch::Contains("residual = 48 is not a multiple of group 32"));
+  CHECK_THROWS_WITH(check_int_spec(IntSpec{4, 48, false}, 64),
+                    Catch::Contains("group = 48 does not divide head_dim 64"));
+  CHECK_THROWS_WITH(check_kivi_spec(KiviSpec{2, 32, 48}, 64),
+                    Catch::Contains("residual = 48 is not a multiple of group 32"));
 }

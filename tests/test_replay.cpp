@@ -84,7 +84,8 @@ TEST_CASE("replay metrics equal a brute-force recomputation", "[replay]") {
   double recall_sum = 0, err_sum = 0;
   std::int64_t rows = 0;
   for (int layer = 0; layer < g.n_layers; ++layer) {
-    std::vector<float> k(reader.layer_elements("r0", Tensor::K)), v(k.size()), q(reader.layer_elements("r0", Tensor::Q));
+    std::vector<float> k(reader.layer_elements("r0", Tensor::K)), v(k.size()),
+        q(reader.layer_elements("r0", Tensor::Q));
     reader.read_layer("r0", Tensor::K, layer, k);
     reader.read_layer("r0", Tensor::V, layer, v);
     reader.read_layer("r0", Tensor::Q, layer, q);
@@ -294,9 +295,8 @@ TEST_CASE("replay properties hold for every policy", "[replay]") {
     }
     for (double b : {0.1, 0.25, 0.5, 0.75}) {
       const double oracle = result("oracle_future", b).mean_recall;
-      for (const std::string uniform :
-           {"random", "streamingllm:phase=prefill", "snapkv", "h2o:phase=prefill", "tova:phase=prefill", "keydiff",
-            "expected_attention", "oracle_golden"}) {
+      for (const std::string uniform : {"random", "streamingllm:phase=prefill", "snapkv", "h2o:phase=prefill",
+                                        "tova:phase=prefill", "keydiff", "expected_attention", "oracle_golden"}) {
         INFO(mode_name(mode) << " " << id << " budget " << b << ": oracle_future vs " << uniform);
         CHECK(oracle >= result(uniform, b).mean_recall - 1e-6);
       }
@@ -331,8 +331,8 @@ TEST_CASE("golden keep-sets: every policy x 3 budgets", "[replay][golden]") {
   for (const auto mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
     const RequestResult res = Replayer(reader, mode, cfgs).replay("r0");
     for (std::size_t p = 0; p < cfgs.size(); ++p)
-      table << mode_name(mode) << " " << test::stable_label(cfgs[p].label()) << " " << cfgs[p].budget << " " << res.configs[p].keep_hash
-            << " " << static_cast<std::int64_t>(res.configs[p].compressed_bytes) << "\n";
+      table << mode_name(mode) << " " << test::stable_label(cfgs[p].label()) << " " << cfgs[p].budget << " "
+            << res.configs[p].keep_hash << " " << static_cast<std::int64_t>(res.configs[p].compressed_bytes) << "\n";
   }
   const std::string golden_path = std::string(KVSIM_TEST_SOURCE_DIR) + "/golden/replay_keepsets.txt";
   if (std::getenv("KVSIM_UPDATE_GOLDEN")) std::ofstream(golden_path) << table.str();
@@ -340,14 +340,15 @@ TEST_CASE("golden keep-sets: every policy x 3 budgets", "[replay][golden]") {
   std::stringstream expected;
   expected << in.rdbuf();
   INFO("golden file " << golden_path << " (regenerate with KVSIM_UPDATE_GOLDEN=1 after an intended change);"
-       << " this run produced:\n" << table.str());
+                      << " this run produced:\n"
+                      << table.str());
   CHECK(expected.str() == table.str());
 }
 
 TEST_CASE("compress-every: same result when one cut holds the prompt, bounded peak otherwise", "[replay]") {
   const TraceReader reader(replay_trace());
-  const auto cfgs = configs({"snapkv:window=8", "streamingllm:phase=prefill", "h2o", "keydiff", "random:seed=2"},
-                            {0.25});
+  const auto cfgs =
+      configs({"snapkv:window=8", "streamingllm:phase=prefill", "h2o", "keydiff", "random:seed=2"}, {0.25});
   const RequestResult plain = Replayer(reader, ReplayMode::QueryAware, cfgs).replay("r0");
   const RequestResult one_chunk = Replayer(reader, ReplayMode::QueryAware, cfgs, 100000).replay("r0");
   const RequestResult chunked = Replayer(reader, ReplayMode::QueryAware, cfgs, 16).replay("r0");
@@ -367,9 +368,10 @@ TEST_CASE("compress-every: same result when one cut holds the prompt, bounded pe
   // Sinks + most recent is the same set however the prefill was chunked.
   CHECK(chunked.configs[1].keep_hash == plain.configs[1].keep_hash);
   CHECK(chunked.configs[1].mean_kl == Approx(plain.configs[1].mean_kl).epsilon(1e-6));  // float rounding only
-  CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, configs({"snapkv:window=8,gqa=per_query_head"}, {0.25}), 16)
-                        .replay("r0"),
-                    Catch::Contains("not supported with chunked compression"));
+  CHECK_THROWS_WITH(
+      Replayer(reader, ReplayMode::QueryAware, configs({"snapkv:window=8,gqa=per_query_head"}, {0.25}), 16)
+          .replay("r0"),
+      Catch::Contains("not supported with chunked compression"));
 }
 
 TEST_CASE("every policy runs on caches thinned at every compression cut", "[replay]") {
@@ -402,7 +404,8 @@ TEST_CASE("every policy runs on caches thinned at every compression cut", "[repl
 TEST_CASE("quantized configs: every token kept, error grows as bits shrink, bytes are the codec's", "[replay]") {
   const TraceReader reader(replay_trace());
   // 0.99 of the fp16 bytes holds every token at 8, 4 and 2 bits (and KIVI-2): nothing is dropped.
-  const auto cfgs = configs({"intn:bits=8", "intn:bits=4", "intn:bits=2", "kivi:bits=2,residual=32", "kivi:bits=4"}, {0.99});
+  const auto cfgs =
+      configs({"intn:bits=8", "intn:bits=4", "intn:bits=2", "kivi:bits=2,residual=32", "kivi:bits=4"}, {0.99});
   for (const ReplayMode mode : {ReplayMode::QueryAware, ReplayMode::QueryAgnostic}) {
     const RequestResult res = Replayer(reader, mode, cfgs).replay(reader.request_ids().front());
     const auto& g = reader.geometry();
@@ -450,7 +453,8 @@ class SameTiersEveryStep : public Policy {
   SameTiersEveryStep() : base_(PolicyRegistry::instance().create("intn:bits=4").policy) {}
   const KvCodec* codec() const override { return base_->codec(); }
   LayerPlan compress(const LayerSignals& s, const Budget& b) const override { return base_->compress(s, b); }
-  std::unique_ptr<DecodeState> start_decode(const LayerSignals& s, const LayerPlan& initial, const Budget&) const override {
+  std::unique_ptr<DecodeState> start_decode(const LayerSignals& s, const LayerPlan& initial,
+                                            const Budget&) const override {
     class Same : public DecodeState {
      public:
       explicit Same(std::vector<std::map<std::int32_t, TokenCodec>> codes) : codes_(std::move(codes)) {}
@@ -560,7 +564,8 @@ TEST_CASE("a long prompt's observed attention is visited in row blocks, never n 
       REQUIRE(b.cols == n);
       for (std::int64_t i = 0; i < b.rows; ++i)
         for (std::int64_t j = 0; j < n; ++j)
-          worst = std::max(worst, std::abs(static_cast<double>(b.at(i, j)) - whole.data[static_cast<std::size_t>((first + i) * n + j)]));
+          worst = std::max(worst, std::abs(static_cast<double>(b.at(i, j)) -
+                                           whole.data[static_cast<std::size_t>((first + i) * n + j)]));
       next = first + b.rows;
       ++blocks;
     });
@@ -632,7 +637,7 @@ TEST_CASE("peak-matched re-application: a one-shot rule applied again to the gro
   const std::int64_t steps = h.n_tokens() - h.n_prompt;
   std::int64_t size = peak - 3;
   for (std::int64_t i = 0; i < steps; ++i) {
-    ++size;  // joins
+    ++size;                                // joins
     if (size + 1 > peak) size = peak - 3;  // full: re-applied
   }
   CHECK(x.final_bytes == Approx(rows * static_cast<double>(size) * kv));

@@ -77,7 +77,8 @@ TEST_CASE("RopeTable rotates exactly as apply_rope, forward and inverse, both pa
     for (const std::int64_t pos : {0L, 7L, 300L, 4095L, 5L}) {
       for (const bool inverse : {false, true}) {
         std::vector<float> a(128), b;
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f * static_cast<float>(pos));
+        for (std::size_t i = 0; i < a.size(); ++i)
+          a[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f * static_cast<float>(pos));
         b = a;
         apply_rope(table.spec(), a.data(), 2, pos, inverse);
         table.apply(b.data(), 2, pos, inverse);

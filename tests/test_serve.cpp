@@ -100,7 +100,8 @@ TEST_CASE("bad request traces are refused by file, line and field", "[serve]") {
   // out_of_range exception, which escaped as "[json.exception.out_of_range.406]" with no file named.
   refused("huge_number.jsonl", R"({"timestamp": 21e+4111, "input_length": 10, "output_length": 1, "hash_ids": [1]})",
           "not a JSON object");
-  refused("no_ts.jsonl", R"({"input_length": 10, "output_length": 1, "hash_ids": [2]})", "field 'timestamp' is missing");
+  refused("no_ts.jsonl", R"({"input_length": 10, "output_length": 1, "hash_ids": [2]})",
+          "field 'timestamp' is missing");
   refused("neg_len.jsonl", R"({"timestamp": 1, "input_length": -4, "output_length": 1, "hash_ids": [2]})",
           "field 'input_length' is -4; expected an integer >= 0");
   refused("count.jsonl", R"({"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [2]})",
@@ -113,10 +114,12 @@ TEST_CASE("bad request traces are refused by file, line and field", "[serve]") {
           "follows another block than on line 1; expected prefix hashes");
   refused("size.jsonl", R"({"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [1]})",
           "holds 20 tokens here and 10 on line 1");
-  CHECK_THROWS_WITH(read_mooncake_trace(write_lines("backwards.jsonl",
-                                                    R"({"timestamp": 9, "input_length": 10, "output_length": 1, "hash_ids": [1]})"
-                                                    "\n" + ok + "\n")),
-                    Catch::Contains("backwards.jsonl:2: field 'timestamp' is 0, earlier than line 1's"));
+  CHECK_THROWS_WITH(
+      read_mooncake_trace(
+          write_lines("backwards.jsonl", R"({"timestamp": 9, "input_length": 10, "output_length": 1, "hash_ids": [1]})"
+                                         "\n" +
+                                             ok + "\n")),
+      Catch::Contains("backwards.jsonl:2: field 'timestamp' is 0, earlier than line 1's"));
   CHECK_THROWS_WITH(read_mooncake_trace(write_lines("empty.jsonl", "\n")), Catch::Contains("no requests"));
   CHECK_THROWS_WITH(read_mooncake_trace(test::scratch_file("absent.jsonl")), Catch::Contains("cannot open"));
   const RequestTrace t = read_mooncake_trace(write_lines("one.jsonl", ok + "\n"));
@@ -147,8 +150,8 @@ TEST_CASE("worked examples: each eviction policy's victims", "[serve]") {
     CHECK(victims(t, 3, o) == std::vector<std::int64_t>{2, 1, 3});
   }
   SECTION("hits_per_token: a small tail block is worth more per token") {
-    const RequestTrace t = read_mooncake_trace(write_jsonl(
-        "hpt.jsonl", {{0, 612, {1, 2}}, {1, 512, {3}}, {2, 512, {4}}}));
+    const RequestTrace t =
+        read_mooncake_trace(write_jsonl("hpt.jsonl", {{0, 612, {1, 2}}, {1, 512, {3}}, {2, 512, {4}}}));
     CHECK(victims(t, 3, policy(Eviction::HitsPerToken)) == std::vector<std::int64_t>{3});
     CHECK(victims(t, 3, policy(Eviction::Lru)) == std::vector<std::int64_t>{2});
   }
@@ -188,7 +191,8 @@ TEST_CASE("every eviction policy keeps prefixes: no cached block without its par
       for (std::size_t i = 0; i < t.requests.size(); ++i) {
         cache.admit(t.requests[i], static_cast<std::int64_t>(i));
         for (std::size_t b = 0; b < t.blocks(); ++b)
-          if (cache.cached(static_cast<std::int32_t>(b)) && t.parent[b] >= 0 && !cache.cached(t.parent[b])) prefixes = false;
+          if (cache.cached(static_cast<std::int32_t>(b)) && t.parent[b] >= 0 && !cache.cached(t.parent[b]))
+            prefixes = false;
         REQUIRE(cache.size() <= cap);
       }
       CHECK(prefixes);
@@ -255,13 +259,13 @@ TEST_CASE("cost profiles: non-negative fits, files, built-ins", "[serve]") {
   CHECK_THROWS_WITH(load_profile(write_lines("noformat.json", "{}")), Catch::Contains("field 'format' is missing"));
   CHECK_THROWS_WITH(load_profile(write_lines("badname.json", R"({"format": "kvsim-serve-profile", "name": 7})")),
                     Catch::Contains("badname.json: field 'name' is 7; expected a string"));
-  CHECK_THROWS_WITH(
-      load_profile(write_lines("nodecode.json", R"({"format": "kvsim-serve-profile", "name": "x", "kv_bytes_per_token": 1,
+  CHECK_THROWS_WITH(load_profile(write_lines("nodecode.json",
+                                             R"({"format": "kvsim-serve-profile", "name": "x", "kv_bytes_per_token": 1,
                                                    "prefill": {"a_ms": 0, "b_ms_per_token": 1, "c_ms_per_token2": 0}})")),
-      Catch::Contains("field 'decode' is missing"));
-  CHECK_THROWS_WITH(
-      load_profile(write_lines("negative.json", R"({"format": "kvsim-serve-profile", "name": "x", "kv_bytes_per_token": 1,
+                    Catch::Contains("field 'decode' is missing"));
+  CHECK_THROWS_WITH(load_profile(write_lines("negative.json",
+                                             R"({"format": "kvsim-serve-profile", "name": "x", "kv_bytes_per_token": 1,
                         "prefill": {"a_ms": 0, "b_ms_per_token": -1, "c_ms_per_token2": 0},
                         "decode": {"a_ms": 0, "b_ms_per_ctx_token": 1, "c_ms_per_seq": 0}})")),
-      Catch::Contains("prefill: field 'b_ms_per_token' is -1; expected a number >= 0"));
+                    Catch::Contains("prefill: field 'b_ms_per_token' is -1; expected a number >= 0"));
 }

@@ -64,13 +64,14 @@ BlockState block(std::int64_t i, bool hbm, bool dram, bool ssd, int sibling = -1
 
 TEST_CASE("materialisation: the cheapest way per block, runs loaded as one transfer", "[serve]") {
   MaterializeCosts c;
-  c.prefill = {"p", 0.0, 0.01, 1e-6};     // recompute of block i: 5.12 + 1e-6*((512(i+1))^2 - (512i)^2) ms
-  c.links[1] = {1.0, 0.5};              // DRAM: 0.512 ms per block + 0.5 ms per transfer
-  c.links[2] = {0.05, 0.1};             // SSD: 10.24 ms per block + 0.1 ms
+  c.prefill = {"p", 0.0, 0.01, 1e-6};  // recompute of block i: 5.12 + 1e-6*((512(i+1))^2 - (512i)^2) ms
+  c.links[1] = {1.0, 0.5};             // DRAM: 0.512 ms per block + 0.5 ms per transfer
+  c.links[2] = {0.05, 0.1};            // SSD: 10.24 ms per block + 0.1 ms
   auto recompute = [&](std::int64_t i) { return c.prefill.recompute_ms(512 * i, 512); };
   // HBM, DRAM, DRAM, nothing, SSD (shallow: recompute wins), ..., SSD deep enough to win.
-  std::vector<BlockState> blocks = {block(0, true, false, false), block(1, false, true, false), block(2, false, true, false),
-                                    block(3, false, false, false), block(4, false, false, true)};
+  std::vector<BlockState> blocks = {block(0, true, false, false), block(1, false, true, false),
+                                    block(2, false, true, false), block(3, false, false, false),
+                                    block(4, false, false, true)};
   for (int i = 5; i < 12; ++i) blocks.push_back(block(i, false, false, false));
   blocks.push_back(block(12, false, false, true));
   const MaterializePlan p = plan_materialization(blocks, c);
@@ -125,7 +126,7 @@ TEST_CASE("pins keep a block in the prefix cache until released", "[serve]") {
   std::int64_t now = 0;
   for (const std::int32_t b : {0, 1, 2}) c.insert(b, ++now);
   CHECK(c.pin(1));
-  CHECK_FALSE(c.pin(1));  // counted
+  CHECK_FALSE(c.pin(1));       // counted
   CHECK(c.evict(++now) == 2);  // block 0 has a cached child, block 1 is pinned
   CHECK(c.evict(++now) == -1);
   CHECK_FALSE(c.unpin(1));
@@ -191,7 +192,8 @@ TEST_CASE("timed simulation: prefix hits, batching and transitions", "[serve]") 
 TEST_CASE("timed simulation: HBM victims go down to DRAM and are loaded back", "[serve]") {
   // HBM holds 1.2 MB: one request's two 512 kB blocks and its output. B evicts A's blocks to
   // DRAM; C, A's prompt again, loads them back in one transfer.
-  const RequestTrace t = trace_of("tiers.jsonl", {{0, 1024, 3, {1, 2}}, {100, 1024, 3, {3, 4}}, {200, 1024, 3, {1, 2}}});
+  const RequestTrace t =
+      trace_of("tiers.jsonl", {{0, 1024, 3, {1, 2}}, {100, 1024, 3, {3, 4}}, {200, 1024, 3, {1, 2}}});
   const BlockTree tree(t);
   SimOptions o = simple();
   o.hbm_gb = 0.0012;
@@ -213,7 +215,8 @@ TEST_CASE("timed simulation: HBM victims go down to DRAM and are loaded back", "
     CHECK(n.ttft_ms.p50 == Approx(11.24));
   }
   SECTION("a request larger than HBM is rejected, the rest run") {
-    const RequestTrace more = trace_of("rejected.jsonl", {{0, 1024, 3, {1, 2}}, {100, 512, 3, {3}}, {200, 1024, 3, {4, 5}}});
+    const RequestTrace more =
+        trace_of("rejected.jsonl", {{0, 1024, 3, {1, 2}}, {100, 512, 3, {3}}, {200, 1024, 3, {4, 5}}});
     SimOptions h = o;
     h.hbm_gb = 0.0009;  // one block and its output fit, two do not
     const SimResult n = simulate(BlockTree(more), h);
@@ -235,7 +238,8 @@ TEST_CASE("timed simulation: HBM victims go down to DRAM and are loaded back", "
   }
   SECTION("a transition from a sibling in DRAM loads the sibling, then fixes its tail") {
     // C = block 1 (in DRAM, loaded) + block 5, new, whose sibling 2 sits in DRAM.
-    const RequestTrace sib = trace_of("sibling.jsonl", {{0, 1024, 3, {1, 2}}, {100, 1024, 3, {3, 4}}, {200, 1024, 3, {1, 5}}});
+    const RequestTrace sib =
+        trace_of("sibling.jsonl", {{0, 1024, 3, {1, 2}}, {100, 1024, 3, {3, 4}}, {200, 1024, 3, {1, 5}}});
     SimOptions s = o;
     s.transitions = true;
     const SimResult n = simulate(BlockTree(sib), s);
@@ -274,7 +278,8 @@ TEST_CASE("timed simulation: deterministic, compression fits more, bad options r
     }
     for (std::uint64_t k = 0, n = 1 + rng.below(6); k < n; ++k) ids.push_back(next++);
     prompts.push_back(ids);
-    reqs.push_back({20.0 * i, 512 * static_cast<std::int64_t>(ids.size()), 1 + static_cast<std::int64_t>(rng.below(40)), ids});
+    reqs.push_back(
+        {20.0 * i, 512 * static_cast<std::int64_t>(ids.size()), 1 + static_cast<std::int64_t>(rng.below(40)), ids});
   }
   const RequestTrace t = trace_of("random.jsonl", reqs);
   const BlockTree tree(t);

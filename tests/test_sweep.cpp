@@ -125,16 +125,18 @@ TEST_CASE("a resumed result file with a damaged whole row is refused naming line
   std::ostringstream text;
   for (const auto& l : damaged) text << l << "\n";
   std::ofstream(spec.out_csv, std::ios::trunc) << text.str();
-  CHECK_THROWS_WITH(summarize_sweep_csv(spec.out_csv), Catch::Contains("damaged.csv:") &&
-                                                           Catch::Contains("column 'budget' is '0.5x', expected a number"));
+  CHECK_THROWS_WITH(summarize_sweep_csv(spec.out_csv),
+                    Catch::Contains("damaged.csv:") && Catch::Contains("column 'budget' is '0.5x', expected a number"));
   spec.force = false;
   spec.resume = true;
-  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("damaged.csv:6: column 'budget' is '0.5x', expected a number"));
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr),
+                    Catch::Contains("damaged.csv:6: column 'budget' is '0.5x', expected a number"));
   damaged[5] = damaged[5].substr(0, damaged[5].rfind(','));  // a whole line with a column missing
   text.str("");
   for (const auto& l : damaged) text << l << "\n";
   std::ofstream(spec.out_csv, std::ios::trunc) << text.str();
-  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("damaged.csv:6:") && Catch::Contains("fields, expected 27"));
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr),
+                    Catch::Contains("damaged.csv:6:") && Catch::Contains("fields, expected 27"));
 }
 
 TEST_CASE("bad sweep input is rejected with a clear message", "[sweep]") {
@@ -146,14 +148,16 @@ TEST_CASE("bad sweep input is rejected with a clear message", "[sweep]") {
   spec.policies = {"snapkv"};
   for (double b : {0.0, -0.5, 1.5}) {
     spec.budgets = {b};
-    CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("expected a fraction of the full KV bytes in (0, 1]"));
+    CHECK_THROWS_WITH(run_sweep(spec, std::cerr),
+                      Catch::Contains("expected a fraction of the full KV bytes in (0, 1]"));
   }
   spec.budgets = {0.5};
 
   SynthConfig other = test::small_synth_config();
   other.geometry.n_layers = 3;
   spec.traces.push_back(test::write_small_trace("other_geometry.h5", other));
-  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("model geometry (3 layers") && Catch::Contains("differs"));
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr),
+                    Catch::Contains("model geometry (3 layers") && Catch::Contains("differs"));
 
   const std::string empty = test::scratch_file("empty.h5");
   { TraceWriter w(empty, test::small_synth_config().geometry, {}, TraceWriterOptions{true, 0}); }
@@ -197,7 +201,7 @@ TEST_CASE("sharded sweeps merge into the serial sweep's files byte for byte, a k
     shard.detail_jsonl = test::scratch_file("shard" + std::to_string(i) + ".jsonl");
     run_sweep(shard, std::cerr);
     CHECK(data_lines(shard.out_csv).size() == (i < 2 ? 2u : 1u) * 7);  // requests 0,3 | 1,4 | 2
-    merge.inputs.insert(merge.inputs.begin(), shard.out_csv);  // any order
+    merge.inputs.insert(merge.inputs.begin(), shard.out_csv);          // any order
     merge.detail_inputs.insert(merge.detail_inputs.begin(), shard.detail_jsonl);
     if (i == 1) {
       // Kill it half-way through its second request, then resume: the merge cannot tell.

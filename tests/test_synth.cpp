@@ -41,7 +41,9 @@ std::vector<std::vector<double>> attention(const SynthConfig& cfg, const SynthPl
   return rows;
 }
 
-double mean(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); }
+double mean(const std::vector<double>& v) {
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
 
 SynthConfig structure_config() {
   SynthConfig cfg;  // SmolLM2 geometry, but fewer layers and a shorter context to stay fast
@@ -88,8 +90,9 @@ TEST_CASE("synthetic requests have the documented layout", "[synth]") {
   CHECK(p.heavy_hitters.size() == 1);
   // Default depth spreads the needle over the requests: (r + 0.5) / n of the context.
   cfg.needle_depth = -1;
-  CHECK(plan_synth_request(cfg, 0).header.needle_start == 4 + 7);   // floor(44 / 6)
-  CHECK(plan_synth_request(cfg, 2).header.needle_start == 4 + 36);  // floor(44 * 5 / 6)  // 3% of 48 context tokens, rounded
+  CHECK(plan_synth_request(cfg, 0).header.needle_start == 4 + 7);  // floor(44 / 6)
+  CHECK(plan_synth_request(cfg, 2).header.needle_start ==
+        4 + 36);  // floor(44 * 5 / 6)  // 3% of 48 context tokens, rounded
   CHECK(h.problems(cfg.geometry, "t").empty());
   const ReferenceDistribution ref = synth_reference(cfg, p, 0);
   CHECK(ref.rows == 11);
@@ -133,9 +136,10 @@ TEST_CASE("planted attention structure emerges from q.k", "[synth]") {
       for (std::size_t i = 0; i < a.size(); ++i) {
         const auto t = static_cast<std::int64_t>(h.q_index[i]);
         const auto& row = a[i];
-        const double needle = t < h.needle_start ? 0.0
-                                                 : std::accumulate(row.begin() + h.needle_start,
-                                                                   row.begin() + std::min<std::int64_t>(h.needle_end, t + 1), 0.0);
+        const double needle = t < h.needle_start
+                                  ? 0.0
+                                  : std::accumulate(row.begin() + h.needle_start,
+                                                    row.begin() + std::min<std::int64_t>(h.needle_end, t + 1), 0.0);
         if (t >= h.question_start) {
           needle_q += needle;
           ++n_q;

@@ -8,7 +8,8 @@
 using namespace kvsim;
 
 TEST_CASE("needle tasks plant every expected answer in the context, reproducibly", "[tasks]") {
-  for (NeedleKind kind : {NeedleKind::Single, NeedleKind::MultiKey, NeedleKind::MultiValue, NeedleKind::VariableTracking}) {
+  for (NeedleKind kind :
+       {NeedleKind::Single, NeedleKind::MultiKey, NeedleKind::MultiValue, NeedleKind::VariableTracking}) {
     NeedleSpec spec;
     spec.kind = kind;
     spec.count = 3;

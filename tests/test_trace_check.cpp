@@ -72,21 +72,23 @@ TEST_CASE("trace check names each broken rule", "[check]") {
     std::vector<std::string> expect;  // substrings of one error message
   };
   const std::vector<Case> cases = {
-      {"wrong_format", [](hid_t f) { h5::write_attr_string(f, "format", "kvcache"); },
+      {"wrong_format",
+       [](hid_t f) { h5::write_attr_string(f, "format", "kvcache"); },
        {"'format' is \"kvcache\"", "expected \"kvtrace\""}},
       {"no_format", [](hid_t f) { H5Adelete(f, "format"); }, {"'format' is missing", "not a kvtrace file"}},
-      {"future_version", [](hid_t f) { h5::write_attr_i64(f, "version", 7); },
+      {"future_version",
+       [](hid_t f) { h5::write_attr_i64(f, "version", 7); },
        {"version 7 is not supported", "reads version 1"}},
-      {"missing_dataset", [](hid_t f) { H5Ldelete(f, "requests/r1/v", H5P_DEFAULT); },
+      {"missing_dataset",
+       [](hid_t f) { H5Ldelete(f, "requests/r1/v", H5P_DEFAULT); },
        {"request 'r1'", "dataset 'v' is missing"}},
       {"shape_mismatch",
        [](hid_t f) {
          H5Ldelete(f, "requests/r2/k", H5P_DEFAULT);
          const hsize_t dims[4] = {4, 63, 3, 16};  // 3 kv heads, model says 2
          Handle s = h5::check(H5Screate_simple(4, dims, nullptr), "space");
-         Handle d = h5::check(H5Dcreate2(f, "requests/r2/k", h5::half_type(), s.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                         H5P_DEFAULT),
-                              "k");
+         Handle d = h5::check(
+             H5Dcreate2(f, "requests/r2/k", h5::half_type(), s.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "k");
        },
        {"request 'r2'", "dataset 'k' has shape [4, 63, 3, 16]", "expected [4, 63, 2, 16]"}},
       {"wrong_dtype",
@@ -94,9 +96,8 @@ TEST_CASE("trace check names each broken rule", "[check]") {
          H5Ldelete(f, "requests/r0/q", H5P_DEFAULT);
          const hsize_t dims[4] = {4, 63, 4, 16};
          Handle s = h5::check(H5Screate_simple(4, dims, nullptr), "space");
-         Handle d = h5::check(H5Dcreate2(f, "requests/r0/q", H5T_IEEE_F32LE, s.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                         H5P_DEFAULT),
-                              "q");
+         Handle d = h5::check(
+             H5Dcreate2(f, "requests/r0/q", H5T_IEEE_F32LE, s.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "q");
        },
        {"dataset 'q' must be IEEE float16"}},
       {"unwritten_q",  // the right shape and type, but no data stored: never allocated, never read
@@ -104,16 +105,15 @@ TEST_CASE("trace check names each broken rule", "[check]") {
          H5Ldelete(f, "requests/r0/q", H5P_DEFAULT);
          const hsize_t dims[4] = {4, 63, 4, 16};
          Handle s = h5::check(H5Screate_simple(4, dims, nullptr), "space");
-         Handle d = h5::check(H5Dcreate2(f, "requests/r0/q", h5::half_type(), s.get(), H5P_DEFAULT, H5P_DEFAULT,
-                                         H5P_DEFAULT),
-                              "q");
+         Handle d = h5::check(
+             H5Dcreate2(f, "requests/r0/q", h5::half_type(), s.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "q");
        },
        {"request 'r0'", "dataset 'q'", "claims 32256 bytes of data but stores 0"}},
       {"nan_in_k",
        [](hid_t f) {
          auto k = read_dataset<std::uint16_t>(f, "requests/r1/k", h5::half_type(), 4 * 63 * 2 * 16);
          k[(2 * 63 + 10) * 2 * 16 + 1 * 16 + 5] = 0x7e00;  // layer 2, token 10, head 1, dim 5
-         k[(2 * 63 + 11) * 2 * 16] = 0xfc00;                 // and a -inf
+         k[(2 * 63 + 11) * 2 * 16] = 0xfc00;               // and a -inf
          overwrite_dataset(f, "requests/r1/k", h5::half_type(), k);
        },
        {"request 'r1' dataset 'k' layer 2", "2 non-finite values", "first at token 10, head 1, dim 5"}},
@@ -138,9 +138,11 @@ TEST_CASE("trace check names each broken rule", "[check]") {
          overwrite_dataset(f, "requests/r0/q_index", H5T_NATIVE_INT32, q);
        },
        {"q_index[62] = 63", "[0, T = 63)"}},
-      {"model_attr_missing", [](hid_t f) { H5Adelete_by_name(f, "model", "n_kv_heads", H5P_DEFAULT); },
+      {"model_attr_missing",
+       [](hid_t f) { H5Adelete_by_name(f, "model", "n_kv_heads", H5P_DEFAULT); },
        {"/model", "attribute 'n_kv_heads' is missing"}},
-      {"model_inconsistent", [](hid_t f) {
+      {"model_inconsistent",
+       [](hid_t f) {
          Handle m = h5::check(H5Gopen2(f, "model", H5P_DEFAULT), "model");
          h5::write_attr_i64(m.get(), "n_kv_heads", 3);
        },
@@ -265,7 +267,8 @@ std::vector<ChunkSpot> data_chunks(const std::string& path) {
         coord[0] = static_cast<hsize_t>(c);
         unsigned mask = 0;
         ChunkSpot s{id, name, c, 0, 0};
-        h5::check_status(H5Dget_chunk_info_by_coord(d.get(), coord.data(), &mask, &s.offset, &s.size), where + ": chunk");
+        h5::check_status(H5Dget_chunk_info_by_coord(d.get(), coord.data(), &mask, &s.offset, &s.size),
+                         where + ": chunk");
         out.push_back(s);
       }
     }
@@ -296,10 +299,10 @@ TEST_CASE("a damaged chunk fails its read and the check, naming request, tensor 
   };
   const ChunkSpot v1 = spot("r1", "v", 1), k2 = spot("r0", "k", 2), q0 = spot("r2", "q", 0);
   const ChunkSpot tokens = spot("r2", "tokens", 0), lse = spot("r2", "ref/lse", 0);
-  flip(path, v1.offset + v1.size / 2, 0x10);   // one bit of a value
-  flip(path, k2.offset + 3, 0x01);             // the low bit of the first key's first half
-  flip(path, q0.offset + q0.size - 1, 0x7f);   // the chunk's last byte
-  flip(path, tokens.offset + 2, 0x08);         // two of r2's header and reference arrays
+  flip(path, v1.offset + v1.size / 2, 0x10);  // one bit of a value
+  flip(path, k2.offset + 3, 0x01);            // the low bit of the first key's first half
+  flip(path, q0.offset + q0.size - 1, 0x7f);  // the chunk's last byte
+  flip(path, tokens.offset + 2, 0x08);        // two of r2's header and reference arrays
   flip(path, lse.offset, 0x01);
   const TraceCheckReport r = check_trace(path);
   INFO(all_errors(r));
@@ -329,7 +332,8 @@ TEST_CASE("50 random byte flips in a trace's data never pass the check or change
       const ChunkSpot& s = chunks[gen() % chunks.size()];
       flip(path, s.offset + gen() % s.size, static_cast<char>(1 + gen() % 255));
       if (s.dataset == "k" || s.dataset == "v" || s.dataset == "q")
-        damaged.insert("request '" + s.request + "' dataset '" + s.dataset + "': reading layer " + std::to_string(s.layer));
+        damaged.insert("request '" + s.request + "' dataset '" + s.dataset + "': reading layer " +
+                       std::to_string(s.layer));
     }
     const TraceCheckReport r = check_trace(path);
     INFO("round " << round << "\n" << all_errors(r));

@@ -97,7 +97,8 @@ TEST_CASE("a trace round-trips bit-exactly, uncompressed and compressed", "[trac
     opts.overwrite = true;
     opts.deflate_level = deflate;
     TraceWriter w(path, g, cap, opts);
-    for (auto [id, T, Tq, layers] : {std::tuple{"b-second", 10, 4, &layers_a}, std::tuple{"a-first", 6, 6, &layers_b}}) {
+    for (auto [id, T, Tq, layers] :
+         {std::tuple{"b-second", 10, 4, &layers_a}, std::tuple{"a-first", 6, 6, &layers_b}}) {
       w.begin_request(header(id, T, Tq));
       for (int l = 0; l < g.n_layers; ++l) {
         const Layer& x = (*layers)[static_cast<std::size_t>(l)];
@@ -182,7 +183,9 @@ TEST_CASE("the writer rejects misuse with messages naming what was expected", "[
   w.write_layer(0, layers[0].k, layers[0].v, layers[0].q);
   CHECK_THROWS_WITH(w.commit_request(), Catch::Contains("after 1 layers, expected all 3"));
   CHECK_THROWS_WITH(w.begin_request(header("other", 10, 4)), Catch::Contains("still open"));
-  for (int l = 1; l < 3; ++l) w.write_layer(l, layers[static_cast<std::size_t>(l)].k, layers[static_cast<std::size_t>(l)].v, layers[static_cast<std::size_t>(l)].q);
+  for (int l = 1; l < 3; ++l)
+    w.write_layer(l, layers[static_cast<std::size_t>(l)].k, layers[static_cast<std::size_t>(l)].v,
+                  layers[static_cast<std::size_t>(l)].q);
   CHECK_THROWS_WITH(w.commit_request(), Catch::Contains("write_reference was not called"));
   w.write_reference(reference());
   w.commit_request();
@@ -222,7 +225,8 @@ TEST_CASE("the reconstruction pass round-trips and bad tables are refused", "[tr
   pass.chunks = {{2, 5, 0, 4}, {5, 7, 4, 7}};
   pass.rows = 7;
   for (int l = 0; l < g.n_layers; ++l) {
-    std::vector<float> q(static_cast<std::size_t>(7 * g.n_q_heads * g.head_dim)), k(static_cast<std::size_t>(7 * g.n_kv_heads * g.head_dim));
+    std::vector<float> q(static_cast<std::size_t>(7 * g.n_q_heads * g.head_dim)),
+        k(static_cast<std::size_t>(7 * g.n_kv_heads * g.head_dim));
     for (std::size_t i = 0; i < q.size(); ++i) q[i] = 0.25f * static_cast<float>(i % 13) - static_cast<float>(l);
     for (std::size_t i = 0; i < k.size(); ++i) k[i] = 0.5f * static_cast<float>(i % 7) + static_cast<float>(l);
     pass.q.push_back(q);
@@ -234,7 +238,8 @@ TEST_CASE("the reconstruction pass round-trips and bad tables are refused", "[tr
     for (const std::string id : {"with", "without"}) {
       w.begin_request(header(id, 10, 4));
       for (int l = 0; l < 3; ++l)
-        w.write_layer(l, layers[static_cast<std::size_t>(l)].k, layers[static_cast<std::size_t>(l)].v, layers[static_cast<std::size_t>(l)].q);
+        w.write_layer(l, layers[static_cast<std::size_t>(l)].k, layers[static_cast<std::size_t>(l)].v,
+                      layers[static_cast<std::size_t>(l)].q);
       w.write_reference(reference());
       if (std::string(id) == "with") {
         RepeatPass bad = pass;

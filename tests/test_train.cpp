@@ -96,7 +96,8 @@ TEST_CASE("foresight learns the golden ranking, reproducibly", "[train]") {
   CHECK(a.network.params() == b.network.params());  // same seed, same machine: same model
   REQUIRE(a.curve.value.size() == 120);
   double first = 0, last = 0;
-  for (int i = 0; i < 20; ++i) first += a.curve.value[static_cast<std::size_t>(i)], last += a.curve.value[static_cast<std::size_t>(100 + i)];
+  for (int i = 0; i < 20; ++i)
+    first += a.curve.value[static_cast<std::size_t>(i)], last += a.curve.value[static_cast<std::size_t>(100 + i)];
   CHECK(last < 0.8 * first);
   // On the held-out request, better than chance (a quarter) at finding the golden top quarter.
   const std::string results = a.results;
@@ -127,9 +128,9 @@ TEST_CASE("a foresight model replays as a policy, held out from its training pro
   }
   // Its own training prompts: refused unless asked.
   spec.traces = {training_trace()};
-  CHECK_THROWS_WITH(run_sweep(spec, std::cerr),
-                    Catch::Contains("request 'r0'") && Catch::Contains("was trained on this request's prompt") &&
-                        Catch::Contains("--allow-training-requests"));
+  CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains("request 'r0'") &&
+                                                    Catch::Contains("was trained on this request's prompt") &&
+                                                    Catch::Contains("--allow-training-requests"));
   spec.allow_training_requests = true;
   CHECK(run_sweep(spec, std::cerr).size() == 2);
   // Another model geometry: refused naming the file.
@@ -290,7 +291,8 @@ TEST_CASE("Plackett-Luce: the log-probability's gradient, and draws follow the s
       std::vector<double> up = s, down = s;
       up[j] += 1e-6;
       down[j] -= 1e-6;
-      const double fd = (train::pl_log_prob(up, chosen, tau, nullptr) - train::pl_log_prob(down, chosen, tau, nullptr)) / 2e-6;
+      const double fd =
+          (train::pl_log_prob(up, chosen, tau, nullptr) - train::pl_log_prob(down, chosen, tau, nullptr)) / 2e-6;
       INFO("tau " << tau << " score " << j);
       CHECK(grad[j] == Approx(fd).epsilon(1e-5).margin(1e-8));
     }
@@ -302,7 +304,8 @@ TEST_CASE("Plackett-Luce: the log-probability's gradient, and draws follow the s
   // 20000 single draws: frequencies within 0.01 of the softmax.
   Rng rng(3);
   std::vector<double> count(s.size(), 0.0);
-  for (int i = 0; i < 20000; ++i) count[static_cast<std::size_t>(train::sample_top_k(s, 1, 1.0, rng)[0])] += 1.0 / 20000;
+  for (int i = 0; i < 20000; ++i)
+    count[static_cast<std::size_t>(train::sample_top_k(s, 1, 1.0, rng)[0])] += 1.0 / 20000;
   for (std::size_t j = 0; j < s.size(); ++j) CHECK(count[j] == Approx(std::exp(s[j]) / z).margin(0.01));
   CHECK(train::sample_top_k(s, 3, 1e-9, rng) == std::vector<std::int64_t>{2, 3, 0});  // cold: the top, in order
   // Far-apart scores: the picks hold all the weight, and the log-probability stays finite.
@@ -351,7 +354,8 @@ TEST_CASE("distillcache trains by REINFORCE on the trace's reward, reproducibly"
   o.episodes = 2;
   CHECK_NOTHROW(train::train_distillcache(set, in, o, log));  // warm start from a model of its own
   o.init = test::seeded_model_file("rlkv", set.geometry);
-  CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("--init takes a foresight or distillcache"));
+  CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log),
+                    Catch::Contains("--init takes a foresight or distillcache"));
 }
 
 TEST_CASE("distillcache under peak semantics also acts at decode steps", "[train]") {
@@ -423,7 +427,8 @@ const VaultCapture& vault_capture() {
 }  // namespace
 
 TEST_CASE("distillcache's live reward: the engine runs each sampled cache", "[train][live]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const VaultCapture& vault = vault_capture();
   const std::string& tasks = vault.tasks;
   std::vector<CaptureRequest> requests = vault.requests;
@@ -453,7 +458,8 @@ TEST_CASE("distillcache's live reward: the engine runs each sampled cache", "[tr
 }
 
 TEST_CASE("sigmoid_gate's live soft-to-hard gap: the engine runs the soft-gated cache", "[train][live]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const VaultCapture& vault = vault_capture();
   train::TrainingInputs in;
   in.traces = {vault.trace};

@@ -45,7 +45,8 @@ ModelConfig tiny_shape(RopeType rope, bool bias) {
 
 std::vector<std::int32_t> iota_tokens(std::int32_t n, std::int32_t first, std::int32_t stride, std::int64_t vocab) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(n));
-  for (std::int32_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((first + i * stride) % vocab);
+  for (std::int32_t i = 0; i < n; ++i)
+    t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((first + i * stride) % vocab);
   return t;
 }
 
@@ -58,7 +59,8 @@ std::vector<std::int32_t> positions(std::int32_t from, std::int32_t n) {
 }  // namespace
 
 TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transformer_ref]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   LlamaModel engine(gguf, WeightFormat::F32);
   const ModelConfig s = engine.config();
@@ -82,11 +84,13 @@ TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transform
   for (std::int32_t t = 0; t < 2; ++t) {
     const std::int32_t tok = 4242 + 17 * t;
     const auto w = engine.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0});
-    const auto g = ref.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0}, false, true);
+    const auto g =
+        ref.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0}, false, true);
     INFO("decode step " << t);
     CHECK(nmse(g, w) < 1e-6);
     for (int layer : {0, s.n_layers - 1})
-      for (int h : {0, s.n_q_heads - 1}) CHECK(nmse(ref.last_attention(layer, h), engine.last_attention(layer, h)) < 1e-6);
+      for (int h : {0, s.n_q_heads - 1})
+        CHECK(nmse(ref.last_attention(layer, h), engine.last_attention(layer, h)) < 1e-6);
   }
   CHECK(ref.rows(0, 0) == 14);
 
@@ -97,7 +101,8 @@ TEST_CASE("reference transformer matches the CPU engine on SmolLM2", "[transform
 }
 
 TEST_CASE("reference transformer matches the CPU engine on Gemma 3, sliding windows included", "[transformer_ref]") {
-  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA))
+    FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
   // Its first six layers (five local, the global one at the model's interval) with a window of 6
   // tokens, so a 12-token prompt in two chunks and the decode after it cross every local window.
   const std::string path = kvsim::test::patched_model(
@@ -113,10 +118,11 @@ TEST_CASE("reference transformer matches the CPU engine on Gemma 3, sliding wind
 
   const std::vector<std::int32_t> prompt = iota_tokens(12, 1000, 977, s.vocab);
   std::vector<float> q_engine, k_engine, q_ref, k_ref;
-  const auto want = engine.forward(prompt, positions(0, 12), std::vector<std::int64_t>{11}, [&](const LayerActivations& a) {
-    q_engine.insert(q_engine.end(), a.q.begin(), a.q.end());
-    k_engine.insert(k_engine.end(), a.k.begin(), a.k.end());
-  });
+  const auto want =
+      engine.forward(prompt, positions(0, 12), std::vector<std::int64_t>{11}, [&](const LayerActivations& a) {
+        q_engine.insert(q_engine.end(), a.q.begin(), a.q.end());
+        k_engine.insert(k_engine.end(), a.k.begin(), a.k.end());
+      });
   const std::span<const std::int32_t> all(prompt);
   const auto pos = positions(0, 12);
   ref.forward(all.first(5), std::span(pos).first(5), {}, true, false);
@@ -141,7 +147,8 @@ TEST_CASE("reference transformer matches the CPU engine on Gemma 3, sliding wind
   for (std::int32_t t = 0; t < 3; ++t) {
     const std::int32_t tok = 4242 + 17 * t;
     const auto w = engine.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0});
-    const auto g = ref.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0}, false, true);
+    const auto g =
+        ref.forward(std::vector<std::int32_t>{tok}, positions(12 + t, 1), std::vector<std::int64_t>{0}, false, true);
     INFO("decode step " << t);
     CHECK(nmse(g, w) < 1e-6);
     // Gemma's q and k are unit-RMS per head (q/k norms) over 256 dims: logits of tens, softmax
@@ -170,7 +177,8 @@ TEST_CASE("reference transformer: chunked prefill and decode equal one pass", "[
     const auto all = one.forward(tokens, positions(0, 10), std::vector<std::int64_t>{9}, false, false);
     chunked.forward(std::span(tokens).first(6), positions(0, 6), {}, false, false);
     chunked.forward(std::span(tokens).subspan(6, 3), positions(6, 3), {}, false, false);
-    const auto last = chunked.forward(std::span(tokens).subspan(9, 1), positions(9, 1), std::vector<std::int64_t>{0}, false, false);
+    const auto last =
+        chunked.forward(std::span(tokens).subspan(9, 1), positions(9, 1), std::vector<std::int64_t>{0}, false, false);
     INFO("bias " << bias);
     CHECK(nmse(last, all) < 1e-10);
     for (int e = 0; e < s.n_kv_heads; ++e) {
@@ -243,7 +251,8 @@ TEST_CASE("reference transformer: a packed prefix is held as its stored form rea
   // More packed rows than the entry has, or another head_dim: refused, naming the entry.
   entries[0].rows = 4;
   CHECK_THROWS_WITH(ref.load_layer(1, entries), Catch::Contains("entry 0's packed rows: 5 rows, but the entry has 4"));
-  CHECK(std::vector<float>(ref.entry_k(1, 0).begin(), ref.entry_k(1, 0).end()) == held);  // a refused load changes nothing
+  CHECK(std::vector<float>(ref.entry_k(1, 0).begin(), ref.entry_k(1, 0).end()) ==
+        held);  // a refused load changes nothing
   entries[0].rows = ref.rows(1, 0);
   p.head_dim = 16;
   CHECK_THROWS_WITH(ref.load_layer(1, entries), Catch::Contains("head_dim"));
@@ -259,10 +268,13 @@ TEST_CASE("reference transformer: random packed caches (the parity harness's) lo
   for (int l = 0; l < s.n_layers; ++l) {
     INFO("layer " << l);
     const std::vector<float> before(ref.entry_k(l, 1).begin(), ref.entry_k(l, 1).end());
-    const PackedLayer layer = random_packed_layer(s, l, 12, [&](int e, bool keys) {
-      const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
-      return std::vector<float>(x.begin(), x.end());
-    }, rng);
+    const PackedLayer layer = random_packed_layer(
+        s, l, 12,
+        [&](int e, bool keys) {
+          const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
+          return std::vector<float>(x.begin(), x.end());
+        },
+        rng);
     for (std::size_t e = 0; e < layer.packs.size(); ++e)
       if (layer.is_packed[e]) REQUIRE_NOTHROW(check_packed(layer.packs[e]));
     if (l % 2 == 1) {  // every row packed: nothing left in fp16
@@ -294,10 +306,13 @@ TEST_CASE("reference transformer: random packed caches (the parity harness's) lo
   CHECK(ref.rows(2, 0) == 13);
   CHECK(ref.rows(1, 1) == 13);
   // Entry rows that do not match the layer are refused, naming the entry.
-  CHECK_THROWS_WITH(random_packed_layer(s, 0, 11, [&](int e, bool keys) {
-                      const auto x = keys ? ref.entry_k(0, e) : ref.entry_v(0, e);
-                      return std::vector<float>(x.begin(), x.end());
-                    }, rng),
+  CHECK_THROWS_WITH(random_packed_layer(
+                        s, 0, 11,
+                        [&](int e, bool keys) {
+                          const auto x = keys ? ref.entry_k(0, e) : ref.entry_v(0, e);
+                          return std::vector<float>(x.begin(), x.end());
+                        },
+                        rng),
                     Catch::Contains("entry 0 has 13 rows, expected 11"));
 }
 
@@ -324,7 +339,8 @@ TEST_CASE("reference transformer: bad input names what is wrong", "[transformer_
   ModelConfig s = tiny_shape(RopeType::Norm, false);
   TransformerRef ref(s, DeviceWeights::F32);
   std::vector<float> too_short(10);
-  CHECK_THROWS_WITH(ref.set_weight(WeightId::Wq, 0, too_short), Catch::Contains("attn_q") && Catch::Contains("expected 2304"));
+  CHECK_THROWS_WITH(ref.set_weight(WeightId::Wq, 0, too_short),
+                    Catch::Contains("attn_q") && Catch::Contains("expected 2304"));
   CHECK_THROWS_WITH(ref.set_weight(WeightId::TokenEmbd, 0, too_short), Catch::Contains("token_embd at layer 0"));
   const std::vector<std::int32_t> tok{1};
   CHECK_THROWS_WITH(ref.forward(tok, positions(0, 1), {}, false, false), Catch::Contains("not set"));
@@ -337,7 +353,8 @@ TEST_CASE("reference transformer: bad input names what is wrong", "[transformer_
 }
 
 TEST_CASE("transformer weights from GGUF: a shape the file does not have is refused", "[transformer_ref]") {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
   const GgufFile gguf(KVSIM_TEST_MODEL);
   ModelConfig s = model_config(gguf);
   s.n_ff += 1;
@@ -412,15 +429,15 @@ TEST_CASE("reference transformer: decode rules step over the last pass's weights
     k.emplace_back(ref.entry_k(0, e).begin(), ref.entry_k(0, e).begin() + 8 * s.head_dim);
     v.emplace_back(ref.entry_v(0, e).begin(), ref.entry_v(0, e).begin() + 8 * s.head_dim);
   }
-  for (int e = 0; e < ref.entries(0); ++e) entries.push_back({8, k[static_cast<std::size_t>(e)].data(), v[static_cast<std::size_t>(e)].data()});
+  for (int e = 0; e < ref.entries(0); ++e)
+    entries.push_back({8, k[static_cast<std::size_t>(e)].data(), v[static_cast<std::size_t>(e)].data()});
   ref.load_layer(0, entries);
   ref.start_rule(0, tova);
   CHECK_THROWS_AS(ref.rule_step(16), std::logic_error);
   // A packed layer refuses rules, as the GPU does (a rule compacts fp16 rows).
   std::mt19937 rng(5);
-  const PackedLayer packed = random_packed_layer(s, 1, 20, [&](int, bool) {
-    return gaussian(static_cast<std::size_t>(20 * s.head_dim), rng);
-  }, rng);
+  const PackedLayer packed = random_packed_layer(
+      s, 1, 20, [&](int, bool) { return gaussian(static_cast<std::size_t>(20 * s.head_dim), rng); }, rng);
   ref.load_layer(1, packed.entries());
   CHECK_THROWS_WITH(ref.start_rule(1, tova), Catch::Contains("holds packed entries"));
 }

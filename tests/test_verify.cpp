@@ -42,7 +42,8 @@ CaptureRequest needle_request() {
 
 // Every registered policy with its defaults, at `budgets` (full once).
 // Learned policies get a seeded model file for `g` (the test model's geometry by default).
-std::vector<ReplayConfig> all_configs(const std::vector<double>& budgets, const ModelGeometry& g = smollm2_135m_geometry()) {
+std::vector<ReplayConfig> all_configs(const std::vector<double>& budgets,
+                                      const ModelGeometry& g = smollm2_135m_geometry()) {
   std::vector<ReplayConfig> out;
   for (const PolicyInfo* info : PolicyRegistry::instance().all()) {
     PolicyInstance inst = PolicyRegistry::instance().create(test::runnable_spec(info->name, g));
@@ -82,7 +83,8 @@ std::string capture_trace(const std::string& model, const CaptureRequest& r, con
 // crosses a quantization level, and the CPU engine's own KL moves between machines (0.02328 here,
 // 0.02294 on a CI machine, with the backend's at 0.02324 on both), so quantized configs get 2e-2;
 // a wrong bit width or group moves it by far more.
-void check_same_live(const std::vector<ReplayConfig>& configs, const LiveRequestResult& got, const LiveRequestResult& want) {
+void check_same_live(const std::vector<ReplayConfig>& configs, const LiveRequestResult& got,
+                     const LiveRequestResult& want) {
   CHECK(got.reference == want.reference);
   REQUIRE(got.configs.size() == configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
@@ -98,7 +100,8 @@ void check_same_live(const std::vector<ReplayConfig>& configs, const LiveRequest
 }
 
 void require_model() {
-  if (!std::filesystem::exists(KVSIM_TEST_MODEL)) FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
 }
 
 }  // namespace
@@ -170,7 +173,8 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
       reader.read_layer("needle", Tensor::V, layer, in.val);
       reader.read_layer("needle", Tensor::Q, layer, in.q);
       const RepeatPass table = reader.repeat_pass_table("needle");
-      for (const RepeatChunk& ch : table.chunks) in.repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
+      for (const RepeatChunk& ch : table.chunks)
+        in.repeat.chunks.push_back({ch.begin, ch.end, ch.row_begin, ch.row_end});
       in.repeat.rows = table.rows;
       reader.read_repeat_layer("needle", layer, in.repeat_q, in.repeat_k);
       in.repeat.q = in.repeat_q.data();
@@ -186,8 +190,8 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
         in.view.keys.push_back(kh.topRows(c));
         in.view.values.push_back(vh.topRows(c));
       }
-      in.signals = std::make_unique<kvcache::CacheSignals>("trace", g, layer, c,
-                                                           kvcache::RequestTokens{h.positions, h.segments, h.q_index}, in.q, in.view);
+      in.signals = std::make_unique<kvcache::CacheSignals>(
+          "trace", g, layer, c, kvcache::RequestTokens{h.positions, h.segments, h.q_index}, in.q, in.view);
     }
     std::vector<Budget> budgets;
     std::size_t across = 0;
@@ -214,7 +218,8 @@ TEST_CASE("live and offline choose the same keep-sets and bytes at the compressi
         for (std::size_t e = 0; e < plan.heads.size(); ++e) {
           std::vector<std::int32_t> want;
           for (std::int64_t j = 0; j < c; ++j)
-            if (plan.heads[e].codec[static_cast<std::size_t>(j)] != TokenCodec::Drop) want.push_back(static_cast<std::int32_t>(j));
+            if (plan.heads[e].codec[static_cast<std::size_t>(j)] != TokenCodec::Drop)
+              want.push_back(static_cast<std::int32_t>(j));
           CHECK(kept[e] == want);
           ++compared;
         }
@@ -265,8 +270,7 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
   for (const std::string spec : {"snapkv", "h2o", "intn:bits=4", "lowrank", "qevict"})
     configs.push_back(config_of(spec, spec == "lowrank" ? 0.5 : 0.25));
   LiveVerifier cpu(gguf, o);
-  auto backend = std::make_unique<test::CountingBackend>(model_config(gguf),
-                                                         gpu::DeviceWeights::F32);
+  auto backend = std::make_unique<test::CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32);
   const test::CountingBackend& counter = *backend;
   LiveVerifier on_backend(gguf, o, std::make_unique<BackendEngine>(gguf, std::move(backend)));
   const LiveRequestResult want = cpu.run(needle_request(), configs);
@@ -275,12 +279,13 @@ TEST_CASE("live verify on the backend engine (the --device cuda path, over the C
   check_same_live(configs, got, want);
 }
 
-
 TEST_CASE("live verify of Gemma 3 on the backend engine matches the CPU engine, windows held", "[verify]") {
-  if (!std::filesystem::exists(KVSIM_TEST_GEMMA)) FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA))
+    FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
   // Six layers (five local, one global) with a window of 16 tokens, shorter than the request.
-  const GgufFile gguf(test::patched_model(
-      KVSIM_TEST_GEMMA, {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 16}}, "gemma3_window16_verify.gguf"));
+  const GgufFile gguf(test::patched_model(KVSIM_TEST_GEMMA,
+                                          {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 16}},
+                                          "gemma3_window16_verify.gguf"));
   VerifyOptions o;
   o.max_new = 4;
   o.weights = WeightFormat::F32;
@@ -304,7 +309,8 @@ TEST_CASE("decode-time rules stepped inside the backend engine evict what the ho
   o.max_new = 8;
   o.weights = WeightFormat::F32;
   std::vector<ReplayConfig> configs;
-  for (const std::string spec : {"h2o", "h2o:gqa=max,recent_ratio=0.25", "tova"}) configs.push_back(config_of(spec, 0.2));
+  for (const std::string spec : {"h2o", "h2o:gqa=max,recent_ratio=0.25", "tova"})
+    configs.push_back(config_of(spec, 0.2));
   const auto shape = model_config(gguf);
   auto run = [&](bool in_engine, int& rule_steps) {
     VerifyOptions oo = o;
@@ -349,8 +355,7 @@ CaptureRequest long_request(const GgufFile& gguf) {
   return r;
 }
 
-TEST_CASE("compression every 256 tokens: live and offline keep the same tokens, every policy, both modes",
-          "[verify]") {
+TEST_CASE("compression every 256 tokens: live and offline keep the same tokens, every policy, both modes", "[verify]") {
   require_model();
   // One layer: later tokens' keys, values and queries do not depend on earlier cuts, so both sides
   // see the same inputs at every cut and the shared plan API must make the same cache of them.
@@ -431,8 +436,10 @@ TEST_CASE("peak-matched budgets live: held at every step, and at the bytes repla
       CHECK(x.compressed_bytes == Approx(offline.configs[i].compressed_bytes).epsilon(1e-12));
       // Token counts set the bytes of eviction policies: the same steps re-apply live and
       // offline. (A codec's join is counted as fp16 offline and as stored live: at most that.)
-      if (!configs[i].impl->codec()) CHECK(x.decode_peak_bytes == Approx(offline.configs[i].decode_peak_bytes).epsilon(1e-12));
-      else CHECK(x.decode_peak_bytes <= offline.configs[i].decode_peak_bytes + 1e-6);
+      if (!configs[i].impl->codec())
+        CHECK(x.decode_peak_bytes == Approx(offline.configs[i].decode_peak_bytes).epsilon(1e-12));
+      else
+        CHECK(x.decode_peak_bytes <= offline.configs[i].decode_peak_bytes + 1e-6);
     }
   }
 }
@@ -458,8 +465,9 @@ TEST_CASE("a soft-gated cache runs live on the CPU engine; replay and the backen
   // Cuts before the compression point would strip the biases: refused, not run ungated.
   CHECK_THROWS_WITH(Replayer(reader, ReplayMode::QueryAware, {configs[0]}, 32).replay("needle"),
                     Catch::Contains("made once, at the compression point"));
-  LiveVerifier on_backend(
-      gguf, o, std::make_unique<BackendEngine>(gguf, std::make_unique<test::CountingBackend>(model_config(gguf), gpu::DeviceWeights::F32)));
+  LiveVerifier on_backend(gguf, o,
+                          std::make_unique<BackendEngine>(gguf, std::make_unique<test::CountingBackend>(
+                                                                    model_config(gguf), gpu::DeviceWeights::F32)));
   CHECK_THROWS_WITH(on_backend.run(needle_request(), {configs[0]}), Catch::Contains("CPU engine only"));
   CHECK_THROWS_WITH(config_of("sigmoid_gate:soft=2,model=" + model, 0.3), Catch::Contains("'soft' must be 0 or 1"));
 }

@@ -27,8 +27,8 @@ struct TypeSpec {
   std::uint32_t id;
   std::int64_t block, bytes;
 };
-const TypeSpec kTypes[] = {{"w_q4_1", 3, 32, 20},  {"w_q8_0", 8, 32, 34},  {"w_q4_k", 12, 256, 144},
-                           {"w_q4_0", 2, 32, 18},  {"w_q5_0", 6, 32, 22},  {"w_q5_1", 7, 32, 24},
+const TypeSpec kTypes[] = {{"w_q4_1", 3, 32, 20},    {"w_q8_0", 8, 32, 34},   {"w_q4_k", 12, 256, 144},
+                           {"w_q4_0", 2, 32, 18},    {"w_q5_0", 6, 32, 22},   {"w_q5_1", 7, 32, 24},
                            {"w_q5_k", 13, 256, 176}, {"w_q6_k", 14, 256, 210}};
 
 // Random blocks whose f16 scales are small and finite (the rest of each block is any bytes).
@@ -65,7 +65,11 @@ std::string weights_file() {
   std::uint64_t offset = 0;
   for (const TypeSpec& t : kTypes) {
     data.push_back(random_blocks(t, rng));
-    f.str(t.name).put<std::uint32_t>(2).put<std::uint64_t>(kCols).put<std::uint64_t>(kRows).put<std::uint32_t>(t.id)
+    f.str(t.name)
+        .put<std::uint32_t>(2)
+        .put<std::uint64_t>(kCols)
+        .put<std::uint64_t>(kRows)
+        .put<std::uint32_t>(t.id)
         .put<std::uint64_t>(offset);
     offset += (data.back().size() + 31) / 32 * 32;
   }
@@ -122,7 +126,8 @@ TEST_CASE("a weight of the wrong shape or format is named", "[weights]") {
   const GgufFile f(weights_file());
   CHECK_THROWS_WITH(WeightMatrix(f, "w_q8_0", kRows, 128, WeightFormat::Quantized),
                     Catch::Contains("tensor 'w_q8_0' has shape [256, 300], expected [128, 300]"));
-  CHECK_THROWS_WITH(parse_weight_format("int4"), Catch::Contains("'int4' is not a weight format (expected f32 or quant)"));
+  CHECK_THROWS_WITH(parse_weight_format("int4"),
+                    Catch::Contains("'int4' is not a weight format (expected f32 or quant)"));
 }
 
 TEST_CASE("unpacking to one byte per weight is exact: s*q + o equals the dequantizer bit for bit", "[weights]") {
@@ -139,7 +144,8 @@ TEST_CASE("unpacking to one byte per weight is exact: s*q + o equals the dequant
       dequantize_row(tensor.type, row, want.data(), kCols);
       unpack_row_u8(tensor.type, row, kCols, q.data(), s.data(), o.data());
       for (std::int64_t i = 0; i < kCols; ++i) {
-        volatile float scaled = s[static_cast<std::size_t>(i / 16)] * static_cast<float>(q[static_cast<std::size_t>(i)]);
+        volatile float scaled =
+            s[static_cast<std::size_t>(i / 16)] * static_cast<float>(q[static_cast<std::size_t>(i)]);
         const float got = scaled + o[static_cast<std::size_t>(i / 16)];  // two roundings at most, as the dequantizer
         same = same && got == want[static_cast<std::size_t>(i)];
       }

@@ -17,8 +17,7 @@ inline std::filesystem::path scratch_dir() {
     std::filesystem::create_directories(base);
     std::atexit([] {
       std::error_code ec;
-      std::filesystem::remove_all(std::filesystem::temp_directory_path() /
-                                      ("kvsim-test-" + std::to_string(::getpid())),
+      std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("kvsim-test-" + std::to_string(::getpid())),
                                   ec);
     });
     return base;

@@ -19,14 +19,29 @@ Handle& Handle::operator=(Handle&& o) noexcept {
 void Handle::reset() {
   if (id_ < 0) return;
   switch (H5Iget_type(id_)) {
-    case H5I_FILE: H5Fclose(id_); break;
-    case H5I_GROUP: H5Gclose(id_); break;
-    case H5I_DATASET: H5Dclose(id_); break;
-    case H5I_DATASPACE: H5Sclose(id_); break;
-    case H5I_DATATYPE: H5Tclose(id_); break;
-    case H5I_ATTR: H5Aclose(id_); break;
-    case H5I_GENPROP_LST: H5Pclose(id_); break;
-    default: break;
+    case H5I_FILE:
+      H5Fclose(id_);
+      break;
+    case H5I_GROUP:
+      H5Gclose(id_);
+      break;
+    case H5I_DATASET:
+      H5Dclose(id_);
+      break;
+    case H5I_DATASPACE:
+      H5Sclose(id_);
+      break;
+    case H5I_DATATYPE:
+      H5Tclose(id_);
+      break;
+    case H5I_ATTR:
+      H5Aclose(id_);
+      break;
+    case H5I_GENPROP_LST:
+      H5Pclose(id_);
+      break;
+    default:
+      break;
   }
   id_ = H5I_INVALID_HID;
 }
@@ -83,9 +98,7 @@ hid_t half_type() {
   return type;
 }
 
-bool link_exists(hid_t loc, const std::string& name) {
-  return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0;
-}
+bool link_exists(hid_t loc, const std::string& name) { return H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0; }
 
 bool attr_exists(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
 
@@ -211,14 +224,16 @@ void check_stored(hid_t dset, std::uint64_t elements, std::size_t element_bytes,
   for (int i = 0; i < filters; ++i) {
     unsigned flags = 0;
     std::size_t n = 0;
-    if (H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &n, nullptr, 0, nullptr, nullptr) != H5Z_FILTER_FLETCHER32)
+    if (H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &n, nullptr, 0, nullptr, nullptr) !=
+        H5Z_FILTER_FLETCHER32)
       shrinks = true;
   }
   const std::uint64_t stored = H5Dget_storage_size(dset);
   const std::uint64_t least = shrinks ? bytes / 1032 : bytes;
   if (stored < least)
-    throw FormatError(context + ": claims " + std::to_string(bytes) + " bytes of data but stores " + std::to_string(stored) +
-                      (shrinks ? " (compressed: at least 1/1032 expected)" : "") + "; the file is damaged or hostile");
+    throw FormatError(context + ": claims " + std::to_string(bytes) + " bytes of data but stores " +
+                      std::to_string(stored) + (shrinks ? " (compressed: at least 1/1032 expected)" : "") +
+                      "; the file is damaged or hostile");
 }
 
 std::string shape_string(const std::vector<hsize_t>& shape) {

@@ -18,10 +18,14 @@ namespace kvsim {
 
 const char* head_role_name(HeadRole r) {
   switch (r) {
-    case HeadRole::Broad: return "broad";
-    case HeadRole::Local: return "local";
-    case HeadRole::Heavy: return "heavy";
-    case HeadRole::Retrieval: return "retrieval";
+    case HeadRole::Broad:
+      return "broad";
+    case HeadRole::Local:
+      return "local";
+    case HeadRole::Heavy:
+      return "heavy";
+    case HeadRole::Retrieval:
+      return "retrieval";
   }
   return "?";
 }
@@ -127,7 +131,8 @@ struct QueryMix {
 QueryMix query_mix(const SynthConfig& cfg, HeadRole role, Rng& rng) {
   const double jitter = 0.7 + 0.6 * rng.uniform();
   switch (role) {
-    case HeadRole::Broad: return {0.3 * cfg.sink_logit, 0.3 * cfg.heavy_logit, 0.3 * cfg.local_logit, 0.0};
+    case HeadRole::Broad:
+      return {0.3 * cfg.sink_logit, 0.3 * cfg.heavy_logit, 0.3 * cfg.local_logit, 0.0};
     case HeadRole::Local:
       return {jitter * cfg.sink_logit, 0.4 * cfg.heavy_logit, cfg.local_logit, 0.0};
     case HeadRole::Heavy:
@@ -153,9 +158,9 @@ std::vector<std::string> SynthConfig::problems() const {
   // quarter of the rotary pairs plus any unrotated dims.
   const int pairs = geometry.rope.rope_dim / 2;
   const int content_dims = 2 * (pairs - pairs * 3 / 4) + (geometry.head_dim - geometry.rope.rope_dim);
-  need(content_dims >= 3, "head_dim = " + std::to_string(geometry.head_dim) + " with rope_dim = " +
-                              std::to_string(geometry.rope.rope_dim) + " leaves " + std::to_string(content_dims) +
-                              " slow dims, expected >= 3 (use head_dim >= 16)");
+  need(content_dims >= 3, "head_dim = " + std::to_string(geometry.head_dim) +
+                              " with rope_dim = " + std::to_string(geometry.rope.rope_dim) + " leaves " +
+                              std::to_string(content_dims) + " slow dims, expected >= 3 (use head_dim >= 16)");
   need(n_requests >= 1, "requests = " + std::to_string(n_requests) + ", expected >= 1");
   need(system_tokens >= 1, "system tokens = " + std::to_string(system_tokens) + ", expected >= 1 (holds the sink)");
   need(needle_tokens >= 1, "needle tokens = " + std::to_string(needle_tokens) + ", expected >= 1");
@@ -166,8 +171,8 @@ std::vector<std::string> SynthConfig::problems() const {
   need(needle_depth <= 1, "needle depth = " + std::to_string(needle_depth) + ", expected in [0, 1] (or < 0: spread)");
   need(!repeat_pass || all_queries, "a repeat pass copies the context's queries, expected all queries");
   need(query_window >= 1, "query window = " + std::to_string(query_window) + ", expected >= 1");
-  need(ref_topk >= 1 && ref_topk <= geometry.vocab, "ref top-k = " + std::to_string(ref_topk) +
-                                                        ", expected in [1, vocab = " + std::to_string(geometry.vocab) + "]");
+  need(ref_topk >= 1 && ref_topk <= geometry.vocab,
+       "ref top-k = " + std::to_string(ref_topk) + ", expected in [1, vocab = " + std::to_string(geometry.vocab) + "]");
   need(heavy_fraction >= 0 && heavy_fraction <= 0.5, "heavy fraction expected in [0, 0.5]");
   need(retrieval_head_fraction >= 0 && retrieval_head_fraction <= 1, "retrieval head fraction expected in [0, 1]");
   need(noise >= 0, "noise expected >= 0");
@@ -232,14 +237,17 @@ SynthPlan plan_synth_request(const SynthConfig& cfg, int request) {
   h.tokens.resize(static_cast<std::size_t>(T));
   const std::uint64_t lo = g.vocab > 3 ? 3 : 0;
   for (int i = 0; i < T; ++i)
-    h.tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(lo + rng.below(static_cast<std::uint64_t>(g.vocab) - lo));
+    h.tokens[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>(lo + rng.below(static_cast<std::uint64_t>(g.vocab) - lo));
   if (g.vocab > 1) h.tokens[0] = 1;  // chat-template start token, where sinks form
   h.positions.resize(static_cast<std::size_t>(T));
   std::iota(h.positions.begin(), h.positions.end(), 0);
   h.segments.resize(static_cast<std::size_t>(T));
   for (int i = 0; i < T; ++i) {
-    const Segment s = i < S ? Segment::System : i < S + C ? Segment::Context : i < S + C + Q ? Segment::Question
-                                                                                            : Segment::Generated;
+    const Segment s = i < S           ? Segment::System
+                      : i < S + C     ? Segment::Context
+                      : i < S + C + Q ? Segment::Question
+                                      : Segment::Generated;
     h.segments[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(s);
   }
   const int first_q = cfg.all_queries ? 0 : std::max(0, S + C - cfg.query_window);
@@ -390,7 +398,8 @@ void write_synth_trace(const SynthConfig& cfg, TraceWriter& writer) {
     if (cfg.repeat_pass) repeat.chunks.push_back({begin, end, 0, end - begin});
     repeat.rows = cfg.repeat_pass ? end - begin : 0;
     const auto d = static_cast<std::size_t>(cfg.geometry.head_dim);
-    const auto Hq = static_cast<std::size_t>(cfg.geometry.n_q_heads), Hkv = static_cast<std::size_t>(cfg.geometry.n_kv_heads);
+    const auto Hq = static_cast<std::size_t>(cfg.geometry.n_q_heads),
+               Hkv = static_cast<std::size_t>(cfg.geometry.n_kv_heads);
     for (int l = 0; l < cfg.geometry.n_layers; ++l) {
       const SynthLayer layer = synth_layer(cfg, plan, r, l);
       writer.write_layer_f32(l, layer.k, layer.v, layer.q);

@@ -21,7 +21,7 @@ struct SynthConfig {
   std::uint64_t seed = 1;
   int n_requests = 2;
   int system_tokens = 32;
-  int context_tokens = 1024;   // documents, the needle is planted inside
+  int context_tokens = 1024;  // documents, the needle is planted inside
   int question_tokens = 24;
   int generated_tokens = 32;
   int needle_tokens = 16;
@@ -29,18 +29,18 @@ struct SynthConfig {
                                // at (r + 0.5) / n, so a trace covers several depths
   bool all_queries = true;     // false: only the last `query_window` context tokens + question + generated
   int query_window = 32;
-  bool repeat_pass = false;    // also write a synthetic KVzip reconstruction pass (needs all_queries): one
-                               // chunk repeating the context, each row with its context token's query and key
+  bool repeat_pass = false;  // also write a synthetic KVzip reconstruction pass (needs all_queries): one
+                             // chunk repeating the context, each row with its context token's query and key
   int ref_topk = 16;
-  double heavy_fraction = 0.03;          // of context tokens
-  double retrieval_head_fraction = 0.15; // of heads in layers past the first third
+  double heavy_fraction = 0.03;           // of context tokens
+  double retrieval_head_fraction = 0.15;  // of heads in layers past the first third
   double sink_logit = 8.0;
   double heavy_logit = 4.5;
   double needle_logit = 9.0;
   double local_logit = 6.0;
-  double noise = 0.7;                    // std of the isotropic noise in keys and queries
-  double min_layer_scale = 0.4;          // query scale of layer 0 (broad attention)
-  double max_layer_scale = 1.4;          // query scale of the last layer (sharp attention)
+  double noise = 0.7;            // std of the isotropic noise in keys and queries
+  double min_layer_scale = 0.4;  // query scale of layer 0 (broad attention)
+  double max_layer_scale = 1.4;  // query scale of the last layer (sharp attention)
 
   // Empty when usable; otherwise one message per bad field.
   std::vector<std::string> problems() const;

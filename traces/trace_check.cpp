@@ -57,10 +57,10 @@ void check_tensors(const TraceReader& reader, const std::string& id, const Reque
       const bool q_row = t == Tensor::Q && !h;  // without the header, a query row is not a token
       const std::int64_t token = t == Tensor::Q && h ? h->q_index[static_cast<std::size_t>(row)] : row;
       report.errors.push_back(reader.path() + ": request '" + id + "' dataset '" + tensor_name(t) + "' layer " +
-                              std::to_string(layer) + ": " + std::to_string(count) + " non-finite values (NaN/Inf), first at " +
-                              (q_row ? "query row " : "token ") + std::to_string(token) + ", head " +
-                              std::to_string((first % per_row) / g.head_dim) + ", dim " +
-                              std::to_string(first % g.head_dim) + "; expected finite float16");
+                              std::to_string(layer) + ": " + std::to_string(count) +
+                              " non-finite values (NaN/Inf), first at " + (q_row ? "query row " : "token ") +
+                              std::to_string(token) + ", head " + std::to_string((first % per_row) / g.head_dim) +
+                              ", dim " + std::to_string(first % g.head_dim) + "; expected finite float16");
     }
   }
 }
@@ -141,7 +141,8 @@ TraceCheckReport check_trace(const std::string& path, TraceOpen how) {
       part([&] { check_repeat_pass(reader, id, report); });
     }
     if (unchecked > 0)
-      report.notes.push_back(path + ": " + std::to_string(unchecked) + " of " + std::to_string(reader.request_ids().size()) +
+      report.notes.push_back(path + ": " + std::to_string(unchecked) + " of " +
+                             std::to_string(reader.request_ids().size()) +
                              " requests carry no checksums (written before kvsim added them): damage to their data "
                              "cannot be detected; capture them again for checked reads");
   } catch (const Error& e) {
@@ -171,8 +172,12 @@ TraceCheckReport check_trace_isolated(const std::string& path) {
       report.tokens_checked = j["tokens"].get<std::int64_t>();
       break;
     }
-    case IsolatedResult::Status::Threw: report.errors.push_back(path + ": " + r.output); break;
-    case IsolatedResult::Status::Crashed: report.errors.push_back(crashed_parser_message(path, r.signal)); break;
+    case IsolatedResult::Status::Threw:
+      report.errors.push_back(path + ": " + r.output);
+      break;
+    case IsolatedResult::Status::Crashed:
+      report.errors.push_back(crashed_parser_message(path, r.signal));
+      break;
   }
   return report;
 }

@@ -10,8 +10,8 @@ namespace kvsim {
 
 std::string crashed_parser_message(const std::string& path, int signal, const std::string& expected) {
   return path + ": reading this file crashed the HDF5 library (" +
-         (signal ? std::string(strsignal(signal)) : std::string("no result")) + "): its HDF5 metadata is corrupt; expected " +
-         expected;
+         (signal ? std::string(strsignal(signal)) : std::string("no result")) +
+         "): its HDF5 metadata is corrupt; expected " + expected;
 }
 
 void probe_hdf5(const std::string& path, const std::function<void()>& walk, const std::string& expected) {

@@ -26,10 +26,10 @@ constexpr std::size_t kTileElements = 128 * 1024;  // 256 KiB of halves, 512 KiB
 struct TraceReader::OpenRequest {
   std::string id;
   Handle group;
-  Handle tensors[3];  // k, v, q
+  Handle tensors[3];                         // k, v, q
   bool filtered[3] = {false, false, false};  // compressed or checksummed: read a whole chunk at a time
-  bool checksummed = true;                     // every tensor's chunks carry a Fletcher32 checksum
-  bool direct[3] = {false, false, false};      // Fletcher32 alone: read raw, checked by h5::fletcher32
+  bool checksummed = true;                   // every tensor's chunks carry a Fletcher32 checksum
+  bool direct[3] = {false, false, false};    // Fletcher32 alone: read raw, checked by h5::fletcher32
   std::int64_t T = 0, Tq = 0;
 };
 
@@ -100,8 +100,7 @@ TraceReader::TraceReader(const std::string& path, TraceOpen how) : path_(path), 
   h5::silence_library_errors();
   if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
   if (how == TraceOpen::Probed) probe_trace(path);
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    throw FormatError(path + ": not an HDF5 file (expected a kvtrace HDF5 file)");
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw FormatError(path + ": not an HDF5 file (expected a kvtrace HDF5 file)");
   impl_->file = check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path + ": cannot open HDF5 file");
   const hid_t root = impl_->file.get();
   const std::string rctx = path + ": root";
@@ -128,7 +127,8 @@ TraceReader::TraceReader(const std::string& path, TraceOpen how) : path_(path), 
   geometry_.rope.head_dim = geometry_.head_dim;
   if (h5::link_exists(m, "sliding_window"))
     geometry_.sliding_window = read_ints<int>(m, "sliding_window", H5T_NATIVE_INT, mctx);
-  if (h5::attr_exists(m, "rope_theta_local")) geometry_.rope_theta_local = h5::read_attr_f64(m, "rope_theta_local", mctx);
+  if (h5::attr_exists(m, "rope_theta_local"))
+    geometry_.rope_theta_local = h5::read_attr_f64(m, "rope_theta_local", mctx);
   const auto gp = geometry_problems(geometry_, path);
   if (!gp.empty()) throw FormatError(join(gp));
 
@@ -280,8 +280,8 @@ ReferenceDistribution TraceReader::reference(const std::string& id) const {
   for (std::size_t i = 0; i < ref.topk_ids.size(); ++i) {
     if (ref.topk_ids[i] < 0 || ref.topk_ids[i] >= geometry_.vocab)
       throw FormatError(ctx + ": topk_ids has " + std::to_string(ref.topk_ids[i]) + " at row " +
-                        std::to_string(i / static_cast<std::size_t>(ref.topk)) + ", expected ids in [0, vocab = " +
-                        std::to_string(geometry_.vocab) + ")");
+                        std::to_string(i / static_cast<std::size_t>(ref.topk)) +
+                        ", expected ids in [0, vocab = " + std::to_string(geometry_.vocab) + ")");
   }
   return ref;
 }
@@ -296,8 +296,8 @@ std::size_t TraceReader::layer_elements(const std::string& id, Tensor t) const {
 namespace {
 
 // Reads rows [row0, row0 + rows) of one layer of a [L, rows, heads, d] half dataset.
-void read_rows(hid_t dset, const std::vector<hsize_t>& shape, int layer, hsize_t row0, hsize_t rows,
-               std::uint16_t* dst, const std::string& ctx) {
+void read_rows(hid_t dset, const std::vector<hsize_t>& shape, int layer, hsize_t row0, hsize_t rows, std::uint16_t* dst,
+               const std::string& ctx) {
   const hsize_t start[4] = {static_cast<hsize_t>(layer), row0, 0, 0};
   const hsize_t count[4] = {1, rows, shape[2], shape[3]};
   Handle fspace = check(H5Dget_space(dset), ctx + ": dataspace");
@@ -349,7 +349,8 @@ std::vector<std::string> TraceReader::unreadable_arrays(const std::string& id) c
   std::vector<std::string> errors;
   std::vector<std::string> names = {"tokens", "positions", "segments", "q_index"};
   if (h5::link_exists(r.group.get(), layout::kRefGroup))
-    for (const char* n : {"index", "topk_ids", "topk_logp", "lse"}) names.push_back(std::string(layout::kRefGroup) + "/" + n);
+    for (const char* n : {"index", "topk_ids", "topk_logp", "lse"})
+      names.push_back(std::string(layout::kRefGroup) + "/" + n);
   std::vector<std::uint8_t> buf;
   for (const auto& name : names) {
     try {
@@ -358,7 +359,8 @@ std::vector<std::string> TraceReader::unreadable_arrays(const std::string& id) c
       Handle native = check(H5Tget_native_type(type.get(), H5T_DIR_ASCEND), ctx + ": type of '" + name + "'");
       const std::size_t n =
           H5Tget_size(native.get()) * h5::element_count(h5::dataset_shape(d.get()), ctx + ": dataset '" + name + "'");
-      if (n > (std::size_t{1} << 33)) throw FormatError(ctx + ": dataset '" + name + "' claims " + std::to_string(n) + " bytes");
+      if (n > (std::size_t{1} << 33))
+        throw FormatError(ctx + ": dataset '" + name + "' claims " + std::to_string(n) + " bytes");
       h5::check_stored(d.get(), n, 1, ctx + ": dataset '" + name + "'");
       buf.resize(n);
       if (n > 0)
@@ -450,14 +452,17 @@ RepeatPass TraceReader::repeat_pass_table(const std::string& id) const {
   Handle g = check(H5Gopen2(r.group.get(), layout::kRepeatGroup, H5P_DEFAULT), ctx + ": opening group");
   std::vector<hsize_t> shape;
   const auto table = read_ints<std::int64_t>(g.get(), "chunks", H5T_NATIVE_INT64, ctx, &shape, 2);
-  if (shape[1] != 4) throw FormatError(ctx + ": 'chunks' has shape " + h5::shape_string(shape) + ", expected [chunks, 4]");
+  if (shape[1] != 4)
+    throw FormatError(ctx + ": 'chunks' has shape " + h5::shape_string(shape) + ", expected [chunks, 4]");
   const auto question_start = h5::read_attr_i64(r.group.get(), "question_start", ctx);
   RepeatPass pass;
   for (std::size_t i = 0; i < shape[0]; ++i) {
     const RepeatChunk c{table[i * 4], table[i * 4 + 1], table[i * 4 + 2], table[i * 4 + 3]};
-    if (c.row_begin != pass.rows || c.row_end <= c.row_begin || c.begin < 0 || c.end <= c.begin || c.end > question_start)
-      throw FormatError(ctx + ": chunk " + std::to_string(i) + " = [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
-                        ") rows [" + std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) +
+    if (c.row_begin != pass.rows || c.row_end <= c.row_begin || c.begin < 0 || c.end <= c.begin ||
+        c.end > question_start)
+      throw FormatError(ctx + ": chunk " + std::to_string(i) + " = [" + std::to_string(c.begin) + ", " +
+                        std::to_string(c.end) + ") rows [" + std::to_string(c.row_begin) + ", " +
+                        std::to_string(c.row_end) +
                         "), expected consecutive row ranges over context tokens before question_start = " +
                         std::to_string(question_start));
     pass.chunks.push_back(c);
@@ -477,7 +482,8 @@ RepeatPass TraceReader::repeat_pass_table(const std::string& id) const {
   return pass;
 }
 
-void TraceReader::read_repeat_layer(const std::string& id, int layer, std::vector<float>& q, std::vector<float>& k) const {
+void TraceReader::read_repeat_layer(const std::string& id, int layer, std::vector<float>& q,
+                                    std::vector<float>& k) const {
   if (layer < 0 || layer >= geometry_.n_layers)
     throw Error(path_ + ": repeat pass layer " + std::to_string(layer) + " out of range");
   const std::string ctx = path_ + ": request '" + id + "' repeat pass";
@@ -486,7 +492,8 @@ void TraceReader::read_repeat_layer(const std::string& id, int layer, std::vecto
     throw Error(ctx + " is missing: capture with --repeat-pass to record KVzip's reconstruction pass");
   Handle g = check(H5Gopen2(r.group.get(), layout::kRepeatGroup, H5P_DEFAULT), ctx + ": opening group");
   hsize_t rows = 0;
-  for (auto [name, out, heads] : {std::tuple{"q", &q, geometry_.n_q_heads}, std::tuple{"k", &k, geometry_.n_kv_heads}}) {
+  for (auto [name, out, heads] :
+       {std::tuple{"q", &q, geometry_.n_q_heads}, std::tuple{"k", &k, geometry_.n_kv_heads}}) {
     if (!h5::link_exists(g.get(), name)) throw FormatError(ctx + ": dataset '" + name + "' is missing");
     Handle dset = check(H5Dopen2(g.get(), name, H5P_DEFAULT), ctx + ": opening '" + name + "'");
     const auto shape = h5::dataset_shape(dset.get());

@@ -6,10 +6,14 @@ namespace kvsim {
 
 const char* segment_name(Segment s) {
   switch (s) {
-    case Segment::System: return "system";
-    case Segment::Context: return "context";
-    case Segment::Question: return "question";
-    case Segment::Generated: return "generated";
+    case Segment::System:
+      return "system";
+    case Segment::Context:
+      return "context";
+    case Segment::Question:
+      return "question";
+    case Segment::Generated:
+      return "generated";
   }
   return "?";
 }
@@ -26,9 +30,12 @@ RopeType parse_rope_type(const std::string& s, const std::string& context) {
 
 const char* tensor_name(Tensor t) {
   switch (t) {
-    case Tensor::K: return "k";
-    case Tensor::V: return "v";
-    case Tensor::Q: return "q";
+    case Tensor::K:
+      return "k";
+    case Tensor::V:
+      return "v";
+    case Tensor::Q:
+      return "q";
   }
   return "?";
 }
@@ -59,7 +66,8 @@ std::vector<std::string> geometry_problems(const ModelGeometry& g, const std::st
   // Upper limits keep every size product far from overflow and reject hostile attributes.
   auto at_most = [&](const char* field, std::int64_t v, std::int64_t limit) {
     if (v > limit)
-      out.push_back(context + ": model/" + field + " = " + std::to_string(v) + ", expected <= " + std::to_string(limit));
+      out.push_back(context + ": model/" + field + " = " + std::to_string(v) +
+                    ", expected <= " + std::to_string(limit));
   };
   at_most("n_layers", g.n_layers, 1024);
   at_most("n_q_heads", g.n_q_heads, 1024);
@@ -74,8 +82,8 @@ std::vector<std::string> geometry_problems(const ModelGeometry& g, const std::st
                   ", expected an even number in [0, head_dim = " + std::to_string(g.head_dim) + "]");
   if (!(g.rope.theta > 0)) out.push_back(context + ": model/rope_theta must be > 0");
   if (g.rope.head_dim != g.head_dim)
-    out.push_back(context + ": RoPE head_dim " + std::to_string(g.rope.head_dim) + " differs from model/head_dim = " +
-                  std::to_string(g.head_dim));
+    out.push_back(context + ": RoPE head_dim " + std::to_string(g.rope.head_dim) +
+                  " differs from model/head_dim = " + std::to_string(g.head_dim));
   if (!g.sliding_window.empty() && static_cast<int>(g.sliding_window.size()) != g.n_layers)
     out.push_back(context + ": model/sliding_window has " + std::to_string(g.sliding_window.size()) +
                   " entries, expected n_layers = " + std::to_string(g.n_layers));
@@ -126,11 +134,11 @@ std::vector<std::string> RequestHeader::problems(const ModelGeometry& g, const s
     }
   }
   if (n_prompt < 0 || n_generated < 0 || n_prompt + n_generated != T)
-    out.push_back(context + ": n_prompt = " + std::to_string(n_prompt) + " + n_generated = " +
-                  std::to_string(n_generated) + ", expected to sum to T = " + std::to_string(T));
+    out.push_back(context + ": n_prompt = " + std::to_string(n_prompt) +
+                  " + n_generated = " + std::to_string(n_generated) + ", expected to sum to T = " + std::to_string(T));
   if (question_start < 0 || question_start > T)
-    out.push_back(context + ": question_start = " + std::to_string(question_start) + ", expected in [0, T = " +
-                  std::to_string(T) + "]");
+    out.push_back(context + ": question_start = " + std::to_string(question_start) +
+                  ", expected in [0, T = " + std::to_string(T) + "]");
   if (needle_start != -1 || needle_end != -1) {
     if (needle_start < 0 || needle_end <= needle_start || needle_end > T)
       out.push_back(context + ": needle span [" + std::to_string(needle_start) + ", " + std::to_string(needle_end) +

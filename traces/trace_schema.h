@@ -34,7 +34,7 @@ struct CaptureInfo {
   std::string backend;  // "synthetic", "cpu", "cuda"
   std::string date;     // ISO 8601 UTC
   std::uint64_t seed = 0;
-  std::string config;   // fully resolved generator / capture configuration (JSON)
+  std::string config;  // fully resolved generator / capture configuration (JSON)
 };
 
 // Everything about one request except the per-layer tensors and the reference distribution.
@@ -48,11 +48,11 @@ struct RequestHeader {
   std::vector<std::int32_t> q_index;    // [Tq], strictly increasing token indices with queries
   std::int64_t n_prompt = 0;
   std::int64_t n_generated = 0;
-  std::int64_t question_start = 0;      // token index of the first question token (T if none)
-  std::int64_t needle_start = -1;       // planted or known answer span [start, end), -1 if none
+  std::int64_t question_start = 0;  // token index of the first question token (T if none)
+  std::int64_t needle_start = -1;   // planted or known answer span [start, end), -1 if none
   std::int64_t needle_end = -1;
-  std::int32_t ref_rows = 0;            // Tg: rows of the reference next-token distribution
-  std::int32_t ref_topk = 0;            // k: width of each reference row
+  std::int32_t ref_rows = 0;  // Tg: rows of the reference next-token distribution
+  std::int32_t ref_topk = 0;  // k: width of each reference row
 
   std::int64_t n_tokens() const { return static_cast<std::int64_t>(tokens.size()); }
   std::int64_t n_queries() const { return static_cast<std::int64_t>(q_index.size()); }
@@ -79,10 +79,10 @@ struct RepeatPass {
 struct ReferenceDistribution {
   std::int32_t rows = 0;
   std::int32_t topk = 0;
-  std::vector<std::int32_t> index;    // [rows] token index the prediction follows
-  std::vector<std::int32_t> topk_ids; // [rows, topk]
-  std::vector<float> topk_logp;       // [rows, topk]
-  std::vector<float> lse;             // [rows]
+  std::vector<std::int32_t> index;     // [rows] token index the prediction follows
+  std::vector<std::int32_t> topk_ids;  // [rows, topk]
+  std::vector<float> topk_logp;        // [rows, topk]
+  std::vector<float> lse;              // [rows]
 };
 
 enum class Tensor { K, V, Q };

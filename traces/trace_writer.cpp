@@ -143,8 +143,9 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
   Handle fcpl = check(H5Pcreate(H5P_FILE_CREATE), path + ": file creation list");
   check_status(H5Pset_file_space_strategy(fcpl.get(), H5F_FSPACE_STRATEGY_NONE, 0, 1), path + ": file space strategy");
   // EXCL when not overwriting: no window between the existence check and the create.
-  impl_->file = check(H5Fcreate(path.c_str(), options.overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT),
-                      path + ": cannot create file");
+  impl_->file =
+      check(H5Fcreate(path.c_str(), options.overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT),
+            path + ": cannot create file");
   const hid_t root = impl_->file.get();
   h5::write_attr_string(root, layout::kFormatAttr, kTraceFormat);
   h5::write_attr_i64(root, layout::kVersionAttr, kTraceVersion);
@@ -162,7 +163,8 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
     write_vector(model.get(), "sliding_window", H5T_STD_I32LE, H5T_NATIVE_INT, geometry.sliding_window, path,
                  options.checksums);
 
-  Handle cap = check(H5Gcreate2(root, layout::kCaptureGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path + ": /capture");
+  Handle cap =
+      check(H5Gcreate2(root, layout::kCaptureGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path + ": /capture");
   h5::write_attr_string(cap.get(), "tool_version", capture.tool_version);
   h5::write_attr_string(cap.get(), "backend", capture.backend);
   h5::write_attr_string(cap.get(), "date", capture.date);
@@ -181,8 +183,9 @@ void TraceWriter::open_for_append(const ModelGeometry& geometry, const CaptureIn
     const TraceReader earlier(path_);  // checks format and version; closed before the file reopens
     const ModelGeometry& had = earlier.geometry();
     auto describe = [](const ModelGeometry& x) {
-      return x.name + " (" + x.arch + ", " + std::to_string(x.n_layers) + " layers, " + std::to_string(x.n_q_heads) + "/" +
-             std::to_string(x.n_kv_heads) + " heads of " + std::to_string(x.head_dim) + ", vocab " + std::to_string(x.vocab) + ")";
+      return x.name + " (" + x.arch + ", " + std::to_string(x.n_layers) + " layers, " + std::to_string(x.n_q_heads) +
+             "/" + std::to_string(x.n_kv_heads) + " heads of " + std::to_string(x.head_dim) + ", vocab " +
+             std::to_string(x.vocab) + ")";
     };
     if (!(had == geometry))
       throw Error(path_ + ": was written for another model geometry, " + describe(had) + "; this run's is " +
@@ -197,7 +200,8 @@ void TraceWriter::open_for_append(const ModelGeometry& geometry, const CaptureIn
   s.file = check(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), path_ + ": cannot open for appending");
   s.requests = check(H5Gopen2(s.file.get(), layout::kRequestsGroup, H5P_DEFAULT), path_ + ": /requests");
   for (const auto& id : incomplete)  // what its writer left half-written goes; it is captured again
-    check_status(H5Ldelete(s.requests.get(), id.c_str(), H5P_DEFAULT), path_ + ": removing incomplete request '" + id + "'");
+    check_status(H5Ldelete(s.requests.get(), id.c_str(), H5P_DEFAULT),
+                 path_ + ": removing incomplete request '" + id + "'");
   s.ids.insert(committed.begin(), committed.end());
   n_committed_ = static_cast<std::int64_t>(committed.size());
   s.flush();
@@ -271,10 +275,9 @@ void TraceWriter::write_layer(int layer, std::span<const std::uint16_t> k, std::
   const std::size_t kv_n = static_cast<std::size_t>(s.header.n_tokens()) * s.geometry.n_kv_heads * d;
   const std::size_t q_n = static_cast<std::size_t>(s.header.n_queries()) * s.geometry.n_q_heads * d;
   if (k.size() != kv_n || v.size() != kv_n || q.size() != q_n)
-    throw Error(s.ctx() + ": layer " + std::to_string(layer) + " sizes k=" + std::to_string(k.size()) +
-                " v=" + std::to_string(v.size()) + " q=" + std::to_string(q.size()) + ", expected k=v=" +
-                std::to_string(kv_n) + " (T*n_kv_heads*head_dim) and q=" + std::to_string(q_n) +
-                " (Tq*n_q_heads*head_dim)");
+    throw Error(s.ctx() + ": layer " + std::to_string(layer) + " sizes k=" + std::to_string(k.size()) + " v=" +
+                std::to_string(v.size()) + " q=" + std::to_string(q.size()) + ", expected k=v=" + std::to_string(kv_n) +
+                " (T*n_kv_heads*head_dim) and q=" + std::to_string(q_n) + " (Tq*n_q_heads*head_dim)");
   const auto T = static_cast<hsize_t>(s.header.n_tokens());
   const auto Tq = static_cast<hsize_t>(s.header.n_queries());
   s.write_layer_chunk(s.k, layer, T, static_cast<hsize_t>(s.geometry.n_kv_heads), k.data(), "k");
@@ -304,8 +307,8 @@ void TraceWriter::write_reference(const ReferenceDistribution& ref) {
     throw Error(s.ctx() + ": reference shape [" + std::to_string(ref.rows) + ", " + std::to_string(ref.topk) +
                 "] with index/ids/logp/lse sizes " + std::to_string(ref.index.size()) + "/" +
                 std::to_string(ref.topk_ids.size()) + "/" + std::to_string(ref.topk_logp.size()) + "/" +
-                std::to_string(ref.lse.size()) + ", expected header's [" + std::to_string(s.header.ref_rows) +
-                ", " + std::to_string(s.header.ref_topk) + "]");
+                std::to_string(ref.lse.size()) + ", expected header's [" + std::to_string(s.header.ref_rows) + ", " +
+                std::to_string(s.header.ref_topk) + "]");
   if (rows == 0) {
     s.reference_written = true;
     return;
@@ -315,7 +318,8 @@ void TraceWriter::write_reference(const ReferenceDistribution& ref) {
   const std::vector<hsize_t> dims2 = {rows, k};
   write_vector(g.get(), "index", H5T_STD_I32LE, H5T_NATIVE_INT32, ref.index, s.ctx(), s.options.checksums);
   write_vector(g.get(), "topk_ids", H5T_STD_I32LE, H5T_NATIVE_INT32, ref.topk_ids, s.ctx(), s.options.checksums, dims2);
-  write_vector(g.get(), "topk_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ref.topk_logp, s.ctx(), s.options.checksums, dims2);
+  write_vector(g.get(), "topk_logp", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ref.topk_logp, s.ctx(), s.options.checksums,
+               dims2);
   write_vector(g.get(), "lse", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, ref.lse, s.ctx(), s.options.checksums);
   s.reference_written = true;
 }
@@ -331,13 +335,15 @@ void TraceWriter::write_repeat_pass(const RepeatPass& pass) {
                 " key layers, expected " + std::to_string(L));
   std::int64_t row = 0;
   for (const RepeatChunk& c : pass.chunks) {
-    if (c.row_begin != row || c.row_end <= c.row_begin || c.begin < 0 || c.end <= c.begin || c.end > s.header.question_start)
+    if (c.row_begin != row || c.row_end <= c.row_begin || c.begin < 0 || c.end <= c.begin ||
+        c.end > s.header.question_start)
       throw Error(ctx + ": chunk [" + std::to_string(c.begin) + ", " + std::to_string(c.end) + ") rows [" +
                   std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) +
                   "), expected consecutive row ranges over context tokens before the question");
     row = c.row_end;
   }
-  if (row != pass.rows) throw Error(ctx + ": chunks cover " + std::to_string(row) + " rows of " + std::to_string(pass.rows));
+  if (row != pass.rows)
+    throw Error(ctx + ": chunks cover " + std::to_string(row) + " rows of " + std::to_string(pass.rows));
   std::vector<std::uint16_t> q(L * rows * static_cast<std::size_t>(s.geometry.n_q_heads) * d),
       k(L * rows * static_cast<std::size_t>(s.geometry.n_kv_heads) * d);
   const std::size_t ql = q.size() / L, kl = k.size() / L;

@@ -28,12 +28,12 @@ struct DistillCacheOptions {
   double lr = 3e-3;
   double temperature = 1.0;
   std::vector<double> budgets = {0.1, 0.25, 0.5};
-  std::string reward = "trace";   // trace | live
-  std::string estimator;          // trace: a kvsim calibrate file (else the mean over layers)
-  std::string init;               // a foresight or distillcache model to start from
-  std::string model, tasks;       // live: the GGUF model and the task file of the traces' requests
-  int max_new = 16;               // live: continuation length
-  BudgetRule rule;                // peak: actions at decode steps too (re-applied every rule.every tokens)
+  std::string reward = "trace";  // trace | live
+  std::string estimator;         // trace: a kvsim calibrate file (else the mean over layers)
+  std::string init;              // a foresight or distillcache model to start from
+  std::string model, tasks;      // live: the GGUF model and the task file of the traces' requests
+  int max_new = 16;              // live: continuation length
+  BudgetRule rule;               // peak: actions at decode steps too (re-applied every rule.every tokens)
   std::uint64_t seed = 1;
   bool tty = false;
 };

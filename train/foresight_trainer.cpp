@@ -34,12 +34,14 @@ struct Batch {
 };
 
 Batch sample_batch(const std::vector<const HeadSample*>& fit, const std::vector<std::vector<std::int64_t>>& order,
-                   const std::vector<double>& mean, const std::vector<double>& sd, const ForesightOptions& o, Rng& rng) {
+                   const std::vector<double>& mean, const std::vector<double>& sd, const ForesightOptions& o,
+                   Rng& rng) {
   const int F = learned::kFeatureCount;
   Batch b;
   auto add_row = [&](const HeadSample& h, std::int64_t t) {
     for (int c = 0; c < F; ++c)
-      b.x.push_back((h.x[static_cast<std::size_t>(t * F + c)] - mean[static_cast<std::size_t>(c)]) / sd[static_cast<std::size_t>(c)]);
+      b.x.push_back((h.x[static_cast<std::size_t>(t * F + c)] - mean[static_cast<std::size_t>(c)]) /
+                    sd[static_cast<std::size_t>(c)]);
     return b.rows++;
   };
   for (int k = 0; k < o.heads_per_step; ++k) {
@@ -62,7 +64,8 @@ Batch sample_batch(const std::vector<const HeadSample*>& fit, const std::vector<
 
 }  // namespace
 
-double top_overlap(const std::vector<const HeadSample*>& heads, const std::vector<std::vector<float>>& scores, double share) {
+double top_overlap(const std::vector<const HeadSample*>& heads, const std::vector<std::vector<float>>& scores,
+                   double share) {
   double sum = 0;
   for (std::size_t i = 0; i < heads.size(); ++i) {
     const auto k = std::max<std::int64_t>(1, static_cast<std::int64_t>(share * static_cast<double>(heads[i]->tokens)));
@@ -77,7 +80,8 @@ double top_overlap(const std::vector<const HeadSample*>& heads, const std::vecto
 }
 
 learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOptions& o, std::ostream& progress) {
-  if (o.steps < 1 || o.heads_per_step < 1 || o.pairs_per_head < 1 || !(o.lr > 0) || !(o.top_share > 0 && o.top_share <= 1))
+  if (o.steps < 1 || o.heads_per_step < 1 || o.pairs_per_head < 1 || !(o.lr > 0) ||
+      !(o.top_share > 0 && o.top_share <= 1))
     throw Error("train foresight: --steps, --heads-per-step, --pairs must be >= 1, --lr > 0, --top-share in (0, 1]");
   std::vector<const HeadSample*> fit, held;
   split_held_out(set, fit, held);
@@ -123,7 +127,8 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
   const int window = learned::feature_index("attn_mean_32");
   for (const HeadSample* h : eval) {
     std::vector<float> s(static_cast<std::size_t>(h->tokens));
-    for (std::int64_t i = 0; i < h->tokens; ++i) s[static_cast<std::size_t>(i)] = h->x[static_cast<std::size_t>(i * learned::kFeatureCount + window)];
+    for (std::int64_t i = 0; i < h->tokens; ++i)
+      s[static_cast<std::size_t>(i)] = h->x[static_cast<std::size_t>(i * learned::kFeatureCount + window)];
     window_scores.push_back(std::move(s));
   }
   nlohmann::json results;
@@ -139,16 +144,16 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
            << results["evaluated_on"].get<std::string>() << "\n";
 
   learned::LearnedModel m = scorer_model("foresight", set, std::move(net), mean, sd, std::move(curve), o.seed);
-  m.provenance.hyperparameters = nlohmann::json{{"hidden", o.hidden},
-                                                {"activation", learned::activation_name(o.activation)},
-                                                {"steps", o.steps},
-                                                {"lr", o.lr},
-                                                {"heads_per_step", o.heads_per_step},
-                                                {"pairs_per_head", o.pairs_per_head},
-                                                {"margin", o.margin},
-                                                {"top_share", o.top_share},
-                                                {"labeler", set.labeler}}
-                                     .dump();
+  m.provenance.hyperparameters = nlohmann::json{
+      {"hidden", o.hidden},
+      {"activation", learned::activation_name(o.activation)},
+      {"steps", o.steps},
+      {"lr", o.lr},
+      {"heads_per_step", o.heads_per_step},
+      {"pairs_per_head", o.pairs_per_head},
+      {"margin", o.margin},
+      {"top_share", o.top_share},
+      {"labeler", set.labeler}}.dump();
   m.results = results.dump();
   return m;
 }

@@ -43,8 +43,16 @@ class Recorder : public Policy {
     std::vector<HeadSample> here;
     for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
       learned::HeadFeatures f = learned::extract_features(s, kv);
-      here.push_back({request_, s.layer(), kv, f.tokens, std::move(f.x), labels[static_cast<std::size_t>(kv)].score,
-                      streaming_error(s, kv, o_.window), 0, {}, {}});
+      here.push_back({request_,
+                      s.layer(),
+                      kv,
+                      f.tokens,
+                      std::move(f.x),
+                      labels[static_cast<std::size_t>(kv)].score,
+                      streaming_error(s, kv, o_.window),
+                      0,
+                      {},
+                      {}});
       if (o_.output_rows > 0) keep_outputs(s, kv, o_.output_rows, here.back());
     }
     {

@@ -36,7 +36,7 @@ struct StreamingWindow {
 struct SampleOptions {
   std::string labeler = "oracle_golden";  // a registry spec of a scoring policy
   StreamingWindow window;
-  std::int64_t output_rows = 0;           // > 0: keep attention rows and values (HeadSample::attn)
+  std::int64_t output_rows = 0;  // > 0: keep attention rows and values (HeadSample::attn)
 };
 
 // Samples of every layer and KV head of one request; `request` is stored in every sample.

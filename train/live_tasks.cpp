@@ -20,7 +20,8 @@ LiveTasks open_live_tasks(const std::string& who, const TrainingSet& set, const 
   out.verifier = std::make_unique<LiveVerifier>(*out.gguf, vo);
   const ModelGeometry lg = out.verifier->geometry();
   if (!same_kv_shape(lg, g))
-    throw Error(model + ": a model of " + kv_shape(lg) + "; the traces were captured from " + g.name + " (" + kv_shape(g) + ")");
+    throw Error(model + ": a model of " + kv_shape(lg) + "; the traces were captured from " + g.name + " (" +
+                kv_shape(g) + ")");
   for (CaptureRequest& r : read_capture_requests(tasks)) out.tasks.emplace(r.id, std::move(r));
   const Tokenizer tok(*out.gguf);
   const std::string system = default_system_prompt(*out.gguf);
@@ -28,8 +29,8 @@ LiveTasks open_live_tasks(const std::string& who, const TrainingSet& set, const 
     const learned::TrainedRequest& req = set.provenance.requests.at(static_cast<std::size_t>(r));
     const auto it = out.tasks.find(req.id);
     if (it == out.tasks.end())
-      throw Error(who + ": " + tasks + " has no task '" + req.id + "' (a request of the traces); give the task file the " +
-                  "traces were captured from");
+      throw Error(who + ": " + tasks + " has no task '" + req.id +
+                  "' (a request of the traces); give the task file the " + "traces were captured from");
     if (prompt_fingerprint(build_prompt(tok, it->second, system).tokens) != req.prompt)
       throw Error(who + ": " + tasks + ": task '" + req.id + "' (line " + std::to_string(it->second.line) +
                   ") tokenizes to another prompt than the trace's request of that id; give the task file the traces "

@@ -30,8 +30,9 @@ std::vector<std::int64_t> sample_top_k(std::span<const double> s, std::int64_t k
   std::iota(idx.begin(), idx.end(), std::int64_t{0});
   k = std::clamp<std::int64_t>(k, 0, n);
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](std::int64_t a, std::int64_t b) {
-    return key[static_cast<std::size_t>(a)] != key[static_cast<std::size_t>(b)] ? key[static_cast<std::size_t>(a)] > key[static_cast<std::size_t>(b)]
-                                                                               : a > b;
+    return key[static_cast<std::size_t>(a)] != key[static_cast<std::size_t>(b)]
+               ? key[static_cast<std::size_t>(a)] > key[static_cast<std::size_t>(b)]
+               : a > b;
   });
   idx.resize(static_cast<std::size_t>(k));
   return idx;
@@ -39,7 +40,8 @@ std::vector<std::int64_t> sample_top_k(std::span<const double> s, std::int64_t k
 
 // In log space throughout: a running total of exp(s / tau) minus the picked tokens' terms loses
 // every digit once the picks hold nearly all the weight (score gaps of ~37 tau).
-double pl_log_prob(std::span<const double> s, std::span<const std::int64_t> chosen, double tau, std::vector<double>* grad) {
+double pl_log_prob(std::span<const double> s, std::span<const std::int64_t> chosen, double tau,
+                   std::vector<double>* grad) {
   const std::size_t n = s.size(), k = chosen.size();
   if (grad) grad->assign(n, 0.0);
   if (n == 0 || k == 0) return 0.0;

@@ -16,6 +16,7 @@ std::vector<std::int64_t> sample_top_k(std::span<const double> s, std::int64_t k
 
 // log P(chosen, in that order) under Plackett-Luce(s / tau); with grad, d/ds of it (size n,
 // overwritten).
-double pl_log_prob(std::span<const double> s, std::span<const std::int64_t> chosen, double tau, std::vector<double>* grad);
+double pl_log_prob(std::span<const double> s, std::span<const std::int64_t> chosen, double tau,
+                   std::vector<double>* grad);
 
 }  // namespace kvsim::train

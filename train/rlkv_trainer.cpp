@@ -48,7 +48,8 @@ learned::LearnedModel train_rlkv(const TrainingSet& set, const RlkvOptions& o, s
   for (const auto& r : errors)
     for (double x : r) mean += x;
   mean /= static_cast<double>(H * errors.size());
-  if (!(mean > 0)) throw Error("train rlkv: every head's streaming error is zero; nothing to learn from these requests");
+  if (!(mean > 0))
+    throw Error("train rlkv: every head's streaming error is zero; nothing to learn from these requests");
   std::vector<double> theta(H, 0.0), grad(H), batch(H);
   learned::Adam adam(H, o.lr);
   Rng rng(o.seed, 0x726c6b76);
@@ -83,12 +84,12 @@ learned::LearnedModel train_rlkv(const TrainingSet& set, const RlkvOptions& o, s
   m.provenance.traces = set.provenance.traces;
   m.provenance.requests = set.provenance.requests;
   m.provenance.seed = o.seed;
-  m.provenance.hyperparameters = nlohmann::json{{"steps", o.steps},
-                                                {"lr", o.lr},
-                                                {"sparsity", o.sparsity},
-                                                {"requests_per_step", o.requests_per_step},
-                                                {"mean_streaming_error", mean}}
-                                     .dump();
+  m.provenance.hyperparameters = nlohmann::json{
+      {"steps", o.steps},
+      {"lr", o.lr},
+      {"sparsity", o.sparsity},
+      {"requests_per_step", o.requests_per_step},
+      {"mean_streaming_error", mean}}.dump();
   m.results = nlohmann::json{{"heads_open", open}, {"heads", H}}.dump();
   return m;
 }
@@ -106,14 +107,14 @@ learned::LearnedModel import_rlkv_tsv(const std::string& path, const ModelGeomet
     ++row;
     const std::vector<std::string> cells = split(line, '\t');
     if (static_cast<int>(cells.size()) != g.n_kv_heads)
-      throw Error(path + ": line " + std::to_string(line_no) + " has " + std::to_string(cells.size()) + " gates; expected " +
-                  std::to_string(g.n_kv_heads) + " (one per KV head of " + g.name + ")");
+      throw Error(path + ": line " + std::to_string(line_no) + " has " + std::to_string(cells.size()) +
+                  " gates; expected " + std::to_string(g.n_kv_heads) + " (one per KV head of " + g.name + ")");
     for (std::size_t c = 0; c < cells.size(); ++c) {
       char* end = nullptr;
       const double v = std::strtod(cells[c].c_str(), &end);
       if (cells[c].empty() || *end != '\0' || !std::isfinite(v))
-        throw Error(path + ": line " + std::to_string(line_no) + ", column " + std::to_string(c + 1) + ": '" + cells[c] +
-                    "' is not a number");
+        throw Error(path + ": line " + std::to_string(line_no) + ", column " + std::to_string(c + 1) + ": '" +
+                    cells[c] + "' is not a number");
       gates.push_back(v);
     }
   }

@@ -14,8 +14,8 @@ namespace kvsim::train {
 struct RlkvOptions {
   std::int64_t steps = 500;
   double lr = 0.05;
-  double sparsity = 1.0;       // lambda: a head's gate opens when its error exceeds lambda x the mean error
-  int requests_per_step = 4;   // requests sampled (with replacement) per Adam step
+  double sparsity = 1.0;      // lambda: a head's gate opens when its error exceeds lambda x the mean error
+  int requests_per_step = 4;  // requests sampled (with replacement) per Adam step
   std::uint64_t seed = 1;
   bool tty = false;
 };

@@ -26,7 +26,8 @@ namespace {
 std::vector<double> hard_gate(const std::vector<double>& score, double share) {
   const auto n = static_cast<std::int64_t>(score.size());
   std::vector<double> g(score.size(), 0.0);
-  for (std::int64_t j : top_indices(score, std::max<std::int64_t>(1, static_cast<std::int64_t>(share * static_cast<double>(n)))))
+  for (std::int64_t j :
+       top_indices(score, std::max<std::int64_t>(1, static_cast<std::int64_t>(share * static_cast<double>(n)))))
     g[static_cast<std::size_t>(j)] = 1.0;
   return g;
 }
@@ -45,7 +46,8 @@ void live_gap(const learned::LearnedModel& m, const TrainingSet& set, const Trai
   const LiveTasks live = open_live_tasks("train sigmoid_gate", set, requests, o.model, o.tasks, vo);
   // The policies read a model file: this one lives as long as the check.
   struct Scratch {
-    std::string path = (std::filesystem::temp_directory_path() / ("kvsim-gate-" + std::to_string(::getpid()) + ".h5")).string();
+    std::string path =
+        (std::filesystem::temp_directory_path() / ("kvsim-gate-" + std::to_string(::getpid()) + ".h5")).string();
     ~Scratch() {
       std::error_code ignored;  // a destructor must not throw
       std::filesystem::remove(path, ignored);
@@ -84,7 +86,8 @@ double gated_output_error(const HeadSample& h, std::span<const double> gate, std
   const auto d = static_cast<std::int64_t>(h.values.size()) / std::max<std::int64_t>(1, n);
   const std::int64_t rows = static_cast<std::int64_t>(h.attn.size()) / std::max<std::int64_t>(1, n);
   if (rows == 0 || d == 0) throw Error("train sigmoid_gate: samples carry no attention rows or values");
-  std::vector<double> full(static_cast<std::size_t>(d)), soft(static_cast<std::size_t>(d)), dsoft(static_cast<std::size_t>(d));
+  std::vector<double> full(static_cast<std::size_t>(d)), soft(static_cast<std::size_t>(d)),
+      dsoft(static_cast<std::size_t>(d));
   double total = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* a = h.attn.data() + r * n;
@@ -97,7 +100,8 @@ double gated_output_error(const HeadSample& h, std::span<const double> gate, std
       const double w = a[j], wg = w * gate[static_cast<std::size_t>(j)];
       mass += w;
       gmass += wg;
-      for (std::int64_t c = 0; c < d; ++c) full[static_cast<std::size_t>(c)] += w * v[c], soft[static_cast<std::size_t>(c)] += wg * v[c];
+      for (std::int64_t c = 0; c < d; ++c)
+        full[static_cast<std::size_t>(c)] += w * v[c], soft[static_cast<std::size_t>(c)] += wg * v[c];
     }
     if (mass <= 0) continue;
     if (gmass <= 0) {  // every token this row attends to is gated shut: o' = 0, a relative error of 1
@@ -116,12 +120,15 @@ double gated_output_error(const HeadSample& h, std::span<const double> gate, std
     total += diff * scale;
     if (!grad) continue;
     // d|o'-o|^2/do' = 2(o'-o); do'/dg_j = a_j (v_j - o') / sum(a g).
-    for (std::int64_t c = 0; c < d; ++c) dsoft[static_cast<std::size_t>(c)] = 2.0 * (soft[static_cast<std::size_t>(c)] - full[static_cast<std::size_t>(c)]) * scale;
+    for (std::int64_t c = 0; c < d; ++c)
+      dsoft[static_cast<std::size_t>(c)] =
+          2.0 * (soft[static_cast<std::size_t>(c)] - full[static_cast<std::size_t>(c)]) * scale;
     for (std::int64_t j = 0; j < n; ++j) {
       if (a[j] == 0) continue;
       const float* v = h.values.data() + j * d;
       double dot = 0;
-      for (std::int64_t c = 0; c < d; ++c) dot += (v[c] - soft[static_cast<std::size_t>(c)]) * dsoft[static_cast<std::size_t>(c)];
+      for (std::int64_t c = 0; c < d; ++c)
+        dot += (v[c] - soft[static_cast<std::size_t>(c)]) * dsoft[static_cast<std::size_t>(c)];
       (*grad)[static_cast<std::size_t>(j)] += a[j] * dot / gmass;
     }
   }
@@ -176,8 +183,9 @@ nlohmann::json evaluate(const learned::Mlp& net, const std::vector<const HeadSam
 learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const TrainingInputs& in, const SigmoidGateOptions& o,
                                          std::ostream& progress) {
   if (o.model.empty() != o.tasks.empty())
-    throw Error("train sigmoid_gate: the live gap needs both --model (the GGUF the traces were captured from) and --tasks "
-                "(their task file)");
+    throw Error(
+        "train sigmoid_gate: the live gap needs both --model (the GGUF the traces were captured from) and --tasks "
+        "(their task file)");
   if (o.steps < 1 || o.heads_per_step < 1 || !(o.lr > 0) || !(o.capacity > 0 && o.capacity <= 1) || !(o.penalty >= 0))
     throw Error("train sigmoid_gate: --steps, --heads-per-step >= 1, --lr > 0, --capacity in (0, 1], --penalty >= 0");
   std::vector<const HeadSample*> fit, held;
@@ -206,11 +214,13 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const TrainingI
       std::vector<double> g(s.size()), dg(s.size(), 0.0);
       std::transform(s.begin(), s.end(), g.begin(), sigmoid);
       const double err = gated_output_error(h, g, &dg);
-      const double over = std::max(0.0, std::accumulate(g.begin(), g.end(), 0.0) / static_cast<double>(g.size()) - o.capacity);
+      const double over =
+          std::max(0.0, std::accumulate(g.begin(), g.end(), 0.0) / static_cast<double>(g.size()) - o.capacity);
       loss += (err + o.penalty * over * over) / o.heads_per_step;
       std::vector<double> ds(s.size());
       for (std::size_t j = 0; j < s.size(); ++j)
-        ds[j] = (dg[j] + o.penalty * 2.0 * over / static_cast<double>(g.size())) * g[j] * (1.0 - g[j]) / o.heads_per_step;
+        ds[j] =
+            (dg[j] + o.penalty * 2.0 * over / static_cast<double>(g.size())) * g[j] * (1.0 - g[j]) / o.heads_per_step;
       net.backward(tape, ds.data(), grad);
     }
     adam.step(net.params(), grad);
@@ -224,17 +234,18 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const TrainingI
   progress << "train sigmoid_gate: soft-gated output error " << results["soft_error"].get<double>() << " at mean gate "
            << results["soft_capacity"].get<double>() << "; hard top by gate at that share "
            << results["hard_error_at_capacity"].get<double>() << " (soft-to-hard gap "
-           << results["soft_to_hard_gap"].get<double>() << "), on " << results["evaluated_on"].get<std::string>() << "\n";
+           << results["soft_to_hard_gap"].get<double>() << "), on " << results["evaluated_on"].get<std::string>()
+           << "\n";
 
   learned::LearnedModel m = scorer_model("sigmoid_gate", set, std::move(net), mean, sd, std::move(curve), o.seed);
-  m.provenance.hyperparameters = nlohmann::json{{"hidden", o.hidden},
-                                                {"activation", learned::activation_name(o.activation)},
-                                                {"steps", o.steps},
-                                                {"lr", o.lr},
-                                                {"heads_per_step", o.heads_per_step},
-                                                {"capacity", o.capacity},
-                                                {"penalty", o.penalty}}
-                                     .dump();
+  m.provenance.hyperparameters = nlohmann::json{
+      {"hidden", o.hidden},
+      {"activation", learned::activation_name(o.activation)},
+      {"steps", o.steps},
+      {"lr", o.lr},
+      {"heads_per_step", o.heads_per_step},
+      {"capacity", o.capacity},
+      {"penalty", o.penalty}}.dump();
   if (!o.model.empty()) {
     std::set<int> ids;
     for (const HeadSample* h : held.empty() ? fit : held) ids.insert(h->request);

@@ -21,8 +21,8 @@ struct SigmoidGateOptions {
   std::int64_t steps = 400;
   double lr = 3e-3;
   int heads_per_step = 8;
-  double capacity = 0.25;  // the mean gate the penalty allows without cost
-  double penalty = 10.0;   // weight of max(0, mean(g) - capacity)^2
+  double capacity = 0.25;    // the mean gate the penalty allows without cost
+  double penalty = 10.0;     // weight of max(0, mean(g) - capacity)^2
   std::string model, tasks;  // live gap: the GGUF the traces were captured from, their task file
   int max_new = 16;          // live gap: continuation length
   std::uint64_t seed = 1;

@@ -22,9 +22,11 @@ TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress) 
   std::set<std::string> wanted(in.requests.begin(), in.requests.end()), found;
   for (std::size_t t = 0; t < in.traces.size(); ++t) {
     const TraceReader reader(in.traces[t]);
-    if (t == 0) set.geometry = reader.geometry();
+    if (t == 0)
+      set.geometry = reader.geometry();
     else if (!(reader.geometry() == set.geometry))
-      throw Error(in.traces[t] + ": model geometry differs from " + in.traces.front() + "'s; train on one model's traces");
+      throw Error(in.traces[t] + ": model geometry differs from " + in.traces.front() +
+                  "'s; train on one model's traces");
     set.provenance.traces.emplace_back(in.traces[t], sha256_file_hex(in.traces[t]));
     for (const std::string& id : reader.request_ids()) {
       if (!wanted.empty() && !wanted.count(id)) continue;
@@ -49,7 +51,8 @@ void split_held_out(const TrainingSet& set, std::vector<const HeadSample*>& fit,
   for (const HeadSample& h : set.heads) (h.request >= set.requests - held_requests ? held : fit).push_back(&h);
 }
 
-void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<double>& mean, std::vector<double>& std_dev) {
+void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<double>& mean,
+                     std::vector<double>& std_dev) {
   const int F = learned::kFeatureCount;
   std::vector<double> s(F, 0.0), sq(F, 0.0);
   double n = 0;

@@ -26,7 +26,7 @@ struct TrainingSet {
   ModelGeometry geometry;
   learned::Provenance provenance;  // traces (with sha256) and requests; seed and hyperparameters left to the trainer
   int requests = 0;
-  std::string labeler;             // the policy spec the labels came from
+  std::string labeler;  // the policy spec the labels came from
 };
 
 // Reads every chosen request; progress lines go to `progress`. Throws naming the trace when the
@@ -35,7 +35,8 @@ TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress);
 
 // Per-feature mean and standard deviation over every token of every sample (a constant feature
 // gets std 1).
-void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<double>& mean, std::vector<double>& std_dev);
+void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<double>& mean,
+                     std::vector<double>& std_dev);
 
 // Samples to fit and samples held out: with at least five requests the last fifth of them are
 // held out (for the figures a trainer prints), else none.

@@ -36,7 +36,8 @@ std::vector<double> ranks(const std::vector<double>& x) {
 }
 
 // Pairs where both values are finite.
-std::pair<std::vector<double>, std::vector<double>> finite_pairs(const std::vector<double>& a, const std::vector<double>& b) {
+std::pair<std::vector<double>, std::vector<double>> finite_pairs(const std::vector<double>& a,
+                                                                 const std::vector<double>& b) {
   std::vector<double> x, y;
   for (std::size_t i = 0; i < a.size(); ++i)
     if (std::isfinite(a[i]) && std::isfinite(b[i])) {
@@ -78,10 +79,14 @@ double kendall_tau_b(const std::vector<double>& a0, const std::vector<double>& b
     for (std::size_t j = i + 1; j < a.size(); ++j) {
       const double da = a[i] - a[j], db = b[i] - b[j];
       if (da == 0 && db == 0) continue;
-      if (da == 0) ++ties_a;
-      else if (db == 0) ++ties_b;
-      else if ((da > 0) == (db > 0)) ++concordant;
-      else ++discordant;
+      if (da == 0)
+        ++ties_a;
+      else if (db == 0)
+        ++ties_b;
+      else if ((da > 0) == (db > 0))
+        ++concordant;
+      else
+        ++discordant;
     }
   const double denom = std::sqrt((concordant + discordant + ties_a) * (concordant + discordant + ties_b));
   return denom > 0 ? (concordant - discordant) / denom : kNaN;
@@ -126,8 +131,8 @@ std::pair<double, double> within_budget_spearman(const std::vector<double>& x, c
 }  // namespace
 
 AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vector<LiveRow>& live,
-                          const std::vector<std::string>& all_metrics, int top_k, const std::vector<std::string>& exclude,
-                          int wider_k) {
+                          const std::vector<std::string>& all_metrics, int top_k,
+                          const std::vector<std::string>& exclude, int wider_k) {
   std::vector<std::string> metrics;
   for (const auto& m : all_metrics)
     if (std::any_of(offline.begin(), offline.end(), [&](const OfflineRow& r) { return r.metrics.count(m) > 0; }))
@@ -167,12 +172,14 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
     requests.insert(l.request);
   }
   if (by_config.size() < 3 && !excluded.empty() && requests.empty())
-    throw Error("agreement: every live request was left out (the estimator was fitted on them); give the live "
-                "results of held-out requests");
+    throw Error(
+        "agreement: every live request was left out (the estimator was fitted on them); give the live "
+        "results of held-out requests");
   if (by_config.size() < 3)
-    throw Error("agreement: " + std::to_string(by_config.size()) +
-                " compressed configs were run both offline and live on the same requests; need at least 3 (same request "
-                "ids, policy parameters and budgets on both sides)");
+    throw Error(
+        "agreement: " + std::to_string(by_config.size()) +
+        " compressed configs were run both offline and live on the same requests; need at least 3 (same request "
+        "ids, policy parameters and budgets on both sides)");
   AgreementReport rep;
   rep.configs = static_cast<int>(by_config.size());
   rep.requests = static_cast<int>(requests.size());
@@ -195,7 +202,8 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
     row.kendall_kl = kendall_tau_b(x, live_kl);
     row.spearman_task = spearman(x, task);
     row.kendall_task = kendall_tau_b(x, task);
-    std::tie(row.within_budget_spearman_kl, row.within_budget_min_spearman_kl) = within_budget_spearman(x, live_kl, budgets);
+    std::tie(row.within_budget_spearman_kl, row.within_budget_min_spearman_kl) =
+        within_budget_spearman(x, live_kl, budgets);
     const auto off_top = top_indices(x, rep.top_k), off_wider = top_indices(x, rep.wider_k);
     int hit = 0, wide = 0;
     for (auto i : live_top) {
@@ -217,8 +225,8 @@ void write_agreement_csv(const AgreementReport& r, const std::string& path) {
   out << "\n";
   const std::string k = std::to_string(r.top_k);
   out << csv_line({"offline_metric", "spearman_live_kl", "kendall_live_kl", "within_budget_spearman_live_kl",
-                   "within_budget_min_spearman_live_kl", "spearman_task_score", "kendall_task_score", "top" + k + "_recall",
-                   "top" + k + "_in_top" + std::to_string(r.wider_k)})
+                   "within_budget_min_spearman_live_kl", "spearman_task_score", "kendall_task_score",
+                   "top" + k + "_recall", "top" + k + "_in_top" + std::to_string(r.wider_k)})
       << "\n";
   for (const auto& x : r.rows)
     out << csv_line({x.metric, num(x.spearman_kl), num(x.kendall_kl), num(x.within_budget_spearman_kl),
@@ -232,7 +240,8 @@ void print_agreement(const AgreementReport& r, std::ostream& os) {
   char buf[200];
   os << "agreement of the offline ranking with the live one (" << r.configs << " compressed configs, " << r.requests
      << " requests";
-  if (!r.excluded.empty()) os << ", held out: the " << r.excluded.size() << " requests the estimator was fitted on left out";
+  if (!r.excluded.empty())
+    os << ", held out: the " << r.excluded.size() << " requests the estimator was fitted on left out";
   os << "; offline metrics larger = worse, so a good predictor correlates positively with live KL and "
         "negatively with the task score; per budget: mean and worst)\n";
   const std::string k = std::to_string(r.top_k), wide = "top" + k + "/" + std::to_string(r.wider_k);
@@ -240,10 +249,10 @@ void print_agreement(const AgreementReport& r, std::ostream& os) {
                 "rho/budget", "worst/bud.", "rho(task)", "tau(task)", ("top" + k).c_str(), wide.c_str());
   os << buf;
   for (const auto& x : r.rows) {
-    std::snprintf(buf, sizeof buf, "%-16s%10s%10s%12s%12s%11s%11s%8s%9s\n", x.metric.c_str(), num(x.spearman_kl).c_str(),
-                  num(x.kendall_kl).c_str(), num(x.within_budget_spearman_kl).c_str(),
-                  num(x.within_budget_min_spearman_kl).c_str(), num(x.spearman_task).c_str(), num(x.kendall_task).c_str(),
-                  num(x.top_recall).c_str(), num(x.top_in_wider).c_str());
+    std::snprintf(buf, sizeof buf, "%-16s%10s%10s%12s%12s%11s%11s%8s%9s\n", x.metric.c_str(),
+                  num(x.spearman_kl).c_str(), num(x.kendall_kl).c_str(), num(x.within_budget_spearman_kl).c_str(),
+                  num(x.within_budget_min_spearman_kl).c_str(), num(x.spearman_task).c_str(),
+                  num(x.kendall_task).c_str(), num(x.top_recall).c_str(), num(x.top_in_wider).c_str());
     os << buf;
   }
 }

@@ -22,17 +22,17 @@ struct LiveRow {
 struct AgreementRow {
   std::string metric;
   double spearman_kl = 0, kendall_kl = 0;
-  double within_budget_spearman_kl = 0;  // mean over budgets with >= 3 configs: ranking policies at one budget
+  double within_budget_spearman_kl = 0;      // mean over budgets with >= 3 configs: ranking policies at one budget
   double within_budget_min_spearman_kl = 0;  // the worst of those budgets
   double spearman_task = 0, kendall_task = 0;
-  double top_recall = 0;                 // of the live top-k (lowest live KL), the share in the offline top-k
-  double top_in_wider = 0;               // of the live top-k, the share in the offline top-(wider k)
+  double top_recall = 0;    // of the live top-k (lowest live KL), the share in the offline top-k
+  double top_in_wider = 0;  // of the live top-k, the share in the offline top-(wider k)
 };
 
 struct AgreementReport {
   int configs = 0, requests = 0, top_k = 5, wider_k = 8;
-  std::vector<std::string> excluded;     // requests left out (an estimator was fitted on them)
-  std::vector<AgreementRow> rows;  // one per offline metric
+  std::vector<std::string> excluded;  // requests left out (an estimator was fitted on them)
+  std::vector<AgreementRow> rows;     // one per offline metric
 };
 
 // Configs that compress (budget < 1) and appear on both sides, over the live requests not in

@@ -14,8 +14,9 @@ using Key = std::tuple<std::string, std::string, std::string, double>;  // reque
 
 void require_layers(const OfflineRow& r, const std::string& where) {
   if (r.layer_out_sq.empty())
-    throw Error(where + ": no layer_out_sq for " + r.policy + " at budget " + std::to_string(r.budget) + " of request '" +
-                r.request + "' (give the sweep's --detail file; a sweep from an older kvsim has to be rerun)");
+    throw Error(where + ": no layer_out_sq for " + r.policy + " at budget " + std::to_string(r.budget) +
+                " of request '" + r.request +
+                "' (give the sweep's --detail file; a sweep from an older kvsim has to be rerun)");
 }
 
 }  // namespace
@@ -31,10 +32,12 @@ Estimator calibrate_estimator(const std::vector<OfflineRow>& offline, const Live
   std::map<Key, const OfflineRow*> off;
   for (const auto& r : offline) {
     if (r.mode != live.mode)
-      throw Error(where + ": the sweep ran " + r.mode + ", the live runs " + live.mode + "; calibrate one mode at a time");
+      throw Error(where + ": the sweep ran " + r.mode + ", the live runs " + live.mode +
+                  "; calibrate one mode at a time");
     require_same_semantics(r.semantics, live.semantics, where);
     if (!off.emplace(Key{r.request, r.policy, r.params, r.budget}, &r).second)
-      throw Error(where + ": request '" + r.request + "' has two rows for " + r.policy + " at budget " + std::to_string(r.budget) +
+      throw Error(where + ": request '" + r.request + "' has two rows for " + r.policy + " at budget " +
+                  std::to_string(r.budget) +
                   " (several traces with the same request ids?); calibrate on one sweep of distinct requests");
   }
   std::vector<std::vector<double>> features;

@@ -78,8 +78,8 @@ void EngineRows::encode(int entry, const HeadPlan& plan) {
 void EngineRows::bias(int entry, std::vector<float> bias) {
   KvEntry& e = model_.cache().layers[static_cast<std::size_t>(layer_)].at(static_cast<std::size_t>(entry));
   if (static_cast<std::int64_t>(bias.size()) != e.rows())
-    throw Error("layer " + std::to_string(layer_) + ", entry " + std::to_string(entry) + ": " + std::to_string(bias.size()) +
-                " logit biases for " + std::to_string(e.rows()) + " cached rows");
+    throw Error("layer " + std::to_string(layer_) + ", entry " + std::to_string(entry) + ": " +
+                std::to_string(bias.size()) + " logit biases for " + std::to_string(e.rows()) + " cached rows");
   e.bias = std::move(bias);
 }
 

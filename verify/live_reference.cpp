@@ -59,8 +59,8 @@ LiveVerifier::Impl::Shared LiveVerifier::Impl::prefill(const CaptureRequest& r, 
   return s;
 }
 
-void LiveVerifier::Impl::prefill_range(const Shared& s, std::int64_t b, std::int64_t e, std::vector<FloatBuffer>& queries,
-                                       std::vector<float>& last_logits) {
+void LiveVerifier::Impl::prefill_range(const Shared& s, std::int64_t b, std::int64_t e,
+                                       std::vector<FloatBuffer>& queries, std::vector<float>& last_logits) {
   const auto q_row = static_cast<std::size_t>(g.n_q_heads) * static_cast<std::size_t>(g.head_dim);
   auto hook = [&](const LayerActivations& a) {
     const std::int64_t skip = std::clamp<std::int64_t>(s.first_q - b, 0, a.n);
@@ -71,8 +71,9 @@ void LiveVerifier::Impl::prefill_range(const Shared& s, std::int64_t b, std::int
   for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<std::int32_t>(b) + static_cast<std::int32_t>(i);
   const std::int64_t last = e - b - 1;
   const bool want = e == s.c && opts.mode == ReplayMode::QueryAware;
-  auto logits = model.forward(std::span(s.p.tokens).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), pos,
-                              want ? std::span<const std::int64_t>(&last, 1) : std::span<const std::int64_t>(), hook);
+  auto logits =
+      model.forward(std::span(s.p.tokens).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), pos,
+                    want ? std::span<const std::int64_t>(&last, 1) : std::span<const std::int64_t>(), hook);
   if (want) last_logits = std::move(logits);
 }
 
@@ -81,7 +82,8 @@ void LiveVerifier::Impl::reference_run(Shared& s) {
   const auto q_row = static_cast<std::size_t>(c.n_q_heads) * static_cast<std::size_t>(c.head_dim);
   s.eval_queries.assign(static_cast<std::size_t>(c.n_layers), {});
   auto hook = [&](const LayerActivations& a) {
-    append_rounded(s.eval_queries[static_cast<std::size_t>(a.layer)], a.q.data(), static_cast<std::size_t>(a.n) * q_row);
+    append_rounded(s.eval_queries[static_cast<std::size_t>(a.layer)], a.q.data(),
+                   static_cast<std::size_t>(a.n) * q_row);
   };
   model.set_cache(s.at_point);
   std::vector<float> logits = s.prefill_logits;
@@ -122,7 +124,8 @@ const std::vector<Mat>& LiveVerifier::Impl::future_attention(Shared& s, int laye
   return *slot;
 }
 
-std::unique_ptr<CacheView> LiveVerifier::Impl::live_view(Shared& s, int layer, const std::vector<KvEntry>& entries, bool at_cut) {
+std::unique_ptr<CacheView> LiveVerifier::Impl::live_view(Shared& s, int layer, const std::vector<KvEntry>& entries,
+                                                         bool at_cut) {
   auto view = std::make_unique<CacheView>();
   for (const KvEntry& e : entries) {
     view->tokens.push_back(e.tokens);
@@ -152,7 +155,8 @@ const CacheSignals& LiveVerifier::Impl::signals_at(Shared& s, int layer) {
   if (slot) return *slot;
   s.views[static_cast<std::size_t>(layer)] = live_view(s, layer, s.at_point.layers[static_cast<std::size_t>(layer)]);
   slot = std::make_unique<CacheSignals>(s.where, g, layer, s.c, tokens_of(s.header),
-                                        s.queries[static_cast<std::size_t>(layer)], *s.views[static_cast<std::size_t>(layer)]);
+                                        s.queries[static_cast<std::size_t>(layer)],
+                                        *s.views[static_cast<std::size_t>(layer)]);
   return *slot;
 }
 

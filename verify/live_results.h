@@ -9,8 +9,8 @@
 namespace kvsim {
 
 struct LiveResults {
-  std::string mode;           // every row's (a file of several modes is refused)
-  std::string semantics;      // every row's budget_semantics (empty in older files)
+  std::string mode;       // every row's (a file of several modes is refused)
+  std::string semantics;  // every row's budget_semantics (empty in older files)
   std::vector<LiveRow> rows;
 };
 

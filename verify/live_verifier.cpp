@@ -10,8 +10,8 @@ namespace kvsim {
 
 using namespace live_detail;
 
-void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, Compressed& cs, const std::vector<std::int64_t>& cuts,
-                                           const std::vector<bool>& compresses) {
+void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, Compressed& cs,
+                                           const std::vector<std::int64_t>& cuts, const std::vector<bool>& compresses) {
   model.reset();
   model.reserve(s.n_prompt + opts.max_new);
   model.record_last_attention(false);
@@ -52,9 +52,11 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
   out.segments = s.header.segments;
   res.budget_tokens = out.budget.tokens;
   std::vector<bool> compresses(L);
-  for (std::size_t l = 0; l < L; ++l)  // (a compressing budget needs no signals to say so; a local layer never compresses)
-    compresses[l] = g.window(static_cast<int>(l)) == 0 &&
-                    (out.budget.compress || kvcache::needs_compression(cfg, out.budget, signals_at(s, static_cast<int>(l))));
+  for (std::size_t l = 0; l < L;
+       ++l)  // (a compressing budget needs no signals to say so; a local layer never compresses)
+    compresses[l] =
+        g.window(static_cast<int>(l)) == 0 &&
+        (out.budget.compress || kvcache::needs_compression(cfg, out.budget, signals_at(s, static_cast<int>(l))));
   for (int l = 0; l < g.n_layers; ++l)
     out.rows.push_back(std::make_unique<EngineRows>(model, l, g, out.codec, s.header.positions));
   const std::vector<std::int64_t> cuts = compression_cuts(s.c, opts.compress_every);
@@ -110,9 +112,9 @@ void LiveVerifier::Impl::compress_layer(Shared& s, const ReplayConfig& cfg, Comp
   EngineRows& rows = *out.rows[li];
   if (out.codec) rows.keep_originals();
   kvcache::apply_plan(cfg, plan, g, out.index[li], &rows);
-  kvcache::DecodeStart started = kvcache::decode_start(cfg, out.budget, plan,
-                                                       cfg.impl->start_decode(signals, plan, out.budget.policy_budget()),
-                                                       s.c, g.n_kv_heads, g.head_dim);
+  kvcache::DecodeStart started =
+      kvcache::decode_start(cfg, out.budget, plan, cfg.impl->start_decode(signals, plan, out.budget.policy_budget()),
+                            s.c, g.n_kv_heads, g.head_dim);
   out.states[li] = std::move(started.state);
   out.reapplies = out.reapplies || started.reapplied;  // peak semantics: a one-shot rule re-applies
   if (out.states[li]) {
@@ -166,15 +168,18 @@ double LiveVerifier::Impl::held_bytes(const Compressed& cs) const {
   return bytes;
 }
 
-std::shared_ptr<const LayerSignals> LiveVerifier::Impl::signals_now(Shared& s, Compressed& cs, int layer, std::int64_t n) {
+std::shared_ptr<const LayerSignals> LiveVerifier::Impl::signals_now(Shared& s, Compressed& cs, int layer,
+                                                                    std::int64_t n) {
   const EngineRows& rows = *cs.rows[static_cast<std::size_t>(layer)];
   struct Held {
     std::unique_ptr<CacheView> view;
     std::optional<CacheSignals> signals;
   };
   auto held = std::make_shared<Held>();
-  held->view = live_view(s, layer, rows.has_originals() ? rows.originals() : std::as_const(model).cache().layers[static_cast<std::size_t>(layer)],
-                         true);
+  held->view = live_view(
+      s, layer,
+      rows.has_originals() ? rows.originals() : std::as_const(model).cache().layers[static_cast<std::size_t>(layer)],
+      true);
   held->signals.emplace(s.where, g, layer, n, kvcache::RequestTokens{s.header.positions, s.header.segments, cs.q_index},
                         cs.queries[static_cast<std::size_t>(layer)], *held->view);
   return std::shared_ptr<const LayerSignals>(held, &*held->signals);
@@ -220,8 +225,10 @@ std::vector<float> LiveVerifier::Impl::step(Shared& s, std::int32_t token, Compr
     LayerIndex& index = cs.index[li];
     std::vector<std::vector<std::int32_t>> evict(static_cast<std::size_t>(g.n_kv_heads));
     const int segment = static_cast<std::size_t>(t) < cs.segments.size() ? cs.segments[static_cast<std::size_t>(t)]
-                                                                          : static_cast<int>(Segment::Generated);
-    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&, l] { return signals_now(s, cs, l, t + 1); };
+                                                                         : static_cast<int>(Segment::Generated);
+    const std::function<std::shared_ptr<const LayerSignals>()> signals = [&, l] {
+      return signals_now(s, cs, l, t + 1);
+    };
     DecodeStep before{t, index.tokens, weights, cs.budget.tokens, segment};
     before.signals = &signals;
     state->step(before, evict);
@@ -241,7 +248,8 @@ std::vector<float> LiveVerifier::Impl::run_question(Shared& s, Compressed& cs, c
   return logits;
 }
 
-LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& cfg, const std::vector<std::string>& expected) {
+LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& cfg,
+                                                const std::vector<std::string>& expected) {
   const auto t0 = Clock::now();
   LiveConfigResult res;
   Compressed cs = compress(s, cfg, res);
@@ -331,10 +339,11 @@ bool LiveVerifier::rules_in_engine() const { return impl_->opts.rules_in_engine 
 LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs) {
   const auto t0 = Clock::now();
   Impl::Shared s = impl_->prefill(request, std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) {
-    return c.impl->needs_repeat_pass();
-  }));
+                                    return c.impl->needs_repeat_pass();
+                                  }));
   kvcache::check_training_prompts(configs, s.p.tokens, s.where, impl_->opts.allow_training_requests);
-  s.with_future = std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) { return c.impl->reads_future(); });
+  s.with_future =
+      std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) { return c.impl->reads_future(); });
   impl_->reference_run(s);
   LiveRequestResult out;
   out.request = request.id;

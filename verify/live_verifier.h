@@ -24,10 +24,10 @@ class GgufFile;
 
 struct VerifyOptions {
   ReplayMode mode = ReplayMode::QueryAware;
-  int max_new = 16;             // reference continuation length (greedy, stops at EOS)
-  bool all_queries = true;      // record every prompt query (H2O-style scores need them)
-  int query_window = 64;        // else: the last this many context tokens' queries
-  int prefill_chunk = 256;      // tokens per forward pass; capture's default, so keep-sets match a trace
+  int max_new = 16;         // reference continuation length (greedy, stops at EOS)
+  bool all_queries = true;  // record every prompt query (H2O-style scores need them)
+  int query_window = 64;    // else: the last this many context tokens' queries
+  int prefill_chunk = 256;  // tokens per forward pass; capture's default, so keep-sets match a trace
   // > 0: the policy also cuts the cache back to its budget every this many prompt tokens
   // (kvcache/config.h compression_cuts), as sweep --compress-every simulates.
   std::int64_t compress_every = 0;
@@ -50,13 +50,13 @@ struct LiveConfigResult {
   double task_score = 0;           // share of expected strings in the free generation (NaN: none)
   bool same_tokens = true;         // free generation == reference continuation
   std::string generated;
-  double kept_fraction = 1;        // K/V rows after compression / rows of the full cache
+  double kept_fraction = 1;  // K/V rows after compression / rows of the full cache
   double compressed_bytes = 0, budget_bytes = 0;
   // The most the cache held at any step of the teacher-forced run from the compression point on
   // (ConfigResult::decode_peak_bytes).
   double decode_peak_bytes = 0;
-  double position_fallback = 0;    // share of plan entries kept by position (ConfigResult's)
-  std::int64_t final_rows = 0;     // K/V rows in the cache after the teacher-forced continuation
+  double position_fallback = 0;  // share of plan entries kept by position (ConfigResult's)
+  std::int64_t final_rows = 0;   // K/V rows in the cache after the teacher-forced continuation
   // Where the decode-time policy stepped: "engine" (its rule, inside the engine), "host", or
   // "none" (a one-shot policy).
   std::string policy_steps = "none";
@@ -72,7 +72,7 @@ struct LiveRequestResult {
   std::vector<std::int32_t> reference;  // the full-cache continuation
   std::string reference_text;
   double reference_ppl = 0, reference_task_score = 0;
-  double shared_seconds = 0;            // prefill + reference run
+  double shared_seconds = 0;  // prefill + reference run
   std::vector<LiveConfigResult> configs;
 };
 

@@ -88,7 +88,12 @@ struct LiveVerifier::Impl {
   std::int64_t ctx_len;
 
   Impl(const GgufFile& f, VerifyOptions o, std::unique_ptr<Engine> e)
-      : gguf(f), opts(o), tok(f), engine(e ? std::move(e) : make_engine(f, EngineOptions{o.device, o.weights})), model(*engine), default_system(default_system_prompt(f)),
+      : gguf(f),
+        opts(o),
+        tok(f),
+        engine(e ? std::move(e) : make_engine(f, EngineOptions{o.device, o.weights})),
+        model(*engine),
+        default_system(default_system_prompt(f)),
         ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
     g = model.config();
   }
@@ -101,15 +106,15 @@ struct LiveVerifier::Impl {
     // Whether compression can change the first continuation token's prediction: query-agnostic
     // (the question runs on the compressed cache), or with cuts before the compression point.
     bool first_affected = false;
-    RequestHeader header;                 // positions, segments and recorded queries, for the signals
-    std::vector<FloatBuffer> queries;     // [layer] recorded prompt queries [m, Hq, d]
-    KvCache at_point;                     // the full cache at the compression point
-    std::vector<float> prefill_logits;    // query-aware: the prediction of the first continuation token
-    std::vector<std::int32_t> reference;  // full-cache greedy continuation
+    RequestHeader header;                       // positions, segments and recorded queries, for the signals
+    std::vector<FloatBuffer> queries;           // [layer] recorded prompt queries [m, Hq, d]
+    KvCache at_point;                           // the full cache at the compression point
+    std::vector<float> prefill_logits;          // query-aware: the prediction of the first continuation token
+    std::vector<std::int32_t> reference;        // full-cache greedy continuation
     std::vector<std::vector<double>> ref_logp;  // [j] log-probs predicting reference[j]
     std::vector<FloatBuffer> eval_queries;      // [layer] queries of tokens >= c in the reference run
     std::vector<std::int64_t> eval_tokens;
-    KvCache final_cache;                        // the reference run's cache, every token
+    KvCache final_cache;                                  // the reference run's cache, every token
     std::vector<std::optional<std::vector<Mat>>> future;  // [layer] oracle signal, built on demand
     // Every config compresses the same cache, so as in replay one signals object per layer
     // serves them all (and its memo shares scores across budgets). Built on first use.

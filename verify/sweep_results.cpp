@@ -11,15 +11,17 @@
 namespace kvsim {
 
 std::vector<std::string> offline_metric_names(bool with_detail) {
-  std::vector<std::string> out = {"recall_loss", "mean_kl", "p95_kl", "mean_out_err", "p95_out_err", "mean_out_sq", "est_kl"};
+  std::vector<std::string> out = {"recall_loss", "mean_kl",     "p95_kl", "mean_out_err",
+                                  "p95_out_err", "mean_out_sq", "est_kl"};
   if (with_detail)
     for (const char* m : {"last_layer_kl", "max_layer_kl", "last_layer_err", "max_layer_err"}) out.push_back(m);
   return out;
 }
 
 std::vector<OfflineRow> read_sweep_csv(const std::string& path) {
-  CsvReader csv(path, {"trace", "request", "mode", "policy", "params", "budget", "mean_recall", "mean_kl", "p95_kl",
-                       "mean_out_err", "p95_out_err"},
+  CsvReader csv(path,
+                {"trace", "request", "mode", "policy", "params", "budget", "mean_recall", "mean_kl", "p95_kl",
+                 "mean_out_err", "p95_out_err"},
                 "a kvsim sweep result file");
   std::vector<OfflineRow> rows;
   while (csv.next()) {
@@ -73,8 +75,8 @@ void add_sweep_detail(std::vector<OfflineRow>& rows, const std::string& detail_p
     const std::string label = r.params.empty() ? r.policy : r.policy + ":" + r.params;
     const auto it = by_key.find({r.trace, r.request, label, r.budget});
     if (it == by_key.end())
-      throw FormatError(detail_path + ": no detail for " + label + " at budget " + std::to_string(r.budget) + " of request '" +
-                        r.request + "' (the detail file of another sweep?)");
+      throw FormatError(detail_path + ": no detail for " + label + " at budget " + std::to_string(r.budget) +
+                        " of request '" + r.request + "' (the detail file of another sweep?)");
     if (it->second.contains("layer_out_sq")) r.layer_out_sq = it->second["layer_out_sq"].get<std::vector<double>>();
     const auto kl = it->second["layer_kl"].get<std::vector<double>>();
     const auto err = it->second["layer_out_err"].get<std::vector<double>>();

@@ -34,8 +34,13 @@ struct DevicePacked {
   DeviceBuffer<std::uint8_t> codes;
   PackedTensorView view;
   DevicePacked(const PackedTensor& t, int head_dim)
-      : table(row_table(t, head_dim)), runs(table.runs), positions(table.positions), halves(t.halves), params(t.params),
-        basis(t.basis), codes(t.codes) {
+      : table(row_table(t, head_dim)),
+        runs(table.runs),
+        positions(table.positions),
+        halves(t.halves),
+        params(t.params),
+        basis(t.basis),
+        codes(t.codes) {
     view = layout_view(t, table);
     view.runs = runs.ptr;
     view.positions = table.positions.empty() ? nullptr : positions.ptr;
@@ -61,7 +66,8 @@ PackedTensor random_quant_tensor(const QuantSpec& q, int d, std::int64_t n, std:
   for (auto& c : t.codes) c = static_cast<std::uint8_t>(next() >> 56);
   t.params.resize(static_cast<std::size_t>(n * ng * 2));
   for (std::size_t i = 0; i < t.params.size(); i += 2) {
-    const double u = static_cast<double>(next() >> 11) / 9007199254740992.0, v = static_cast<double>(next() >> 11) / 9007199254740992.0;
+    const double u = static_cast<double>(next() >> 11) / 9007199254740992.0,
+                 v = static_cast<double>(next() >> 11) / 9007199254740992.0;
     t.params[i] = float_to_half(static_cast<float>(0.01 + 0.19 * u));
     t.params[i + 1] = float_to_half(q.symmetric ? 0.0f : static_cast<float>(-v));
   }
@@ -115,16 +121,17 @@ void mixed_rows_decode(const AttnShape& s, const std::string& label, ParityRepor
   const std::vector<std::int32_t> kept = every_row_kept(Hkv, static_cast<int>(n)),
                                   counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
   std::vector<float> out_ref(static_cast<std::size_t>(Hq * d)), w_ref(static_cast<std::size_t>(Hq) * un);
-  attend_kept_ref(s, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(), static_cast<int>(n),
-                  out_ref.data(), w_ref.data());
+  attend_kept_ref(s, q.data(), cache.dense_k.data(), cache.dense_v.data(), kept.data(), counts.data(),
+                  static_cast<int>(n), out_ref.data(), w_ref.data());
   const EntryRows seen = same_rows(Hkv, static_cast<int>(n));
   DeviceBuffer<float> dq(q), dout(out_ref.size()), dscratch(decode_scratch_floats(Hq, d)), dprobs(w_ref.size()),
       dstats(static_cast<std::size_t>(2 * Hq));
   DeviceBuffer<PackedEntryView> dviews(views);
   DeviceBuffer<std::uint16_t> dtk(cache.tail_k), dtv(cache.tail_v);
-  KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, RopeShape{true, d}, dcos.ptr, dsin.ptr, dtk.ptr,
-                                        dtv.ptr, cache.tail, seen, 1.0f / std::sqrt(static_cast<float>(d)), dscratch.ptr, dscratch.n,
-                                        dout.ptr, false, dprobs.ptr, static_cast<int>(n), dstats.ptr, nullptr));
+  KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, RopeShape{true, d}, dcos.ptr, dsin.ptr,
+                                        dtk.ptr, dtv.ptr, cache.tail, seen, 1.0f / std::sqrt(static_cast<float>(d)),
+                                        dscratch.ptr, dscratch.n, dout.ptr, false, dprobs.ptr, static_cast<int>(n),
+                                        dstats.ptr, nullptr));
   r.value(label + ": output", nmse(dout.host(), out_ref), kKernelNmse);
   r.value(label + ": weights", nmse(dprobs.host(), w_ref), kKernelNmse);
 }
@@ -137,7 +144,8 @@ void int4_decode_bench(const AttnShape& shape, const Bench& bench, ParityReport&
   const int d = shape.head_dim, Hq = shape.n_q_heads, Hkv = shape.n_kv_heads;
   const QuantSpec spec4{4, 32, false};
   const std::int64_t token_bytes = 2LL * Hkv * (spec4.row_bytes(d) + 4LL * spec4.groups(d));
-  const std::int64_t n = bench.size(std::max<std::int64_t>(shape.capacity, (128'000'000 + token_bytes - 1) / token_bytes), shape.capacity);
+  const std::int64_t n =
+      bench.size(std::max<std::int64_t>(shape.capacity, (128'000'000 + token_bytes - 1) / token_bytes), shape.capacity);
   const AttnShape s{Hq, Hkv, d, n};
   const auto ud = static_cast<std::size_t>(d), un = static_cast<std::size_t>(n);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -170,14 +178,16 @@ void int4_decode_bench(const AttnShape& shape, const Bench& bench, ParityReport&
   r.line("  int4 bench cache: " + std::to_string(n) + " tokens per KV head");
   const std::vector<std::int32_t> counts(static_cast<std::size_t>(Hkv), static_cast<std::int32_t>(n));
   std::vector<float> out_ref(static_cast<std::size_t>(Hq * d));
-  attend_quant_ref(s, spec4, q.data(), all_kc.data(), all_kp.data(), all_vc.data(), all_vp.data(), counts.data(), out_ref.data());
+  attend_quant_ref(s, spec4, q.data(), all_kc.data(), all_kp.data(), all_vc.data(), all_vp.data(), counts.data(),
+                   out_ref.data());
   const EntryRows seen = same_rows(Hkv, static_cast<int>(n));
   DeviceBuffer<float> dq(q), dout(out_ref.size()), dscratch(decode_scratch_floats(Hq, d));
   DeviceBuffer<PackedEntryView> dviews(views);
   DeviceBuffer<std::uint16_t> none(std::size_t{1});
   auto fused = [&] {
-    KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, rope, nullptr, nullptr, none.ptr, none.ptr, 0,
-                                          seen, scale, dscratch.ptr, dscratch.n, dout.ptr, false, nullptr, 0, nullptr, nullptr));
+    KVSIM_CUDA_CHECK(attend_decode_packed(dq.ptr, Hq, d, s.group(), dviews.ptr, rope, nullptr, nullptr, none.ptr,
+                                          none.ptr, 0, seen, scale, dscratch.ptr, dscratch.n, dout.ptr, false, nullptr,
+                                          0, nullptr, nullptr));
   };
   fused();
   r.value("fused packed decode, int4 cache: output", nmse(dout.host(), out_ref), kKernelNmse);
@@ -187,15 +197,15 @@ void int4_decode_bench(const AttnShape& shape, const Bench& bench, ParityReport&
       KVSIM_CUDA_CHECK(unpack_packed(views[e].k, d, rope, nullptr, nullptr, unpacked_k.ptr + e * un * ud, nullptr));
       KVSIM_CUDA_CHECK(unpack_packed(views[e].v, d, rope, nullptr, nullptr, unpacked_v.ptr + e * un * ud, nullptr));
     }
-    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), unpacked_k.ptr, unpacked_v.ptr, n, seen, 0, scale, dscratch.ptr,
-                                   dscratch.n, dout.ptr, false, nullptr));
+    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), unpacked_k.ptr, unpacked_v.ptr, n, seen, 0, scale,
+                                   dscratch.ptr, dscratch.n, dout.ptr, false, nullptr));
   };
   unpack_then_attend();
   r.value("unpack then attend, int4 cache: output", nmse(dout.host(), out_ref), kKernelNmse);
   DeviceBuffer<std::uint16_t> fp16_k(fp16_kh), fp16_v(fp16_vh);
   auto fp16_decode = [&] {
-    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), fp16_k.ptr, fp16_v.ptr, n, seen, 0, scale, dscratch.ptr, dscratch.n,
-                                   dout.ptr, false, nullptr));
+    KVSIM_CUDA_CHECK(attend_decode(dq.ptr, Hq, d, s.group(), fp16_k.ptr, fp16_v.ptr, n, seen, 0, scale, dscratch.ptr,
+                                   dscratch.n, dout.ptr, false, nullptr));
   };
   fp16_decode();
   r.value("fp16 cache decode of the same rows: output", nmse(dout.host(), out_ref), kKernelNmse);
@@ -203,24 +213,28 @@ void int4_decode_bench(const AttnShape& shape, const Bench& bench, ParityReport&
                t_fp16 = seconds_of(fp16_decode, bench.reps(10));
   const double fp16_bytes = 2.0 * 2.0 * Hkv * static_cast<double>(n) * d;
   char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "  bench fused packed decode (int4 g32): %.1f us, %.1f GB/s of packed rows and tables = %.2f of copy bandwidth",
-                t_fused * 1e6, bytes / t_fused / 1e9, bytes / t_fused / 1e9 / copy_gbs);
+  std::snprintf(
+      buf, sizeof buf,
+      "  bench fused packed decode (int4 g32): %.1f us, %.1f GB/s of packed rows and tables = %.2f of copy bandwidth",
+      t_fused * 1e6, bytes / t_fused / 1e9, bytes / t_fused / 1e9 / copy_gbs);
   r.line(buf);
-  std::snprintf(buf, sizeof buf, "  bench unpack then attend (the same cache): %.1f us: the fused decode is %.2fx faster",
+  std::snprintf(buf, sizeof buf,
+                "  bench unpack then attend (the same cache): %.1f us: the fused decode is %.2fx faster",
                 t_unpack * 1e6, t_unpack / t_fused);
   r.line(buf);
   std::snprintf(buf, sizeof buf,
-                "  bench fp16 cache decode (the same rows, %.0f MB vs %.0f MB packed): %.1f us, %.1f GB/s = %.2f of copy bandwidth; "
+                "  bench fp16 cache decode (the same rows, %.0f MB vs %.0f MB packed): %.1f us, %.1f GB/s = %.2f of "
+                "copy bandwidth; "
                 "fused int4 / fp16 time %.2f",
-                fp16_bytes / 1e6, bytes / 1e6, t_fp16 * 1e6, fp16_bytes / t_fp16 / 1e9, fp16_bytes / t_fp16 / 1e9 / copy_gbs,
-                t_fused / t_fp16);
+                fp16_bytes / 1e6, bytes / 1e6, t_fp16 * 1e6, fp16_bytes / t_fp16 / 1e9,
+                fp16_bytes / t_fp16 / 1e9 / copy_gbs, t_fused / t_fp16);
   r.line(buf);
 }
 
 }  // namespace
 
-void packed_unpack_parity(const std::string& name, int d, std::int64_t n, const Bench& bench, ParityReport& r, double copy_gbs) {
+void packed_unpack_parity(const std::string& name, int d, std::int64_t n, const Bench& bench, ParityReport& r,
+                          double copy_gbs) {
   std::mt19937 rng(7);
   const RopeSpec spec{RopeType::Neox, d, d, kRopeTheta};
   const RopeShape rope{true, d};
@@ -243,7 +257,8 @@ void packed_unpack_parity(const std::string& name, int d, std::int64_t n, const 
     r.value(name + " packed unpack, " + c.label, nmse(floats_of(dout.host()), ref), kKernelNmse);
     if (bench) {
       const double sec =
-          seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); }, bench.reps(20));
+          seconds_of([&] { KVSIM_CUDA_CHECK(unpack_packed(dt.view, d, rope, dcos.ptr, dsin.ptr, dout.ptr, nullptr)); },
+                     bench.reps(20));
       // Bytes moved: the packed payload and row table read, the fp16 rows written (bases cached).
       const double bytes = payload_bytes(t, dt.table) + 2.0 * static_cast<double>(dout.n);
       char buf[200];
@@ -254,9 +269,10 @@ void packed_unpack_parity(const std::string& name, int d, std::int64_t n, const 
   }
 }
 
-void packed_decode_parity(const std::string& name, const AttnShape& s, const Bench& bench, ParityReport& r, double copy_gbs) {
-  r.line(name + ": " + std::to_string(s.n_q_heads) + " query heads, " + std::to_string(s.n_kv_heads) + " KV heads, head_dim " +
-         std::to_string(s.head_dim) + ", " + std::to_string(s.capacity) + " rows per entry");
+void packed_decode_parity(const std::string& name, const AttnShape& s, const Bench& bench, ParityReport& r,
+                          double copy_gbs) {
+  r.line(name + ": " + std::to_string(s.n_q_heads) + " query heads, " + std::to_string(s.n_kv_heads) +
+         " KV heads, head_dim " + std::to_string(s.head_dim) + ", " + std::to_string(s.capacity) + " rows per entry");
   mixed_rows_decode(s, "fused packed decode, mixed rows", r);
   // Per-query-head entries (one per query head, as a per-query-head plan leaves them): head_div 1.
   mixed_rows_decode(AttnShape{s.n_q_heads, s.n_q_heads, s.head_dim, std::max<std::int64_t>(s.capacity / 4, 1)},

@@ -19,6 +19,7 @@ void packed_unpack_parity(const std::string& name, int head_dim, std::int64_t n,
 // reads back: output and softmax weights. With `bench`, an int4 cache decoded by the fused kernel,
 // by unpack-then-attend and, as fp16, by attend_decode, each against `copy_gbs`, and the fused
 // output against attend_quant_ref.
-void packed_decode_parity(const std::string& name, const AttnShape& s, const Bench& bench, ParityReport& r, double copy_gbs);
+void packed_decode_parity(const std::string& name, const AttnShape& s, const Bench& bench, ParityReport& r,
+                          double copy_gbs);
 
 }  // namespace kvsim::gpu

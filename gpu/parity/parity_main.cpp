@@ -38,7 +38,7 @@ struct Section {
 // After a section threw: a sticky CUDA error (an illegal address, a kernel trap) leaves the
 // context unusable for every later section; an ordinary error is cleared.
 bool device_context_lost() {
-  (void)cudaGetLastError();  // an ordinary launch error is returned once, then cleared
+  (void)cudaGetLastError();                       // an ordinary launch error is returned once, then cleared
   return cudaDeviceSynchronize() != cudaSuccess;  // a sticky one comes back from every call
 }
 
@@ -60,11 +60,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> only;  // substrings of section names
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--bench") bench.on = true;
-    else if (a == "--smoke") bench.smoke = true;
-    else if (a == "--list") list = true;
-    else if (a == "--report" && i + 1 < argc) report_path = argv[++i];
-    else if (a == "--only" && i + 1 < argc) only = split(argv[++i], ',');
+    if (a == "--bench")
+      bench.on = true;
+    else if (a == "--smoke")
+      bench.smoke = true;
+    else if (a == "--list")
+      list = true;
+    else if (a == "--report" && i + 1 < argc)
+      report_path = argv[++i];
+    else if (a == "--only" && i + 1 < argc)
+      only = split(argv[++i], ',');
     else {
       std::fprintf(stderr, "%s", kUsage);
       return 2;
@@ -73,17 +78,27 @@ int main(int argc, char** argv) {
   ParityReport r;
   double copy_gbs = 0;
   std::vector<Section> sections = {
-      {"packed unpack: SmolLM2-135M shapes", [&] { packed_unpack_parity("SmolLM2-135M shapes", 64, 4096, bench, r, copy_gbs); }},
-      {"packed unpack: Mistral-7B shapes", [&] { packed_unpack_parity("Mistral-7B shapes", 128, 32768, bench, r, copy_gbs); }},
+      {"packed unpack: SmolLM2-135M shapes",
+       [&] { packed_unpack_parity("SmolLM2-135M shapes", 64, 4096, bench, r, copy_gbs); }},
+      {"packed unpack: Mistral-7B shapes",
+       [&] { packed_unpack_parity("Mistral-7B shapes", 128, 32768, bench, r, copy_gbs); }},
       {"packed decode: SmolLM2-135M shapes",
-       [&] { packed_decode_parity("SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, bench, r, copy_gbs); }},
+       [&] {
+         packed_decode_parity("SmolLM2-135M shapes", AttnShape{9, 3, 64, 4096}, bench, r, copy_gbs);
+       }},
       {"packed decode: Mistral-7B shapes",
-       [&] { packed_decode_parity("Mistral-7B shapes", AttnShape{32, 8, 128, 8192}, bench, r, copy_gbs); }},
+       [&] {
+         packed_decode_parity("Mistral-7B shapes", AttnShape{32, 8, 128, 8192}, bench, r, copy_gbs);
+       }},
       // The transformer backend against its reference: fp32 weights (tight), then fp16 as deployed.
-      {"transformer: qwen2-like fp32", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r); }},
-      {"transformer: qwen2-like fp16", [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r); }},
-      {"transformer: gemma3-like fp32", [&] { transformer_parity("gemma3-like", gemma_like_shape(), DeviceWeights::F32, r); }},
-      {"transformer: gemma3-like fp16", [&] { transformer_parity("gemma3-like", gemma_like_shape(), DeviceWeights::F16, r); }},
+      {"transformer: qwen2-like fp32",
+       [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F32, r); }},
+      {"transformer: qwen2-like fp16",
+       [&] { transformer_parity("qwen2-like", qwen_like_shape(), DeviceWeights::F16, r); }},
+      {"transformer: gemma3-like fp32",
+       [&] { transformer_parity("gemma3-like", gemma_like_shape(), DeviceWeights::F32, r); }},
+      {"transformer: gemma3-like fp16",
+       [&] { transformer_parity("gemma3-like", gemma_like_shape(), DeviceWeights::F16, r); }},
   };
   for (const auto& [label, shape] : kernel_corner_shapes())
     sections.push_back({"transformer: " + label, [&r, label = label, shape = shape] {
@@ -96,8 +111,9 @@ int main(int argc, char** argv) {
   if (bench) {
     sections.push_back({"bench: SmolLM2-135M shapes",
                         [&] { transformer_bench("SmolLM2-135M shapes", smollm2_shape(), bench, r, copy_gbs); }});
-    sections.push_back({"bench: Mistral-7B shapes (2 layers)",
-                        [&] { transformer_bench("Mistral-7B shapes (2 layers)", mistral7b_shape(2), bench, r, copy_gbs); }});
+    sections.push_back({"bench: Mistral-7B shapes (2 layers)", [&] {
+                          transformer_bench("Mistral-7B shapes (2 layers)", mistral7b_shape(2), bench, r, copy_gbs);
+                        }});
   }
   if (list) {
     for (const auto& sec : sections) std::printf("%s\n", sec.name.c_str());
@@ -121,12 +137,14 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     KVSIM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     r.line(std::string("device: ") + prop.name + ", compute capability " + std::to_string(prop.major) + "." +
-           std::to_string(prop.minor) + (memory_pools_supported() ? ", memory pools (stream-ordered allocation)"
-                                                                   : ", no memory pools (cudaMalloc fallback)"));
+           std::to_string(prop.minor) +
+           (memory_pools_supported() ? ", memory pools (stream-ordered allocation)"
+                                     : ", no memory pools (cudaMalloc fallback)"));
     if (bench) {  // device-to-device copy of 1 GiB: read + write bytes per second
       const auto bytes = static_cast<std::size_t>(bench.size(std::int64_t{1} << 30, std::int64_t{1} << 20));
       DeviceBuffer<std::uint8_t> a(bytes), b(bytes);
-      const double t = seconds_of([&] { KVSIM_CUDA_CHECK(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice)); }, bench.reps(10));
+      const double t = seconds_of([&] { KVSIM_CUDA_CHECK(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice)); },
+                                  bench.reps(10));
       copy_gbs = 2.0 * static_cast<double>(bytes) / t / 1e9;
       char buf[120];
       std::snprintf(buf, sizeof buf, "device copy bandwidth: %.1f GB/s (read + write)", copy_gbs);

@@ -14,7 +14,8 @@ ModelConfig smollm2_shape() {
 
 ModelConfig mistral7b_shape(int layers) {
   ModelConfig s;
-  s.n_layers = layers, s.n_embd = 4096, s.n_q_heads = 32, s.n_kv_heads = 8, s.head_dim = 128, s.n_ff = 14336, s.vocab = 32000;
+  s.n_layers = layers, s.n_embd = 4096, s.n_q_heads = 32, s.n_kv_heads = 8, s.head_dim = 128, s.n_ff = 14336,
+  s.vocab = 32000;
   s.rope = RopeSpec{RopeType::Norm, 128, 128, 1000000.0};
   return s;
 }

@@ -62,7 +62,8 @@ std::vector<HostEntry> PackedLayer::entries() const {
   std::vector<HostEntry> out;
   for (std::size_t e = 0; e < packs.size(); ++e) {
     const auto d = static_cast<std::int64_t>(packs[e].head_dim);
-    out.push_back({static_cast<std::int64_t>(k[e].size()) / d, k[e].data(), v[e].data(), is_packed[e] ? &packs[e] : nullptr});
+    out.push_back(
+        {static_cast<std::int64_t>(k[e].size()) / d, k[e].data(), v[e].data(), is_packed[e] ? &packs[e] : nullptr});
   }
   return out;
 }
@@ -128,7 +129,8 @@ MixedPackedCache random_mixed_cache(int entries, int d, std::int64_t n, RopeType
       auto& tails = is_key ? c.tail_k : c.tail_v;
       if (p > 0) {
         PackedTensor& t = is_key ? c.keys[ue] : c.values[ue];
-        t = is_key ? random_packed(d, p, 4, std::min(32, d), false, true, rng) : random_packed(d, p, 2, std::min(16, d), true, false, rng);
+        t = is_key ? random_packed(d, p, 4, std::min(32, d), false, true, rng)
+                   : random_packed(d, p, 2, std::min(16, d), true, false, rng);
         std::vector<float> read_back;
         unpack_tensor(t, d, spec, read_back);
         floats_to_halves(read_back.data(), dense.data() + ue * un * ud, read_back.size());

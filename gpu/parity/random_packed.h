@@ -46,7 +46,7 @@ PackedLayer random_packed_layer(const ModelConfig& s, int layer, std::int64_t ro
 // each prefix, [entries, tail, d]: what the decode reads beside the packed tensors.
 struct MixedPackedCache {
   std::vector<PackedTensor> keys, values;  // [entry], empty (no rows) where nothing is packed
-  std::int64_t tail = 1;                    // fp16 rows per entry the tail buffers hold
+  std::int64_t tail = 1;                   // fp16 rows per entry the tail buffers hold
   std::vector<std::uint16_t> dense_k, dense_v, tail_k, tail_v;
 };
 MixedPackedCache random_mixed_cache(int entries, int head_dim, std::int64_t rows, RopeType pairing, std::mt19937& rng);

@@ -95,7 +95,8 @@ std::vector<std::vector<std::int64_t>> reference_rule_step(const Backend& b, con
     const auto x = b.last_attention(layer, h);
     std::copy(x.begin(), x.end(), w.begin() + static_cast<std::ptrdiff_t>(h) * stride);
   }
-  return decode_rule_step_ref(rule.rule, rule.scores, rows, LastRowWeights{w.data(), stride, s.n_q_heads, s.n_q_heads / ne}, budget);
+  return decode_rule_step_ref(rule.rule, rule.scores, rows,
+                              LastRowWeights{w.data(), stride, s.n_q_heads, s.n_q_heads / ne}, budget);
 }
 
 // Decode rules on the device (gpu/policy_step.cuh), each kind a policy states (H2O's three GQA
@@ -111,8 +112,10 @@ void decode_rule_parity(CudaTransformer& gpu, const ModelConfig& s, ParityReport
     const char* name;
     DecodeRule rule;
   };
-  for (const Kind& k : {Kind{"h2o (sum)", {true, false, HeadCombine::Sum, 6}}, Kind{"h2o (mean)", {true, false, HeadCombine::Mean, 6}},
-                        Kind{"h2o (max)", {true, false, HeadCombine::Max, 0}}, Kind{"tova (layer-wide)", {false, true, HeadCombine::Sum, 1}}}) {
+  for (const Kind& k :
+       {Kind{"h2o (sum)", {true, false, HeadCombine::Sum, 6}}, Kind{"h2o (mean)", {true, false, HeadCombine::Mean, 6}},
+        Kind{"h2o (max)", {true, false, HeadCombine::Max, 0}},
+        Kind{"tova (layer-wide)", {false, true, HeadCombine::Sum, 1}}}) {
     gpu.reset();
     gpu.forward(tokens, pos, {}, false, false);
     std::vector<DecodeRuleStart> starts;
@@ -159,13 +162,16 @@ void decode_rule_parity(CudaTransformer& gpu, const ModelConfig& s, ParityReport
           const auto& vb = values_before[at_entry];
           for (std::size_t j = 0; j < kb.size() / d; ++j) {
             if (std::binary_search(gone.begin(), gone.end(), static_cast<std::int64_t>(j))) continue;
-            ek.insert(ek.end(), kb.begin() + static_cast<std::ptrdiff_t>(j * d), kb.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
-            ev.insert(ev.end(), vb.begin() + static_cast<std::ptrdiff_t>(j * d), vb.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+            ek.insert(ek.end(), kb.begin() + static_cast<std::ptrdiff_t>(j * d),
+                      kb.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
+            ev.insert(ev.end(), vb.begin() + static_cast<std::ptrdiff_t>(j * d),
+                      vb.begin() + static_cast<std::ptrdiff_t>((j + 1) * d));
           }
           same_rows = same_rows && gpu.entry_k(l, e) == ek && gpu.entry_v(l, e) == ev;
         }
     }
-    r.same(std::string("decode rule ") + k.name + ": evicted rows, 3 steps x every layer (" + std::to_string(evicted) + ")",
+    r.same(std::string("decode rule ") + k.name + ": evicted rows, 3 steps x every layer (" + std::to_string(evicted) +
+               ")",
            same_evicted && evicted > 0);
     r.same(std::string("decode rule ") + k.name + ": rows left after the device compaction", same_rows);
   }
@@ -203,8 +209,10 @@ void per_query_head_parity(TransformerRef& ref, CudaTransformer& gpu, const Mode
       const auto d = static_cast<std::size_t>(s.head_dim);
       for (std::int64_t j = 0; j < P; ++j) {
         if ((j + h) % 3 == 0 && j != 0) continue;
-        ks[static_cast<std::size_t>(h)].insert(ks[static_cast<std::size_t>(h)].end(), K.begin() + j * d, K.begin() + (j + 1) * d);
-        vs[static_cast<std::size_t>(h)].insert(vs[static_cast<std::size_t>(h)].end(), Vv.begin() + j * d, Vv.begin() + (j + 1) * d);
+        ks[static_cast<std::size_t>(h)].insert(ks[static_cast<std::size_t>(h)].end(), K.begin() + j * d,
+                                               K.begin() + (j + 1) * d);
+        vs[static_cast<std::size_t>(h)].insert(vs[static_cast<std::size_t>(h)].end(), Vv.begin() + j * d,
+                                               Vv.begin() + (j + 1) * d);
       }
     }
     for (int h = 0; h < s.n_q_heads; ++h)
@@ -226,7 +234,6 @@ void per_query_head_parity(TransformerRef& ref, CudaTransformer& gpu, const Mode
     r.value("per-query-head cache: decode logits", nmse(dg, dr), limit);
     r.value("per-query-head cache: last-row weights", nmse(all_last(gpu, s), all_last(ref, s)), limit);
   }
-
 }
 
 // A packed cache (what verify loads after a codec), every entry shape a codec's plans produce
@@ -245,10 +252,13 @@ void packed_cache_parity(TransformerRef& ref, CudaTransformer& gpu, const ModelC
     std::mt19937 rng(19);
     std::vector<PackedLayer> layers;
     for (int l = 0; l < s.n_layers; ++l) {
-      PackedLayer layer = random_packed_layer(s, l, P, [&](int e, bool keys) {
-        const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
-        return std::vector<float>(x.begin(), x.end());
-      }, rng);
+      PackedLayer layer = random_packed_layer(
+          s, l, P,
+          [&](int e, bool keys) {
+            const auto x = keys ? ref.entry_k(l, e) : ref.entry_v(l, e);
+            return std::vector<float>(x.begin(), x.end());
+          },
+          rng);
       if (s.window(l) > 0) {
         // A sliding-window layer holds fp16 rows only: both backends refuse its packed form.
         bool ref_refused = false, gpu_refused = false;
@@ -262,7 +272,8 @@ void packed_cache_parity(TransformerRef& ref, CudaTransformer& gpu, const ModelC
         } catch (const std::invalid_argument&) {
           gpu_refused = true;
         }
-        r.same("packed cache: layer " + std::to_string(l) + " (sliding window) refuses packed rows", ref_refused && gpu_refused);
+        r.same("packed cache: layer " + std::to_string(l) + " (sliding window) refuses packed rows",
+               ref_refused && gpu_refused);
         std::vector<std::vector<float>> ks, vs;  // both then hold the reference's fp16 rows
         std::vector<HostEntry> plain;
         for (int e = 0; e < ref.entries(l); ++e) {
@@ -271,7 +282,8 @@ void packed_cache_parity(TransformerRef& ref, CudaTransformer& gpu, const ModelC
           vs.emplace_back(v.begin(), v.end());
         }
         for (int e = 0; e < ref.entries(l); ++e)
-          plain.push_back({ref.rows(l, e), ks[static_cast<std::size_t>(e)].data(), vs[static_cast<std::size_t>(e)].data()});
+          plain.push_back(
+              {ref.rows(l, e), ks[static_cast<std::size_t>(e)].data(), vs[static_cast<std::size_t>(e)].data()});
         ref.load_layer(l, plain);
         gpu.load_layer(l, plain);
         continue;
@@ -282,14 +294,17 @@ void packed_cache_parity(TransformerRef& ref, CudaTransformer& gpu, const ModelC
       gpu.load_layer(l, entries);
     }
     r.value("packed cache: rows read back (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
-    r.value("packed cache: rows read back (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    r.value("packed cache: rows read back (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)),
+            limit);
     double payload = 0, fp16_rows = 0;
     for (const auto& layer : layers)
       for (std::size_t e = 0; e < layer.packs.size(); ++e) {
         if (layer.is_packed[e]) payload += layer.packs[e].payload_bytes();
-        fp16_rows += static_cast<double>(layer.k[e].size()) / s.head_dim - static_cast<double>(layer.is_packed[e] ? layer.packs[e].rows() : 0);
+        fp16_rows += static_cast<double>(layer.k[e].size()) / s.head_dim -
+                     static_cast<double>(layer.is_packed[e] ? layer.packs[e].rows() : 0);
       }
-    const double fp16 = 2.0 * 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * static_cast<double>(P) * s.head_dim;
+    const double fp16 =
+        2.0 * 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * static_cast<double>(P) * s.head_dim;
     // A decode step reads the packed prefixes where they are (no unpack scratch), the last-row
     // weights on the way; a chunk unpacks the layer; then a decode step each way, the unpack path
     // as a chunk would take it and the fused one over packed prefixes with more fp16 rows after them.
@@ -307,20 +322,24 @@ void packed_cache_parity(TransformerRef& ref, CudaTransformer& gpu, const ModelC
     const std::vector<std::int32_t> chunk(more.begin() + 1, more.begin() + 6);
     const auto at = iota_from(static_cast<std::int32_t>(P + 1), 5);
     r.value("packed cache: 5-token chunk logits",
-            nmse(gpu.forward(chunk, at, all_rows, false, false), ref.forward(chunk, at, all_rows, false, false)), limit);
+            nmse(gpu.forward(chunk, at, all_rows, false, false), ref.forward(chunk, at, all_rows, false, false)),
+            limit);
     char buf[360];
-    std::snprintf(buf, sizeof buf,
-                  "  packed cache on the device: %.1f KB (payload %.1f KB + %.0f fp16 rows, scratch %.1f KB) vs %.1f KB as fp16",
-                  static_cast<double>(gpu.cache_bytes()) / 1e3, payload / 1e3, fp16_rows,
-                  static_cast<double>(gpu.unpack_scratch_bytes()) / 1e3, fp16 / 1e3);
+    std::snprintf(
+        buf, sizeof buf,
+        "  packed cache on the device: %.1f KB (payload %.1f KB + %.0f fp16 rows, scratch %.1f KB) vs %.1f KB as fp16",
+        static_cast<double>(gpu.cache_bytes()) / 1e3, payload / 1e3, fp16_rows,
+        static_cast<double>(gpu.unpack_scratch_bytes()) / 1e3, fp16 / 1e3);
     r.line(buf);
     r.same("packed cache: the chunk unpacked through the one-layer scratch", gpu.unpack_scratch_bytes() > 0);
     gpu.set_packed_decode(PackedDecode::Unpack);
     decode(6, static_cast<std::int32_t>(P + 6), "unpack-then-attend decode");
     gpu.set_packed_decode(PackedDecode::Fused);
     decode(7, static_cast<std::int32_t>(P + 7), "fused decode after the chunk");
-    r.value("packed cache: rows after decoding (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)), limit);
-    r.value("packed cache: rows after decoding (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)), limit);
+    r.value("packed cache: rows after decoding (keys)", nmse(all_entries(gpu, s, true), all_entries(ref, s, true)),
+            limit);
+    r.value("packed cache: rows after decoding (values)", nmse(all_entries(gpu, s, false), all_entries(ref, s, false)),
+            limit);
     int packed_layer = 0;  // the first layer held packed (sliding-window layers are not)
     while (packed_layer + 1 < s.n_layers && s.window(packed_layer) > 0) ++packed_layer;
     bool refused = false;
@@ -339,10 +358,10 @@ void transformer_parity(const std::string& name, const ModelConfig& s, DeviceWei
                         bool long_prompt) {
   r.line(name + " (" + device_weights_name(w) + " weights): " + std::to_string(s.n_layers) + " layers, n_embd " +
          std::to_string(s.n_embd) + ", " + std::to_string(s.n_q_heads) + "/" + std::to_string(s.n_kv_heads) +
-         " heads, head_dim " + std::to_string(s.head_dim) + ", rope " + (s.rope.type == RopeType::Neox ? "neox" : "norm") +
-         (s.qkv_bias ? ", QKV bias" : "") + (s.sliding_window.empty() ? "" : ", sliding windows") +
-         (s.qk_norm ? ", q/k norms" : "") + (s.post_norms ? ", post-norms" : "") +
-         (s.ffn_act == FfnAct::GeluTanh ? ", GeGLU" : ""));
+         " heads, head_dim " + std::to_string(s.head_dim) + ", rope " +
+         (s.rope.type == RopeType::Neox ? "neox" : "norm") + (s.qkv_bias ? ", QKV bias" : "") +
+         (s.sliding_window.empty() ? "" : ", sliding windows") + (s.qk_norm ? ", q/k norms" : "") +
+         (s.post_norms ? ", post-norms" : "") + (s.ffn_act == FfnAct::GeluTanh ? ", GeGLU" : ""));
   const double limit = w == DeviceWeights::F16 ? 1e-4 : 1e-5;
   TransformerRef ref(s, w);
   CudaTransformer gpu(s, w);
@@ -425,8 +444,8 @@ void transformer_parity(const std::string& name, const ModelConfig& s, DeviceWei
     ref.reset();
     gpu.reset();
     const std::vector<std::int64_t> lrow = {L - 1};
-    r.value("long prompt (1500): prefill logits", nmse(gpu.forward(lt, lp, lrow, false, false),
-                                                            ref.forward(lt, lp, lrow, false, false)), limit);
+    r.value("long prompt (1500): prefill logits",
+            nmse(gpu.forward(lt, lp, lrow, false, false), ref.forward(lt, lp, lrow, false, false)), limit);
     const std::vector<std::int32_t> one = {lt[7]}, at = {static_cast<std::int32_t>(L)};
     const std::vector<std::int64_t> row0 = {0};
     const auto dr = ref.forward(one, at, row0, false, true);
@@ -460,8 +479,8 @@ void transformer_bench(const std::string& name, const ModelConfig& s, const Benc
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
     const float one = 1.0f, zero = 0.0f;
     auto run = [&] {
-      if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b, CUDA_R_16F, n, &zero, c, CUDA_R_32F, n,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b, CUDA_R_16F, n, &zero, c,
+                       CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
         throw std::runtime_error("benchmark GEMM: cublasGemmEx failed");
     };
     run();
@@ -502,34 +521,41 @@ void transformer_bench(const std::string& name, const ModelConfig& s, const Benc
   }
   const auto nd = static_cast<double>(n);
   const double attn_flops = s.n_layers * static_cast<double>(s.n_q_heads) * 4.0 * s.head_dim * (nd * (nd + 1.0) / 2.0);
-  const double prefill_flops = 2.0 * nd * s.n_layers * layer_params + 2.0 * E * static_cast<double>(s.vocab) + attn_flops;
+  const double prefill_flops =
+      2.0 * nd * s.n_layers * layer_params + 2.0 * E * static_cast<double>(s.vocab) + attn_flops;
   // Decode: 64 single-token steps after the prompt.
   const int steps = static_cast<int>(bench.size(64, 4));
   const std::vector<std::int64_t> row0 = {0};
   const auto t0 = Clock::now();
   for (int t = 0; t < steps; ++t) {
-    const std::vector<std::int32_t> one = {tokens[static_cast<std::size_t>(t)]}, at = {static_cast<std::int32_t>(n + t)};
+    const std::vector<std::int32_t> one = {tokens[static_cast<std::size_t>(t)]},
+                                    at = {static_cast<std::int32_t>(n + t)};
     gpu.forward(one, at, row0, false, false);
   }
   const double t_step = since(t0) / steps;
   const double decode_flops = 2.0 * (s.n_layers * layer_params + E * static_cast<double>(s.vocab)) +
                               s.n_layers * static_cast<double>(s.n_q_heads) * 4.0 * s.head_dim * (nd + steps / 2.0);
-  r.line(name + " benchmark (fp16 weights, " + std::to_string(gpu.weight_bytes() >> 20) + " MiB on " + gpu.device_name() + ")");
-  std::snprintf(buf, sizeof buf, "  cuBLAS GEMM %lld^3 fp16->fp32: %.1f TFLOP/s", static_cast<long long>(bench.size(8192, 256)),
-                gemm_flops / 1e12);
+  r.line(name + " benchmark (fp16 weights, " + std::to_string(gpu.weight_bytes() >> 20) + " MiB on " +
+         gpu.device_name() + ")");
+  std::snprintf(buf, sizeof buf, "  cuBLAS GEMM %lld^3 fp16->fp32: %.1f TFLOP/s",
+                static_cast<long long>(bench.size(8192, 256)), gemm_flops / 1e12);
   r.line(buf);
-  std::snprintf(buf, sizeof buf, "  prefill %lld tokens: %.0f tok/s, %.1f TFLOP/s = %.2f of the GEMM rate", static_cast<long long>(n),
-                nd / t_plain, prefill_flops / t_plain / 1e12, prefill_flops / t_plain / gemm_flops);
+  std::snprintf(buf, sizeof buf, "  prefill %lld tokens: %.0f tok/s, %.1f TFLOP/s = %.2f of the GEMM rate",
+                static_cast<long long>(n), nd / t_plain, prefill_flops / t_plain / 1e12,
+                prefill_flops / t_plain / gemm_flops);
   r.line(buf);
-  std::snprintf(buf, sizeof buf,
-                "  decode at %lld: %.0f tok/s, %.3f TFLOP/s = %.4f of the GEMM rate; weights read at %.0f GB/s = %.2f of the "
-                "copy bandwidth",
-                static_cast<long long>(n), 1.0 / t_step, decode_flops / t_step / 1e12, decode_flops / t_step / gemm_flops,
-                static_cast<double>(gpu.weight_bytes()) / t_step / 1e9,
-                copy_gbs > 0 ? static_cast<double>(gpu.weight_bytes()) / t_step / 1e9 / copy_gbs : 0.0);
+  std::snprintf(
+      buf, sizeof buf,
+      "  decode at %lld: %.0f tok/s, %.3f TFLOP/s = %.4f of the GEMM rate; weights read at %.0f GB/s = %.2f of the "
+      "copy bandwidth",
+      static_cast<long long>(n), 1.0 / t_step, decode_flops / t_step / 1e12, decode_flops / t_step / gemm_flops,
+      static_cast<double>(gpu.weight_bytes()) / t_step / 1e9,
+      copy_gbs > 0 ? static_cast<double>(gpu.weight_bytes()) / t_step / 1e9 / copy_gbs : 0.0);
   r.line(buf);
-  std::snprintf(buf, sizeof buf, "  capture (Q/K/V of every layer to host, copied while the next layer runs): prefill %.3f s vs %.3f s = %.2fx",
-                t_capture, t_plain, t_capture / t_plain);
+  std::snprintf(
+      buf, sizeof buf,
+      "  capture (Q/K/V of every layer to host, copied while the next layer runs): prefill %.3f s vs %.3f s = %.2fx",
+      t_capture, t_plain, t_capture / t_plain);
   r.line(buf);
 
   // A decode-time policy step (H2O's rule; the budget is the prompt, so every step evicts one row
@@ -547,7 +573,8 @@ void transformer_bench(const std::string& name, const ModelConfig& s, const Benc
     gpu.set_last_on_host(!on_device);
     const auto t_start = Clock::now();
     for (int t = 0; t < steps; ++t) {
-      const std::vector<std::int32_t> one = {tokens[static_cast<std::size_t>(t)]}, at = {static_cast<std::int32_t>(n + t)};
+      const std::vector<std::int32_t> one = {tokens[static_cast<std::size_t>(t)]},
+                                      at = {static_cast<std::int32_t>(n + t)};
       gpu.forward(one, at, row0, false, true);
       if (on_device) {
         gpu.rule_step(n);
@@ -569,10 +596,11 @@ void transformer_bench(const std::string& name, const ModelConfig& s, const Benc
     return t_rule;
   };
   const double t_host_rule = h2o_steps(false), t_device_rule = h2o_steps(true);
-  std::snprintf(buf, sizeof buf,
-                "  h2o decode step at %lld: %.2f ms with the rule on the device vs %.2f ms through the host = %.2fx faster "
-                "(plain decode %.2f ms)",
-                static_cast<long long>(n), t_device_rule * 1e3, t_host_rule * 1e3, t_host_rule / t_device_rule, t_step * 1e3);
+  std::snprintf(
+      buf, sizeof buf,
+      "  h2o decode step at %lld: %.2f ms with the rule on the device vs %.2f ms through the host = %.2fx faster "
+      "(plain decode %.2f ms)",
+      static_cast<long long>(n), t_device_rule * 1e3, t_host_rule * 1e3, t_host_rule / t_device_rule, t_step * 1e3);
   r.line(buf);
 }
 

@@ -30,24 +30,29 @@ inline const char* cublasGetStatusString(cublasStatus_t s) { return s == CUBLAS_
 // C [m, n] = alpha op(A) [m, k] op(B) [k, n] + beta C, column-major with leading dimensions.
 inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                    const void* alpha, const void* A, cudaDataType a_type, int lda, const void* B,
-                                   cudaDataType b_type, int ldb, const void* beta, void* C, cudaDataType c_type, int ldc,
-                                   cublasComputeType_t, cublasGemmAlgo_t) {
+                                   cudaDataType b_type, int ldb, const void* beta, void* C, cudaDataType c_type,
+                                   int ldc, cublasComputeType_t, cublasGemmAlgo_t) {
   if (c_type != CUDA_R_32F || a_type != b_type) return CUBLAS_STATUS_NOT_SUPPORTED;
   // What cuBLAS refuses: negative sizes, leading dimensions shorter than a stored column.
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) ||
-      ldc < std::max(1, m))
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, ta == CUBLAS_OP_N ? m : k) ||
+      ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
   auto load = [](const void* p, cudaDataType t, std::int64_t i) {
-    return t == CUDA_R_16F ? kvsim::half_to_float(static_cast<const std::uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+    return t == CUDA_R_16F ? kvsim::half_to_float(static_cast<const std::uint16_t*>(p)[i])
+                           : static_cast<const float*>(p)[i];
   };
   // op(A) row i and op(B) column j as contiguous k-vectors.
   std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(n) * k);
   for (int i = 0; i < m; ++i)
     for (int l = 0; l < k; ++l)
-      a[static_cast<std::size_t>(i) * k + l] = load(A, a_type, ta == CUBLAS_OP_T ? l + static_cast<std::int64_t>(i) * lda : i + static_cast<std::int64_t>(l) * lda);
+      a[static_cast<std::size_t>(i) * k + l] =
+          load(A, a_type,
+               ta == CUBLAS_OP_T ? l + static_cast<std::int64_t>(i) * lda : i + static_cast<std::int64_t>(l) * lda);
   for (int j = 0; j < n; ++j)
     for (int l = 0; l < k; ++l)
-      b[static_cast<std::size_t>(j) * k + l] = load(B, b_type, tb == CUBLAS_OP_T ? j + static_cast<std::int64_t>(l) * ldb : l + static_cast<std::int64_t>(j) * ldb);
+      b[static_cast<std::size_t>(j) * k + l] =
+          load(B, b_type,
+               tb == CUBLAS_OP_T ? j + static_cast<std::int64_t>(l) * ldb : l + static_cast<std::int64_t>(j) * ldb);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   float* c = static_cast<float*>(C);
   for (int j = 0; j < n; ++j)

@@ -118,7 +118,7 @@ struct Thread {
 // One block at a time: its threads, their stacks, the scheduler's context.
 struct BlockRun {
   std::vector<Thread> threads;
-  std::vector<char*> stacks;  // from stack_pool_
+  std::vector<char*> stacks;         // from stack_pool_
   std::vector<std::uint64_t> slots;  // [threads]: what each lane deposited in a shuffle
   std::vector<unsigned char> shared;
   Context scheduler;
@@ -200,7 +200,7 @@ bool release(BlockRun& b) {
 // it switches between return into it.
 __attribute__((noinline)) void run_block(BlockRun& b, uint3 block_id, dim3 block, dim3 grid, std::size_t shared_bytes) {
   const std::size_t threads = b.threads.size();
-  b.shared.assign(shared_bytes, 0xFF);  // NaN floats: reading before writing shows
+  b.shared.assign(shared_bytes, 0xFF);                                     // NaN floats: reading before writing shows
   char *first = __start_kvsim_emu_shared, *end = __stop_kvsim_emu_shared;  // static shared arrays alike
   if (first && end > first) std::memset(first, 0xFF, static_cast<std::size_t>(end - first));
   for (std::size_t i = 0; i < threads; ++i) {

@@ -86,12 +86,13 @@ void operator|(void (*kernel)(P...), const Bound<A...>& b) {
     void (*kernel)(P...);
     const std::tuple<A...>* args;
   } state{kernel, &b.args};
-  launch(b.config.grid, b.config.block, b.config.shared,
-         [](void* s) {
-           auto* st = static_cast<State*>(s);
-           std::apply([&](const auto&... a) { st->kernel(a...); }, *st->args);
-         },
-         &state);
+  launch(
+      b.config.grid, b.config.block, b.config.shared,
+      [](void* s) {
+        auto* st = static_cast<State*>(s);
+        std::apply([&](const auto&... a) { st->kernel(a...); }, *st->args);
+      },
+      &state);
 }
 
 }  // namespace emu

@@ -27,11 +27,16 @@ struct float2 {
 
 inline const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    default:
+      return "unknown error";
   }
 }
 inline cudaError_t cudaGetLastError() { return static_cast<cudaError_t>(::emu::take_last_error()); }
@@ -119,7 +124,8 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cud
   if (bytes) std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t = nullptr) {
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                                   cudaStream_t = nullptr) {
   return cudaMemcpy(dst, src, bytes, kind);
 }
 inline cudaError_t cudaMemset(void* p, int v, std::size_t bytes) {

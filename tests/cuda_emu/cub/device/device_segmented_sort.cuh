@@ -10,8 +10,9 @@
 namespace cub {
 struct DeviceSegmentedSort {
   template <class K, class V, class O>
-  static cudaError_t SortPairsDescending(void* temp, std::size_t& temp_bytes, const K* keys_in, K* keys_out, const V* values_in,
-                                         V* values_out, int items, int segments, const O* begin, const O* end, cudaStream_t) {
+  static cudaError_t SortPairsDescending(void* temp, std::size_t& temp_bytes, const K* keys_in, K* keys_out,
+                                         const V* values_in, V* values_out, int items, int segments, const O* begin,
+                                         const O* end, cudaStream_t) {
     if (!temp) {  // the size query
       temp_bytes = 1;
       return cudaSuccess;
