@@ -54,7 +54,9 @@ CsvReader::CsvReader(const std::string& path, const std::vector<std::string>& re
   std::string record;
   if (!read_record(record)) throw FormatError(path + ": no header line (expected " + what + ")");
   const auto f = parse_csv_line(record);
-  for (std::size_t i = 0; i < f.size(); ++i) col_[f[i]] = i;
+  for (std::size_t i = 0; i < f.size(); ++i)
+    if (!col_.emplace(f[i], i).second)
+      throw FormatError(where() + ": column '" + f[i] + "' appears twice in the header (expected " + what + ")");
   for (const auto& r : required)
     if (!col_.count(r))
       throw FormatError(where() + ": header has no column '" + r + "' (expected " + what + " with columns " +

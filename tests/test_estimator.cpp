@@ -154,6 +154,11 @@ TEST_CASE("verify results read back, generated text spanning lines included", "[
   CHECK_THROWS_WITH(read_verify_csv(path.string()), Contains("verify.csv:1") && Contains("'live_kl'"));
   write(path, "request,mode,policy,params,budget,live_kl,top1,task_score\nr1,query-aware,snapkv,,0.25,-1,0.5,1\n");
   CHECK_THROWS_WITH(read_verify_csv(path.string()), Contains("verify.csv:2") && Contains(">= 0"));
+  // fuzz_verify_csv's find: a repeated column made rows as wide as the distinct names pass, and the
+  // later copy's index read past the row.
+  write(path,
+        "request,mode,policy,params,budget,live_kl,top1,task_score,policy\nr1,query-aware,snapkv,,0.25,1,0.5,1\n");
+  CHECK_THROWS_WITH(read_verify_csv(path.string()), Contains("verify.csv:1") && Contains("'policy' appears twice"));
 }
 
 TEST_CASE("calibration on some requests predicts the others; agreement leaves the calibration requests out",
