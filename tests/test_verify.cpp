@@ -3,7 +3,9 @@
 // count the same bytes; budget 1.0 changes nothing; every policy the simulator has runs live.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <set>
 
 #include "model/backend_engine.h"
@@ -80,9 +82,31 @@ std::string capture_trace(const std::string& model, const CaptureRequest& r, con
 // bytes and top-1, KL up to fp16 rounding. The backend attends over a codec's packed form read
 // back in fp16 where the CPU engine keeps the codec's float reconstruction (measured: relative
 // differences of 2e-3 or less). A 4-bit codec is the exception: a value rounding the other way
-// crosses a quantization level, and the CPU engine's own KL moves between machines (0.02328 here,
-// 0.02294 on a CI machine, with the backend's at 0.02324 on both), so quantized configs get 2e-2;
-// a wrong bit width or group moves it by far more.
+// crosses a quantization level, and the CPU engine's own KL moves between machines and compilers
+// (0.02328 here, 0.02294 on a CI machine, 0.02398 in a clang build on a third, with the backend's at
+// 0.02324 on all), so quantized configs get 4e-2; a wrong bit width or group moves it by far more.
+//
+// Decode-time eviction (H2O at every step) ranks tokens by attention summed over the steps: the
+// backend's in-engine rule sums the reference's double-precision weights, the CPU engine's host
+// rule its float ones, so a near tie can go either way. On a clang build of this machine (Eigen
+// blocks its GEMMs by the cache sizes the CPU reports) a few such ties flip: there each entry
+// must keep as many tokens, all but 2 of them the same.
+std::size_t kept_differences(const std::vector<std::vector<std::vector<std::int32_t>>>& a,
+                             const std::vector<std::vector<std::vector<std::int32_t>>>& b) {
+  if (a.size() != b.size()) return std::size_t(-1);
+  std::size_t worst = 0;
+  for (std::size_t l = 0; l < a.size(); ++l) {
+    if (a[l].size() != b[l].size()) return std::size_t(-1);
+    for (std::size_t e = 0; e < a[l].size(); ++e) {
+      if (a[l][e].size() != b[l][e].size()) return std::size_t(-1);
+      std::vector<std::int32_t> common;
+      std::set_intersection(a[l][e].begin(), a[l][e].end(), b[l][e].begin(), b[l][e].end(), std::back_inserter(common));
+      worst = std::max(worst, a[l][e].size() - common.size());
+    }
+  }
+  return worst;
+}
+
 void check_same_live(const std::vector<ReplayConfig>& configs, const LiveRequestResult& got,
                      const LiveRequestResult& want) {
   CHECK(got.reference == want.reference);
@@ -90,11 +114,14 @@ void check_same_live(const std::vector<ReplayConfig>& configs, const LiveRequest
   for (std::size_t i = 0; i < configs.size(); ++i) {
     INFO(configs[i].label());
     const LiveConfigResult &g = got.configs[i], &w = want.configs[i];
-    CHECK(g.kept == w.kept);
+    if (configs[i].policy == "h2o")
+      CHECK(kept_differences(g.kept, w.kept) <= 2);
+    else
+      CHECK(g.kept == w.kept);
     CHECK(g.compressed_bytes == Approx(w.compressed_bytes));
     CHECK(g.final_rows == w.final_rows);
     const bool quantized = configs[i].policy == "intn" || configs[i].policy == "qevict";
-    CHECK(g.mean_kl == Approx(w.mean_kl).margin(1e-4).epsilon(quantized ? 2e-2 : 5e-3));
+    CHECK(g.mean_kl == Approx(w.mean_kl).margin(1e-4).epsilon(quantized ? 4e-2 : 5e-3));
     CHECK(g.top1 == w.top1);
   }
 }
