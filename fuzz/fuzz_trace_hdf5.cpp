@@ -1,8 +1,9 @@
 // Fuzz target: the HDF5 library itself under kvsim's trace reads, in-process and unprotected
 // (TraceOpen::Trusted): every object a read may touch (TraceReader::walk_request), then a full
 // check. Its crashes are HDF5 1.10's own; each one found is an input that the probed open must
-// survive (traces/trace_probe.h), and the minimised ones become tests/data/hostile_traces/, which
-// `sweep` and the other trace commands must refuse with a named error. fuzz_trace then fuzzes the
+// survive (traces/trace_probe.h). Reduced to one changed byte each, they are the regression corpus
+// tests/python/make_hostile_traces.py writes, which `sweep` and the other trace commands must
+// refuse with a named error. fuzz_trace then fuzzes the
 // probed path, where any crash is a hole in the probe. scripts/fuzz.sh runs this one with -fork
 // and keeps going past crashes.
 #include <cstdint>

@@ -43,7 +43,7 @@ PY
 
 cp "$out.tmp/fuzz_trace/"*.h5 "$out.tmp/fuzz_trace_hdf5/"
 # The smallest traces the writer makes (~40 KB, nearly all HDF5 metadata): what the hostile-trace
-# corpus (fuzz/hostile_traces/) was grown from, so its inputs stay small.
+# corpus (tests/python/make_hostile_traces.py) was grown from, so its inputs stay small.
 tiny=(--layers 1 --q-heads 1 --kv-heads 1 --head-dim 16 --vocab 16 --requests 1 --system 1 --context 4 --question 1
       --generated 1 --needle 1 --ref-topk 1)
 "$kvsim" trace synth -o "$out.tmp/fuzz_trace_hdf5/tiny.h5" "${tiny[@]}" > /dev/null

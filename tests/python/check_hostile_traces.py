@@ -1,26 +1,27 @@
 #!/usr/bin/env python3
-"""A hostile trace never takes a command down. Every file in fuzz/hostile_traces/ is a minimised
-input on which HDF5 1.10 itself reads out of bounds or crashes (found by fuzz_trace_hdf5, which
-reads traces unprotected). Each trace-reading command must refuse each one with exit 1 and an
+"""A hostile trace never takes a command down. make_hostile_traces.py writes the inputs on which
+HDF5 1.10 itself reads out of bounds or crashes (found by fuzz_trace_hdf5, which reads traces
+unprotected, each reduced to one changed byte of the writer's smallest trace). Each trace-reading command must refuse each one with exit 1 and an
 error naming the file, never die by a signal: the open walks the file in a forked child first
 (traces/trace_probe.h).
 
 In a sanitizer build (--strict) every out-of-bounds read HDF5 makes in the probe's child ends it,
 so `sweep` and `trace check` must end in that named error (exit 1) on every file. Without one, an
 out-of-bounds read that happens not to fault goes unnoticed by HDF5 itself; the command then reads
-what HDF5 returned (checksums still guard every K/V/Q chunk), so it may succeed; `trace check` must
-still fail the file. Any command that fails must name the file, and none may die by a signal.
+what HDF5 returned (checksums still guard every K/V/Q chunk), so it may succeed, `trace check`
+included. Any command that fails must name the file, and none may die by a signal.
 
-usage: check_hostile_traces.py KVSIM HOSTILE_DIR SCRATCH_DIR [--strict]
+usage: check_hostile_traces.py KVSIM SCRATCH_DIR [--strict]
 """
 import pathlib
 import shutil
 import subprocess
 import sys
 
-KVSIM, HOSTILE, SCRATCH = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-STRICT = "--strict" in sys.argv[4:]
-MUST_FAIL = {"trace check", "sweep"} if STRICT else {"trace check"}
+KVSIM, SCRATCH = sys.argv[1], pathlib.Path(sys.argv[2])
+HOSTILE = SCRATCH / "made"
+STRICT = "--strict" in sys.argv[3:]
+MUST_FAIL = {"trace check", "sweep"} if STRICT else set()
 
 
 def commands(trace, out):
@@ -36,12 +37,14 @@ def commands(trace, out):
 
 
 def main():
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    SCRATCH.mkdir(parents=True)
+    subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("make_hostile_traces.py")), KVSIM, str(HOSTILE)],
+                   check=True)
     files = sorted(HOSTILE.glob("*.h5"))
     if not files:
         print(f"no hostile traces in {HOSTILE}")
         return 1
-    shutil.rmtree(SCRATCH, ignore_errors=True)
-    SCRATCH.mkdir(parents=True)
     failures = runs = 0
     for f in files:
         # A copy per file: a command must not change its input, and the name in the error is ours.
