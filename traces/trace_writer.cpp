@@ -19,6 +19,10 @@ using h5::check;
 using h5::check_status;
 using h5::Handle;
 
+// Room for about 2,000 request names of up to 8 characters before the /requests heap must move
+// (docs/trace-format.md, "A killed writer").
+constexpr std::size_t kRequestNameHeapBytes = 16384;
+
 struct TraceWriter::Impl {
   ModelGeometry geometry;
   TraceWriterOptions options;
@@ -171,8 +175,12 @@ TraceWriter::TraceWriter(const std::string& path, const ModelGeometry& geometry,
   h5::write_attr_i64(cap.get(), "seed", static_cast<std::int64_t>(capture.seed));
   h5::write_attr_string(cap.get(), "config", capture.config);
 
+  // The name heap of /requests sized up front: a heap that outgrows its block moves, and a kill
+  // between writing its header and its new block tears the list of every committed request.
+  Handle gcpl = check(H5Pcreate(H5P_GROUP_CREATE), path + ": group creation list");
+  check_status(H5Pset_local_heap_size_hint(gcpl.get(), kRequestNameHeapBytes), path + ": /requests name heap");
   impl_->requests =
-      check(H5Gcreate2(root, layout::kRequestsGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path + ": /requests");
+      check(H5Gcreate2(root, layout::kRequestsGroup, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), path + ": /requests");
   impl_->flush();
 }
 
