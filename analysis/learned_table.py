@@ -8,15 +8,16 @@ teacher-forced attention KL and recall on the trace) and live (next-token KL aga
 cache, top-1 agreement, the task score and its share of the full-cache run's task score). A
 learned policy is named by its method and model file (e.g. distillcache[distillcache_live]).
 """
-import csv
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvsim_report.readers import read_records  # noqa: E402  (analysis/'s one reader)
 from collections import defaultdict
 
 
 def rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return read_records(path)
 
 
 def label(r):

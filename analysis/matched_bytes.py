@@ -8,10 +8,12 @@ offline = the sweep's teacher-forced per-layer metrics on the trace, live = the 
 really compressed cache (KL(full || compressed) of the next-token distributions, top-1 agreement,
 RULER string-match task score on the free-running answer).
 """
-import csv
 import math
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvsim_report.readers import read_records  # noqa: E402  (analysis/'s one reader)
 from collections import defaultdict
 
 TOKEN_SELECTION = ["streamingllm", "snapkv", "pyramidkv", "adakv", "h2o", "tova", "expected_attention", "keydiff", "andpro",
@@ -20,8 +22,7 @@ KEEP_EVERY_TOKEN = ["intn", "kivi", "lowrank", "varrate"]
 
 
 def rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return read_records(path)
 
 
 def labels(records):

@@ -7,15 +7,16 @@ Every row is one simulation of the whole Mooncake sample: hit rate = block refer
 recomputed (HBM hits, DRAM or SSD loads, transitions), TTFT and queueing from arrival, time between
 tokens per decode step, throughput in generated tokens per second of simulated time.
 """
-import csv
 import glob
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvsim_report.readers import read_records  # noqa: E402  (analysis/'s one reader)
+
 
 def rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return read_records(path)
 
 
 def f(x, digits=3):

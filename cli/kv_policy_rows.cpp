@@ -4,11 +4,14 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "cli/options.h"
 #include "cli/serve_commands.h"
 #include "core/error.h"
-#include "sim/csv.h"
+#include "policies/params.h"
+#include "results/sweep_file.h"
+#include "results/verify_file.h"
 
 namespace kvsim::cli {
 
@@ -22,12 +25,12 @@ struct Spec {
   double budget = 0;
 };
 
+// POLICY[:key=value,...]@BUDGET: the policy spec grammar is policies/params.h's; this adds the budget.
 Spec parse_spec(const std::string& text) {
   const auto at = text.rfind('@');
   if (at == std::string::npos || at == 0)
     throw Error("--kv-policy '" + text + "': expected POLICY[:key=value,...]@BUDGET (e.g. snapkv@0.25) or none");
   Spec s;
-  std::string head = text.substr(0, at);
   try {
     std::size_t used = 0;
     s.budget = std::stod(text.substr(at + 1), &used);
@@ -38,24 +41,22 @@ Spec parse_spec(const std::string& text) {
   if (!(s.budget > 0 && s.budget <= 1))
     throw Error("--kv-policy '" + text + "': budget " + text.substr(at + 1) +
                 "; expected a share of the bytes in (0, 1]");
-  const auto colon = head.find(':');
-  s.policy = head.substr(0, colon);
-  if (colon != std::string::npos)
-    for (const std::string& kv : split(head.substr(colon + 1), ',')) {
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos) throw Error("--kv-policy '" + text + "': parameter '" + kv + "' is not key=value");
-      s.params[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
+  try {
+    std::tie(s.policy, s.params) = split_policy_spec(text.substr(0, at));
+  } catch (const Error& e) {
+    throw Error("--kv-policy '" + text + "': " + e.what());
+  }
   return s;
 }
 
-std::map<std::string, std::string> parse_params(const std::string& params) {
-  std::map<std::string, std::string> out;
-  for (const std::string& kv : split(params, ',')) {
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos) out[kv.substr(0, eq)] = kv.substr(eq + 1);
+// A result row's params column ("k=v,k=v") in the same grammar.
+std::map<std::string, std::string> parse_params(const std::string& params, const std::string& where) {
+  if (params.empty()) return {};
+  try {
+    return split_policy_spec("policy:" + params).second;
+  } catch (const Error& e) {
+    throw FormatError(where + ": column 'params': " + e.what());
   }
-  return out;
 }
 
 bool matches(const Spec& s, const std::string& policy, const std::map<std::string, std::string>& params,
@@ -76,41 +77,54 @@ struct Sum {
   std::int64_t n_est = 0, n_kl = 0, n_live = 0, n_top1 = 0, n_task = 0;
 };
 
+// What a sweep or verify row says of one config: its bytes and fidelity.
+struct Measured {
+  std::string policy, params, where;
+  double budget = 0, compressed_bytes = 0, budget_bytes = 0;
+  double est_kl = kNan, mean_kl = kNan;             // sweep rows
+  double live_kl = kNan, top1 = kNan, task = kNan;  // verify rows
+};
+
+std::vector<Measured> measured_rows(const std::string& path) {
+  std::vector<Measured> out;
+  if (results::is_verify_file(path)) {
+    for (const auto& r : results::read_verify_file(path).rows)
+      out.push_back({r.policy, r.params, path + ":" + std::to_string(r.line), r.budget, r.compressed_bytes,
+                     r.budget_bytes, kNan, kNan, r.live_kl, r.top1, r.task_score});
+  } else {
+    for (const auto& r : results::read_sweep_file(path).rows)
+      out.push_back({r.policy, r.params, path + ":" + std::to_string(r.line), r.budget, r.compressed_bytes,
+                     r.budget_bytes, r.est_kl.value_or(kNan), r.mean_kl});
+  }
+  return out;
+}
+
 void add_file(const std::string& path, const Spec& spec, const std::string& spec_budget,
               std::map<std::string, Sum>& by_label) {
-  CsvReader csv(path, {"policy", "params", "budget", "compressed_bytes", "budget_bytes"},
-                "a kvsim sweep or verify result file");
-  const bool live = csv.has("live_kl");
-  while (csv.next()) {
-    const std::string policy = csv.text("policy");
-    const std::map<std::string, std::string> params = parse_params(csv.text("params"));
-    const double budget = csv.number("budget");
-    if (!matches(spec, policy, params, budget)) continue;
+  for (const Measured& m : measured_rows(path)) {
+    const std::map<std::string, std::string> params = parse_params(m.params, m.where);
+    if (!matches(spec, m.policy, params, m.budget)) continue;
     // One key per config however a file spells it: parameters in order, the spec's budget.
-    std::string key = policy;
-    for (const auto& [k, v] : params) key += (key.size() == policy.size() ? ":" : ",") + k + "=" + v;
+    std::string key = m.policy;
+    for (const auto& [k, v] : params) key += (key.size() == m.policy.size() ? ":" : ",") + k + "=" + v;
     Sum& s = by_label[key];
-    if (s.label.empty())
-      s.label = policy + (csv.text("params").empty() ? "" : ":" + csv.text("params")) + "@" + spec_budget;
-    const double full = csv.number("budget_bytes") / budget;
-    if (!(full > 0)) throw Error(csv.where() + ": budget_bytes " + csv.text("budget_bytes") + "; expected > 0");
-    s.bytes += csv.number("compressed_bytes");
+    if (s.label.empty()) s.label = m.policy + (m.params.empty() ? "" : ":" + m.params) + "@" + spec_budget;
+    const double full = m.budget_bytes / m.budget;
+    if (!(full > 0)) throw Error(m.where + ": budget_bytes " + std::to_string(m.budget_bytes) + "; expected > 0");
+    s.bytes += m.compressed_bytes;
     s.full += full;
     ++s.rows;
-    auto add = [&](const char* column, double& sum, std::int64_t& n) {
-      if (csv.has(column) && !csv.text(column).empty() && std::isfinite(csv.number(column))) {
-        sum += csv.number(column);
+    auto add = [](double x, double& sum, std::int64_t& n) {
+      if (std::isfinite(x)) {
+        sum += x;
         ++n;
       }
     };
-    if (live) {
-      add("live_kl", s.live, s.n_live);
-      add("top1", s.top1, s.n_top1);
-      add("task_score", s.task, s.n_task);
-    } else {
-      add("est_kl", s.est, s.n_est);
-      add("mean_kl", s.kl, s.n_kl);
-    }
+    add(m.live_kl, s.live, s.n_live);
+    add(m.top1, s.top1, s.n_top1);
+    add(m.task, s.task, s.n_task);
+    add(m.est_kl, s.est, s.n_est);
+    add(m.mean_kl, s.kl, s.n_kl);
   }
 }
 

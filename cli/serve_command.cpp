@@ -20,7 +20,7 @@
 #include "model/gguf.h"
 #include "serve/hit_rate.h"
 #include "serve/profile.h"
-#include "sim/csv.h"
+#include "results/serve_file.h"
 
 namespace po = boost::program_options;
 
@@ -41,19 +41,6 @@ std::vector<std::int64_t> parse_counts(const std::string& s, const std::string& 
   }
   if (out.empty()) throw Error(flag + ": no values given");
   return out;
-}
-
-std::string csv_from_rows(const nlohmann::json& summary, const std::vector<std::string>& header) {
-  std::string text = csv_line(header) + "\n";
-  for (const nlohmann::json& row : summary["results"]) {
-    std::vector<std::string> cells;
-    for (const std::string& key : header) {
-      const nlohmann::json& v = row.contains(key) ? row[key] : summary[key];
-      cells.push_back(v.is_string() ? v.get<std::string>() : v.is_null() ? std::string() : v.dump());
-    }
-    text += csv_line(cells) + "\n";
-  }
-  return text;
 }
 
 void refuse_overwrite(const std::vector<std::string>& files, bool force) {
@@ -153,13 +140,9 @@ int hit_rate_cmd(const Args& args) {
     row.erase("seconds");
     summary["results"].push_back(std::move(row));
   }
-  if (!out.empty()) {  // one CSV row per result, the trace's ceiling repeated on each
-    const std::vector<std::string> header = {
-        "eviction", "capacity_blocks", "requests",       "block_refs", "hit_blocks",           "block_hit_rate",
-        "tokens",   "hit_tokens",      "token_hit_rate", "evictions",  "reuse_ceiling_blocks", "reuse_ceiling_tokens"};
-    write_file_atomically(out, csv_from_rows(summary, header));
-  }
-  if (!json.empty()) write_file_atomically(json, summary.dump(2) + "\n");
+  // One CSV row per result, the trace's ceiling repeated on each.
+  if (!out.empty()) write_file_atomically(out, results::serve_csv_text(results::ServeKind::HitRate, summary));
+  if (!json.empty()) write_file_atomically(json, results::serve_json_text(summary));
   finish_grid(grid);
   return 0;
 }

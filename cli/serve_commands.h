@@ -14,9 +14,7 @@ int serve_simulate(const Args& args);
 
 // Comma-separated counts >= 1; errors name the flag.
 std::vector<std::int64_t> parse_counts(const std::string& s, const std::string& flag, const std::string& what);
-// One CSV line per summary["results"] row, columns in `header`; a key missing from a row is read
-// from the summary itself (values repeated on every row); null is written empty.
-std::string csv_from_rows(const nlohmann::json& summary, const std::vector<std::string>& header);
+// Refuses each existing file of `files` unless --force.
 void refuse_overwrite(const std::vector<std::string>& files, bool force);
 
 // A KV compression config for the serving simulation, from sweep and verify result rows.

@@ -6,7 +6,8 @@
 #include <fstream>
 #include <map>
 
-#include "core/atomic_file.h"
+#include "core/text_lines.h"
+#include "results/serve_file.h"
 #include "cli/options.h"
 #include "core/error.h"
 #ifdef KVSIM_HAVE_MPI
@@ -37,37 +38,23 @@ void check_row(const nlohmann::json& row, const nlohmann::json& templ, const std
   if (row.size() != templ.size()) throw Error(where + ": the row has keys this grid does not write");
 }
 
-// Rows a progress file's whole lines hold, by point, after its header is checked.
+// Rows a progress file's whole lines hold (results/serve_file.h), by point, checked against this grid.
 std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const ServeGrid& g,
                                                                        const std::vector<std::string>& lines) {
   const std::string& path = g.progress;
-  nlohmann::json head;
-  try {
-    head = nlohmann::json::parse(lines.at(0));
-  } catch (const nlohmann::json::exception&) {
-  }
-  if (!head.is_object() || !head.contains("config"))
-    throw Error(path + ": line 1: expected a kvsim serve progress header {\"config\": ...}; not a progress file");
-  if (head["config"] != nlohmann::json::parse(g.config.dump()))  // as written: a NaN reads back as null
-    throw Error(path + ": --resume with a different configuration; the file was written for\n  " +
-                head["config"].dump() + "\nbut this run is\n  " + g.config.dump() + "\n(use --force to start again)");
+  results::GridProgress file = results::parse_grid_progress(lines, path);
+  if (file.config != nlohmann::json::parse(g.config.dump()))  // as written: a NaN reads back as null
+    throw Error(path + ": --resume with a different configuration; the file was written for\n  " + file.config.dump() +
+                "\nbut this run is\n  " + g.config.dump() + "\n(use --force to start again)");
   std::map<std::size_t, nlohmann::json> rows;
-  for (std::size_t i = 1; i < lines.size(); ++i) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(lines[i]);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(path + ": line " + std::to_string(i + 1) + ": not valid JSON (" + e.what() + ")");
-    }
-    if (!j.is_object() || !j.contains("point") || !j["point"].is_number_unsigned() || !j.contains("row") ||
-        !j["row"].is_object())
-      throw Error(path + ": line " + std::to_string(i + 1) + ": expected {\"point\": N, \"row\": {...}}");
-    check_row(j["row"], g.row_template, path + ": line " + std::to_string(i + 1));
-    const std::size_t p = j["point"].get<std::size_t>();
+  for (std::size_t i = 0; i < file.rows.size(); ++i) {
+    auto& [p, row] = file.rows[i];
+    const std::string where = path + ": line " + std::to_string(i + 2);
+    check_row(row, g.row_template, where);
     if (p >= g.points)
-      throw Error(path + ": line " + std::to_string(i + 1) + ": point " + std::to_string(p) +
-                  " is outside the grid's " + std::to_string(g.points) + " points");
-    rows[p] = std::move(j["row"]);
+      throw Error(where + ": point " + std::to_string(p) + " is outside the grid's " + std::to_string(g.points) +
+                  " points");
+    rows[p] = std::move(row);
   }
   return {rows.begin(), rows.end()};
 }
@@ -76,7 +63,7 @@ std::vector<std::pair<std::size_t, nlohmann::json>> read_grid_progress(const Ser
 std::ofstream open_progress(const ServeGrid& g, bool fresh) {
   std::ofstream out(g.progress, fresh ? std::ios::binary | std::ios::trunc : std::ios::binary | std::ios::app);
   if (!out) throw Error(g.progress + ": cannot write the progress file");
-  if (fresh) out << nlohmann::json{{"config", g.config}}.dump() << "\n" << std::flush;
+  if (fresh) out << results::grid_progress_head(g.config) << "\n" << std::flush;
   return out;
 }
 
@@ -116,7 +103,7 @@ void record_point(GridState& st, std::size_t p, nlohmann::json row) {
   // an uninterrupted serial run's are the same.
   row = nlohmann::json::parse(row.dump());
   if (st.progress.is_open()) {
-    st.progress << nlohmann::json{{"point", p}, {"row", row}}.dump() << "\n" << std::flush;
+    st.progress << results::grid_progress_line(p, row) << "\n" << std::flush;
     if (!st.progress) throw Error(st.path + ": cannot write the progress file (disk full?)");
   }
   st.rows[p] = std::move(row);

@@ -12,6 +12,7 @@
 #include "cli/serve_grid.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "results/serve_file.h"
 #include "core/sha256.h"
 #include "serve/simulator.h"
 
@@ -20,60 +21,6 @@ namespace po = boost::program_options;
 namespace kvsim::cli {
 
 namespace {
-
-const std::vector<std::string> kColumns = {"eviction",
-                                           "hbm_gb",
-                                           "kv_policy",
-                                           "kv_config",
-                                           "kv_ratio",
-                                           "profile",
-                                           "instances",
-                                           "route",
-                                           "dram_gb",
-                                           "ssd_gb",
-                                           "transitions",
-                                           "transition_diff",
-                                           "max_batch_tokens",
-                                           "time_scale",
-                                           "requests",
-                                           "completed",
-                                           "rejected",
-                                           "hit_rate",
-                                           "hbm_share",
-                                           "dram_share",
-                                           "ssd_share",
-                                           "transition_share",
-                                           "recompute_share",
-                                           "loaded_dram_gb",
-                                           "loaded_ssd_gb",
-                                           "written_dram_gb",
-                                           "written_ssd_gb",
-                                           "ttft_p50_ms",
-                                           "ttft_p90_ms",
-                                           "ttft_p99_ms",
-                                           "ttft_mean_ms",
-                                           "tbt_p50_ms",
-                                           "tbt_p90_ms",
-                                           "tbt_p99_ms",
-                                           "queue_p50_ms",
-                                           "queue_p90_ms",
-                                           "queue_p99_ms",
-                                           "throughput_tokens_s",
-                                           "throughput_requests_s",
-                                           "makespan_s",
-                                           "prefill_tokens",
-                                           "output_tokens",
-                                           "planned_ms",
-                                           "recompute_only_ms",
-                                           "load_only_ms",
-                                           "est_kl",
-                                           "mean_kl",
-                                           "live_kl",
-                                           "top1",
-                                           "task_score",
-                                           "steps",
-                                           "evictions",
-                                           "seconds"};
 
 std::vector<double> parse_sizes(const std::string& s, const std::string& flag) {
   std::vector<double> out;
@@ -327,8 +274,8 @@ int serve_simulate(const Args& args) {
     if (!quiet) print_row(row, kvs[p / (kinds.size() * hbm.size())]);
   };
   for (nlohmann::json& row : run_grid(grid)) summary["results"].push_back(std::move(row));
-  if (!f.out.empty()) write_file_atomically(f.out, csv_from_rows(summary, kColumns));
-  if (!f.json.empty()) write_file_atomically(f.json, summary.dump(2) + "\n");
+  if (!f.out.empty()) write_file_atomically(f.out, results::serve_csv_text(results::ServeKind::Simulate, summary));
+  if (!f.json.empty()) write_file_atomically(f.json, results::serve_json_text(summary));
   finish_grid(grid);
   return 0;
 }

@@ -19,6 +19,7 @@
 #include "cli/sweep_mpi.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "results/detail_file.h"
 #include "traces/trace_reader.h"
 
 namespace kvsim::cli {
@@ -84,7 +85,7 @@ struct Finished {
 
 // What the result files of earlier runs (and the workers) finished: a request counts when its CSV
 // rows are whole and, with --detail, its detail lines in the file beside them too.
-std::map<Key, Finished> finished_requests(const SweepSpec& spec, const std::string& config_line,
+std::map<Key, Finished> finished_requests(const SweepSpec& spec, const results::SweepConfig& config,
                                           std::size_t per_request) {
   std::vector<std::pair<std::string, std::string>> pairs;  // (csv, detail)
   for (const auto& f : rank_files(spec.out_csv)) {
@@ -96,9 +97,8 @@ std::map<Key, Finished> finished_requests(const SweepSpec& spec, const std::stri
   for (const auto& [csv, detail] : pairs) {
     std::map<Key, std::vector<std::string>> details;
     if (!detail.empty())
-      for (auto& [key, lines] : finished_detail_rows(detail, config_line.substr(10), per_request))
-        details[key] = std::move(lines);
-    for (auto& [key, rows] : finished_sweep_rows(csv, config_line, per_request)) {
+      for (auto& [key, lines] : finished_detail_rows(detail, config, per_request)) details[key] = std::move(lines);
+    for (auto& [key, rows] : finished_sweep_rows(csv, config, per_request)) {
       if (!detail.empty() && !details.count(key)) continue;  // its detail was cut: redone
       out[key] = Finished{std::move(rows), detail.empty() ? std::vector<std::string>() : std::move(details[key])};
     }
@@ -109,8 +109,7 @@ std::map<Key, Finished> finished_requests(const SweepSpec& spec, const std::stri
 // Rank 0: answers claims until every worker is done, then merges.
 std::vector<SweepSummaryRow> coordinate(const SweepSpec& spec, int size, std::ostream& log) {
   const std::vector<ReplayConfig> configs = expand_configs(spec);
-  const std::string config_line = "# config: " + sweep_config_json(spec, configs);
-  const std::string config_json = config_line.substr(10);
+  const results::SweepConfig config = sweep_config(spec, configs);
   if (!spec.resume) {
     if (std::filesystem::exists(spec.out_csv) && !spec.force)
       throw Error(spec.out_csv + ": exists; pass --resume to continue that sweep or --force to replace it");
@@ -121,7 +120,7 @@ std::vector<SweepSummaryRow> coordinate(const SweepSpec& spec, int size, std::os
   const std::vector<Key> order = serial_order(spec);
   // Earlier runs' finished requests: the merged file (a finished sweep) and every rank file.
   std::set<Key> taken;
-  for (const auto& [key, f] : finished_requests(spec, config_line, configs.size())) taken.insert(key);
+  for (const auto& [key, f] : finished_requests(spec, config, configs.size())) taken.insert(key);
   log << "sweep (MPI): " << order.size() << " requests, " << taken.size() << " finished earlier, " << size - 1
       << " worker ranks\n";
   MPI_Barrier(MPI_COMM_WORLD);
@@ -142,9 +141,9 @@ std::vector<SweepSummaryRow> coordinate(const SweepSpec& spec, int size, std::os
   for (int r = 1; r < size; ++r) log << " " << r << ":" << took[r];
   log << "\n";
   // Merge: every finished request from every file, in the serial order.
-  const std::map<Key, Finished> finished = finished_requests(spec, config_line, configs.size());
-  std::string csv = sweep_file_head(config_line);
-  std::string detail = config_json + "\n";
+  const std::map<Key, Finished> finished = finished_requests(spec, config, configs.size());
+  std::string csv = results::sweep_file_head(config);
+  std::string detail = results::detail_file_head(config);
   for (const auto& key : order) {
     const auto it = finished.find(key);
     if (it == finished.end())

@@ -11,6 +11,7 @@
 #include "cli/options.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "results/keep_sets_file.h"
 #include "kvcache/budget.h"
 #include "policies/basis_set.h"
 #include "sim/calibration.h"
@@ -336,26 +337,18 @@ int keep_sets(const Args& args) {
     Replayer replayer(reader, spec.mode, configs, compress_every, parse_budget_rule(semantics, reapply_every));
     replayer.record_keep_sets(true);
     const RequestResult res = replayer.replay(id);
-    nlohmann::json j = {{"trace", file},
-                        {"request", id},
-                        {"mode", mode_name(spec.mode)},
-                        {"tokens", res.tokens},
-                        {"compression_point", res.compression_point},
-                        {"layers", g.n_layers},
-                        {"layer", layer},
-                        {"configs", nlohmann::json::array()}};
+    results::KeepSetsFile f;
+    f.trace = file, f.request = id, f.mode = mode_name(spec.mode);
+    f.tokens = res.tokens, f.compression_point = res.compression_point, f.layers = g.n_layers, f.layer = layer;
     for (std::size_t p = 0; p < configs.size(); ++p) {
-      nlohmann::json kept = res.configs[p].kept;
-      if (layer >= 0) kept = nlohmann::json::array({kept[static_cast<std::size_t>(layer)]});
-      j["configs"].push_back({{"policy", configs[p].policy},
-                              {"params", configs[p].params},
-                              {"label", configs[p].label()},
-                              {"budget", configs[p].budget},
-                              {"kept", kept}});
+      auto kept = res.configs[p].kept;
+      if (layer >= 0) kept = {kept[static_cast<std::size_t>(layer)]};
+      f.configs.push_back(
+          {configs[p].policy, configs[p].params, configs[p].label(), configs[p].budget, std::move(kept)});
     }
-    return j.dump();
+    return results::keep_sets_text(f);
   });
-  write_file_atomically(out, text + "\n");
+  write_file_atomically(out, text);
   std::printf("%s: keep-sets of %zu configs\n", out.c_str(), configs.size());
   return 0;
 }

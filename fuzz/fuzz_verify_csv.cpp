@@ -11,6 +11,7 @@
 #include "fuzz/seed_writer.h"
 #include "fuzz/small_trace.h"
 #include "fuzz/quiet_sweep.h"
+#include "results/verify_file.h"
 #include "sim/sweep.h"
 #include "verify/agreement.h"
 #include "verify/live_results.h"
@@ -28,22 +29,29 @@ const std::vector<kvsim::OfflineRow>& offline_rows() {
   return rows;
 }
 
+// A verify file written by its owner (results/verify_file.h), as `kvsim verify` writes one.
 void write_seed(const std::string& path, const std::string& semantics, const std::string& generated) {
   std::ofstream out(path);
-  out << "# kvsim verify results (a fuzz seed)\n# config: {\"tool\": \"kvsim verify\"}\n"
-      << "request,task,mode,policy,params,budget,live_kl,top1,task_score,budget_semantics,generated\n";
+  kvsim::results::VerifyConfig config;
+  config.mode = "query-aware";
+  config.budget_semantics = semantics;
+  out << kvsim::results::verify_file_head(config);
   int n = 0;
-  for (const kvsim::OfflineRow& r : offline_rows())
-    out << r.request << ",needle,query-aware," << r.policy << ",\"" << r.params << "\"," << r.budget << ","
-        << 0.01 * ++n << "," << (n % 3 ? 1 : 0.5) << "," << (n % 2) << "," << semantics << "," << generated << "\n";
+  for (const kvsim::OfflineRow& r : offline_rows()) {
+    kvsim::results::VerifyRow v;
+    v.request = r.request, v.task = "needle", v.mode = "query-aware", v.policy = r.policy, v.params = r.params;
+    v.budget = r.budget, v.live_kl = 0.01 * ++n, v.top1 = n % 3 ? 1 : 0.5, v.task_score = n % 2;
+    v.budget_semantics = semantics, v.generated = generated;
+    out << kvsim::results::verify_row_line(v) << "\n";
+  }
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return kvsim::fuzz::seeds_then_exit([](const std::string& dir) {
-    write_seed(dir + "/point.csv", "point", "\"the answer\"");
-    write_seed(dir + "/peak.csv", "peak/64", "\"two\nlines, \"\"quoted\"\"\"");
+    write_seed(dir + "/point.csv", "point", "the answer");
+    write_seed(dir + "/peak.csv", "peak/64", "two\nlines, \"quoted\"");
   });
 }
 

@@ -12,7 +12,7 @@ py="$cache/venv/bin/python"
 kvsim="$build/kvsim"
 rm -rf "$out.tmp" && mkdir -p "$out.tmp"
 targets=(fuzz_gguf fuzz_trace fuzz_trace_hdf5 fuzz_requests fuzz_mooncake fuzz_sweep_resume fuzz_policy_spec
-         fuzz_learned_model fuzz_serve_profile fuzz_estimator fuzz_basis fuzz_rlkv_tsv fuzz_verify_csv)
+         fuzz_learned_model fuzz_serve_profile fuzz_estimator fuzz_basis fuzz_rlkv_tsv fuzz_verify_csv fuzz_result_files)
 for t in "${targets[@]}"; do mkdir -p "$out.tmp/$t"; done
 
 for m in SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m; do
@@ -51,7 +51,7 @@ tiny=(--layers 1 --q-heads 1 --kv-heads 1 --head-dim 16 --vocab 16 --requests 1 
 
 # The targets that write their own seeds with kvsim's writers.
 for t in fuzz_sweep_resume fuzz_policy_spec fuzz_learned_model fuzz_serve_profile fuzz_estimator fuzz_basis fuzz_rlkv_tsv \
-         fuzz_verify_csv; do
+         fuzz_verify_csv fuzz_result_files; do
   KVSIM_FUZZ_WRITE_SEEDS="$out.tmp/$t" "$build/fuzz/$t" > /dev/null
 done
 rm -rf "$out" && mv "$out.tmp" "$out"

@@ -10,6 +10,15 @@ namespace kvsim {
 
 std::string BudgetRule::name() const { return peak ? "peak/" + std::to_string(every) : "point"; }
 
+std::optional<BudgetRule> budget_rule_from_name(const std::string& name) {
+  if (name == "point") return BudgetRule{};
+  if (name.rfind("peak/", 0) != 0 || name.size() == 5 || name.size() > 23) return std::nullopt;
+  if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  const std::int64_t every = std::stoll(name.substr(5));
+  if (every < 1) return std::nullopt;
+  return BudgetRule{true, every};
+}
+
 BudgetRule parse_budget_rule(const std::string& semantics, std::int64_t every) {
   if (semantics != "point" && semantics != "peak")
     throw Error("--budget-semantics is '" + semantics + "', expected point or peak");

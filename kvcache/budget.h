@@ -3,6 +3,7 @@
 // so both derive the same token budget and count the same bytes for the same plan.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "policies/policy.h"
@@ -18,6 +19,8 @@ struct BudgetRule {
   std::int64_t every = 64;   // peak: the one-shot policies' re-application cadence, in tokens
   std::string name() const;  // "point" or "peak/<every>": the CSV's budget_semantics
 };
+// name() read back ("point", "peak/N" with N >= 1); nullopt for anything else.
+std::optional<BudgetRule> budget_rule_from_name(const std::string& name);
 // "point" or "peak" (the --budget-semantics value); throws naming the flag otherwise.
 BudgetRule parse_budget_rule(const std::string& semantics, std::int64_t every);
 

@@ -6,55 +6,44 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/text_lines.h"
 
 namespace kvsim {
 
 std::vector<CaptureRequest> read_capture_requests(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open the requests file");
   std::vector<CaptureRequest> out;
-  std::string line;
-  std::int64_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(where + ": not valid JSON (" + e.what() + ")");
-    }
-    if (!j.is_object()) throw FormatError(where + ": expected a JSON object per line");
-    auto text = [&](const char* key, bool required) -> std::string {
-      if (!j.contains(key)) {
-        if (required) throw FormatError(where + ": field '" + key + "' is missing");
-        return "";
-      }
-      if (!j[key].is_string()) throw FormatError(where + ": field '" + key + "' must be a string");
-      return j[key].get<std::string>();
-    };
-    CaptureRequest r;
-    r.line = n;
-    r.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump())
-                            : "r" + std::to_string(out.size());
-    if (j.contains("text")) {
-      r.context = text("text", true);
-    } else {
-      r.context = text("context", true);
-      r.question = text("question", true);
-    }
-    r.system = text("system", false);
-    r.answer = text("answer", false);
-    r.task = text("task", false);
-    if (j.contains("expected")) {
-      const auto& e = j["expected"];
-      if (!e.is_array() || !std::all_of(e.begin(), e.end(), [](const auto& x) { return x.is_string(); }))
-        throw FormatError(where + ": field 'expected' must be an array of strings");
-      r.expected = e.dump();
-    }
-    out.push_back(std::move(r));
-  }
+  for_each_json_line(
+      path, "a requests file (one JSON object per line)",
+      [&](const nlohmann::json& j, const std::string& where, std::int64_t n) {
+        auto text = [&](const char* key, bool required) -> std::string {
+          if (!j.contains(key)) {
+            if (required) throw FormatError(where + ": field '" + key + "' is missing");
+            return "";
+          }
+          if (!j[key].is_string()) throw FormatError(where + ": field '" + key + "' must be a string");
+          return j[key].get<std::string>();
+        };
+        CaptureRequest r;
+        r.line = n;
+        r.id = j.contains("id") ? (j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump())
+                                : "r" + std::to_string(out.size());
+        if (j.contains("text")) {
+          r.context = text("text", true);
+        } else {
+          r.context = text("context", true);
+          r.question = text("question", true);
+        }
+        r.system = text("system", false);
+        r.answer = text("answer", false);
+        r.task = text("task", false);
+        if (j.contains("expected")) {
+          const auto& e = j["expected"];
+          if (!e.is_array() || !std::all_of(e.begin(), e.end(), [](const auto& x) { return x.is_string(); }))
+            throw FormatError(where + ": field 'expected' must be an array of strings");
+          r.expected = e.dump();
+        }
+        out.push_back(std::move(r));
+      });
   if (out.empty()) throw FormatError(path + ": no requests (expected one JSON object per line)");
   return out;
 }

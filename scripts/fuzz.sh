@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_gguf fuzz_trace fuzz_trace_hdf5 fuzz_requests fuzz_mooncake fuzz_sweep_resume
                                      fuzz_policy_spec fuzz_learned_model fuzz_serve_profile fuzz_estimator fuzz_basis
-                                     fuzz_rlkv_tsv fuzz_verify_csv)
+                                     fuzz_rlkv_tsv fuzz_verify_csv fuzz_result_files)
 for t in "${targets[@]}"; do
   [ -x "$build/fuzz/$t" ] || { echo "fuzz: $build/fuzz/$t is missing: build with scripts/test.sh --sanitize" >&2; exit 2; }
 done

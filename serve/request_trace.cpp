@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/text_lines.h"
 
 namespace kvsim::serve {
 
@@ -28,78 +29,66 @@ std::int64_t integer_field(const nlohmann::json& j, const char* name, const std:
 }  // namespace
 
 RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_size) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open the request trace");
   if (block_size < 1) throw Error(path + ": block size " + std::to_string(block_size) + "; expected >= 1");
   RequestTrace t;
   t.path = path;
   t.block_size = block_size;
   std::unordered_map<std::int64_t, std::int32_t> index;  // the hash index: file id -> block
   std::vector<std::int64_t> first_line;                  // [block] where it first appeared
-  std::string text;
-  std::int64_t line = 0;
-  while (std::getline(in, text)) {
-    ++line;
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(line);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {  // syntax, and numbers out of range (1e+4111)
-      throw Error(where + ": not a JSON object (" + e.what() + ")");
-    }
-    if (!j.is_object()) throw Error(where + ": not a JSON object");
-    ServeRequest r;
-    r.line = line;
-    const auto ts = j.find("timestamp");
-    if (ts == j.end()) throw Error(where + ": field 'timestamp' is missing");
-    if (!ts->is_number() || ts->get<double>() < 0)
-      throw Error(where + ": field 'timestamp' is " + ts->dump() + "; expected milliseconds >= 0");
-    r.arrival_ms = ts->get<double>();
-    if (!t.requests.empty() && r.arrival_ms < t.requests.back().arrival_ms)
-      throw Error(where + ": field 'timestamp' is " + ts->dump() + ", earlier than line " +
-                  std::to_string(t.requests.back().line) + "'s; expected timestamps in order");
-    r.input_tokens = integer_field(j, "input_length", where);
-    r.output_tokens = integer_field(j, "output_length", where);
-    const auto ids = j.find("hash_ids");
-    if (ids == j.end() || !ids->is_array()) throw Error(where + ": field 'hash_ids' is missing or not a list");
-    const std::int64_t want = (r.input_tokens + block_size - 1) / block_size;
-    if (static_cast<std::int64_t>(ids->size()) != want)
-      throw Error(where + ": field 'hash_ids' has " + std::to_string(ids->size()) + " ids; expected " +
-                  std::to_string(want) + " (ceil(input_length " + std::to_string(r.input_tokens) + " / " +
-                  std::to_string(block_size) + "))");
-    std::int32_t prev = -1;
-    for (std::size_t i = 0; i < ids->size(); ++i) {
-      const nlohmann::json& h = (*ids)[i];
-      if (!h.is_number_integer())
-        throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " is " + h.dump() +
-                    "; expected an integer");
-      const auto [it, fresh] = index.emplace(h.get<std::int64_t>(), static_cast<std::int32_t>(t.parent.size()));
-      const std::int32_t b = it->second;
-      const std::int64_t tokens =
-          i + 1 < ids->size() ? block_size : r.input_tokens - block_size * static_cast<std::int64_t>(i);
-      if (fresh) {
-        t.parent.push_back(prev);
-        t.depth.push_back(static_cast<std::int32_t>(i));
-        t.hash.push_back(h.get<std::int64_t>());
-        t.tokens.push_back(tokens);
-        first_line.push_back(line);
-      } else if (t.parent[static_cast<std::size_t>(b)] != prev) {
-        throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " (" + h.dump() +
-                    ") follows another block " + "than on line " +
-                    std::to_string(first_line[static_cast<std::size_t>(b)]) +
-                    "; expected prefix hashes (equal ids = equal prefixes)");
-      } else if (t.tokens[static_cast<std::size_t>(b)] != tokens) {
-        throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " (" + h.dump() + ") holds " +
-                    std::to_string(tokens) + " tokens here and " +
-                    std::to_string(t.tokens[static_cast<std::size_t>(b)]) + " on line " +
-                    std::to_string(first_line[static_cast<std::size_t>(b)]) + "; expected one size per block id");
-      }
-      r.blocks.push_back(b);
-      prev = b;
-    }
-    t.requests.push_back(std::move(r));
-  }
+  for_each_json_line(
+      path, "a Mooncake request trace (one JSON object per line)",
+      [&](const nlohmann::json& j, const std::string& where, std::int64_t line) {
+        ServeRequest r;
+        r.line = line;
+        const auto ts = j.find("timestamp");
+        if (ts == j.end()) throw Error(where + ": field 'timestamp' is missing");
+        if (!ts->is_number() || ts->get<double>() < 0)
+          throw Error(where + ": field 'timestamp' is " + ts->dump() + "; expected milliseconds >= 0");
+        r.arrival_ms = ts->get<double>();
+        if (!t.requests.empty() && r.arrival_ms < t.requests.back().arrival_ms)
+          throw Error(where + ": field 'timestamp' is " + ts->dump() + ", earlier than line " +
+                      std::to_string(t.requests.back().line) + "'s; expected timestamps in order");
+        r.input_tokens = integer_field(j, "input_length", where);
+        r.output_tokens = integer_field(j, "output_length", where);
+        const auto ids = j.find("hash_ids");
+        if (ids == j.end() || !ids->is_array()) throw Error(where + ": field 'hash_ids' is missing or not a list");
+        const std::int64_t want = (r.input_tokens + block_size - 1) / block_size;
+        if (static_cast<std::int64_t>(ids->size()) != want)
+          throw Error(where + ": field 'hash_ids' has " + std::to_string(ids->size()) + " ids; expected " +
+                      std::to_string(want) + " (ceil(input_length " + std::to_string(r.input_tokens) + " / " +
+                      std::to_string(block_size) + "))");
+        std::int32_t prev = -1;
+        for (std::size_t i = 0; i < ids->size(); ++i) {
+          const nlohmann::json& h = (*ids)[i];
+          if (!h.is_number_integer())
+            throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " is " + h.dump() +
+                        "; expected an integer");
+          const auto [it, fresh] = index.emplace(h.get<std::int64_t>(), static_cast<std::int32_t>(t.parent.size()));
+          const std::int32_t b = it->second;
+          const std::int64_t tokens =
+              i + 1 < ids->size() ? block_size : r.input_tokens - block_size * static_cast<std::int64_t>(i);
+          if (fresh) {
+            t.parent.push_back(prev);
+            t.depth.push_back(static_cast<std::int32_t>(i));
+            t.hash.push_back(h.get<std::int64_t>());
+            t.tokens.push_back(tokens);
+            first_line.push_back(line);
+          } else if (t.parent[static_cast<std::size_t>(b)] != prev) {
+            throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " (" + h.dump() +
+                        ") follows another block " + "than on line " +
+                        std::to_string(first_line[static_cast<std::size_t>(b)]) +
+                        "; expected prefix hashes (equal ids = equal prefixes)");
+          } else if (t.tokens[static_cast<std::size_t>(b)] != tokens) {
+            throw Error(where + ": field 'hash_ids' item " + std::to_string(i) + " (" + h.dump() + ") holds " +
+                        std::to_string(tokens) + " tokens here and " +
+                        std::to_string(t.tokens[static_cast<std::size_t>(b)]) + " on line " +
+                        std::to_string(first_line[static_cast<std::size_t>(b)]) + "; expected one size per block id");
+          }
+          r.blocks.push_back(b);
+          prev = b;
+        }
+        t.requests.push_back(std::move(r));
+      });
   if (t.requests.empty()) throw Error(path + ": no requests");
   return t;
 }

@@ -19,52 +19,12 @@
 #include <set>
 #include <sstream>
 
-#include "core/atomic_file.h"
 #include "core/error.h"
 #include "policies/registry.h"
-#include "sim/csv.h"
+#include "results/detail_file.h"
 #include "sim/estimator.h"
 
 namespace kvsim {
-
-namespace {
-
-const std::vector<std::string> kColumns = {"trace",
-                                           "request",
-                                           "mode",
-                                           "policy",
-                                           "params",
-                                           "budget",
-                                           "budget_tokens",
-                                           "kept_fraction",
-                                           "mean_recall",
-                                           "mean_kl",
-                                           "p95_kl",
-                                           "mean_out_err",
-                                           "p95_out_err",
-                                           "compressed_bytes",
-                                           "budget_bytes",
-                                           "peak_bytes",
-                                           "final_bytes",
-                                           "footprint_byte_steps",
-                                           "host_bytes",
-                                           "eval_queries",
-                                           "rows",
-                                           "keep_hash",
-                                           "position_fallback",
-                                           "budget_semantics",
-                                           "decode_peak_bytes",
-                                           "mean_out_sq",
-                                           "est_kl"};
-
-}  // namespace
-
-const char* const kSweepBanner = "# kvsim sweep results: one row per trace x request x policy x budget";
-const std::vector<std::string>& sweep_columns() { return kColumns; }
-
-std::string sweep_file_head(const std::string& config_line) {
-  return std::string(kSweepBanner) + "\n" + config_line + "\n" + csv_line(kColumns) + "\n";
-}
 
 std::pair<int, int> parse_shard(const std::string& s) {
   const auto slash = s.find('/');
@@ -109,24 +69,6 @@ struct ResumeState {
   }
 };
 
-// A result row kept by --resume must be a row this sweep could have written: every column, and
-// numbers where numbers go (est_kl may be empty), so that a damaged file is refused, not summed.
-void check_row(const std::vector<std::string>& f, const std::string& where) {
-  if (f.size() != kColumns.size())
-    throw FormatError(where + ": " + std::to_string(f.size()) + " fields, expected " + std::to_string(kColumns.size()) +
-                      " (not a kvsim sweep row; use --force to start again)");
-  static const std::set<std::string> text = {"trace",  "request",          "mode",  "policy",
-                                             "params", "budget_semantics", "est_kl"};
-  for (std::size_t i = 0; i < f.size(); ++i) {
-    if (text.count(kColumns[i]) && !(kColumns[i] == "est_kl" && !f[i].empty())) continue;
-    char* end = nullptr;
-    (void)std::strtod(f[i].c_str(), &end);
-    if (f[i].empty() || end != f[i].c_str() + f[i].size())
-      throw FormatError(where + ": column '" + kColumns[i] + "' is '" + f[i] +
-                        "', expected a number (use --force to start again)");
-  }
-}
-
 // Groups rows by request in first-seen order; a request with every config row is finished.
 ResumeState finished_requests(const std::vector<std::pair<RequestKey, std::string>>& rows, std::size_t per_request) {
   std::vector<RequestKey> order;
@@ -145,57 +87,43 @@ ResumeState finished_requests(const std::vector<std::pair<RequestKey, std::strin
   return st;
 }
 
-// Reads an existing result file for --resume: checks the configuration line and keeps only the
-// rows of requests whose every config row is present (a request cut short is redone).
-ResumeState read_for_resume(const std::string& path, const std::string& config_line, std::size_t configs_per_request) {
+// Reads an existing result file for --resume: checks the configuration and keeps only the rows
+// of requests whose every config row is present (a request cut short is redone).
+ResumeState read_for_resume(const std::string& path, const results::SweepConfig& config,
+                            std::size_t configs_per_request) {
+  const results::SweepFile f = results::read_sweep_file(path, results::TornTail::Drop);
+  if (!f.config) throw Error(path + ": --resume: no '# config:' line, expected a kvsim sweep result file");
+  const std::string ours = results::sweep_config_text(config);
+  if (f.config_text != ours)
+    throw Error(path + ": --resume with a different configuration; the file was written for\n  " + f.config_text +
+                "\nbut this run is\n  " + ours + "\n(use a new --out, or --force to replace it)");
   std::vector<std::pair<RequestKey, std::string>> rows;
-  bool saw_config = false;
-  const std::vector<std::string> lines = whole_lines(path);
-  for (std::size_t n = 0; n < lines.size(); ++n) {
-    const std::string& line = lines[n];
-    if (line.rfind("# config: ", 0) == 0) {
-      saw_config = true;
-      if (line != config_line)
-        throw Error(path + ": --resume with a different configuration; the file was written for\n  " + line.substr(10) +
-                    "\nbut this run is\n  " + config_line.substr(10) + "\n(use a new --out, or --force to replace it)");
-      continue;
-    }
-    if (line.empty() || line[0] == '#' || line.rfind("trace,", 0) == 0) continue;
-    const auto f = parse_csv_line(line);
-    check_row(f, path + ":" + std::to_string(n + 1));  // whole lines only: the line a kill cut is not read
-    rows.push_back({{f[0], f[1]}, line});
-  }
-  if (!saw_config) throw Error(path + ": --resume: no '# config:' line, expected a kvsim sweep result file");
+  for (std::size_t i = 0; i < f.rows.size(); ++i) rows.push_back({{f.rows[i].trace, f.rows[i].request}, f.lines[i]});
   return finished_requests(rows, configs_per_request);
 }
 
 // The detail file's finished requests (every config's line), for --resume; a missing file has none.
-ResumeState read_detail_for_resume(const std::string& path, const std::string& config_json, std::size_t per_request) {
-  std::vector<std::pair<RequestKey, std::string>> rows;
+ResumeState read_detail_for_resume(const std::string& path, const results::SweepConfig& config,
+                                   std::size_t per_request) {
   if (!std::filesystem::exists(path)) return {};
-  const std::vector<std::string> lines = whole_lines(path);
-  if (!lines.empty() && lines.front() != config_json)
+  const results::DetailFile f = results::read_detail_file(path, results::TornTail::Drop);
+  if (f.config_text != results::sweep_config_text(config))
     throw Error(path + ": --resume with a different configuration than this detail file's");
-  for (std::size_t i = 1; i < lines.size(); ++i) {
-    try {
-      const auto j = nlohmann::json::parse(lines[i]);
-      rows.push_back({{j.at("trace").get<std::string>(), j.at("request").get<std::string>()}, lines[i]});
-    } catch (const std::exception&) {
-      // a line cut by the kill: its request is redone
-    }
-  }
+  std::vector<std::pair<RequestKey, std::string>> rows;
+  for (std::size_t i = 0; i < f.rows.size(); ++i) rows.push_back({{f.rows[i].trace, f.rows[i].request}, f.lines[i]});
   return finished_requests(rows, per_request);
 }
 
 }  // namespace
 
-SweepRequestRows finished_sweep_rows(const std::string& path, const std::string& config_line, std::size_t per_request) {
-  return read_for_resume(path, config_line, per_request).kept;
+SweepRequestRows finished_sweep_rows(const std::string& path, const results::SweepConfig& config,
+                                     std::size_t per_request) {
+  return read_for_resume(path, config, per_request).kept;
 }
 
-SweepRequestRows finished_detail_rows(const std::string& path, const std::string& config_json,
+SweepRequestRows finished_detail_rows(const std::string& path, const results::SweepConfig& config,
                                       std::size_t per_request) {
-  return read_detail_for_resume(path, config_json, per_request).kept;
+  return read_detail_for_resume(path, config, per_request).kept;
 }
 
 std::vector<ReplayConfig> expand_configs(const SweepSpec& spec) {
@@ -216,25 +144,23 @@ std::vector<ReplayConfig> expand_configs(const SweepSpec& spec) {
   return out;
 }
 
-std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
-                              std::int64_t all_requests) {
-  nlohmann::json j;
-  j["tool"] = std::string("kvsim sweep ") + KVSIM_VERSION_STRING;
-  j["traces"] = spec.traces;
-  j["mode"] = mode_name(spec.mode);
-  j["compress_every"] = spec.compress_every;
-  j["budget_semantics"] = spec.budget_rule.name();
-  if (!spec.estimator.empty()) j["estimator"] = spec.estimator;
-  j["budgets"] = spec.budgets;
+results::SweepConfig sweep_config(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
+                                  std::int64_t all_requests) {
+  results::SweepConfig c;
+  c.tool = std::string("kvsim sweep ") + KVSIM_VERSION_STRING;
+  c.traces = spec.traces;
+  c.mode = mode_name(spec.mode);
+  c.compress_every = spec.compress_every;
+  c.budget_semantics = spec.budget_rule.name();
+  c.estimator = spec.estimator;
+  c.budgets = spec.budgets;
   if (spec.shards > 1) {
     // With the whole sweep's request count, so a merge can tell a complete set of shards.
-    j["shard"] = std::to_string(spec.shard) + "/" + std::to_string(spec.shards);
-    j["shard_of_requests"] = all_requests;
+    c.shard = std::to_string(spec.shard) + "/" + std::to_string(spec.shards);
+    c.shard_of_requests = all_requests;
   }
-  nlohmann::json cfgs = nlohmann::json::array();
-  for (const auto& c : configs) cfgs.push_back({{"policy", c.label()}, {"budget", c.budget}});
-  j["configs"] = cfgs;
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  for (const auto& r : configs) c.configs.emplace_back(r.label(), r.budget);
+  return c;
 }
 
 namespace {
@@ -298,49 +224,22 @@ void write_request(const SweepSpec& spec, const std::vector<ReplayConfig>& confi
   std::ostringstream rows;  // one write per request: a kill leaves whole requests or a torn tail
   for (std::size_t p = 0; p < configs.size(); ++p) {
     const ConfigResult& r = res.configs[p];
-    rows << csv_line({trace,
-                      id,
-                      mode_name(spec.mode),
-                      configs[p].policy,
-                      configs[p].params,
-                      num(configs[p].budget),
-                      std::to_string(r.budget_tokens),
-                      num(r.kept_fraction),
-                      num(r.mean_recall),
-                      num(r.mean_kl),
-                      num(r.p95_kl),
-                      num(r.mean_err),
-                      num(r.p95_err),
-                      num(r.compressed_bytes),
-                      num(r.budget_bytes),
-                      num(r.peak_bytes),
-                      num(r.final_bytes),
-                      num(r.footprint),
-                      num(r.host_bytes),
-                      std::to_string(res.eval_queries),
-                      std::to_string(r.rows),
-                      std::to_string(r.keep_hash),
-                      num(r.position_fallback),
-                      spec.budget_rule.name(),
-                      num(r.decode_peak_bytes),
-                      num(r.mean_out_sq),
-                      estimator ? num(estimator->predict(r.layer_out_sq, spec.estimator)) : std::string()})
-         << "\n";
-    if (detail.is_open()) {
-      detail << nlohmann::json{{"trace", trace},
-                               {"request", id},
-                               {"policy", configs[p].label()},
-                               {"budget", configs[p].budget},
-                               {"layer_recall", r.layer_recall},
-                               {"layer_kl", r.layer_kl},
-                               {"head_kl", r.head_kl},
-                               {"layer_out_err", r.layer_err},
-                               {"layer_out_sq", r.layer_out_sq},
-                               {"layer_p95_kl", r.layer_p95_kl},
-                               {"layer_p95_out_err", r.layer_p95_err}}
-                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+    results::SweepRow row;
+    row.trace = trace, row.request = id, row.mode = mode_name(spec.mode);
+    row.policy = configs[p].policy, row.params = configs[p].params, row.budget = configs[p].budget;
+    row.budget_tokens = r.budget_tokens, row.kept_fraction = r.kept_fraction, row.mean_recall = r.mean_recall;
+    row.mean_kl = r.mean_kl, row.p95_kl = r.p95_kl, row.mean_out_err = r.mean_err, row.p95_out_err = r.p95_err;
+    row.compressed_bytes = r.compressed_bytes, row.budget_bytes = r.budget_bytes, row.peak_bytes = r.peak_bytes;
+    row.final_bytes = r.final_bytes, row.footprint_byte_steps = r.footprint, row.host_bytes = r.host_bytes;
+    row.eval_queries = res.eval_queries, row.rows = r.rows, row.keep_hash = r.keep_hash;
+    row.position_fallback = r.position_fallback, row.budget_semantics = spec.budget_rule.name();
+    row.decode_peak_bytes = r.decode_peak_bytes, row.mean_out_sq = r.mean_out_sq;
+    if (estimator) row.est_kl = estimator->predict(r.layer_out_sq, spec.estimator);
+    rows << results::sweep_row_line(row) << "\n";
+    if (detail.is_open())
+      detail << results::detail_row_line({trace, id, configs[p].label(), configs[p].budget, r.layer_recall, r.layer_kl,
+                                          r.layer_err, r.layer_out_sq, r.layer_p95_kl, r.layer_p95_err, r.head_kl})
              << "\n";
-    }
   }
   if (detail.is_open()) detail.flush();  // detail first: resume redoes a request whose detail is torn
   csv << rows.str();
@@ -358,15 +257,15 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
   std::int64_t total_requests = 0;
   const std::vector<std::unique_ptr<TraceReader>> readers = open_traces(spec, configs, progress, total_requests);
   const std::optional<Estimator> estimator = sweep_estimator(spec, readers.front()->geometry().n_layers);
-  const std::string config_line = "# config: " + sweep_config_json(spec, configs, total_requests);
+  const results::SweepConfig config = sweep_config(spec, configs, total_requests);
   if (spec.shards > 1) total_requests = (total_requests - spec.shard + spec.shards - 1) / spec.shards;
   ResumeState state, detail_state;
   const bool exists = std::filesystem::exists(spec.out_csv);
   if (exists && spec.resume) {
-    state = read_for_resume(spec.out_csv, config_line, configs.size());
+    state = read_for_resume(spec.out_csv, config, configs.size());
     if (!spec.detail_jsonl.empty()) {
       // A request is finished when its detail is whole too: a kill may fall between the files.
-      detail_state = read_detail_for_resume(spec.detail_jsonl, config_line.substr(10), configs.size());
+      detail_state = read_detail_for_resume(spec.detail_jsonl, config, configs.size());
       state.keep_only(detail_state.done);
     }
   } else if (exists && !spec.force) {
@@ -377,7 +276,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     const std::string tmp = spec.out_csv + ".tmp";
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) throw Error(spec.out_csv + ": cannot write");
-    out << sweep_file_head(config_line);
+    out << results::sweep_file_head(config);
     for (const auto& [key, rows] : state.kept)
       for (const auto& l : rows) out << l << "\n";
     out.close();
@@ -391,7 +290,7 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
     for (const auto& [key, rows] : detail_state.kept) lines_of[key] = &rows;
     detail.open(spec.detail_jsonl, std::ios::trunc);
     if (!detail) throw Error(spec.detail_jsonl + ": cannot write");
-    detail << config_line.substr(10) << "\n";
+    detail << results::detail_file_head(config);
     for (const auto& [key, rows] : state.kept)
       for (const auto& l : *lines_of.at(key)) detail << l << "\n";
   }
@@ -422,18 +321,16 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
 
 std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path) {
   std::map<std::pair<double, std::string>, SweepSummaryRow> agg;
-  CsvReader in(path, kColumns, "a kvsim sweep result file");
-  while (in.next()) {
-    const double budget = in.number("budget");
-    const std::string label = PolicyRegistry::instance().compact_label(in.text("policy"), in.text("params"));
-    SweepSummaryRow& s = agg[{budget, label}];
+  for (const results::SweepRow& r : results::read_sweep_file(path).rows) {
+    const std::string label = PolicyRegistry::instance().compact_label(r.policy, r.params);
+    SweepSummaryRow& s = agg[{r.budget, label}];
     s.label = label;
-    s.budget = budget;
-    s.mean_recall += in.number("mean_recall");
-    s.mean_kl += in.number("mean_kl");
-    s.p95_kl += in.number("p95_kl");
-    s.mean_err += in.number("mean_out_err");
-    s.kept_fraction += in.number("kept_fraction");
+    s.budget = r.budget;
+    s.mean_recall += r.mean_recall;
+    s.mean_kl += r.mean_kl;
+    s.p95_kl += r.p95_kl;
+    s.mean_err += r.mean_out_err;
+    s.kept_fraction += r.kept_fraction;
     ++s.requests;
   }
   std::vector<SweepSummaryRow> rows;

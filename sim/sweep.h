@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "results/sweep_file.h"
 #include "sim/replay.h"
 
 namespace kvsim {
@@ -39,10 +40,10 @@ std::pair<int, int> parse_shard(const std::string& s);
 
 // The configs a spec expands to: `full` once at budget 1.0, every other policy at every budget.
 std::vector<ReplayConfig> expand_configs(const SweepSpec& spec);
-// The resolved configuration echoed at the top of every result file (JSON); a shard's also
-// names the whole sweep's request count (all_requests).
-std::string sweep_config_json(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
-                              std::int64_t all_requests = -1);
+// The resolved configuration echoed at the top of every result file (results/sweep_file.h); a
+// shard's also names the whole sweep's request count (all_requests).
+results::SweepConfig sweep_config(const SweepSpec& spec, const std::vector<ReplayConfig>& configs,
+                                  std::int64_t all_requests = -1);
 
 struct SweepSummaryRow {
   std::string label;
@@ -57,20 +58,15 @@ std::vector<SweepSummaryRow> run_sweep(const SweepSpec& spec, std::ostream& prog
 void print_summary(const std::vector<SweepSummaryRow>& rows, std::ostream& os);
 
 // A result file's finished requests (every config's row; a torn tail dropped), in file order, each
-// with its rows; throws when its configuration line is not `config_line`. For detail files,
-// `config_line` is the configuration JSON their first line holds.
+// with its rows as written; throws when the file was written for another configuration.
 using SweepRequestRows = std::vector<std::pair<std::pair<std::string, std::string>, std::vector<std::string>>>;
-SweepRequestRows finished_sweep_rows(const std::string& path, const std::string& config_line, std::size_t per_request);
-SweepRequestRows finished_detail_rows(const std::string& path, const std::string& config_json, std::size_t per_request);
+SweepRequestRows finished_sweep_rows(const std::string& path, const results::SweepConfig& config,
+                                     std::size_t per_request);
+// The same for a --detail file; a missing one has none.
+SweepRequestRows finished_detail_rows(const std::string& path, const results::SweepConfig& config,
+                                      std::size_t per_request);
 
 // The per-(policy, budget) means over every row of a sweep result file.
 std::vector<SweepSummaryRow> summarize_sweep_csv(const std::string& path);
-// The result file's column names, in order.
-const std::vector<std::string>& sweep_columns();
-// The first line of every sweep result file.
-extern const char* const kSweepBanner;
-// A result file's first three lines (banner, configuration, column names), newline-terminated;
-// config_line is "# config: {...}".
-std::string sweep_file_head(const std::string& config_line);
 
 }  // namespace kvsim

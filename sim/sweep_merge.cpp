@@ -5,13 +5,12 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "sim/csv.h"
+#include "results/detail_file.h"
 
 namespace kvsim {
 
@@ -29,69 +28,46 @@ struct ShardFile {
   int shard = 0, shards = 0;
   std::string own_config;          // the configuration JSON as written (with its shard)
   std::string base_config;         // the same without the shard: what a serial sweep writes
+  results::SweepConfig base;       // (and as a configuration)
   std::size_t configs = 0;         // rows per request
   std::int64_t all_requests = -1;  // the whole sweep's request count
   std::vector<RequestRows> requests;
 };
 
-std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
-
-// The file's lines; a last line without its newline was cut by a kill.
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!text.empty() && text.back() != '\n')
-    throw Error(path +
-                ": its last line is cut short (the shard was stopped while writing); resume that shard "
-                "(kvsim sweep ... --shard i/n --resume), then merge");
-  std::vector<std::string> lines;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    const std::size_t nl = text.find('\n', at);
-    lines.push_back(text.substr(at, nl - at));
-    at = nl + 1;
-  }
-  return lines;
-}
-
-void read_config(const std::string& path, const std::string& json_text, ShardFile& f) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception&) {
-    throw Error(path + ": its '# config:' line is not JSON; expected a kvsim sweep result file");
-  }
-  if (!j.is_object() || !j.contains("shard") || !j["shard"].is_string() || !j.contains("configs") ||
-      !j["configs"].is_array() || !j.contains("shard_of_requests") || !j["shard_of_requests"].is_number_integer())
+// The shard fields of a file's configuration, checked; base_config is the configuration a serial
+// sweep writes (the same without them).
+void read_config(const std::string& path, const results::SweepConfig& config, ShardFile& f) {
+  if (config.shard.empty() || config.shard_of_requests < 0)
     throw Error(path +
                 ": its configuration has no \"shard\" and \"shard_of_requests\"; expected the result file of "
                 "kvsim sweep --shard i/n");
   try {
-    std::tie(f.shard, f.shards) = parse_shard(j["shard"].get<std::string>());
+    std::tie(f.shard, f.shards) = parse_shard(config.shard);
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }
-  f.own_config = dump(j);
-  f.configs = j["configs"].size();
-  f.all_requests = j["shard_of_requests"].get<std::int64_t>();
-  j.erase("shard");
-  j.erase("shard_of_requests");
-  f.base_config = dump(j);
+  f.own_config = results::sweep_config_text(config);
+  f.configs = config.configs.size();
+  f.all_requests = config.shard_of_requests;
+  results::SweepConfig base = config;
+  base.shard.clear();
+  base.shard_of_requests = -1;
+  f.base = base;
+  f.base_config = results::sweep_config_text(base);
 }
 
-// Consecutive rows of one request, checked whole; `key_of` reads a line's (trace, request).
-template <class KeyOf>
+// Consecutive rows of one request, checked whole; keys[i] is lines[i]'s (trace, request).
 std::vector<RequestRows> group_requests(const std::string& path, const std::vector<std::string>& lines,
-                                        std::size_t first, std::size_t per_request, const KeyOf& key_of) {
+                                        const std::vector<RequestKey>& keys, const std::vector<int>& line_numbers,
+                                        std::size_t per_request) {
   std::vector<RequestRows> out;
   std::set<RequestKey> seen;
-  for (std::size_t i = first; i < lines.size(); ++i) {
-    const RequestKey key = key_of(lines[i], i + 1);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const RequestKey& key = keys[i];
     if (out.empty() || out.back().key != key) {
       if (!seen.insert(key).second)
-        throw Error(path + ":" + std::to_string(i + 1) + ": rows of request '" + key.second + "' (" + key.first +
-                    ") are not together; expected a kvsim sweep file");
+        throw Error(path + ":" + std::to_string(line_numbers[i]) + ": rows of request '" + key.second + "' (" +
+                    key.first + ") are not together; expected a kvsim sweep file");
       out.push_back({key, {}});
     }
     out.back().lines.push_back(lines[i]);
@@ -105,44 +81,40 @@ std::vector<RequestRows> group_requests(const std::string& path, const std::vect
   return out;
 }
 
+template <class File>
+std::pair<std::vector<RequestKey>, std::vector<int>> keys_of(const File& f) {
+  std::pair<std::vector<RequestKey>, std::vector<int>> out;
+  for (const auto& r : f.rows) {
+    out.first.push_back({r.trace, r.request});
+    out.second.push_back(r.line);
+  }
+  return out;
+}
+
 ShardFile read_shard(const std::string& path) {
-  const std::vector<std::string> lines = read_lines(path);
-  const std::string header = csv_line(sweep_columns());
-  if (lines.size() < 3 || lines[0] != kSweepBanner || lines[1].rfind("# config: ", 0) != 0 || lines[2] != header)
-    throw Error(path + ": not a kvsim sweep result file (expected its first lines to be '" + std::string(kSweepBanner) +
-                "', '# config: {...}' and the column names)");
+  const results::SweepFile file = results::read_sweep_file(path);
+  if (!file.has_banner || !file.config)
+    throw Error(path + ": not a kvsim sweep result file (expected its banner and configuration line first)");
   ShardFile f;
   f.path = path;
-  read_config(path, lines[1].substr(10), f);
-  f.requests = group_requests(path, lines, 3, f.configs, [&](const std::string& line, std::size_t n) {
-    const auto fields = parse_csv_line(line);
-    if (fields.size() != sweep_columns().size())
-      throw Error(path + ":" + std::to_string(n) + ": " + std::to_string(fields.size()) + " fields, expected " +
-                  std::to_string(sweep_columns().size()));
-    return RequestKey{fields[0], fields[1]};
-  });
+  read_config(path, *file.config, f);
+  const auto [keys, numbers] = keys_of(file);
+  f.requests = group_requests(path, file.lines, keys, numbers, f.configs);
   return f;
 }
 
 // A shard's detail file: its configuration first, then the same requests as its CSV, in order.
 std::vector<RequestRows> read_detail(const std::string& path, const ShardFile& shard) {
-  const std::vector<std::string> lines = read_lines(path);
-  if (lines.empty() || lines[0] != shard.own_config)
+  const results::DetailFile file = results::read_detail_file(path);
+  if (file.config_text != shard.own_config)
     throw Error(path + ": its configuration is not that of " + shard.path + " (expected the --detail file of shard " +
                 std::to_string(shard.shard) + "/" + std::to_string(shard.shards) + ")");
-  auto rows = group_requests(path, lines, 1, shard.configs, [&](const std::string& line, std::size_t n) {
-    try {
-      const auto j = nlohmann::json::parse(line);
-      return RequestKey{j.at("trace").get<std::string>(), j.at("request").get<std::string>()};
-    } catch (const nlohmann::json::exception&) {
-      throw Error(path + ":" + std::to_string(n) + ": not a detail row (JSON with \"trace\" and \"request\")");
-    }
-  });
+  const auto [keys, numbers] = keys_of(file);
+  auto rows = group_requests(path, file.lines, keys, numbers, shard.configs);
   if (rows.size() != shard.requests.size() || !std::equal(rows.begin(), rows.end(), shard.requests.begin(),
                                                           [](const auto& a, const auto& b) { return a.key == b.key; }))
     throw Error(path + ": its requests are not those of " + shard.path +
-                " (the shard stopped between the two files; "
-                "run it again), expected " +
+                " (the shard stopped between the two files; run it again), expected " +
                 std::to_string(shard.requests.size()) + " requests in the same order");
   return rows;
 }
@@ -219,9 +191,8 @@ std::vector<SweepSummaryRow> merge_sweeps(const SweepMergeSpec& spec) {
         files.begin());
     details[at] = read_detail(spec.detail_inputs[i], files[at]);
   }
-  const std::string config = files.front().base_config;
-  std::string csv = sweep_file_head("# config: " + config);
-  std::string detail = config + "\n";
+  std::string csv = results::sweep_file_head(files.front().base);
+  std::string detail = results::detail_file_head(files.front().base);
   for (std::size_t j = 0; j < files.front().requests.size(); ++j)
     for (std::size_t s = 0; s < files.size(); ++s) {
       if (j >= files[s].requests.size()) continue;

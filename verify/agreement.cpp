@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "sim/csv.h"
+#include "core/csv.h"
 
 namespace kvsim {
 
@@ -218,21 +218,12 @@ AgreementReport agreement(const std::vector<OfflineRow>& offline, const std::vec
 }
 
 void write_agreement_csv(const AgreementReport& r, const std::string& path) {
+  results::AgreementFile f;
+  f.configs = r.configs, f.requests = r.requests, f.excluded = static_cast<int>(r.excluded.size());
+  f.top_k = r.top_k, f.wider_k = r.wider_k, f.rows = r.rows;
   std::ofstream out(path);
   if (!out) throw Error(path + ": cannot write the agreement report");
-  out << "# kvsim verify agreement: " << r.configs << " configs, " << r.requests << " requests";
-  if (!r.excluded.empty()) out << " (" << r.excluded.size() << " calibration requests left out)";
-  out << "\n";
-  const std::string k = std::to_string(r.top_k);
-  out << csv_line({"offline_metric", "spearman_live_kl", "kendall_live_kl", "within_budget_spearman_live_kl",
-                   "within_budget_min_spearman_live_kl", "spearman_task_score", "kendall_task_score",
-                   "top" + k + "_recall", "top" + k + "_in_top" + std::to_string(r.wider_k)})
-      << "\n";
-  for (const auto& x : r.rows)
-    out << csv_line({x.metric, num(x.spearman_kl), num(x.kendall_kl), num(x.within_budget_spearman_kl),
-                     num(x.within_budget_min_spearman_kl), num(x.spearman_task), num(x.kendall_task), num(x.top_recall),
-                     num(x.top_in_wider)})
-        << "\n";
+  out << results::agreement_file_text(f);
   if (!out) throw Error(path + ": write failed");
 }
 

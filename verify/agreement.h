@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "results/agreement_file.h"
 #include "verify/sweep_results.h"
 
 namespace kvsim {
@@ -19,15 +20,7 @@ struct LiveRow {
   double live_kl = 0, top1 = 0, task_score = 0;  // task_score NaN: the request has no expected answer
 };
 
-struct AgreementRow {
-  std::string metric;
-  double spearman_kl = 0, kendall_kl = 0;
-  double within_budget_spearman_kl = 0;      // mean over budgets with >= 3 configs: ranking policies at one budget
-  double within_budget_min_spearman_kl = 0;  // the worst of those budgets
-  double spearman_task = 0, kendall_task = 0;
-  double top_recall = 0;    // of the live top-k (lowest live KL), the share in the offline top-k
-  double top_in_wider = 0;  // of the live top-k, the share in the offline top-(wider k)
-};
+using results::AgreementRow;  // one per offline metric (results/agreement_file.h)
 
 struct AgreementReport {
   int configs = 0, requests = 0, top_k = 5, wider_k = 8;

@@ -3,30 +3,24 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "sim/csv.h"
+#include "results/verify_file.h"
 
 namespace kvsim {
 
 LiveResults read_verify_csv(const std::string& path) {
-  CsvReader csv(path, {"request", "mode", "policy", "params", "budget", "live_kl", "top1", "task_score"},
-                "a kvsim verify result file");
   LiveResults out;
-  while (csv.next()) {
-    const std::string& mode = csv.text("mode");
-    if (out.mode.empty()) out.mode = mode;
-    if (mode != out.mode)
-      throw FormatError(csv.where() + ": mode '" + mode + "' after rows of '" + out.mode +
-                        "'; one file holds one mode");
-    const std::string semantics = csv.has("budget_semantics") ? csv.text("budget_semantics") : std::string();
-    if (out.rows.empty()) out.semantics = semantics;
-    if (semantics != out.semantics)
-      throw FormatError(csv.where() + ": budget_semantics '" + semantics + "' after rows of '" + out.semantics +
+  for (const results::VerifyRow& x : results::read_verify_file(path).rows) {
+    const std::string where = path + ":" + std::to_string(x.line);
+    if (out.mode.empty()) out.mode = x.mode;
+    if (x.mode != out.mode)
+      throw FormatError(where + ": mode '" + x.mode + "' after rows of '" + out.mode + "'; one file holds one mode");
+    if (out.rows.empty()) out.semantics = x.budget_semantics;
+    if (x.budget_semantics != out.semantics)
+      throw FormatError(where + ": budget_semantics '" + x.budget_semantics + "' after rows of '" + out.semantics +
                         "'; one file holds one budget semantics");
-    LiveRow r{csv.text("request"),   csv.text("policy"), csv.text("params"),      csv.number("budget"),
-              csv.number("live_kl"), csv.number("top1"), csv.number("task_score")};
-    if (!std::isfinite(r.live_kl) || r.live_kl < 0)
-      throw FormatError(csv.where() + ": column 'live_kl' is '" + csv.text("live_kl") + "', expected a number >= 0");
-    out.rows.push_back(std::move(r));
+    if (!std::isfinite(x.live_kl) || x.live_kl < 0)
+      throw FormatError(where + ": column 'live_kl' is '" + std::to_string(x.live_kl) + "', expected a number >= 0");
+    out.rows.push_back(LiveRow{x.request, x.policy, x.params, x.budget, x.live_kl, x.top1, x.task_score});
   }
   if (out.rows.empty()) throw FormatError(path + ": no result rows (expected a kvsim verify result file)");
   return out;

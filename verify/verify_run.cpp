@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -17,7 +16,8 @@
 #include "model/gguf.h"
 #include "core/error.h"
 #include "policies/registry.h"
-#include "sim/csv.h"
+#include "results/sweep_file.h"
+#include "results/verify_file.h"
 #include "sim/sweep.h"
 #include "traces/trace_reader.h"
 #include "verify/agreement.h"
@@ -79,47 +79,16 @@ void check_geometry(const std::vector<OfflineRow>& rows, const std::string& csv,
   }
 }
 
-// A sweep's "# config:" line (an empty object when it has none).
-nlohmann::json sweep_config(const std::string& csv) {
-  std::ifstream in(csv);
-  std::string line;
-  const std::string tag = "# config: ";
-  while (std::getline(in, line) && line.rfind("#", 0) == 0) {
-    if (line.rfind(tag, 0) != 0) continue;
-    const auto j = nlohmann::json::parse(line.substr(tag.size()), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw Error(csv + ": the '# config:' line is not a JSON object");
-    return j;
-  }
-  return nlohmann::json::object();
-}
-
-// The compression schedule a sweep ran with: compress_every, or prefill_chunk in sweeps written
-// before the flag was renamed (the same schedule).
-std::int64_t sweep_compress_every(const std::string& csv, const nlohmann::json& j) {
-  const char* key = j.contains("compress_every")  ? "compress_every"
-                    : j.contains("prefill_chunk") ? "prefill_chunk"
-                                                  : nullptr;
-  if (!key) return 0;
-  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
-    throw Error(csv + ": config field '" + key + "' is " + j[key].dump() + ", expected an integer >= 0");
-  return j[key].get<std::int64_t>();
-}
-
-// The budget semantics a sweep ran with ("point", or "peak/N"; point in sweeps written before).
-BudgetRule sweep_budget_rule(const std::string& csv, const nlohmann::json& j) {
-  if (!j.contains("budget_semantics")) return BudgetRule{};
-  const nlohmann::json& v = j["budget_semantics"];
-  const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-  if (s == "point") return BudgetRule{};
-  if (s.rfind("peak/", 0) == 0) {
-    try {
-      std::size_t used = 0;
-      const std::int64_t every = std::stoll(s.substr(5), &used);
-      if (used == s.size() - 5 && every >= 1) return BudgetRule{true, every};
-    } catch (const std::exception&) {
-    }
-  }
-  throw Error(csv + ": config field 'budget_semantics' is " + v.dump() + ", expected \"point\" or \"peak/N\" (N >= 1)");
+// The compression schedule and budget semantics a sweep ran with (point in schema-1 sweeps
+// written before budget semantics existed; a file without a configuration line: the defaults).
+std::pair<std::int64_t, BudgetRule> sweep_schedule(const std::string& csv) {
+  const std::optional<results::SweepConfig> c = results::read_sweep_config(csv);
+  if (!c) return {0, BudgetRule{}};
+  const std::optional<BudgetRule> rule = budget_rule_from_name(c->budget_semantics);
+  if (!rule)
+    throw Error(csv + ": config field 'budget_semantics' is \"" + c->budget_semantics +
+                "\", expected \"point\" or \"peak/N\" (N >= 1)");
+  return {c->compress_every, *rule};
 }
 
 }  // namespace
@@ -137,14 +106,12 @@ void adopt_sweep_settings(const std::string& offline_csv, const std::vector<Offl
   if (spec.mode_given && mode != live.mode)
     throw Error(offline_csv + ": the sweep ran " + mode_name(mode) + ", but --mode is " + mode_name(live.mode));
   live.mode = mode;
-  const nlohmann::json sweep = sweep_config(offline_csv);
-  const std::int64_t every = sweep_compress_every(offline_csv, sweep);
+  const auto [every, rule] = sweep_schedule(offline_csv);
   if (spec.compress_every_given && every != live.compress_every)
     throw Error(offline_csv + ": the sweep cut the cache every " + std::to_string(every) +
                 " prompt tokens (compress_every in its config), but --compress-every is " +
                 std::to_string(live.compress_every));
   live.compress_every = every;
-  const BudgetRule rule = sweep_budget_rule(offline_csv, sweep);
   if (spec.budget_rule_given && rule.name() != live.budget_rule.name())
     throw Error(offline_csv + ": the sweep held its budgets as " + rule.name() +
                 " (budget_semantics in its config), but --budget-semantics/--reapply-every ask for " +
@@ -157,79 +124,32 @@ void adopt_sweep_settings(const std::string& offline_csv, const std::vector<Offl
                 " (verify the tasks the sweep's traces were captured from)");
 }
 
-// The verify CSV's head: a comment, the run's configuration line, the column names.
-void write_verify_head(std::ostream& csv, const VerifySpec& spec, const VerifyOptions& live,
-                       const LiveVerifier& verifier) {
-  nlohmann::json cfg{{"tool", "kvsim verify"},
-                     {"model", spec.model_path},
-                     {"tasks", spec.tasks_path},
-                     {"mode", mode_name(live.mode)},
-                     {"max_new", live.max_new},
-                     {"weights", weight_format_name(live.weights)},
-                     {"queries", live.all_queries ? "all" : "eval"},
-                     {"prefill_chunk", live.prefill_chunk},
-                     {"compress_every", live.compress_every},
-                     {"budget_semantics", live.budget_rule.name()},
-                     {"device", verifier.device()},
-                     {"policy_steps", verifier.rules_in_engine() ? "engine" : "host"}};
-  csv << "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)\n# config: "
-      << cfg.dump() << "\n";
-  csv << csv_line({"request",
-                   "task",
-                   "mode",
-                   "policy",
-                   "params",
-                   "budget",
-                   "budget_tokens",
-                   "kept_fraction",
-                   "compressed_bytes",
-                   "budget_bytes",
-                   "steps",
-                   "live_kl",
-                   "max_kl",
-                   "top1",
-                   "ppl",
-                   "reference_ppl",
-                   "task_score",
-                   "reference_task_score",
-                   "same_tokens",
-                   "seconds",
-                   "policy_steps",
-                   "position_fallback",
-                   "budget_semantics",
-                   "decode_peak_bytes",
-                   "generated"})
-      << "\n";
+// The verify CSV's head: the run's configuration (results/verify_file.h).
+results::VerifyConfig verify_config(const VerifySpec& spec, const VerifyOptions& live, const LiveVerifier& verifier) {
+  results::VerifyConfig c;
+  c.model = spec.model_path, c.tasks = spec.tasks_path, c.mode = mode_name(live.mode);
+  c.max_new = live.max_new, c.weights = weight_format_name(live.weights);
+  c.queries = live.all_queries ? "all" : "eval";
+  c.prefill_chunk = live.prefill_chunk, c.compress_every = live.compress_every;
+  c.budget_semantics = live.budget_rule.name(), c.device = verifier.device();
+  c.policy_steps = verifier.rules_in_engine() ? "engine" : "host";
+  return c;
 }
 
 // One (request, config) row of the verify CSV.
 std::string verify_row(const CaptureRequest& r, const VerifyOptions& live, const ReplayConfig& c,
                        const LiveConfigResult& x, const LiveRequestResult& res) {
-  return csv_line({r.id,
-                   r.task,
-                   mode_name(live.mode),
-                   c.policy,
-                   c.params,
-                   num(c.budget),
-                   std::to_string(x.budget_tokens),
-                   num(x.kept_fraction),
-                   num(x.compressed_bytes),
-                   num(x.budget_bytes),
-                   std::to_string(x.steps),
-                   num(x.mean_kl),
-                   num(x.max_kl),
-                   num(x.top1),
-                   num(x.ppl),
-                   num(res.reference_ppl),
-                   num(x.task_score),
-                   num(res.reference_task_score),
-                   x.same_tokens ? "1" : "0",
-                   num(x.seconds),
-                   x.policy_steps,
-                   num(x.position_fallback),
-                   live.budget_rule.name(),
-                   num(x.decode_peak_bytes),
-                   x.generated});
+  results::VerifyRow v;
+  v.request = r.id, v.task = r.task, v.mode = mode_name(live.mode);
+  v.policy = c.policy, v.params = c.params, v.budget = c.budget;
+  v.budget_tokens = x.budget_tokens, v.kept_fraction = x.kept_fraction;
+  v.compressed_bytes = x.compressed_bytes, v.budget_bytes = x.budget_bytes, v.steps = x.steps;
+  v.live_kl = x.mean_kl, v.max_kl = x.max_kl, v.top1 = x.top1, v.ppl = x.ppl, v.reference_ppl = res.reference_ppl;
+  v.task_score = x.task_score, v.reference_task_score = res.reference_task_score;
+  v.same_tokens = x.same_tokens, v.seconds = x.seconds, v.policy_steps = x.policy_steps;
+  v.position_fallback = x.position_fallback, v.budget_semantics = live.budget_rule.name();
+  v.decode_peak_bytes = x.decode_peak_bytes, v.generated = x.generated;
+  return results::verify_row_line(v);
 }
 
 // Per (budget, policy label), the live means the table prints.
@@ -296,7 +216,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   const std::string tmp = spec.out_csv + ".partial";
   std::ofstream csv(tmp);
   if (!csv) throw Error(tmp + ": cannot write");
-  write_verify_head(csv, spec, live, verifier);
+  csv << results::verify_file_head(verify_config(spec, live, verifier));
   const bool tty = spec.progress && ::isatty(2);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<LiveRow> live_rows;

@@ -8,12 +8,14 @@ Kinds (detected from the content, not the name):
   keep_sets   kvsim trace keep-sets JSON
   trace       kvtrace HDF5              model       learned-policy model file (HDF5 with /curve)
 A file of no known kind, or one missing a column its kind needs, raises InputError naming the file
-and what was expected.
+and what was expected. This is analysis/'s one reader of kvsim's result files (docs/result-files.md):
+a file of a newer schema than SCHEMAS names is refused; older ones read as documented there.
 """
 import csv
 import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -28,6 +30,8 @@ CSV_KINDS = {
     "serve_sim": ({"eviction", "hbm_gb", "ttft_p50_ms"}, ["eviction", "hbm_gb", "kv_policy", "hit_rate", "ttft_p50_ms"]),
     "serve_hits": ({"eviction", "capacity_blocks", "block_hit_rate"}, ["eviction", "capacity_blocks", "block_hit_rate"]),
 }
+# The newest schema of each kind this reader knows (results/*.h in the C++ owns the numbers).
+SCHEMAS = {"sweep": 2, "verify": 2, "agreement": 2, "detail": 2, "serve_sim": 2, "serve_hits": 2, "keep_sets": 2}
 EXPECTED = ("a kvsim sweep, verify, agreement or serve CSV; a sweep --detail JSONL; a serve or trace keep-sets "
             "JSON; a kvtrace or learned-model .h5")
 
@@ -54,13 +58,37 @@ class Inputs:
 
 
 def _csv_text(path):
-    """The CSV without its leading '#' comment lines, and the header's columns."""
+    """The CSV without its leading '#' comment lines, the header's columns, and the comment lines."""
     with open(path, newline="") as f:
-        lines = [line for line in f if not line.startswith("#")]
+        lines = f.readlines()
+    comments = [line for line in lines if line.startswith("#")]
+    lines = [line for line in lines if not line.startswith("#")]
     if not lines:
         raise InputError(f"{path}: empty; expected {EXPECTED}")
     header = next(csv.reader([lines[0]]))
-    return "".join(lines), header
+    return "".join(lines), header, comments
+
+
+def schema_of(path, kind, comments=(), config=None):
+    """The file's schema number (1 when it names none), refused when newer than this reader knows."""
+    n = 1
+    if config is None:
+        for line in comments:
+            if line.startswith("# config: "):
+                try:
+                    config = json.loads(line[len("# config: "):])
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{path}: its '# config:' line is not JSON ({e.msg})") from None
+            m = re.match(r"# kvsim [a-z -]+ \(schema (\d+)\)", line)
+            if m:
+                n = int(m.group(1))
+    if isinstance(config, dict) and isinstance(config.get("schema"), int):
+        n = config["schema"]
+    newest = SCHEMAS.get(kind, 1)
+    if n > newest:
+        raise InputError(f"{path}: a kvsim {kind} file of schema {n}, but this reader knows schema 1 to {newest} "
+                         "(written by a newer kvsim; update kvsim)")
+    return n
 
 
 def csv_kind(path, header):
@@ -73,8 +101,9 @@ def csv_kind(path, header):
 
 
 def read_csv(path, kind=None):
-    text, header = _csv_text(path)
+    text, header, comments = _csv_text(path)
     kind = kind or csv_kind(path, header)
+    schema = schema_of(path, kind, comments)
     missing = [c for c in CSV_KINDS[kind][1] if c not in header]
     if missing:
         raise InputError(f"{path}: no column {', '.join(repr(c) for c in missing)}; expected a kvsim {kind.replace('_', ' ')} "
@@ -84,7 +113,21 @@ def read_csv(path, kind=None):
         if col in df.columns:
             df[col] = df[col].fillna("").astype(str)
     df.attrs["path"] = path
+    df.attrs["schema"] = schema
     return kind, df
+
+
+def read_records(path, kind=None):
+    """A result CSV's rows as dicts of strings (what the experiments' table scripts use), after the
+    same kind, column and schema checks as read_csv."""
+    text, header, comments = _csv_text(path)
+    kind = kind or csv_kind(path, header)
+    schema_of(path, kind, comments)
+    missing = [c for c in CSV_KINDS[kind][1] if c not in header]
+    if missing:
+        raise InputError(f"{path}: no column {', '.join(repr(c) for c in missing)}; expected a kvsim "
+                         f"{kind.replace('_', ' ')} file")
+    return list(csv.DictReader(io.StringIO(text)))
 
 
 def read_detail(path):
@@ -99,6 +142,7 @@ def read_detail(path):
                 raise InputError(f"{path}:{n}: not JSON ({e.msg}); expected a kvsim sweep --detail JSONL") from None
             if n == 1 and "configs" in row:
                 mode = row.get("mode", "")  # the sweep's configuration line
+                schema_of(path, "detail", config=row)
                 continue
             for key in ("request", "policy", "budget", "layer_kl"):
                 if key not in row:
@@ -122,6 +166,7 @@ def read_json(path):
         first = j["results"][0]
         kind = "serve_sim" if "ttft_p50_ms" in first else "serve_hits" if "capacity_blocks" in first else None
         if kind:
+            schema_of(path, kind, config=j)
             df = pd.DataFrame(j["results"])
             for key, value in j.items():
                 if key != "results" and key not in df.columns and not isinstance(value, (list, dict)):
@@ -132,6 +177,7 @@ def read_json(path):
             df.attrs["path"] = path
             return kind, df
     if isinstance(j, dict) and {"configs", "request", "compression_point"} <= set(j):
+        schema_of(path, "keep_sets", config=j)
         for c in j["configs"]:
             if "kept" not in c or "label" not in c:
                 raise InputError(f"{path}: a config without 'kept' or 'label'; expected kvsim trace keep-sets output")

@@ -54,9 +54,9 @@ def main():
     run(kvsim, *args, "-o", f"{out}/sim.csv", "--json", f"{out}/sim.json", "--force")
     run(kvsim, *args, "-o", f"{out}/sim2.csv", "--force")
     with open(f"{out}/sim.csv") as f:
-        rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     with open(f"{out}/sim2.csv") as f:
-        rows2 = list(csv.DictReader(f))
+        rows2 = list(csv.DictReader(line for line in f if not line.startswith("#")))
     check(len(rows) == 6, f"6 rows (3 configs x 2 evictions), got {len(rows)}")
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
     check(strip(rows) == strip(rows2), "a rerun gives identical results")
@@ -87,7 +87,7 @@ def main():
     # Everything rejected: no latency figures, written empty rather than as 0 ms.
     run(kvsim, "serve", "simulate", trace, "--hbm-gb", "0.0001", "--quiet", "-o", f"{out}/none.csv", "--force")
     with open(f"{out}/none.csv") as f:
-        r = next(csv.DictReader(f))
+        r = next(csv.DictReader(line for line in f if not line.startswith("#")))
     check(r["completed"] == "0" and r["rejected"] == "300", "all rejected at 0.1 MB of HBM")
     check(r["ttft_p50_ms"] == "" and r["tbt_p99_ms"] == "" and r["queue_p50_ms"] == "", "no samples: empty percentiles")
 

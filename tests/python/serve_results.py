@@ -7,7 +7,7 @@ import json
 def serve_rows(path):
     """`path` is the run's CSV; its JSON summary is beside it (same name, .json)."""
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     for r in rows:
         r.pop("seconds", None)
     with open(path[:-4] + ".json") as f:

@@ -13,7 +13,8 @@ import unittest
 
 ANALYSIS, FIX = sys.argv[1], sys.argv[2]
 sys.path.insert(0, ANALYSIS)
-from kvsim_report.readers import InputError, config_means, read_csv, read_detail, read_inputs, read_json  # noqa: E402
+from kvsim_report.readers import (InputError, config_means, read_csv, read_detail, read_inputs, read_json,  # noqa: E402
+                                  read_records)
 from kvsim_report.plots import frontier  # noqa: E402
 from kvsim_report.agreement_plot import spearman  # noqa: E402
 
@@ -95,6 +96,47 @@ class Readers(unittest.TestCase):
         with self.assertRaises(InputError) as e:
             head_heatmaps(read_inputs([f.name]))
         self.assertIn("only full-cache or oracle rows", str(e.exception))
+
+
+class Schemas(unittest.TestCase):
+    """A file of a newer schema than the reader knows is refused by name; older ones read."""
+
+    def write(self, suffix, text):
+        with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False) as f:
+            f.write(text)
+        return f.name
+
+    def test_newer_sweep_refused_older_read(self):
+        with open(fx("sweep.csv")) as f:
+            lines = f.read().split("\n")
+        config = [i for i, line in enumerate(lines) if line.startswith("# config: ")][0]
+        j = json.loads(lines[config][len("# config: "):])
+        for schema, ok in ((None, True), (2, True), (3, False)):
+            j.pop("schema", None)
+            if schema:
+                j["schema"] = schema
+            lines[config] = "# config: " + json.dumps(j)
+            path = self.write(".csv", "\n".join(lines))
+            if ok:
+                self.assertEqual(read_csv(path)[0], "sweep")
+                self.assertEqual(len(read_records(path)), 2 * 3 * 13)
+            else:
+                with self.assertRaises(InputError) as e:
+                    read_csv(path)
+                self.assertIn(path, str(e.exception))
+                self.assertIn("schema 3", str(e.exception))
+
+    def test_newer_banner_and_json_refused(self):
+        path = self.write(".csv", "# kvsim serve hit-rate results (schema 7): one row per grid point\n"
+                                  "eviction,capacity_blocks,block_hit_rate\nlru,10,0.5\n")
+        with self.assertRaises(InputError) as e:
+            read_csv(path)
+        self.assertIn("schema 7", str(e.exception))
+        path = self.write(".json", json.dumps({"schema": 9, "results": [{"eviction": "lru", "capacity_blocks": 1,
+                                                                          "block_hit_rate": 0.5}]}))
+        with self.assertRaises(InputError) as e:
+            read_json(path)
+        self.assertIn("schema 9", str(e.exception))
 
 
 class ModelFiles(unittest.TestCase):

@@ -1,7 +1,9 @@
-#include "sim/csv.h"
+#include "core/csv.h"
 
 #include <algorithm>
 #include <fstream>
+#include <iomanip>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -15,6 +17,12 @@ std::string csv_field(const std::string& s) {
     out += ch;
   }
   return out + "\"";
+}
+
+std::string csv_number(double x) {
+  std::ostringstream os;
+  os << std::setprecision(9) << x;
+  return os.str();
 }
 
 std::string csv_line(const std::vector<std::string>& fields) {

@@ -10,6 +10,8 @@ namespace kvsim {
 
 std::string csv_field(const std::string& s);
 std::string csv_line(const std::vector<std::string>& fields);
+// A number as every result file writes it: 9 significant digits (reads back to the same text).
+std::string csv_number(double x);
 // Splits one line (no embedded newlines) into fields, undoing the quoting.
 std::vector<std::string> parse_csv_line(const std::string& line);
 

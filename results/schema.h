@@ -1,0 +1,18 @@
+#pragma once
+// The schema number every kvsim result file carries (docs/result-files.md): in its configuration
+// ("schema": N) or, for files without one, in its banner ("... (schema N): ..."). A file without a
+// number was written before kvsim numbered them and is schema 1; a number above what this build
+// reads is refused, naming the file and both numbers.
+#include <string>
+
+namespace kvsim::results {
+
+// `found` checked against the newest schema `current` of the file kind `kind` ("sweep result file").
+void check_schema(int found, int current, const std::string& path, const std::string& kind);
+
+// The schema named in a banner line that starts with `prefix`; 1 when it names none.
+int banner_schema(const std::string& banner, const std::string& prefix, const std::string& path);
+// `prefix` followed by " (schema N)".
+std::string banner_with_schema(const std::string& prefix, int schema);
+
+}  // namespace kvsim::results
