@@ -30,4 +30,12 @@ std::string banner_with_schema(const std::string& prefix, int schema) {
   return prefix + " (schema " + std::to_string(schema) + ")";
 }
 
+namespace {
+const std::string kConfigTag = "# config: ";
+}  // namespace
+
+std::string config_line(const std::string& json) { return kConfigTag + json; }
+bool is_config_line(const std::string& line) { return line.rfind(kConfigTag, 0) == 0; }
+std::string config_json(const std::string& line) { return line.substr(kConfigTag.size()); }
+
 }  // namespace kvsim::results

@@ -15,4 +15,9 @@ int banner_schema(const std::string& banner, const std::string& prefix, const st
 // `prefix` followed by " (schema N)".
 std::string banner_with_schema(const std::string& prefix, int schema);
 
+// The configuration line of the CSV kinds that carry one: "# config: " + one line of JSON.
+std::string config_line(const std::string& json);
+bool is_config_line(const std::string& line);
+std::string config_json(const std::string& line);  // the JSON of a config line
+
 }  // namespace kvsim::results

@@ -21,7 +21,6 @@ namespace kvsim::results {
 namespace {
 
 const char* const kBanner = "# kvsim sweep results: one row per trace x request x policy x budget";
-const std::string kConfigTag = "# config: ";
 const char* const kKind = "kvsim sweep result file";
 
 const std::vector<std::string> kColumns = {"trace",
@@ -149,7 +148,7 @@ const std::vector<std::string>& sweep_columns() { return kColumns; }
 SweepConfig parse_sweep_config(const std::string& text, const std::string& path) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
-    throw FormatError(path + ": its '" + kConfigTag + "' line is not a JSON object; expected a " + kKind);
+    throw FormatError(path + ": its '# config:' line is not a JSON object; expected a " + kKind);
   SweepConfig c;
   c.schema = field<int>(j, "schema", 1, path);
   check_schema(c.schema, kSweepSchema, path, kKind);
@@ -232,7 +231,7 @@ std::string sweep_row_line(const SweepRow& r) {
 }
 
 std::string sweep_file_head(const SweepConfig& c) {
-  return std::string(kBanner) + "\n" + kConfigTag + sweep_config_text(c) + "\n" + csv_line(kColumns) + "\n";
+  return std::string(kBanner) + "\n" + config_line(sweep_config_text(c)) + "\n" + csv_line(kColumns) + "\n";
 }
 
 SweepFile read_sweep_file(const std::string& path, TornTail tail) {
@@ -247,8 +246,8 @@ SweepFile read_sweep_file(const std::string& path, TornTail tail) {
   std::size_t n = 0;
   for (; n < lines.size() && (lines[n].empty() || lines[n][0] == '#'); ++n) {
     if (lines[n] == kBanner) f.has_banner = true;
-    if (lines[n].rfind(kConfigTag, 0) == 0) {
-      f.config_text = lines[n].substr(kConfigTag.size());
+    if (is_config_line(lines[n])) {
+      f.config_text = config_json(lines[n]);
       f.config = parse_sweep_config(f.config_text, path + ":" + std::to_string(n + 1));
     }
   }
@@ -267,7 +266,7 @@ SweepFile read_sweep_file(const std::string& path, TornTail tail) {
 std::optional<SweepConfig> read_sweep_config(const std::string& path) {
   for (const std::string& line : whole_lines(path)) {
     if (line.empty() || line[0] != '#') break;
-    if (line.rfind(kConfigTag, 0) == 0) return parse_sweep_config(line.substr(kConfigTag.size()), path);
+    if (is_config_line(line)) return parse_sweep_config(config_json(line), path);
   }
   return std::nullopt;
 }

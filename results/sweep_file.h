@@ -1,6 +1,6 @@
 #pragma once
 // The owner of the `kvsim sweep` result file (docs/result-files.md): a banner, the configuration
-// line ("# config: " + JSON, whose "schema" numbers the file), the column names, then one row per
+// line (a "# config:" tag and JSON, whose "schema" numbers the file), the column names, then one row per
 // trace x request x config, appended and flushed a request at a time. Nothing else spells its
 // banner, configuration tag or columns; everything that writes or reads one comes here.
 #include <cstdint>
@@ -29,7 +29,7 @@ struct SweepConfig {
   std::vector<std::pair<std::string, double>> configs;  // (policy label, budget), in row order
 };
 
-// The configuration as one line of JSON (without the "# config: " tag), and back; `where` names
+// The configuration as one line of JSON (without its tag), and back; `where` names
 // the file (and line) in errors.
 std::string sweep_config_text(const SweepConfig& c);
 SweepConfig parse_sweep_config(const std::string& text, const std::string& where);

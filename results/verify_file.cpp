@@ -16,7 +16,6 @@ namespace {
 
 const char* const kBanner =
     "# kvsim verify results: one row per request x policy x budget (live, against the full-cache run)";
-const std::string kConfigTag = "# config: ";
 const char* const kKind = "kvsim verify result file";
 
 const std::vector<std::string> kColumns = {"request",
@@ -48,7 +47,7 @@ const std::vector<std::string> kColumns = {"request",
 VerifyConfig parse_config(const std::string& text, const std::string& where) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
-    throw FormatError(where + ": its '" + kConfigTag + "' line is not a JSON object; expected a " + kKind);
+    throw FormatError(where + ": its '# config:' line is not a JSON object; expected a " + kKind);
   VerifyConfig c;
   try {
     c.schema = j.value("schema", 1);
@@ -70,8 +69,7 @@ std::optional<VerifyConfig> read_config(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   for (int n = 1; std::getline(in, line) && line.rfind('#', 0) == 0; ++n)
-    if (line.rfind(kConfigTag, 0) == 0)
-      return parse_config(line.substr(kConfigTag.size()), path + ":" + std::to_string(n));
+    if (is_config_line(line)) return parse_config(config_json(line), path + ":" + std::to_string(n));
   return std::nullopt;
 }
 
@@ -113,7 +111,7 @@ std::string verify_file_head(const VerifyConfig& c) {
                            {"budget_semantics", c.budget_semantics},
                            {"device", c.device},
                            {"policy_steps", c.policy_steps}};
-  return std::string(kBanner) + "\n" + kConfigTag + cfg.dump() + "\n" + csv_line(kColumns) + "\n";
+  return std::string(kBanner) + "\n" + config_line(cfg.dump()) + "\n" + csv_line(kColumns) + "\n";
 }
 
 std::string verify_row_line(const VerifyRow& r) {

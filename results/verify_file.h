@@ -1,6 +1,6 @@
 #pragma once
 // The owner of the `kvsim verify` result file (docs/result-files.md): a banner, the run's
-// configuration line ("# config: " + JSON, whose "schema" numbers the file), the column names,
+// configuration line (a "# config:" tag and JSON, whose "schema" numbers the file), the column names,
 // then one row per request x config. Records may span lines (the generated text is quoted).
 #include <cstdint>
 #include <optional>

@@ -400,12 +400,7 @@ void replay_codec_decode(const ReplayConfig& cfg, const ConfigBudget& b, const L
   const KvCodec& codec = codec_of(cfg);
   const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads, d = w.g.head_dim;
   const std::int64_t c = w.c, E = w.E;
-  if (E != w.T - c)
-    throw Error("policy " + cfg.policy +
-                " re-encodes its cache while decoding and needs the query of every token after "
-                "the compression point (" +
-                std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
-                "; capture with all decode-step queries");
+  require_decode_queries(cfg, w, "re-encodes its cache while decoding");
   // Drop entries leave the encodings (and the codec data made for them), so decode tokens append.
   LayerIndex cache = coded_index(plan, c, &a);
   for (HeadPlan& enc : cache.encoding) enc = kvcache::without_drops(enc);

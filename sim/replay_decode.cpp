@@ -145,6 +145,13 @@ std::vector<std::vector<double>> block_errors(const LayerWork& w, const std::vec
 
 }  // namespace
 
+void require_decode_queries(const ReplayConfig& cfg, const LayerWork& w, const std::string& why) {
+  if (w.E != w.T - w.c)
+    throw Error("policy " + cfg.policy + " " + why +
+                " and needs the query of every token after the compression point (" + std::to_string(w.T - w.c) +
+                "), but the trace recorded " + std::to_string(w.E) + "; capture with all decode-step queries");
+}
+
 // Decode-time policies: the cache changes every step, so each evaluation row is scored against
 // its own kept set. Softmax restricted to the cache is the full softmax renormalised over it,
 // so the shared full attention still serves. Two phases: (1) walk the steps, gathering the
@@ -156,12 +163,7 @@ void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWo
                    DecodeState& state, Accumulator& a) {
   const int Hkv = w.g.n_kv_heads, Hq = w.g.n_q_heads;
   const std::int64_t c = w.c, E = w.E;
-  if (E != w.T - c)
-    throw Error("policy " + cfg.policy +
-                " evicts at every decode step and needs the query of every token after the "
-                "compression point (" +
-                std::to_string(w.T - c) + "), but the trace recorded " + std::to_string(E) +
-                "; capture with all decode-step queries");
+  require_decode_queries(cfg, w, "evicts at every decode step");
   kvcache::LayerIndex walk = kvcache::LayerIndex::prefix(Hkv, c);
   kvcache::apply_plan(cfg, plan, w.g, walk, nullptr);
   const std::vector<std::vector<std::int32_t>> initial = walk.tokens;

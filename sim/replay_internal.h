@@ -179,6 +179,10 @@ struct Planned {
 Planned plan_config(std::size_t index, const ReplayConfig& cfg, const ConfigBudget& budget, const LayerWork& w,
                     Accumulator& a);
 // Decode-time configs (replay_decode.cpp).
+// A decode-time config needs the query of every token after the compression point; throws
+// naming the policy and `why` ("evicts at every decode step") when the trace recorded fewer.
+void require_decode_queries(const ReplayConfig& cfg, const LayerWork& w, const std::string& why);
+
 void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWork& w, const LayerPlan& plan,
                    DecodeState& state, Accumulator& a);
 // One-shot plans with encoded tokens (replay_codec.cpp): the memory accounting (phase A), which

@@ -144,16 +144,11 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
            << results["evaluated_on"].get<std::string>() << "\n";
 
   learned::LearnedModel m = scorer_model("foresight", set, std::move(net), mean, sd, std::move(curve), o.seed);
-  m.provenance.hyperparameters = nlohmann::json{
-      {"hidden", o.hidden},
-      {"activation", learned::activation_name(o.activation)},
-      {"steps", o.steps},
-      {"lr", o.lr},
-      {"heads_per_step", o.heads_per_step},
-      {"pairs_per_head", o.pairs_per_head},
-      {"margin", o.margin},
-      {"top_share", o.top_share},
-      {"labeler", set.labeler}}.dump();
+  m.provenance.hyperparameters = scorer_hyperparameters(o, nlohmann::json{{"pairs_per_head", o.pairs_per_head},
+                                                                          {"margin", o.margin},
+                                                                          {"top_share", o.top_share},
+                                                                          {"labeler", set.labeler}}
+                                                               .dump());
   m.results = results.dump();
   return m;
 }

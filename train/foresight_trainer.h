@@ -10,17 +10,10 @@
 
 namespace kvsim::train {
 
-struct ForesightOptions {
-  std::vector<int> hidden = {32, 32};
-  learned::Activation activation = learned::Activation::Tanh;
-  std::int64_t steps = 400;
-  double lr = 3e-3;
-  int heads_per_step = 8;  // (request, layer, KV head) samples per Adam step
+struct ForesightOptions : ScorerTraining {
   int pairs_per_head = 256;
   double margin = 1.0;      // hinge margin on the score difference
   double top_share = 0.25;  // the better token of a pair comes from this top share by label
-  std::uint64_t seed = 1;
-  bool tty = false;  // progress line rewritten in place
 };
 
 // Mean share of each head's golden top-`share` tokens that a scorer's top-`share` also holds.

@@ -238,14 +238,8 @@ learned::LearnedModel train_sigmoid_gate(const TrainingSet& set, const TrainingI
            << "\n";
 
   learned::LearnedModel m = scorer_model("sigmoid_gate", set, std::move(net), mean, sd, std::move(curve), o.seed);
-  m.provenance.hyperparameters = nlohmann::json{
-      {"hidden", o.hidden},
-      {"activation", learned::activation_name(o.activation)},
-      {"steps", o.steps},
-      {"lr", o.lr},
-      {"heads_per_step", o.heads_per_step},
-      {"capacity", o.capacity},
-      {"penalty", o.penalty}}.dump();
+  m.provenance.hyperparameters =
+      scorer_hyperparameters(o, nlohmann::json{{"capacity", o.capacity}, {"penalty", o.penalty}}.dump());
   if (!o.model.empty()) {
     std::set<int> ids;
     for (const HeadSample* h : held.empty() ? fit : held) ids.insert(h->request);

@@ -15,18 +15,11 @@
 
 namespace kvsim::train {
 
-struct SigmoidGateOptions {
-  std::vector<int> hidden = {32, 32};
-  learned::Activation activation = learned::Activation::Tanh;
-  std::int64_t steps = 400;
-  double lr = 3e-3;
-  int heads_per_step = 8;
+struct SigmoidGateOptions : ScorerTraining {
   double capacity = 0.25;    // the mean gate the penalty allows without cost
   double penalty = 10.0;     // weight of max(0, mean(g) - capacity)^2
   std::string model, tasks;  // live gap: the GGUF the traces were captured from, their task file
   int max_new = 16;          // live gap: continuation length
-  std::uint64_t seed = 1;
-  bool tty = false;
 };
 
 // Relative squared error of a sample's attention output when token j's attention is scaled by

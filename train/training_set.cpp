@@ -1,5 +1,7 @@
 #include "train/training_set.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -97,6 +99,16 @@ std::vector<double> standardized(const std::vector<float>& raw, std::int64_t row
       x[k] = (raw[k] - mean[static_cast<std::size_t>(c)]) / std_dev[static_cast<std::size_t>(c)];
     }
   return x;
+}
+
+std::string scorer_hyperparameters(const ScorerTraining& o, const std::string& extra_json) {
+  nlohmann::json j = {{"hidden", o.hidden},
+                      {"activation", learned::activation_name(o.activation)},
+                      {"steps", o.steps},
+                      {"lr", o.lr},
+                      {"heads_per_step", o.heads_per_step}};
+  j.update(nlohmann::json::parse(extra_json));
+  return j.dump();
 }
 
 learned::LearnedModel scorer_model(const std::string& method, const TrainingSet& set, learned::Mlp net,

@@ -57,6 +57,20 @@ std::vector<int> scorer_sizes(const std::vector<int>& hidden);
 std::vector<double> standardized(const std::vector<float>& raw, std::int64_t rows, const std::vector<double>& mean,
                                  const std::vector<double>& std_dev);
 
+// What every gradient-trained token scorer (foresight, sigmoid_gate) is trained with: the network,
+// the optimiser's steps, its batch of heads, the seed.
+struct ScorerTraining {
+  std::vector<int> hidden = {32, 32};
+  learned::Activation activation = learned::Activation::Tanh;
+  std::int64_t steps = 400;
+  double lr = 3e-3;
+  int heads_per_step = 8;  // (request, layer, KV head) samples per Adam step
+  std::uint64_t seed = 1;
+  bool tty = false;  // progress line rewritten in place
+};
+// Its hyperparameters as a model file records them, with a trainer's own `extra` fields.
+std::string scorer_hyperparameters(const ScorerTraining& o, const std::string& extra_json);
+
 // A token-scoring model of `method` (foresight, sigmoid_gate, distillcache) complete but for its
 // hyperparameters and results: features, the training set's geometry and provenance, the seed.
 learned::LearnedModel scorer_model(const std::string& method, const TrainingSet& set, learned::Mlp net,

@@ -12,7 +12,7 @@ import tempfile
 
 # string -> the owner modules allowed to spell it (header and source; paths relative to the root)
 OWNED = {
-    "# config: ": {"results/sweep_file", "results/verify_file"},
+    "# config: ": {"results/schema"},
     "# kvsim sweep results": {"results/sweep_file"},
     '"footprint_byte_steps"': {"results/sweep_file"},
     '"layer_out_err"': {"results/detail_file"},
@@ -26,7 +26,7 @@ OWNED = {
 }
 PY_OWNER = "analysis/kvsim_report/readers.py"
 PY_OWNED = ["csv.reader", "csv.DictReader", "pd.read_csv", "json.loads", "json.load("]
-CODE = ("", ".h", ".cu", ".cuh")
+CODE = (".cpp", ".h", ".cu", ".cuh")
 NOT_PRODUCT = {"tests", "build", "build-sanitize", ".git"}
 
 
@@ -53,12 +53,12 @@ def self_test():
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
         (root / "results").mkdir()
-        (root / "results/sweep_file").write_text('const char* c = "# config: ";\n')
+        (root / "results/schema.cpp").write_text('const char* c = "# config: ";\n')
         if strays(root):
             print("self-test: the owner alone was flagged")
             return 1
         (root / "sim").mkdir()
-        (root / "sim/x").write_text('if (line.rfind("# config: ", 0) == 0) {}\n')
+        (root / "sim/x.cpp").write_text('if (line.rfind("# config: ", 0) == 0) {}\n')
         (root / "analysis").mkdir()
         (root / "analysis/table.py").write_text("rows = list(csv.DictReader(f))\n")
         got = strays(root)
