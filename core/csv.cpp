@@ -1,6 +1,8 @@
 #include "core/csv.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -59,8 +61,18 @@ std::vector<std::string> parse_csv_line(const std::string& line) {
 CsvReader::CsvReader(const std::string& path, const std::vector<std::string>& required, const std::string& what)
     : path_(path), in_(std::make_unique<std::ifstream>(path)) {
   if (!*in_) throw Error(path + ": cannot open (expected " + what + ")");
+  read_header(required, what);
+}
+
+CsvReader::CsvReader(std::unique_ptr<std::istream> in, const std::string& name,
+                     const std::vector<std::string>& required, const std::string& what)
+    : path_(name), in_(std::move(in)) {
+  read_header(required, what);
+}
+
+void CsvReader::read_header(const std::vector<std::string>& required, const std::string& what) {
   std::string record;
-  if (!read_record(record)) throw FormatError(path + ": no header line (expected " + what + ")");
+  if (!read_record(record)) throw FormatError(path_ + ": no header line (expected " + what + ")");
   const auto f = parse_csv_line(record);
   for (std::size_t i = 0; i < f.size(); ++i)
     if (!col_.emplace(f[i], i).second)
@@ -69,6 +81,12 @@ CsvReader::CsvReader(const std::string& path, const std::vector<std::string>& re
     if (!col_.count(r))
       throw FormatError(where() + ": header has no column '" + r + "' (expected " + what + " with columns " +
                         csv_line(required) + ", ...)");
+}
+
+std::vector<std::string> CsvReader::columns() const {
+  std::vector<std::string> out(col_.size());
+  for (const auto& [name, i] : col_) out[i] = name;
+  return out;
 }
 
 CsvReader::~CsvReader() = default;
@@ -88,9 +106,8 @@ bool CsvReader::read_record(std::string& record) {
 }
 
 bool CsvReader::next() {
-  std::string record;
-  if (!read_record(record)) return false;
-  fields_ = parse_csv_line(record);
+  if (!read_record(record_)) return false;
+  fields_ = parse_csv_line(record_);
   if (fields_.size() != col_.size())
     throw FormatError(where() + ": " + std::to_string(fields_.size()) + " fields, expected " +
                       std::to_string(col_.size()));
@@ -112,6 +129,27 @@ double CsvReader::number(const std::string& column) const {
   } catch (const std::exception&) {
   }
   throw FormatError(where() + ": column '" + column + "' is '" + s + "', expected a number");
+}
+
+std::int64_t CsvReader::integer(const std::string& column) const { return csv_integer(text(column), column, where()); }
+
+std::string CsvReader::text_or(const std::string& column, const std::string& fallback) const {
+  return has(column) ? text(column) : fallback;
+}
+double CsvReader::number_or(const std::string& column, double fallback) const {
+  return has(column) ? number(column) : fallback;
+}
+std::int64_t CsvReader::integer_or(const std::string& column, std::int64_t fallback) const {
+  return has(column) ? integer(column) : fallback;
+}
+
+std::int64_t csv_integer(const std::string& text, const std::string& column, const std::string& where) {
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  // 2^63 is exact in a double; every whole double below it in magnitude converts exactly.
+  if (text.empty() || end != text.c_str() + text.size() || !(std::abs(x) < 9223372036854775808.0) || x != std::floor(x))
+    throw FormatError(where + ": column '" + column + "' is '" + text + "', expected an integer");
+  return static_cast<std::int64_t>(x);
 }
 
 }  // namespace kvsim

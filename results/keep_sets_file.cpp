@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "results/json_integer.h"
 #include "results/schema.h"
 
 namespace kvsim::results {
@@ -15,11 +16,33 @@ const char* const kKind = "kvsim trace keep-sets file";
 template <class T>
 T get(const nlohmann::json& j, const char* key, const std::string& where, const char* want) {
   if (!j.is_object() || !j.contains(key)) throw FormatError(where + ": no field '" + key + "'; expected a " + kKind);
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw FormatError(where + ": field '" + key + "' is " + j.at(key).dump().substr(0, 80) + ", expected " + want);
+  const nlohmann::json& v = j.at(key);
+  T out{};
+  if (json_value(v, out)) return out;
+  throw FormatError(where + ": field '" + key + "' is " + v.dump().substr(0, 80) + ", expected " + want);
+}
+
+// [layer][entry] lists of token indices, each an integer >= 0.
+std::vector<std::vector<std::vector<std::int32_t>>> kept_sets(const nlohmann::json& j, const std::string& where) {
+  const auto bad = [&] {
+    return FormatError(where + ": field 'kept' is not [layer][entry] lists of token indices (integers >= 0)");
+  };
+  if (!j.is_object() || !j.contains("kept") || !j["kept"].is_array()) throw bad();
+  std::vector<std::vector<std::vector<std::int32_t>>> out;
+  for (const auto& layer : j["kept"]) {
+    if (!layer.is_array()) throw bad();
+    auto& l = out.emplace_back();
+    for (const auto& entry : layer) {
+      if (!entry.is_array()) throw bad();
+      auto& e = l.emplace_back();
+      for (const auto& token : entry) {
+        std::int32_t t = -1;
+        if (!as_integer(token, t) || t < 0) throw bad();
+        e.push_back(t);
+      }
+    }
   }
+  return out;
 }
 
 }  // namespace
@@ -56,12 +79,10 @@ KeepSetsFile read_keep_sets_file(const std::string& path) {
   const auto configs = get<std::vector<nlohmann::json>>(j, "configs", path, "a list");
   for (std::size_t i = 0; i < configs.size(); ++i) {
     const std::string where = path + ": configs[" + std::to_string(i) + "]";
-    using Kept = std::vector<std::vector<std::vector<std::int32_t>>>;
     f.configs.push_back({get<std::string>(configs[i], "policy", where, "a string"),
                          get<std::string>(configs[i], "params", where, "a string"),
                          get<std::string>(configs[i], "label", where, "a string"),
-                         get<double>(configs[i], "budget", where, "a number"),
-                         get<Kept>(configs[i], "kept", where, "[layer][entry] lists of token indices")});
+                         get<double>(configs[i], "budget", where, "a number"), kept_sets(configs[i], where)});
   }
   return f;
 }

@@ -5,6 +5,7 @@
 
 #include "core/csv.h"
 #include "core/error.h"
+#include "results/json_integer.h"
 #include "results/schema.h"
 
 namespace kvsim::results {
@@ -152,7 +153,9 @@ nlohmann::json read_serve_json(const std::string& path) {
   nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw FormatError(path + ": not a JSON object; expected a kvsim serve summary");
-  const int schema = j.contains("schema") && j["schema"].is_number_integer() ? j["schema"].get<int>() : 1;
+  int schema = 1;
+  if (j.contains("schema") && !as_integer(j["schema"], schema))
+    throw FormatError(path + ": field 'schema' is " + dump(j["schema"]).substr(0, 40) + ", expected an integer");
   check_schema(schema, kServeSchema, path, "kvsim serve JSON summary");
   if (!j.contains("results") || !j["results"].is_array())
     throw FormatError(path + ": no list 'results'; expected a kvsim serve summary");
@@ -174,15 +177,19 @@ GridProgress parse_grid_progress(const std::vector<std::string>& lines, const st
   const nlohmann::json head = nlohmann::json::parse(lines.empty() ? std::string() : lines[0], nullptr, false);
   if (head.is_discarded() || !head.is_object() || !head.contains("config"))
     throw FormatError(path + ": line 1: expected a kvsim serve progress header {\"config\": ...}; not a progress file");
-  const int schema = head.contains("schema") && head["schema"].is_number_integer() ? head["schema"].get<int>() : 1;
+  int schema = 1;
+  if (head.contains("schema") && !as_integer(head["schema"], schema))
+    throw FormatError(path + ": line 1: field 'schema' is " + dump(head["schema"]).substr(0, 40) +
+                      ", expected an integer");
   check_schema(schema, kServeSchema, path, "kvsim serve progress file");
   g.config = head["config"];
   for (std::size_t i = 1; i < lines.size(); ++i) {
     const std::string where = path + ": line " + std::to_string(i + 1);
     nlohmann::json j = parse_line(lines[i], where, "{\"point\": N, \"row\": {...}}");
-    if (!j.contains("point") || !j["point"].is_number_unsigned() || !j.contains("row") || !j["row"].is_object())
+    std::size_t point = 0;
+    if (!j.contains("point") || !as_integer(j["point"], point) || !j.contains("row") || !j["row"].is_object())
       throw FormatError(where + ": expected {\"point\": N, \"row\": {...}}");
-    g.rows.emplace_back(j["point"].get<std::size_t>(), std::move(j["row"]));
+    g.rows.emplace_back(point, std::move(j["row"]));
   }
   return g;
 }

@@ -14,6 +14,7 @@
 #include "core/csv.h"
 #include "core/error.h"
 #include "core/text_lines.h"
+#include "results/json_integer.h"
 #include "results/schema.h"
 
 namespace kvsim::results {
@@ -53,7 +54,6 @@ const std::vector<std::string> kColumns = {"trace",
 // The columns every schema-1 file has; the rest came later and read as NaN / empty when absent.
 const std::set<std::string> kRequired = {"trace",       "request", "mode",   "policy",       "params",     "budget",
                                          "mean_recall", "mean_kl", "p95_kl", "mean_out_err", "p95_out_err"};
-const std::set<std::string> kText = {"trace", "request", "mode", "policy", "params", "budget_semantics", "est_kl"};
 
 std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
@@ -61,30 +61,14 @@ std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohma
 template <class T>
 T field(const nlohmann::json& j, const char* key, T fallback, const std::string& path) {
   if (!j.contains(key)) return fallback;
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    const char* want = std::is_same_v<T, std::string>                ? "a string"
-                       : std::is_integral_v<T>                       ? "an integer"
-                       : std::is_same_v<T, std::vector<std::string>> ? "a list of strings"
-                                                                     : "a list of numbers";
-    throw FormatError(path + ": config field '" + key + "' is " + dump(j.at(key)) + ", expected " + want);
-  }
-}
-
-double number(const std::string& text, const std::string& column, const std::string& where) {
-  char* end = nullptr;
-  const double x = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size())
-    throw FormatError(where + ": column '" + column + "' is '" + text + "', expected a number");
-  return x;
-}
-
-std::int64_t integer(const std::string& text, const std::string& column, const std::string& where) {
-  const double x = number(text, column, where);
-  if (!(std::abs(x) < 9.2e18) || x != std::floor(x))
-    throw FormatError(where + ": column '" + column + "' is '" + text + "', expected an integer");
-  return static_cast<std::int64_t>(x);
+  const nlohmann::json& v = j.at(key);
+  T out{};
+  if (json_value(v, out)) return out;
+  const char* want = std::is_same_v<T, std::string>                ? "a string"
+                     : std::is_integral_v<T>                       ? "an integer"
+                     : std::is_same_v<T, std::vector<std::string>> ? "a list of strings"
+                                                                   : "a list of numbers";
+  throw FormatError(path + ": config field '" + key + "' is " + dump(v).substr(0, 80) + ", expected " + want);
 }
 
 std::uint64_t hash_value(const std::string& text, const std::string& where) {
@@ -95,50 +79,28 @@ std::uint64_t hash_value(const std::string& text, const std::string& where) {
   return x;
 }
 
-// One row from its fields, by the file's own column order.
-SweepRow parse_row(const std::vector<std::string>& f, const std::map<std::string, std::size_t>& col,
-                   const std::string& where) {
-  if (f.size() != col.size())
-    throw FormatError(where + ": " + std::to_string(f.size()) + " fields, expected " + std::to_string(col.size()) +
-                      " (not a " + kKind + " row)");
+// The current record of `csv` as a row; columns newer than schema 1 read as NaN or empty when
+// the file has none.
+SweepRow parse_row(const CsvReader& csv) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  auto text = [&](const char* c) { return col.count(c) ? f[col.at(c)] : std::string(); };
-  auto num_or = [&](const char* c, double fallback) {
-    return col.count(c) ? number(f[col.at(c)], c, where) : fallback;
-  };
   SweepRow r;
-  r.trace = text("trace"), r.request = text("request"), r.mode = text("mode");
-  r.policy = text("policy"), r.params = text("params");
-  r.budget = num_or("budget", nan);
-  r.budget_tokens = col.count("budget_tokens") ? integer(text("budget_tokens"), "budget_tokens", where) : 0;
-  r.kept_fraction = num_or("kept_fraction", nan), r.mean_recall = num_or("mean_recall", nan);
-  r.mean_kl = num_or("mean_kl", nan), r.p95_kl = num_or("p95_kl", nan);
-  r.mean_out_err = num_or("mean_out_err", nan), r.p95_out_err = num_or("p95_out_err", nan);
-  r.compressed_bytes = num_or("compressed_bytes", nan), r.budget_bytes = num_or("budget_bytes", nan);
-  r.peak_bytes = num_or("peak_bytes", nan), r.final_bytes = num_or("final_bytes", nan);
-  r.footprint_byte_steps = num_or("footprint_byte_steps", nan), r.host_bytes = num_or("host_bytes", nan);
-  r.eval_queries = col.count("eval_queries") ? integer(text("eval_queries"), "eval_queries", where) : 0;
-  r.rows = col.count("rows") ? integer(text("rows"), "rows", where) : 0;
-  r.keep_hash = col.count("keep_hash") ? hash_value(text("keep_hash"), where) : 0;
-  r.position_fallback = num_or("position_fallback", nan);
-  r.budget_semantics = text("budget_semantics");
-  r.decode_peak_bytes = num_or("decode_peak_bytes", nan), r.mean_out_sq = num_or("mean_out_sq", nan);
-  if (!text("est_kl").empty()) r.est_kl = number(text("est_kl"), "est_kl", where);
+  r.trace = csv.text_or("trace"), r.request = csv.text_or("request"), r.mode = csv.text_or("mode");
+  r.policy = csv.text_or("policy"), r.params = csv.text_or("params");
+  r.budget = csv.number_or("budget", nan), r.budget_tokens = csv.integer_or("budget_tokens", 0);
+  r.kept_fraction = csv.number_or("kept_fraction", nan), r.mean_recall = csv.number_or("mean_recall", nan);
+  r.mean_kl = csv.number_or("mean_kl", nan), r.p95_kl = csv.number_or("p95_kl", nan),
+  r.mean_out_err = csv.number_or("mean_out_err", nan);
+  r.p95_out_err = csv.number_or("p95_out_err", nan), r.compressed_bytes = csv.number_or("compressed_bytes", nan);
+  r.budget_bytes = csv.number_or("budget_bytes", nan), r.peak_bytes = csv.number_or("peak_bytes", nan),
+  r.final_bytes = csv.number_or("final_bytes", nan);
+  r.footprint_byte_steps = csv.number_or("footprint_byte_steps", nan), r.host_bytes = csv.number_or("host_bytes", nan);
+  r.eval_queries = csv.integer_or("eval_queries", 0), r.rows = csv.integer_or("rows", 0);
+  r.keep_hash = csv.has("keep_hash") ? hash_value(csv.text("keep_hash"), csv.where()) : 0;
+  r.position_fallback = csv.number_or("position_fallback", nan), r.budget_semantics = csv.text_or("budget_semantics");
+  r.decode_peak_bytes = csv.number_or("decode_peak_bytes", nan), r.mean_out_sq = csv.number_or("mean_out_sq", nan);
+  if (!csv.text_or("est_kl").empty()) r.est_kl = csv.number("est_kl");
+  r.line = csv.line();
   return r;
-}
-
-std::map<std::string, std::size_t> column_index(const std::string& header, const std::string& where) {
-  const std::vector<std::string> names = parse_csv_line(header);
-  std::map<std::string, std::size_t> col;
-  for (std::size_t i = 0; i < names.size(); ++i)
-    if (!col.emplace(names[i], i).second)
-      throw FormatError(where + ": column '" + names[i] + "' appears twice; expected a " + kKind);
-  for (const auto& c : kRequired)
-    if (!col.count(c)) throw FormatError(where + ": header has no column '" + c + "'; expected a " + kKind);
-  for (const auto& [name, i] : col)
-    if (!std::count(kColumns.begin(), kColumns.end(), name))
-      throw FormatError(where + ": unknown column '" + name + "'; expected a " + kKind);
-  return col;
 }
 
 }  // namespace
@@ -243,22 +205,26 @@ SweepFile read_sweep_file(const std::string& path, TornTail tail) {
                            "kvsim sweep ... --resume");
   SweepFile f;
   f.path = path;
-  std::size_t n = 0;
-  for (; n < lines.size() && (lines[n].empty() || lines[n][0] == '#'); ++n) {
-    if (lines[n] == kBanner) f.has_banner = true;
-    if (is_config_line(lines[n])) {
+  std::string text;
+  bool head = true;  // the comment lines before the column names
+  for (std::size_t n = 0; n < lines.size(); ++n) {
+    head = head && (lines[n].empty() || lines[n][0] == '#');
+    if (head && lines[n] == kBanner) f.has_banner = true;
+    if (head && is_config_line(lines[n])) {
       f.config_text = config_json(lines[n]);
       f.config = parse_sweep_config(f.config_text, path + ":" + std::to_string(n + 1));
     }
+    text += lines[n] + "\n";
   }
-  if (n == lines.size()) throw FormatError(path + ": no column names; expected a " + std::string(kKind));
-  const auto col = column_index(lines[n], path + ":" + std::to_string(n + 1));
-  for (++n; n < lines.size(); ++n) {
-    if (lines[n].empty() || lines[n][0] == '#') continue;
-    SweepRow r = parse_row(parse_csv_line(lines[n]), col, path + ":" + std::to_string(n + 1));
-    r.line = static_cast<int>(n + 1);
-    f.rows.push_back(std::move(r));
-    f.lines.push_back(lines[n]);
+  // Only whole lines reach the reader: a line a kill cut is never half-read.
+  CsvReader csv(std::make_unique<std::istringstream>(text), path,
+                std::vector<std::string>(kRequired.begin(), kRequired.end()), std::string("a ") + kKind);
+  for (const std::string& name : csv.columns())
+    if (!std::count(kColumns.begin(), kColumns.end(), name))
+      throw FormatError(path + ": unknown column '" + name + "'; expected a " + kKind);
+  while (csv.next()) {
+    f.rows.push_back(parse_row(csv));
+    f.lines.push_back(csv.record());
   }
   return f;
 }

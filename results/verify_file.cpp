@@ -8,6 +8,7 @@
 
 #include "core/csv.h"
 #include "core/error.h"
+#include "results/json_integer.h"
 #include "results/schema.h"
 
 namespace kvsim::results {
@@ -49,18 +50,26 @@ VerifyConfig parse_config(const std::string& text, const std::string& where) {
   if (j.is_discarded() || !j.is_object())
     throw FormatError(where + ": its '# config:' line is not a JSON object; expected a " + kKind);
   VerifyConfig c;
-  try {
-    c.schema = j.value("schema", 1);
-    check_schema(c.schema, kVerifySchema, where, kKind);
-    c.tool = j.value("tool", ""), c.model = j.value("model", ""), c.tasks = j.value("tasks", "");
-    c.mode = j.value("mode", ""), c.weights = j.value("weights", ""), c.queries = j.value("queries", "");
-    c.device = j.value("device", ""), c.policy_steps = j.value("policy_steps", "");
-    c.max_new = j.value("max_new", std::int64_t{0}), c.prefill_chunk = j.value("prefill_chunk", std::int64_t{0});
-    c.compress_every = j.value("compress_every", std::int64_t{0});
-    c.budget_semantics = j.value("budget_semantics", "point");
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(where + ": a configuration field of the wrong type (" + e.what() + "); expected a " + kKind);
-  }
+  const auto string_field = [&](const char* key, const char* fallback) {
+    if (!j.contains(key)) return std::string(fallback);
+    if (!j[key].is_string())
+      throw FormatError(where + ": config field '" + key + "' is " + j[key].dump().substr(0, 80) +
+                        ", expected a string");
+    return j[key].get<std::string>();
+  };
+  const auto integer = [&](const char* key, auto& out) {
+    if (j.contains(key) && !as_integer(j[key], out))
+      throw FormatError(where + ": config field '" + key + "' is " + j[key].dump().substr(0, 80) +
+                        ", expected an integer");
+  };
+  c.schema = 1;
+  integer("schema", c.schema);
+  check_schema(c.schema, kVerifySchema, where, kKind);
+  c.tool = string_field("tool", ""), c.model = string_field("model", ""), c.tasks = string_field("tasks", "");
+  c.mode = string_field("mode", ""), c.weights = string_field("weights", ""), c.queries = string_field("queries", "");
+  c.device = string_field("device", ""), c.policy_steps = string_field("policy_steps", "");
+  integer("max_new", c.max_new), integer("prefill_chunk", c.prefill_chunk), integer("compress_every", c.compress_every);
+  c.budget_semantics = string_field("budget_semantics", "point");
   return c;
 }
 
@@ -75,22 +84,20 @@ std::optional<VerifyConfig> read_config(const std::string& path) {
 
 VerifyRow parse_row(const CsvReader& csv) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  auto text = [&](const char* c) { return csv.has(c) ? csv.text(c) : std::string(); };
-  auto number = [&](const char* c) { return csv.has(c) ? csv.number(c) : nan; };
-  auto integer = [&](const char* c) { return csv.has(c) ? static_cast<std::int64_t>(csv.number(c)) : 0; };
   VerifyRow r;
-  r.request = text("request"), r.task = text("task"), r.mode = text("mode");
-  r.policy = text("policy"), r.params = text("params");
-  r.budget = number("budget"), r.budget_tokens = integer("budget_tokens");
-  r.kept_fraction = number("kept_fraction"), r.compressed_bytes = number("compressed_bytes");
-  r.budget_bytes = number("budget_bytes"), r.steps = integer("steps");
-  r.live_kl = number("live_kl"), r.max_kl = number("max_kl"), r.top1 = number("top1"), r.ppl = number("ppl");
-  r.reference_ppl = number("reference_ppl"), r.task_score = number("task_score");
-  r.reference_task_score = number("reference_task_score");
-  r.same_tokens = text("same_tokens") == "1";
-  r.seconds = number("seconds"), r.policy_steps = text("policy_steps");
-  r.position_fallback = number("position_fallback"), r.budget_semantics = text("budget_semantics");
-  r.decode_peak_bytes = number("decode_peak_bytes"), r.generated = text("generated");
+  r.request = csv.text_or("request"), r.task = csv.text_or("task"), r.mode = csv.text_or("mode");
+  r.policy = csv.text_or("policy"), r.params = csv.text_or("params");
+  r.budget = csv.number_or("budget", nan), r.budget_tokens = csv.integer_or("budget_tokens", 0);
+  r.kept_fraction = csv.number_or("kept_fraction", nan), r.compressed_bytes = csv.number_or("compressed_bytes", nan);
+  r.budget_bytes = csv.number_or("budget_bytes", nan), r.steps = csv.integer_or("steps", 0);
+  r.live_kl = csv.number_or("live_kl", nan), r.max_kl = csv.number_or("max_kl", nan),
+  r.top1 = csv.number_or("top1", nan), r.ppl = csv.number_or("ppl", nan);
+  r.reference_ppl = csv.number_or("reference_ppl", nan), r.task_score = csv.number_or("task_score", nan);
+  r.reference_task_score = csv.number_or("reference_task_score", nan);
+  r.same_tokens = csv.text_or("same_tokens") == "1";
+  r.seconds = csv.number_or("seconds", nan), r.policy_steps = csv.text_or("policy_steps");
+  r.position_fallback = csv.number_or("position_fallback", nan), r.budget_semantics = csv.text_or("budget_semantics");
+  r.decode_peak_bytes = csv.number_or("decode_peak_bytes", nan), r.generated = csv.text_or("generated");
   r.line = csv.line();
   return r;
 }

@@ -180,6 +180,17 @@ TEST_CASE("a verify file is read back as written, multi-line text included", "[r
   CHECK(verify_row_line(f.rows[0]) == verify_row_line(r));
   CHECK(f.rows[0].generated == r.generated);
 
+  std::string head = verify_file_head(c);
+  head.replace(head.find("\"max_new\":16"), 12, "\"max_new\":1e30");
+  write(path, head + verify_row_line(r) + "\n");
+  CHECK_THROWS_WITH(read_verify_file(path), Contains("rt_verify.csv:2") && Contains("'max_new'"));
+  // Found by fuzz_verify_csv: a budget_tokens of 5e47 was cast to an integer unchecked (undefined).
+  // (The record spans lines 4-5: its generated text holds a newline; the error names where it ends.)
+  std::string row = verify_row_line(r);
+  row.replace(row.find(",40,"), 4, ",5e47,");
+  write(path, verify_file_head(c) + row + "\n");
+  CHECK_THROWS_WITH(read_verify_file(path),
+                    Contains("rt_verify.csv:5") && Contains("'budget_tokens'") && Contains("an integer"));
   c.schema = kVerifySchema + 1;
   write(path, verify_file_head(c) + verify_row_line(r) + "\n");
   CHECK_THROWS_WITH(read_verify_file(path), Contains("rt_verify.csv:2") && Contains("schema 3"));
@@ -233,6 +244,15 @@ TEST_CASE("a keep-sets file is read back as written", "[results]") {
   write(path, R"({"trace":"t","request":"r","mode":"m","tokens":4,"compression_point":4,"layers":1,"layer":0,)"
               R"("configs":[{"policy":"h2o","params":"","label":"h2o","budget":0.5,"kept":[[[1,2]]]}]})");
   CHECK(read_keep_sets_file(path).schema == 1);
+  // Found by fuzz_result_files: a token index of 2e33 was converted to int unchecked (undefined).
+  std::string text = keep_sets_text(k);
+  text.replace(text.find("[3]"), 3, "[2222222222222222222222222222222223]");
+  write(path, text);
+  CHECK_THROWS_WITH(read_keep_sets_file(path), Contains("rt_keep.json") && Contains("'kept'"));
+  text = keep_sets_text(k);
+  text.replace(text.find("\"tokens\":40"), 11, "\"tokens\":4e40");
+  write(path, text);
+  CHECK_THROWS_WITH(read_keep_sets_file(path), Contains("field 'tokens'") && Contains("an integer"));
   k.schema = kKeepSetsSchema + 1;
   write(path, keep_sets_text(k));
   CHECK_THROWS_WITH(read_keep_sets_file(path), Contains("rt_keep.json") && Contains("schema 3"));
