@@ -24,6 +24,17 @@ std::vector<std::string> whole_lines(const std::string& path) {
   return split_lines(std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>()));
 }
 
+std::vector<std::string> head_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    lines.push_back(line);
+    if (line.rfind('#', 0) != 0) break;
+  }
+  return lines;
+}
+
 std::vector<std::string> complete_lines(const std::string& path, const std::string& cut_message) {
   std::ifstream file(path, std::ios::binary);
   if (!file) throw Error(path + ": cannot open");

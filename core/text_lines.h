@@ -18,6 +18,10 @@ std::vector<std::string> whole_lines(const std::string& path);
 // newline, and names PATH when it cannot be opened.
 std::vector<std::string> complete_lines(const std::string& path, const std::string& cut_message);
 
+// A result file's head, read without reading the rest: its leading '#' lines, then the first line
+// after them (a CSV's column names; absent when the file has none). A missing file has none.
+std::vector<std::string> head_lines(const std::string& path);
+
 // JSON Lines: calls `row` with each non-blank line's object, "PATH:LINE" and the line number. A line
 // that is not a JSON object throws FormatError naming PATH:LINE and `what` the file should be.
 using JsonLineFn = std::function<void(const nlohmann::json& j, const std::string& where, std::int64_t line)>;

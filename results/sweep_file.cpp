@@ -230,10 +230,9 @@ SweepFile read_sweep_file(const std::string& path, TornTail tail) {
 }
 
 std::optional<SweepConfig> read_sweep_config(const std::string& path) {
-  for (const std::string& line : whole_lines(path)) {
-    if (line.empty() || line[0] != '#') break;
-    if (is_config_line(line)) return parse_sweep_config(config_json(line), path);
-  }
+  const std::vector<std::string> head = head_lines(path);
+  for (std::size_t n = 0; n < head.size(); ++n)
+    if (is_config_line(head[n])) return parse_sweep_config(config_json(head[n]), path + ":" + std::to_string(n + 1));
   return std::nullopt;
 }
 

@@ -1,6 +1,6 @@
 #include "results/verify_file.h"
 
-#include <fstream>
+#include <algorithm>
 #include <iomanip>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -8,6 +8,7 @@
 
 #include "core/csv.h"
 #include "core/error.h"
+#include "core/text_lines.h"
 #include "results/json_integer.h"
 #include "results/schema.h"
 
@@ -75,10 +76,9 @@ VerifyConfig parse_config(const std::string& text, const std::string& where) {
 
 // The configuration line among the comment lines before the column names, if any.
 std::optional<VerifyConfig> read_config(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  for (int n = 1; std::getline(in, line) && line.rfind('#', 0) == 0; ++n)
-    if (is_config_line(line)) return parse_config(config_json(line), path + ":" + std::to_string(n));
+  const std::vector<std::string> head = head_lines(path);
+  for (std::size_t n = 0; n < head.size(); ++n)
+    if (is_config_line(head[n])) return parse_config(config_json(head[n]), path + ":" + std::to_string(n + 1));
   return std::nullopt;
 }
 
@@ -150,13 +150,10 @@ std::string verify_row_line(const VerifyRow& r) {
 }
 
 bool is_verify_file(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line) && line.rfind('#', 0) == 0) {
-  }
-  for (const std::string& name : parse_csv_line(line))
-    if (name == "live_kl") return true;
-  return false;
+  const std::vector<std::string> head = head_lines(path);
+  if (head.empty() || head.back().rfind('#', 0) == 0) return false;
+  const std::vector<std::string> names = parse_csv_line(head.back());
+  return std::find(names.begin(), names.end(), "live_kl") != names.end();
 }
 
 VerifyFile read_verify_file(const std::string& path) {

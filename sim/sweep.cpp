@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/csv.h"
 #include "core/error.h"
 #include "policies/registry.h"
 #include "results/detail_file.h"
@@ -44,12 +45,6 @@ std::pair<int, int> parse_shard(const std::string& s) {
 }
 
 namespace {
-
-std::string num(double x) {
-  std::ostringstream os;
-  os << std::setprecision(9) << x;
-  return os.str();
-}
 
 std::string geometry_string(const ModelGeometry& g) {
   return std::to_string(g.n_layers) + " layers, " + std::to_string(g.n_q_heads) + " q heads, " +
@@ -130,7 +125,8 @@ std::vector<ReplayConfig> expand_configs(const SweepSpec& spec) {
   if (spec.policies.empty()) throw Error("no policies given (--policies name[:key=value,...],...)");
   if (spec.budgets.empty()) throw Error("no budgets given (--budgets 0.1,0.25,0.5)");
   for (double b : spec.budgets)
-    if (!(b > 0 && b <= 1)) throw Error("budget " + num(b) + ": expected a fraction of the full KV bytes in (0, 1]");
+    if (!(b > 0 && b <= 1))
+      throw Error("budget " + csv_number(b) + ": expected a fraction of the full KV bytes in (0, 1]");
   std::vector<ReplayConfig> out;
   for (const auto& p : spec.policies) {
     PolicyInstance inst = PolicyRegistry::instance().create(p);
