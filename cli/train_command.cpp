@@ -63,9 +63,9 @@ po::options_description train_options(TrainFlags& f) {
       "  oracle_golden's golden eviction label (ForesightKV's supervised stage)\n"
       "  sigmoid_gate: per-token gates sigmoid(MLP(features)) trained soft (log g added to the attention logits,\n"
       "  attention-output error + a capacity penalty), deployed hard; reports the soft-to-hard gap\n"
-      "  distillcache: REINFORCE over Plackett-Luce evictions from a token scorer, reward -KL(full || compressed)\n"
-      "  per (request, budget) episode: the trace's offline estimate (--reward trace) or the live model (--reward "
-      "live)\n"
+      "  distillcache: REINFORCE over Plackett-Luce evictions from a token scorer at every eviction event, reward\n"
+      "  -KL_t(full || compressed) at every step t: the trace's calibrated estimate (--reward trace) or the live\n"
+      "  model's (--reward live); each action credited with the return from the first step it can change\n"
       "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, fitted to each head's streaming error\n"
       "  with a sparsity term; or --import RLKV's adapter_weights.tsv (the trace gives the model geometry)");
   desc.add_options()("help,h", "show this help")("method", po::value(&f.method), "training method")(
@@ -94,9 +94,12 @@ po::options_description train_options(TrainFlags& f) {
       "samples", po::value(&f.dco.samples)->default_value(f.dco.samples),
       "distillcache: sampled evictions per episode (each one's baseline is the others' mean reward)")(
       "temperature", po::value(&f.dco.temperature)->default_value(f.dco.temperature),
-      "distillcache: Plackett-Luce temperature")("budgets", po::value(&f.train_budgets)->default_value(f.train_budgets),
-                                                 "distillcache: budgets the episodes draw from")(
-      "reward", po::value(&f.dco.reward)->default_value(f.dco.reward), "distillcache: trace | live")(
+      "distillcache: Plackett-Luce temperature")(
+      "discount", po::value(&f.dco.discount)->default_value(f.dco.discount),
+      "distillcache: per-step discount of the return an action is credited with")(
+      "budgets", po::value(&f.train_budgets)->default_value(f.train_budgets),
+      "distillcache: budgets the episodes draw from")("reward", po::value(&f.dco.reward)->default_value(f.dco.reward),
+                                                      "distillcache: trace | live")(
       "estimator", po::value(&f.dco.estimator),
       "distillcache: kvsim calibrate file weighting the trace reward's layers")(
       "init", po::value(&f.dco.init), "distillcache: start from this foresight or distillcache model")(

@@ -37,6 +37,7 @@ enum Column {
   kSegGenerated,
   kLayerFrac,
   kHeadFrac,
+  kHeadEntropy,
   kColumns
 };
 static_assert(kColumns == kFeatureCount);
@@ -104,7 +105,7 @@ const std::vector<std::string>& feature_names() {
                                                  "attn_last",     "attn_max_128", "attn_entropy_32", "key_norm",
                                                  "value_norm",    "key_cos_mean", "pos_relative",    "dist_from_end",
                                                  "is_sink",       "seg_system",   "seg_context",     "seg_question",
-                                                 "seg_generated", "layer_frac",   "head_frac"};
+                                                 "seg_generated", "layer_frac",   "head_frac",       "head_entropy_32"};
   return names;
 }
 
@@ -170,6 +171,10 @@ HeadFeatures extract_features(const LayerSignals& s, int kv) {
     x(j, kHeadFrac) = head_frac;
   }
   x.col(kDistFromEnd) = since.log1p().matrix();
+  // The head's own attention entropy (not a token's term of it): how spread the head's attention
+  // is, the same for each of its tokens, so the network can weigh the others by it.
+  x.col(kHeadEntropy)
+      .setConstant(st.entropy.sum() / static_cast<float>(std::log(std::max<double>(2.0, static_cast<double>(n)))));
   return f;
 }
 

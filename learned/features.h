@@ -12,8 +12,8 @@
 namespace kvsim::learned {
 
 inline constexpr const char* kFeatureSet = "kvsim-token-features";
-inline constexpr int kFeatureVersion = 1;
-inline constexpr int kFeatureCount = 19;
+inline constexpr int kFeatureVersion = 2;
+inline constexpr int kFeatureCount = 20;
 // The most recent queries whose attention the window features read (fewer when fewer were
 // recorded contiguously up to the compression point).
 inline constexpr int kMaxFeatureWindow = 128;

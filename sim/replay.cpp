@@ -26,7 +26,8 @@ double percentile95(std::vector<float>& v) {
   return v[k];
 }
 
-void start_accumulator(Accumulator& a, int L, int Hq, std::int64_t T, std::int64_t c, bool record_keep_sets) {
+void start_accumulator(Accumulator& a, int L, int Hq, std::int64_t T, std::int64_t c, bool record_keep_sets,
+                       std::int64_t record_steps) {
   a.heads = Hq;
   a.head_kl.assign(static_cast<std::size_t>(L) * static_cast<std::size_t>(Hq), 0);
   a.head_rows.assign(static_cast<std::size_t>(L) * static_cast<std::size_t>(Hq), 0);
@@ -43,6 +44,8 @@ void start_accumulator(Accumulator& a, int L, int Hq, std::int64_t T, std::int64
   a.window_prefill.assign(static_cast<std::size_t>(c), 0.0);
   a.window_after_step.assign(static_cast<std::size_t>(T - c), 0.0);
   if (record_keep_sets) a.kept_sets.resize(static_cast<std::size_t>(L));
+  if (record_steps > 0)
+    a.step_out_sq.assign(static_cast<std::size_t>(L), std::vector<double>(static_cast<std::size_t>(record_steps), 0.0));
 }
 
 // One config's result from what its accumulator gathered over the layers: means and tails, and
@@ -128,6 +131,9 @@ ConfigResult summarise(Accumulator& a, const ReplayConfig& cfg, const ConfigBudg
   r.peak_bytes = std::max(r.peak_bytes, r.decode_peak_bytes);
   r.keep_hash = a.hash;
   r.kept = std::move(a.kept_sets);
+  r.step_out_sq = std::move(a.step_out_sq);
+  for (auto& layer : r.step_out_sq)
+    for (double& x : layer) x /= a.heads;
   if (cfg.impl->respects_budget() && cfg.budget < 1.0 && r.compressed_bytes > r.budget_bytes + 1e-6)
     throw Error("policy " + cfg.label() + " kept " + std::to_string(r.compressed_bytes) + " bytes over budget " +
                 std::to_string(r.budget_bytes) + " in " + ctx + " (a policy bug)");
@@ -209,7 +215,7 @@ void score_layer(const LayerWork& work, const std::vector<ReplayConfig>& configs
   for (std::size_t k = 0; k < shots.size(); ++k)
     for (int qh = 0; qh < Hq; ++qh)
       for (std::int64_t i = 0; i < E; ++i)
-        acc[shots[k].config].add_row(layer, qh, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
+        acc[shots[k].config].add_row(layer, qh, i, rec[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
                                      err[static_cast<std::size_t>(qh)][k][static_cast<std::size_t>(i)],
                                      work.out[static_cast<std::size_t>(qh)].row(i).squaredNorm());
 }
@@ -397,7 +403,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
         config_budget(*cfg.impl, global_fraction(cfg.budget, windows, c, cfg.label()), c, d, rule_, cfg.label()));
   std::vector<Accumulator> acc(P);
   for (auto& a : acc) {
-    start_accumulator(a, L, Hq, T, c, record_keep_sets_);
+    start_accumulator(a, L, Hq, T, c, record_keep_sets_, record_steps_ ? E : 0);
     a.full_rows = static_cast<double>(windows.held_tokens) * g.n_kv_heads;
   }
 
@@ -467,6 +473,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   result.tokens = T;
   result.compression_point = c;
   result.eval_queries = E;
+  result.eval_positions = eval_limit;
   result.read_seconds = read_s;
   result.attention_seconds = attention_s;
   result.config_seconds = config_s;

@@ -45,12 +45,17 @@ struct ConfigResult {
   // With Replayer::record_keep_sets: the tokens each entry holds right after compression,
   // [layer][entry] (what live verify reports as LiveConfigResult::kept).
   std::vector<std::vector<std::vector<std::int32_t>>> kept;
+  // With Replayer::record_steps: per layer and evaluation row (a decode step), the squared
+  // absolute output error |o - o'|^2 averaged over the query heads; layer_out_sq is its mean over
+  // the rows. The per-step offline estimate weighs these as est_kl weighs layer_out_sq.
+  std::vector<std::vector<double>> step_out_sq;
 };
 
 struct RequestResult {
   std::string request;
   std::int64_t tokens = 0, compression_point = 0, eval_queries = 0;
-  std::vector<ConfigResult> configs;  // same order as the configs given
+  std::vector<std::int64_t> eval_positions;  // [eval_queries] the token each evaluation row's query belongs to
+  std::vector<ConfigResult> configs;         // same order as the configs given
   // Where the time went (wall seconds), and the floating-point work of the shared attention.
   double read_seconds = 0, attention_seconds = 0, config_seconds = 0;
   double attention_flops = 0;
@@ -65,6 +70,7 @@ class Replayer {
            std::int64_t compress_every = 0, BudgetRule rule = {});
   RequestResult replay(const std::string& request_id) const;
   void record_keep_sets(bool on) { record_keep_sets_ = on; }
+  void record_steps(bool on) { record_steps_ = on; }  // fill ConfigResult::step_out_sq
   const std::vector<ReplayConfig>& configs() const { return configs_; }
 
  private:
@@ -80,6 +86,7 @@ class Replayer {
   std::int64_t compress_every_ = 0;
   BudgetRule rule_;
   bool record_keep_sets_ = false;
+  bool record_steps_ = false;
 };
 
 }  // namespace kvsim

@@ -310,7 +310,7 @@ void add_rows(const LayerWork& w, const CodedRows& m, Accumulator& a) {
   for (std::int64_t i = 0; i < w.E; ++i)
     for (int qh = 0; qh < w.g.n_q_heads; ++qh) {
       const auto qi = static_cast<std::size_t>(qh), ii = static_cast<std::size_t>(i);
-      a.add_row(w.layer, qh, m.recall[qi][ii], m.kl[qi][ii], m.err[qi][ii], w.out[qi].row(i).squaredNorm());
+      a.add_row(w.layer, qh, i, m.recall[qi][ii], m.kl[qi][ii], m.err[qi][ii], w.out[qi].row(i).squaredNorm());
     }
 }
 

@@ -177,7 +177,7 @@ void replay_decode(const ReplayConfig& cfg, const ConfigBudget& b, const LayerWo
   const auto& recall = dw.recall;
   for (std::int64_t i = 0; i < E; ++i)
     for (int qh = 0; qh < Hq; ++qh)
-      a.add_row(w.layer, qh, recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)],
+      a.add_row(w.layer, qh, i, recall[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)],
                 err[static_cast<std::size_t>(qh)][static_cast<std::size_t>(i)],
                 w.out[static_cast<std::size_t>(qh)].row(i).squaredNorm());
 }

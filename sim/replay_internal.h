@@ -52,17 +52,20 @@ struct Accumulator {
   double host_bytes = 0;                  // peak bytes of host copies (recoverable tiers)
   kvcache::FallbackCount fallback;        // plan entries made, and those kept by position
   std::vector<std::vector<std::vector<std::int32_t>>> kept_sets;  // [layer][entry], when recorded
+  // With Replayer::record_steps: per layer and evaluation row, |o - o'|^2 summed over query heads.
+  std::vector<std::vector<double>> step_out_sq;
 
   void mix(std::uint64_t x) { hash = (hash ^ x) * 1099511628211ull; }  // FNV-1a
   // Eviction only: the compressed row is the full one renormalised over the kept tokens, whose
   // KL(compressed || full) is -log(recall).
   // out_norm2: the squared norm of the row's full-cache output, which turns its relative error
   // into the absolute one the offline estimate (sim/estimator.h) weighs.
-  void add_row(int layer, int head, double recall, double row_err, double out_norm2) {
+  // `row`: the evaluation row (the decode step) it scores.
+  void add_row(int layer, int head, std::int64_t row, double recall, double row_err, double out_norm2) {
     recall = std::clamp(recall, 1e-30, 1.0);
-    add_row(layer, head, recall, -std::log(recall), row_err, out_norm2);
+    add_row(layer, head, row, recall, -std::log(recall), row_err, out_norm2);
   }
-  void add_row(int layer, int head, double recall, double kl_row, double row_err, double out_norm2) {
+  void add_row(int layer, int head, std::int64_t row, double recall, double kl_row, double row_err, double out_norm2) {
     const auto h = static_cast<std::size_t>(layer) * static_cast<std::size_t>(heads) + static_cast<std::size_t>(head);
     head_kl[h] += kl_row;
     ++head_rows[h];
@@ -72,6 +75,8 @@ struct Accumulator {
     layer_kl[static_cast<std::size_t>(layer)] += kl_row;
     layer_err[static_cast<std::size_t>(layer)] += row_err;
     layer_out_sq[static_cast<std::size_t>(layer)] += row_err * row_err * out_norm2;
+    if (!step_out_sq.empty())
+      step_out_sq[static_cast<std::size_t>(layer)][static_cast<std::size_t>(row)] += row_err * row_err * out_norm2;
     ++layer_rows[static_cast<std::size_t>(layer)];
   }
 };

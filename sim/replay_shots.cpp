@@ -90,7 +90,7 @@ static Planned plan_config_unchecked(std::size_t index, const ReplayConfig& cfg,
     for (std::int64_t i = 0; i < w.T - c; ++i)
       a.kept_after_step[static_cast<std::size_t>(i)] += static_cast<double>((c + i + 1) * Hkv);
     for (int qh = 0; qh < w.g.n_q_heads; ++qh)
-      for (std::int64_t i = 0; i < w.E; ++i) a.add_row(w.layer, qh, 1.0, 0.0, 0.0);
+      for (std::int64_t i = 0; i < w.E; ++i) a.add_row(w.layer, qh, i, 1.0, 0.0, 0.0);
     return {};
   }
   const int G = w.g.group();

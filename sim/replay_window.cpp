@@ -28,7 +28,7 @@ void hold_window_layer(const ModelGeometry& g, int layer, std::int64_t c, std::i
   for (std::int64_t i = 0; i < T - c; ++i)
     a.window_after_step[static_cast<std::size_t>(i)] += static_cast<double>(std::min(c + i + 1, W) * Hkv);
   for (int qh = 0; qh < g.n_q_heads; ++qh)
-    for (std::int64_t i = 0; i < E; ++i) a.add_row(layer, qh, 1.0, 0.0, 0.0);
+    for (std::int64_t i = 0; i < E; ++i) a.add_row(layer, qh, i, 1.0, 0.0, 0.0);
 }
 
 }  // namespace kvsim::replay_detail

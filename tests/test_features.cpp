@@ -45,6 +45,9 @@ TEST_CASE("token features follow their definitions", "[features]") {
   const auto& w = s.window_.at(0);
   const double n = 6;
   auto at = [&](std::int64_t j, const std::string& name) { return static_cast<double>(f.row(j)[column(name)]); };
+  double head_entropy = 0;  // the head's: each query row's entropy, averaged over the rows, over log n
+  for (std::size_t i = 0; i < w.data.size(); ++i)
+    if (w.data[i] > 0) head_entropy -= w.data[i] * std::log(w.data[i]) / 6 / std::log(n);
   for (std::int64_t j = 0; j < 6; ++j) {
     INFO("token " << j);
     double sum_all = 0, mx = 0, ent = 0;
@@ -70,6 +73,7 @@ TEST_CASE("token features follow their definitions", "[features]") {
     CHECK(at(j, "seg_generated") == 0.0);
     CHECK(at(j, "layer_frac") == Approx(0.5));
     CHECK(at(j, "head_frac") == 0.0);
+    CHECK(at(j, "head_entropy_32") == Approx(head_entropy).margin(1e-5));
   }
   // Norms relative to the head's mean norm, and the cosine to the mean key.
   const auto& k = s.keys_.at(0);

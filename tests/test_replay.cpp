@@ -1,6 +1,7 @@
 // Replay engine: metrics against a brute-force recomputation, properties every policy must
 // satisfy, and golden keep-sets for every policy at three budgets.
 #include <catch2/catch.hpp>
+#include <numeric>
 
 #include <algorithm>
 
@@ -322,6 +323,33 @@ TEST_CASE("query-agnostic compression hurts SnapKV on a needle task", "[replay]"
   const double agnostic = Replayer(reader, ReplayMode::QueryAgnostic, cfgs).replay("r0").configs[0].mean_kl;
   INFO("query-aware KL " << aware << ", query-agnostic KL " << agnostic);
   CHECK(agnostic > 1.5 * aware);
+}
+
+TEST_CASE("per-step output errors: one per layer and evaluation row, their mean the layer's", "[replay]") {
+  const TraceReader reader(replay_trace());
+  const auto cfgs = configs({"snapkv", "h2o", "kivi", "full"}, {0.25});
+  for (const BudgetRule rule : {BudgetRule{}, BudgetRule{true, 4}}) {
+    INFO(rule.name());
+    Replayer replayer(reader, ReplayMode::QueryAware, cfgs, 0, rule);
+    CHECK(replayer.replay("r0").configs[0].step_out_sq.empty());  // only when asked for
+    replayer.record_steps(true);
+    const RequestResult res = replayer.replay("r0");
+    REQUIRE(res.eval_positions.size() == static_cast<std::size_t>(res.eval_queries));
+    CHECK(res.eval_positions.front() == res.compression_point);
+    for (const ConfigResult& r : res.configs) {
+      REQUIRE(r.step_out_sq.size() == r.layer_out_sq.size());
+      for (std::size_t l = 0; l < r.step_out_sq.size(); ++l) {
+        REQUIRE(r.step_out_sq[l].size() == static_cast<std::size_t>(res.eval_queries));
+        const double sum = std::accumulate(r.step_out_sq[l].begin(), r.step_out_sq[l].end(), 0.0);
+        CHECK(sum / static_cast<double>(res.eval_queries) == Approx(r.layer_out_sq[l]).margin(1e-12));
+      }
+    }
+    // The full cache errs at no step; a compressed one at some.
+    const auto& snap = res.configs[0].step_out_sq;
+    CHECK(std::any_of(snap.begin(), snap.end(), [](const auto& l) { return l.back() > 0; }));
+    for (const auto& l : res.configs[3].step_out_sq)
+      for (double x : l) CHECK(x == 0);
+  }
 }
 
 TEST_CASE("golden keep-sets: every policy x 3 budgets", "[replay][golden]") {

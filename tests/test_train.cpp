@@ -350,6 +350,9 @@ TEST_CASE("distillcache trains by REINFORCE on the trace's reward, reproducibly"
   o.reward = "live";
   CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("needs --model"));
   o.reward = "trace";
+  o.discount = 1.5;
+  CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("--discount is 1.5"));
+  o.discount = 1.0;
   o.init = path;
   o.episodes = 2;
   CHECK_NOTHROW(train::train_distillcache(set, in, o, log));  // warm start from a model of its own

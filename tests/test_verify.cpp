@@ -2,6 +2,7 @@
 // offline replay, so at the compression point live and offline choose the same keep-sets and
 // count the same bytes; budget 1.0 changes nothing; every policy the simulator has runs live.
 #include <catch2/catch.hpp>
+#include <numeric>
 
 #include <algorithm>
 #include <filesystem>
@@ -458,6 +459,13 @@ TEST_CASE("peak-matched budgets live: held at every step, and at the bytes repla
     for (std::size_t i = 0; i < configs.size(); ++i) {
       INFO(configs[i].label() << " at " << configs[i].budget << ", " << mode_name(mode));
       const LiveConfigResult& x = live.configs[i];
+      // Per step: the KL of each affected step and the token whose query gave it, in order.
+      REQUIRE(x.step_kl.size() == static_cast<std::size_t>(x.steps));
+      REQUIRE(x.step_query.size() == x.step_kl.size());
+      CHECK(std::accumulate(x.step_kl.begin(), x.step_kl.end(), 0.0) / static_cast<double>(x.steps) ==
+            Approx(x.mean_kl));
+      CHECK(x.step_query.back() == live.prompt_tokens + static_cast<std::int64_t>(live.reference.size()) - 2);
+      CHECK(std::is_sorted(x.step_query.begin(), x.step_query.end()));
       CHECK(x.decode_peak_bytes <= x.budget_bytes);
       CHECK(x.decode_peak_bytes > x.compressed_bytes);  // tokens joined, up to the budget
       CHECK(x.compressed_bytes == Approx(offline.configs[i].compressed_bytes).epsilon(1e-12));

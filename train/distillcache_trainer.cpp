@@ -18,6 +18,7 @@
 #include "train/live_tasks.h"
 #include "train/plackett_luce.h"
 #include "train/progress.h"
+#include "train/step_credit.h"
 
 namespace kvsim::train {
 
@@ -119,6 +120,8 @@ std::vector<double> layer_weights(const std::string& estimator, int layers, Repl
 void check_options(const DistillCacheOptions& o) {
   if (o.reward != "trace" && o.reward != "live")
     throw Error("train distillcache: --reward is '" + o.reward + "'; expected trace or live");
+  if (!(o.discount >= 0 && o.discount <= 1))
+    throw Error("train distillcache: --discount is " + std::to_string(o.discount) + "; expected 0 to 1");
   if (o.episodes < 1 || o.samples < 2 || !(o.lr > 0) || !(o.temperature > 0) || o.budgets.empty())
     throw Error(
         "train distillcache: --episodes >= 1, --samples >= 2 (the baseline is the other samples), --lr and "
@@ -152,27 +155,40 @@ std::shared_ptr<Scorer> initial_scorer(const DistillCacheOptions& o, const std::
   return scorer;
 }
 
+// One episode's rewards, per step: per credit group and sample, the reward at each step, and the
+// token whose query each step's distribution came from. The trace reward has a group per layer:
+// replay is teacher-forced, so a layer's actions change only its own error. The live reward has
+// one group, the model's next-token KL, which every layer's actions share.
+struct EpisodeRewards {
+  std::vector<std::int64_t> step_query;
+  std::vector<std::vector<std::vector<double>>> reward;  // [group][sample][step]
+};
+
 // REINFORCE over one episode's samples: each sampled (layer, head) action's Plackett-Luce log
-// probability, weighted by its layer's advantage over the other samples' mean (leave-one-out),
-// added to `grad`. Counts the actions (and those after the compression point); returns the
-// episode's mean reward.
+// probability, weighted by its advantage (step_credit.h): its group's return from the first step
+// the action can change, less the other samples' return from that step. Added to `grad`. Counts
+// the actions (and those after the compression point); returns the episode's mean reward per
+// step (summed over the groups, averaged over the samples).
 double episode_gradient(const Scorer& scorer, const std::vector<std::shared_ptr<const SampledPolicy>>& policies,
-                        const std::vector<std::vector<double>>& reward, double temperature, std::vector<double>& grad,
+                        const EpisodeRewards& ep, double temperature, double discount, std::vector<double>& grad,
                         std::int64_t& actions, std::int64_t& decode_actions) {
+  std::vector<StepCredit> credit;
   double mean_reward = 0;
+  for (const auto& group : ep.reward) {
+    credit.emplace_back(group, discount);
+    for (const auto& sample : group)
+      for (double r : sample)
+        mean_reward += r / static_cast<double>(policies.size() * std::max<std::size_t>(1, sample.size()));
+  }
   for (std::size_t k = 0; k < policies.size(); ++k) {
-    for (double x : reward[k]) mean_reward += x / static_cast<double>(policies.size());
     const std::vector<Action> taken = policies[k]->take();
     std::map<int, std::int64_t> point;  // per layer, the compression point: its earliest action
     for (const Action& a : taken) point.emplace(a.layer, a.tokens);  // sorted by (layer, tokens)
     for (const Action& a : taken) {
       ++actions;
       if (a.tokens > point.at(a.layer)) ++decode_actions;
-      double others = 0;  // leave-one-out baseline: the other samples' reward for this layer
-      for (std::size_t m = 0; m < policies.size(); ++m)
-        if (m != k) others += reward[m][static_cast<std::size_t>(a.layer)];
-      const double adv =
-          reward[k][static_cast<std::size_t>(a.layer)] - others / static_cast<double>(policies.size() - 1);
+      const StepCredit& c = credit[credit.size() == 1 ? 0 : static_cast<std::size_t>(a.layer)];
+      const double adv = c.advantage(k, first_affected_step(ep.step_query, a.tokens));
       if (adv == 0) continue;
       learned::Mlp::Tape tape;
       const learned::HeadFeatures& f = a.features();
@@ -220,15 +236,74 @@ LiveTasks live_rewards(const TrainingSet& set, const TrainingInputs& in, const D
   vo.mode = in.mode;
   vo.max_new = o.max_new;
   vo.budget_rule = o.rule;
+  vo.free_run = false;  // the reward is the teacher-forced KL per step
   return open_live_tasks("train distillcache", set, requests, o.model, o.tasks, vo);
 }
 
+// Where an episode's rewards come from: replays of the traces (the trace reward, and the held-out
+// report) or the live engine.
+struct RewardSource {
+  const TrainingSet& set;
+  const TrainingInputs& in;
+  const DistillCacheOptions& o;
+  std::vector<std::unique_ptr<TraceReader>> readers;
+  std::vector<double> weights;  // per layer: the estimator's, or the mean
+  LiveTasks live;
+
+  RewardSource(const TrainingSet& s, const TrainingInputs& inputs, const DistillCacheOptions& opts,
+               const std::vector<int>& fit_requests)
+      : set(s), in(inputs), o(opts), weights(layer_weights(opts.estimator, s.geometry.n_layers, inputs.mode)) {
+    for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
+    if (o.reward == "live") live = live_rewards(set, in, o, fit_requests);
+  }
+
+  // Per step, the rewards of one (request, budget) episode's samples.
+  EpisodeRewards run(int r, double budget, const std::vector<std::shared_ptr<const SampledPolicy>>& policies) const {
+    const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
+    std::vector<ReplayConfig> configs;
+    for (const auto& p : policies) configs.push_back({"distillcache-sample", "", p, budget});
+    EpisodeRewards ep;
+    if (o.reward == "live") {
+      const LiveRequestResult res = live.verifier->run(live.task(set, r), configs);
+      ep.step_query = res.configs.front().step_query;
+      ep.reward.resize(1);
+      for (const LiveConfigResult& c : res.configs) {
+        std::vector<double> step = c.step_kl;
+        for (double& x : step) x = -x;
+        ep.reward[0].push_back(std::move(step));
+      }
+      return ep;
+    }
+    Replayer replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule);
+    replayer.record_steps(true);
+    const RequestResult res = replayer.replay(req.id);
+    ep.step_query = res.eval_positions;
+    ep.reward.assign(weights.size(), {});
+    for (std::size_t l = 0; l < weights.size(); ++l)
+      for (const ConfigResult& c : res.configs) {
+        std::vector<double> step = c.step_out_sq[l];
+        for (double& x : step) x *= -weights[l];
+        ep.reward[l].push_back(std::move(step));
+      }
+    return ep;
+  }
+};
+
 // What the model file records of how it was trained.
 std::string hyperparameters(const DistillCacheOptions& o, const std::vector<int>& sizes) {
-  return nlohmann::json{{"hidden", sizes},      {"episodes", o.episodes},           {"samples", o.samples},
-                        {"lr", o.lr},           {"temperature", o.temperature},     {"budgets", o.budgets},
-                        {"reward", o.reward},   {"estimator", o.estimator},         {"init", o.init},
-                        {"max_new", o.max_new}, {"budget_semantics", o.rule.name()}}
+  return nlohmann::json{{"hidden", sizes},
+                        {"episodes", o.episodes},
+                        {"samples", o.samples},
+                        {"lr", o.lr},
+                        {"temperature", o.temperature},
+                        {"budgets", o.budgets},
+                        {"reward", o.reward},
+                        {"estimator", o.estimator},
+                        {"init", o.init},
+                        {"max_new", o.max_new},
+                        {"budget_semantics", o.rule.name()},
+                        {"discount", o.discount},
+                        {"credit", "return-to-go, per-step leave-one-out baseline"}}
       .dump();
 }
 
@@ -253,33 +328,7 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   const std::vector<int> fit_requests = requests_of(fit), held_requests = requests_of(held);
 
   if (fit_requests.empty()) throw Error("train distillcache: no requests to train on");
-  std::vector<std::unique_ptr<TraceReader>> readers;
-  for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
-  const std::vector<double> weights = layer_weights(o.estimator, g.n_layers, in.mode);
-  LiveTasks live;
-  if (o.reward == "live") live = live_rewards(set, in, o, fit_requests);
-
-  // Per sample and layer, the reward of one (request, budget) episode.
-  auto run_samples = [&](int r, double budget, const std::vector<std::shared_ptr<const SampledPolicy>>& policies) {
-    const learned::TrainedRequest& req = set.provenance.requests[static_cast<std::size_t>(r)];
-    std::vector<ReplayConfig> configs;
-    for (const auto& p : policies) configs.push_back({"distillcache-sample", "", p, budget});
-    std::vector<std::vector<double>> reward(policies.size(),
-                                            std::vector<double>(static_cast<std::size_t>(g.n_layers), 0.0));
-    if (o.reward == "trace") {
-      const RequestResult res =
-          Replayer(*readers[static_cast<std::size_t>(req.trace)], in.mode, configs, 0, o.rule).replay(req.id);
-      for (std::size_t k = 0; k < policies.size(); ++k)
-        for (int l = 0; l < g.n_layers; ++l)
-          reward[k][static_cast<std::size_t>(l)] =
-              -weights[static_cast<std::size_t>(l)] * res.configs[k].layer_out_sq[static_cast<std::size_t>(l)];
-    } else {
-      const LiveRequestResult res = live.verifier->run(live.task(set, r), configs);
-      for (std::size_t k = 0; k < policies.size(); ++k)
-        std::fill(reward[k].begin(), reward[k].end(), -res.configs[k].mean_kl / g.n_layers);
-    }
-    return reward;
-  };
+  RewardSource rewards(set, in, o, fit_requests);
 
   learned::Adam adam(scorer->net.params().size(), o.lr);
   adam.clip_norm = 10.0;
@@ -301,10 +350,10 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
           now, o.temperature,
           splitmix64(o.seed ^ splitmix64(static_cast<std::uint64_t>(ep)) ^ splitmix64(~static_cast<std::uint64_t>(k))),
           false));
-    const auto reward = run_samples(order[pos], budget, policies);
+    const EpisodeRewards reward = rewards.run(order[pos], budget, policies);
     grad.assign(scorer->net.params().size(), 0.0);
     const double mean_reward =
-        episode_gradient(*scorer, policies, reward, o.temperature, grad, actions, decode_actions);
+        episode_gradient(*scorer, policies, reward, o.temperature, o.discount, grad, actions, decode_actions);
     adam.step(scorer->net.params(), grad);
     curve.step.push_back(static_cast<double>(ep));
     curve.value.push_back(mean_reward);
@@ -324,7 +373,8 @@ learned::LearnedModel train_distillcache(const TrainingSet& set, const TrainingI
   const std::vector<int>& eval = held_requests.empty() ? fit_requests : held_requests;
   const auto final_scorer = std::make_shared<const Scorer>(*scorer);
   for (double b : o.budgets) {
-    const auto [before, after] = greedy_estimates(set, in, o, readers, weights, eval, b, initial, final_scorer);
+    const auto [before, after] =
+        greedy_estimates(set, in, o, rewards.readers, rewards.weights, eval, b, initial, final_scorer);
     const std::string k = std::to_string(static_cast<int>(std::lround(b * 100)));
     results["estimate_initial_" + k] = before;
     results["estimate_final_" + k] = after;

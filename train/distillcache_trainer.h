@@ -3,12 +3,13 @@
 // REINFORCE. The policy network scores tokens from their features; an action is the budget's
 // tokens drawn by Plackett-Luce from those scores (plackett_luce.h) in every (layer, KV head) at
 // the compression point and, under peak semantics (`rule`), at every decode step where the policy
-// re-applies its rule to stay within the budget; the reward is minus the KL between full and compressed outputs:
-//   --reward trace: the offline estimate from a replay of the sampled plans (est_kl's per-layer
-//                   weights on the squared attention-output errors with --estimator, else their
-//                   mean), credited per layer;
-//   --reward live:  the live engine runs the sampled cache and measures the next-token KL per step.
-// The baseline is the other samples' mean reward for the same request and budget (leave one out).
+// re-applies its rule to stay within the budget. The reward comes per step t of the continuation:
+//   --reward trace: minus the offline estimate of KL_t, est_kl's per-layer weights (--estimator;
+//                   else the mean over layers) on each layer's squared output error at step t,
+//                   credited per layer (replay is teacher-forced);
+//   --reward live:  minus the live engine's KL_t(full || compressed), shared by every layer.
+// Each action is credited with the return from the first step it can change, less the other
+// samples' return from that step (step_credit.h); the MDP is in docs/learned.md.
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -33,7 +34,10 @@ struct DistillCacheOptions {
   std::string init;              // a foresight or distillcache model to start from
   std::string model, tasks;      // live: the GGUF model and the task file of the traces' requests
   int max_new = 16;              // live: continuation length
-  BudgetRule rule;               // peak: actions at decode steps too (re-applied every rule.every tokens)
+  // Credit: an action's return from the first step it can change, discounted by this per step
+  // (1: every later step counts fully, as the objective, the mean KL over the continuation, does).
+  double discount = 1.0;
+  BudgetRule rule;  // peak: actions at decode steps too (re-applied every rule.every tokens)
   std::uint64_t seed = 1;
   bool tty = false;
 };

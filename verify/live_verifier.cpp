@@ -267,6 +267,8 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
       for (std::size_t v = 0; v < lp.size(); ++v) kl += std::exp(lp[v]) * (lp[v] - lq[v]);
       kl = std::max(kl, 0.0);
       kl_sum += kl;
+      res.step_kl.push_back(kl);
+      res.step_query.push_back(s.n_prompt - 1 + static_cast<std::int64_t>(j));
       res.max_kl = std::max(res.max_kl, kl);
       nll_sum -= lq[static_cast<std::size_t>(s.reference[j])];
       const bool same = argmax(logits) == s.reference[j];
@@ -292,6 +294,12 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
   // Free-running: identical to the reference until the first divergent prediction, so only a
   // divergent config pays for a second run.
   std::vector<std::int32_t> generated = s.reference;
+  if (diverged < len && !opts.free_run) {  // a divergent prediction: the free run differs, unscored
+    res.same_tokens = false;
+    res.task_score = std::nan("");
+    res.seconds = since(t0);
+    return res;
+  }
   if (diverged < len) {
     res.kept.clear();
     cs = compress(s, cfg, res);

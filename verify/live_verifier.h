@@ -39,16 +39,23 @@ struct VerifyOptions {
   // false steps every policy on the host. Both evict the same tokens.
   bool rules_in_engine = true;
   bool allow_training_requests = false;  // learned policies may run on their training prompts
+  // false: teacher-forced only, no free-running generation (no task score): what a training
+  // reward needs, at half the cost for configs that diverge.
+  bool free_run = true;
 };
 
 struct LiveConfigResult {
   std::int64_t budget_tokens = 0;
   std::int64_t steps = 0;          // continuation predictions the compression can affect
   double mean_kl = 0, max_kl = 0;  // KL(full || compressed) of those next-token distributions
-  double top1 = 1;                 // share of them whose argmax is the reference token
-  double ppl = 0;                  // perplexity of the reference continuation over them
-  double task_score = 0;           // share of expected strings in the free generation (NaN: none)
-  bool same_tokens = true;         // free generation == reference continuation
+  // Per step: its KL and the token whose query gave the distribution (a cache change after that
+  // token's step, at cache size n, can affect the steps whose query token is >= n).
+  std::vector<double> step_kl;
+  std::vector<std::int64_t> step_query;
+  double top1 = 1;          // share of them whose argmax is the reference token
+  double ppl = 0;           // perplexity of the reference continuation over them
+  double task_score = 0;    // share of expected strings in the free generation (NaN: none)
+  bool same_tokens = true;  // free generation == reference continuation
   std::string generated;
   double kept_fraction = 1;  // K/V rows after compression / rows of the full cache
   double compressed_bytes = 0, budget_bytes = 0;
