@@ -66,8 +66,9 @@ po::options_description train_options(TrainFlags& f) {
       "  distillcache: REINFORCE over Plackett-Luce evictions from a token scorer at every eviction event, reward\n"
       "  -KL_t(full || compressed) at every step t: the trace's calibrated estimate (--reward trace) or the live\n"
       "  model's (--reward live); each action credited with the return from the first step it can change\n"
-      "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, fitted to each head's streaming error\n"
-      "  with a sparsity term; or --import RLKV's adapter_weights.tsv (the trace gives the model geometry)");
+      "  rlkv: one gate per (layer, KV head), whole cache vs sinks + recent, learned by REINFORCE over sampled head\n"
+      "  masks (reward -KL: --reward trace | live) with an L1 sparsity term; or --import RLKV's adapter_weights.tsv\n"
+      "  (the trace gives the model geometry)");
   desc.add_options()("help,h", "show this help")("method", po::value(&f.method), "training method")(
       "trace", po::value(&f.traces)->multitoken(), "trace files to learn from")("out,o", po::value(&f.out)->required(),
                                                                                 "model file to write (HDF5)")(
@@ -90,22 +91,22 @@ po::options_description train_options(TrainFlags& f) {
       "rows", po::value(&f.rows)->default_value(f.rows),
       "sigmoid_gate: evaluation rows per query head kept for the loss (evenly spaced)")(
       "episodes", po::value(&f.dco.episodes)->default_value(f.dco.episodes),
-      "distillcache: (request, budget) episodes")(
-      "samples", po::value(&f.dco.samples)->default_value(f.dco.samples),
-      "distillcache: sampled evictions per episode (each one's baseline is the others' mean reward)")(
+      "distillcache: (request, budget) episodes")("samples", po::value(&f.dco.samples)->default_value(f.dco.samples),
+                                                  "distillcache, rlkv: sampled evictions per episode / head masks per "
+                                                  "step (each one's baseline is the others' mean reward)")(
       "temperature", po::value(&f.dco.temperature)->default_value(f.dco.temperature),
       "distillcache: Plackett-Luce temperature")(
       "discount", po::value(&f.dco.discount)->default_value(f.dco.discount),
       "distillcache: per-step discount of the return an action is credited with")(
       "budgets", po::value(&f.train_budgets)->default_value(f.train_budgets),
       "distillcache: budgets the episodes draw from")("reward", po::value(&f.dco.reward)->default_value(f.dco.reward),
-                                                      "distillcache: trace | live")(
+                                                      "distillcache, rlkv: trace | live")(
       "estimator", po::value(&f.dco.estimator),
-      "distillcache: kvsim calibrate file weighting the trace reward's layers")(
+      "distillcache, rlkv: kvsim calibrate file weighting the trace reward's layers")(
       "init", po::value(&f.dco.init), "distillcache: start from this foresight or distillcache model")(
       "model,m", po::value(&f.dco.model),
-      "distillcache --reward live, sigmoid_gate's live soft-to-hard gap: the GGUF model the traces were captured from")(
-      "tasks,t", po::value(&f.dco.tasks), "with --model: the task file of the traces' requests")(
+      "distillcache and rlkv --reward live, sigmoid_gate's live soft-to-hard gap: the GGUF model the traces were "
+      "captured from")("tasks,t", po::value(&f.dco.tasks), "with --model: the task file of the traces' requests")(
       "max-new", po::value(&f.dco.max_new)->default_value(f.dco.max_new), "with --model: continuation length")(
       "budget-semantics", po::value(&f.semantics)->default_value(f.semantics),
       "distillcache: point (actions at the compression point) | peak (also at every decode step where the rule "
@@ -113,10 +114,9 @@ po::options_description train_options(TrainFlags& f) {
       "reapply-every", po::value(&f.reapply_every)->default_value(f.reapply_every),
       "distillcache, peak: the re-application cadence in tokens, as sweep --reapply-every")(
       "sparsity", po::value(&f.ro.sparsity)->default_value(f.ro.sparsity),
-      "rlkv: a head keeps its whole cache when its streaming error exceeds this x the mean error")(
-      "requests-per-step", po::value(&f.ro.requests_per_step)->default_value(f.ro.requests_per_step),
-      "rlkv: requests per Adam step")("sinks", po::value(&f.window.sinks)->default_value(f.window.sinks),
-                                      "rlkv: the streaming window's sink tokens")(
+      "rlkv: L1 weight on the gates; a head keeps its whole cache when that saves more KL than this x the mean "
+      "head's share of the all-streaming KL")("sinks", po::value(&f.window.sinks)->default_value(f.window.sinks),
+                                              "rlkv: the streaming window's sink tokens")(
       "recent", po::value(&f.window.recent)->default_value(f.window.recent),
       "rlkv: the streaming window's recent tokens")("import", po::value(&f.import),
                                                     "rlkv: import RLKV's adapter_weights.tsv instead of training")(
@@ -193,12 +193,13 @@ learned::LearnedModel train_model(TrainFlags& f, const po::variables_map& vm) {
       f.ro.lr = vm["lr"].defaulted() ? f.ro.lr : f.fo.lr;
       f.ro.seed = f.fo.seed;
       f.ro.tty = tty;
-      m = train::train_rlkv(set, f.ro, std::cerr);
-      nlohmann::json h = nlohmann::json::parse(m.provenance.hyperparameters);
-      h["sinks"] = f.window.sinks;
-      h["recent"] = f.window.recent;
-      h["mode"] = mode_name(in.mode);
-      m.provenance.hyperparameters = h.dump();
+      f.ro.samples = f.dco.samples;
+      f.ro.reward = f.dco.reward;
+      f.ro.estimator = f.dco.estimator;
+      f.ro.model = f.dco.model;
+      f.ro.tasks = f.dco.tasks;
+      f.ro.max_new = f.dco.max_new;
+      m = train::train_rlkv(set, in, f.ro, std::cerr);
     }
   }
   return m;

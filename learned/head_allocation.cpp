@@ -42,4 +42,15 @@ HeadAllocation allocate_heads(const std::vector<double>& gates, const std::vecto
   return a;
 }
 
+std::vector<std::uint8_t> streaming_mask(std::span<const std::int32_t> cached, std::int64_t sinks, std::int64_t keep) {
+  std::vector<std::uint8_t> mask(cached.size(), 0);
+  const std::int64_t sink = std::min(sinks, keep);
+  std::int64_t kept = 0;
+  for (std::size_t j = 0; j < cached.size() && kept < sink; ++j)
+    if (cached[j] < sinks) mask[j] = 1, ++kept;
+  for (std::size_t j = cached.size(); j-- > 0 && kept < keep;)
+    if (!mask[j]) mask[j] = 1, ++kept;
+  return mask;
+}
+
 }  // namespace kvsim::learned

@@ -1,7 +1,7 @@
 // RLKV — "Which Heads Matter for Reasoning? RL-Guided KV Cache Compression" (Kurt232/RLKV:
 // one gate per (layer, KV head), full cache vs sink + recent, shipped as adapter_weights.tsv;
-// the deployment is DuoAttention's). Rule: in each layer the heads with the highest gates keep
-// their whole cache as far as the byte budget allows, the others sinks + recent tokens.
+// the deployment is DuoAttention's). Rule: ranked over the whole model, the heads with the highest
+// gates keep their whole cache as far as the byte budget allows, the others sinks + recent tokens.
 #include <algorithm>
 
 #include "core/error.h"
@@ -23,30 +23,29 @@ class Rlkv : public Policy {
       throw Error(path_ + ": dataset 'head_gates' is empty; an rlkv model needs one gate per (layer, KV head)");
     prompts_ = learned::training_prompts(model_);
   }
+  // Every layer computes the same model-wide allocation (gates, budget and cache sizes are known to
+  // each: a layer takes its own heads' sizes for every layer's, as they are at the compression
+  // point) and plans its own part of it. Sliding-window layers hold their window and are not ranked.
   LayerPlan compress(const LayerSignals& s, const Budget& budget) const override {
     const ModelGeometry& g = s.geometry();
     check_learned_geometry(model_, path_, g);
     const auto H = static_cast<std::size_t>(g.n_kv_heads);
-    std::vector<double> gates(H);
-    std::vector<std::int64_t> n(H);
-    for (std::size_t h = 0; h < H; ++h) {
-      gates[h] = model_.head_gates[static_cast<std::size_t>(s.layer()) * H + h];
-      n[h] = cache_size(s, static_cast<int>(h));
+    std::vector<double> gates;
+    std::vector<std::int64_t> n;
+    std::size_t own = 0;  // the first of this layer's heads in the ranking
+    for (int l = 0; l < g.n_layers; ++l) {
+      if (g.window(l) > 0) continue;
+      if (l == s.layer()) own = gates.size();
+      for (std::size_t h = 0; h < H; ++h) {
+        gates.push_back(model_.head_gates[static_cast<std::size_t>(l) * H + h]);
+        n.push_back(cache_size(s, static_cast<int>(h)));
+      }
     }
-    const HeadAllocation a = allocate_heads(gates, n, budget.tokens * static_cast<std::int64_t>(H), sinks_, recent_);
+    const HeadAllocation a =
+        allocate_heads(gates, n, budget.tokens * static_cast<std::int64_t>(gates.size()), sinks_, recent_);
     LayerPlan plan;
-    for (std::size_t h = 0; h < H; ++h) {
-      // Sinks first, then the most recent tokens: a streaming head's cache.
-      const auto cached = s.cached(static_cast<int>(h));
-      std::vector<std::uint8_t> keep(cached.size(), 0);
-      const std::int64_t sink = std::min(sinks_, a.keep[h]);
-      std::int64_t kept = 0;
-      for (std::size_t j = 0; j < cached.size() && kept < sink; ++j)
-        if (cached[j] < sinks_) keep[j] = 1, ++kept;
-      for (std::size_t j = cached.size(); j-- > 0 && kept < a.keep[h];)
-        if (!keep[j]) keep[j] = 1, ++kept;
-      plan.heads.push_back(plan_from_mask(keep));
-    }
+    for (std::size_t h = 0; h < H; ++h)
+      plan.heads.push_back(plan_from_mask(streaming_mask(s.cached(static_cast<int>(h)), sinks_, a.keep[own + h])));
     return plan;
   }
   double state_bytes_per_head() const override { return 4.0; }  // heads differ in length: a length table
@@ -63,8 +62,8 @@ class Rlkv : public Policy {
 
 KVSIM_REGISTER_POLICY(PolicyInfo{
     "rlkv",
-    "per-head gates: the highest-gated heads of a layer keep their whole cache within the budget, the rest sinks + "
-    "recent",
+    "per-head gates ranked over the whole model: the highest-gated heads keep their whole cache within the budget, "
+    "the rest sinks + recent",
     "RLKV (Kurt232/RLKV adapter_weights.tsv; DuoAttention's deployment); model from kvsim train rlkv",
     {{"model", "", "model file written by kvsim train rlkv (trained, or imported from adapter_weights.tsv)"},
      {"sinks", "16", "first tokens a streaming head keeps (RLKV: 16)"},

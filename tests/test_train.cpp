@@ -1,8 +1,10 @@
 // train/: training sets from traces, the foresight trainer, and its model run as a policy.
 #include <catch2/catch.hpp>
+#include <bit>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 #include <sstream>
 
 #include "core/sha256.h"
@@ -153,7 +155,7 @@ TEST_CASE("the streaming error of a head, by hand", "[train]") {
   CHECK(train::streaming_error(s, 0, {0, 4}) == Approx(0.0).margin(1e-12));  // the window holds everything
 }
 
-TEST_CASE("rlkv gates open on the heads whose streaming window errs most", "[train]") {
+TEST_CASE("rlkv gates learned by REINFORCE open on the heads whose streaming window errs most", "[train]") {
   // The small trace's prompts are ~60 tokens: a window of 2 sinks + 8 recent leaves some out.
   train::TrainingInputs in;
   in.traces = {training_trace()};
@@ -163,30 +165,47 @@ TEST_CASE("rlkv gates open on the heads whose streaming window errs most", "[tra
   train::RlkvOptions o;
   o.steps = 300;
   std::ostringstream log;
-  const learned::LearnedModel m = train::train_rlkv(set, o, log);
-  const learned::LearnedModel again = train::train_rlkv(set, o, log);
+  const learned::LearnedModel m = train::train_rlkv(set, in, o, log);
+  const learned::LearnedModel again = train::train_rlkv(set, in, o, log);
   CHECK(m.head_gates == again.head_gates);
+  CHECK(m.curve.metric == "reward_trace");
+  for (double r : m.curve.value) CHECK(r <= 0);  // minus a KL estimate
   const ModelGeometry& g = set.geometry;
   REQUIRE(m.head_gates.size() == static_cast<std::size_t>(g.n_layers * g.n_kv_heads));
-  std::vector<double> err(m.head_gates.size(), 0.0);
-  for (const train::HeadSample& h : set.heads)
-    err[static_cast<std::size_t>(h.layer * g.n_kv_heads + h.kv_head)] += h.streaming_error / set.requests;
-  double mean = 0;
-  for (double e : err) mean += e / static_cast<double>(err.size());
-  int decided = 0;
-  for (std::size_t i = 0; i < err.size(); ++i) {
-    INFO("head " << i << " error " << err[i] << " (mean " << mean << "), gate " << m.head_gates[i]);
-    if (err[i] > 2 * mean) {
-      CHECK(m.head_gates[i] > 0.5);
-      ++decided;
-    }
-    if (err[i] < 0.5 * mean) {
-      CHECK(m.head_gates[i] < 0.5);
-      ++decided;
-    }
+  // The gates moved from where they started (0.5), both ways.
+  CHECK(*std::max_element(m.head_gates.begin(), m.head_gates.end()) > 0.7);
+  CHECK(*std::min_element(m.head_gates.begin(), m.head_gates.end()) < 0.3);
+  // The heads opened are the ones whose whole cache saves the most: among every mask that opens
+  // as many heads, the gates' mask has (nearly) the lowest offline KL. (Offline, a head's saving
+  // adds up over heads, so the best mask is known; REINFORCE only sees sampled masks' rewards.)
+  const std::size_t N = m.head_gates.size();
+  std::vector<std::uint8_t> learned(N);
+  int open = 0;
+  for (std::size_t i = 0; i < N; ++i) open += learned[i] = m.head_gates[i] > 0.5 ? 1 : 0;
+  REQUIRE(open > 0);
+  REQUIRE(open < static_cast<int>(N));
+  std::vector<std::vector<std::uint8_t>> masks = {learned};
+  for (unsigned bits = 0; bits < (1u << N); ++bits) {
+    if (std::popcount(bits) != open) continue;
+    std::vector<std::uint8_t> mask(N);
+    for (std::size_t i = 0; i < N; ++i) mask[i] = (bits >> i) & 1u;
+    if (mask != learned) masks.push_back(mask);
   }
-  CHECK(decided > 0);
+  const std::vector<double> kl = train::mask_estimates(set, in, "", masks);
+  const auto better = std::count_if(kl.begin() + 1, kl.end(), [&](double x) { return x < kl[0]; });
+  INFO(open << " heads open; " << better << " of " << masks.size() - 1 << " other masks are better");
+  CHECK(better <= 1);
+  CHECK(kl[0] < std::accumulate(kl.begin() + 1, kl.end(), 0.0) / static_cast<double>(kl.size() - 1));
   CHECK(log.str().find("heads gated to the whole cache") != std::string::npos);
+  // A stronger sparsity term closes more gates.
+  o.sparsity = 4.0;
+  const learned::LearnedModel sparse = train::train_rlkv(set, in, o, log);
+  CHECK(std::accumulate(sparse.head_gates.begin(), sparse.head_gates.end(), 0.0) <
+        std::accumulate(m.head_gates.begin(), m.head_gates.end(), 0.0));
+  o.sparsity = 1.0;
+  o.reward = "live";
+  CHECK_THROWS_WITH(train::train_rlkv(set, in, o, log), Catch::Contains("needs --model"));
+  o.reward = "trace";
   // Written and read back, it replays as a policy at a budget.
   const std::string path = test::scratch_file("rlkv_trained.h5");
   learned::write_learned_model(m, path);
@@ -458,6 +477,31 @@ TEST_CASE("distillcache's live reward: the engine runs each sampled cache", "[tr
   write_requests_jsonl({requests[0]}, other, true);
   o.tasks = other;
   CHECK_THROWS_WITH(train::train_distillcache(set, in, o, log), Catch::Contains("no task 'vault-0'"));
+}
+
+TEST_CASE("rlkv's live reward: the engine runs each sampled head mask", "[train][live]") {
+  if (!std::filesystem::exists(KVSIM_TEST_MODEL))
+    FAIL("SmolLM2 is missing: run scripts/setup.sh (" KVSIM_TEST_MODEL ")");
+  const VaultCapture& vault = vault_capture();
+  train::TrainingInputs in;
+  in.traces = {vault.trace};
+  in.samples.window = {2, 8};  // ~60-token prompts: the streaming window leaves most out
+  std::ostringstream log;
+  const train::TrainingSet set = train::load_training_set(in, log);
+  train::RlkvOptions o;
+  o.reward = "live";
+  o.model = KVSIM_TEST_MODEL;
+  o.tasks = vault.tasks;
+  o.max_new = 3;
+  o.steps = 3;
+  o.samples = 2;
+  const learned::LearnedModel m = train::train_rlkv(set, in, o, log);
+  CHECK(m.curve.metric == "reward_live");
+  REQUIRE(m.curve.value.size() == 3);
+  for (double r : m.curve.value) CHECK(r <= 0);  // minus a live KL
+  CHECK(nlohmann::json::parse(m.results).at("all_streaming_kl").get<double>() > 0);
+  // The gates moved off their start.
+  CHECK(std::any_of(m.head_gates.begin(), m.head_gates.end(), [](double g) { return std::abs(g - 0.5) > 1e-3; }));
 }
 
 TEST_CASE("sigmoid_gate's live soft-to-hard gap: the engine runs the soft-gated cache", "[train][live]") {

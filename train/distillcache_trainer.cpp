@@ -13,11 +13,11 @@
 #include "learned/features.h"
 #include "learned/token_scorer.h"
 #include "policies/selection.h"
-#include "sim/estimator.h"
 #include "sim/replay.h"
 #include "train/live_tasks.h"
 #include "train/plackett_luce.h"
 #include "train/progress.h"
+#include "train/reward_weights.h"
 #include "train/step_credit.h"
 
 namespace kvsim::train {
@@ -104,18 +104,6 @@ class SampledPolicy : public Policy {
   mutable std::mutex mu_;
   mutable std::vector<Action> actions_;
 };
-
-std::vector<double> layer_weights(const std::string& estimator, int layers, ReplayMode mode) {
-  if (estimator.empty()) return std::vector<double>(static_cast<std::size_t>(layers), 1.0 / layers);
-  const Estimator e = read_estimator(estimator);
-  if (e.mode != mode_name(mode))
-    throw Error(estimator + ": field 'mode' is " + e.mode + "; this training runs " + mode_name(mode) +
-                " (calibrate an estimator in that mode)");
-  if (static_cast<int>(e.weights.size()) != layers)
-    throw Error(estimator + ": " + std::to_string(e.weights.size()) + " layer weights; the traces' model has " +
-                std::to_string(layers) + " layers");
-  return e.weights;
-}
 
 void check_options(const DistillCacheOptions& o) {
   if (o.reward != "trace" && o.reward != "live")
@@ -252,7 +240,10 @@ struct RewardSource {
 
   RewardSource(const TrainingSet& s, const TrainingInputs& inputs, const DistillCacheOptions& opts,
                const std::vector<int>& fit_requests)
-      : set(s), in(inputs), o(opts), weights(layer_weights(opts.estimator, s.geometry.n_layers, inputs.mode)) {
+      : set(s),
+        in(inputs),
+        o(opts),
+        weights(reward_layer_weights("train distillcache", opts.estimator, s.geometry.n_layers, inputs.mode)) {
     for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
     if (o.reward == "live") live = live_rewards(set, in, o, fit_requests);
   }
