@@ -51,6 +51,8 @@ struct TrainFlags {
   std::string semantics = "point";
   std::int64_t reapply_every = BudgetRule{}.every;
   std::int64_t rows = 8;
+  std::int64_t decode_block = 0;
+  double label_budget = 0.25;
   train::StreamingWindow window;
 };
 
@@ -82,6 +84,12 @@ po::options_description train_options(TrainFlags& f) {
       "(request, layer, KV head) samples per step")(
       "pairs", po::value(&f.fo.pairs_per_head)->default_value(f.fo.pairs_per_head), "token pairs per head sample")(
       "margin", po::value(&f.fo.margin)->default_value(f.fo.margin), "hinge margin")(
+      "decode-block", po::value(&f.decode_block)->default_value(0),
+      "foresight: label at every decode block of this many tokens too, from the max future attention over the "
+      "remaining blocks along the golden policy's own evictions (ForesightKV's supervised stage; needs every decode "
+      "query); 0: once, at the compression point")(
+      "label-budget", po::value(&f.label_budget)->default_value(0.25),
+      "foresight --decode-block: the budget the golden trajectory is held to")(
       "top-share", po::value(&f.fo.top_share)->default_value(f.fo.top_share),
       "the better token of each pair is drawn from this top share by golden label")(
       "seed", po::value(&f.fo.seed)->default_value(f.fo.seed), "random seed (same seed, same machine: same model)")(
@@ -155,6 +163,13 @@ learned::LearnedModel train_model(TrainFlags& f, const po::variables_map& vm) {
     in.traces = f.traces;
     in.mode = parse_mode(f.mode);
     in.samples.window = f.window;
+    if (f.decode_block < 0) throw Error("--decode-block: got " + std::to_string(f.decode_block) + "; expected >= 0");
+    if (f.decode_block > 0) {
+      if (f.method != "foresight") throw Error("--decode-block labels foresight's training set: kvsim train foresight");
+      in.samples.decode_block = f.decode_block;
+      in.samples.trajectory_budget = f.label_budget;
+      in.samples.labeler = "oracle_golden:block=" + std::to_string(f.decode_block);
+    }
     if (!f.requests.empty()) in.requests = split(f.requests, ',');
     if (f.method == "sigmoid_gate") {
       if (f.rows < 1) throw Error("--rows must be >= 1");

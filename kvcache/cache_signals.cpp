@@ -58,7 +58,7 @@ Mat CacheSignals::compute_attention(int q_head, std::int64_t first, std::int64_t
 }
 
 CacheView gather_view(std::vector<std::vector<std::int32_t>> tokens, const std::vector<Mat>& full_k,
-                      const std::vector<Mat>& full_v, const std::vector<Mat>& attn, int group) {
+                      const std::vector<Mat>& full_v, const std::vector<Mat>& attn, int group, std::int64_t first_row) {
   CacheView v;
   v.tokens = std::move(tokens);
   for (std::size_t kv = 0; kv < v.tokens.size(); ++kv) {
@@ -74,9 +74,10 @@ CacheView gather_view(std::vector<std::vector<std::int32_t>> tokens, const std::
   }
   for (std::size_t qh = 0; qh < attn.size(); ++qh) {
     const auto& t = v.tokens[qh / static_cast<std::size_t>(group)];
-    Mat f(attn[qh].rows(), static_cast<Eigen::Index>(t.size()));
+    const auto first = static_cast<Eigen::Index>(std::min<std::int64_t>(first_row, attn[qh].rows()));
+    Mat f(attn[qh].rows() - first, static_cast<Eigen::Index>(t.size()));
     for (Eigen::Index i = 0; i < f.rows(); ++i)
-      for (Eigen::Index m = 0; m < f.cols(); ++m) f(i, m) = attn[qh](i, t[static_cast<std::size_t>(m)]);
+      for (Eigen::Index m = 0; m < f.cols(); ++m) f(i, m) = attn[qh](first + i, t[static_cast<std::size_t>(m)]);
     v.future.push_back(std::move(f));
   }
   return v;

@@ -46,9 +46,11 @@ struct CacheView {
 };
 
 // Gathers a CacheView for `tokens` from a layer's full K/V ([T, d] per KV head) and the
-// evaluation rows' attention ([E, T] per query head).
+// evaluation rows' attention ([E, T] per query head). The future is the rows from `first_row` on:
+// at a decode step, only the queries still to come.
 CacheView gather_view(std::vector<std::vector<std::int32_t>> tokens, const std::vector<Mat>& full_k,
-                      const std::vector<Mat>& full_v, const std::vector<Mat>& attn, int group);
+                      const std::vector<Mat>& full_v, const std::vector<Mat>& attn, int group,
+                      std::int64_t first_row = 0);
 
 // One layer of one request, as policies see it at a compression point after n tokens: the
 // cache's tokens and K/V per KV head, the recorded queries, attention computed on demand. The

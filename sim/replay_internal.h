@@ -161,7 +161,8 @@ inline int segment_of(const LayerWork& w, std::int64_t t) {
 }
 
 // The layer's signals over a decode-time cache after n tokens (DecodeStep::signals): what a
-// policy re-applied under peak semantics plans from, built like the compression point's.
+// policy re-applied under peak semantics plans from, built like the compression point's. Its
+// future (the oracles' signal) is the evaluation rows still to come: queries of tokens >= n.
 inline std::shared_ptr<const LayerSignals> signals_over(const LayerWork& w,
                                                         const std::vector<std::vector<std::int32_t>>& cache,
                                                         std::int64_t n) {
@@ -170,7 +171,8 @@ inline std::shared_ptr<const LayerSignals> signals_over(const LayerWork& w,
     std::optional<CacheSignals> signals;
   };
   auto held = std::make_shared<Held>();
-  held->view = gather_view(cache, w.full_k, w.full_v, w.attn, w.g.group());
+  const auto first = std::lower_bound(w.eval_tokens.begin(), w.eval_tokens.end(), n) - w.eval_tokens.begin();
+  held->view = gather_view(cache, w.full_k, w.full_v, w.attn, w.g.group(), first);
   held->signals.emplace(w.where, w.g, w.layer, n, w.tokens, w.q, held->view);
   return std::shared_ptr<const LayerSignals>(held, &*held->signals);
 }

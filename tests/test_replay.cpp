@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "core/error.h"
 #include "policies/registry.h"
 #include "kvcache/budget.h"
 #include "kvcache/cache_signals.h"
+#include "policies/selection.h"
 #include "sim/replay.h"
 #include "learned_fixtures.h"
 #include "trace_fixtures.h"
@@ -323,6 +325,50 @@ TEST_CASE("query-agnostic compression hurts SnapKV on a needle task", "[replay]"
   const double agnostic = Replayer(reader, ReplayMode::QueryAgnostic, cfgs).replay("r0").configs[0].mean_kl;
   INFO("query-aware KL " << aware << ", query-agnostic KL " << agnostic);
   CHECK(agnostic > 1.5 * aware);
+}
+
+namespace {
+
+// Keeps each head's newest tokens and records, at every point it is asked, the tokens seen and
+// how many future query rows its signals offer.
+class FutureProbe : public Policy {
+ public:
+  bool reads_future() const override { return true; }
+  LayerPlan compress(const LayerSignals& s, const Budget& b) const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_.emplace_back(s.n_tokens(), s.future_attention(0).rows);
+    }
+    LayerPlan plan;
+    for (int kv = 0; kv < s.geometry().n_kv_heads; ++kv) {
+      const auto n = static_cast<std::int64_t>(s.cached(kv).size());
+      std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+      for (std::int64_t j = std::max<std::int64_t>(0, n - b.tokens); j < n; ++j) keep[static_cast<std::size_t>(j)] = 1;
+      plan.heads.push_back(plan_from_mask(keep));
+    }
+    return plan;
+  }
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<std::int64_t, std::int64_t>> seen_;
+};
+
+}  // namespace
+
+TEST_CASE("an oracle re-applied at a decode step sees only the queries still to come", "[replay]") {
+  const TraceReader reader(replay_trace());
+  auto probe = std::make_shared<const FutureProbe>();
+  const Replayer replayer(reader, ReplayMode::QueryAware, {ReplayConfig{"probe", "", probe, 0.5}}, 0,
+                          BudgetRule{true, 2});
+  const RequestResult res = replayer.replay("r0");
+  bool decode_point = false;
+  for (const auto& [n, rows] : probe->seen_) {
+    INFO("at " << n << " tokens");
+    const auto to_come =
+        std::count_if(res.eval_positions.begin(), res.eval_positions.end(), [n = n](std::int64_t p) { return p >= n; });
+    CHECK(rows == to_come);
+    decode_point = decode_point || n > res.compression_point;
+  }
+  CHECK(decode_point);
 }
 
 TEST_CASE("per-step output errors: one per layer and evaluation row, their mean the layer's", "[replay]") {

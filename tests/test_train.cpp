@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <tuple>
 #include <numeric>
 #include <sstream>
 
@@ -141,6 +143,46 @@ TEST_CASE("a foresight model replays as a policy, held out from its training pro
   spec.traces = {test::write_small_trace("train_wide.h5", wide)};
   CHECK_THROWS_WITH(run_sweep(spec, std::cerr), Catch::Contains(model) && Catch::Contains("/geometry"));
   CHECK_THROWS_WITH(PolicyRegistry::instance().create("foresight"), Catch::Contains("'model' is required"));
+}
+
+TEST_CASE("foresight labels per decode block: the golden trajectory, labelled from the blocks to come", "[train]") {
+  SynthConfig cfg = training_config(12);
+  cfg.generated_tokens = 24;
+  train::TrainingInputs in;
+  in.traces = {test::write_small_trace("train_blocks.h5", cfg)};
+  in.samples.decode_block = 8;
+  in.samples.trajectory_budget = 0.5;
+  in.samples.labeler = "oracle_golden:block=8";
+  std::ostringstream quiet;
+  const train::TrainingSet set = train::load_training_set(in, quiet);
+  const TraceReader reader(in.traces.front());
+  const ModelGeometry& g = set.geometry;
+  // Per (request, layer, head): the compression point first, then later decode blocks.
+  std::map<std::tuple<int, int, int>, std::vector<std::int64_t>> points;
+  for (const train::HeadSample& h : set.heads) points[{h.request, h.layer, h.kv_head}].push_back(h.point);
+  REQUIRE(points.size() == static_cast<std::size_t>(set.requests * g.n_layers * g.n_kv_heads));
+  for (const auto& [key, p] : points) {
+    const std::int64_t c =
+        reader.header(set.provenance.requests[static_cast<std::size_t>(std::get<0>(key))].id).n_prompt;
+    REQUIRE(p.size() >= 2);
+    CHECK(p.front() == c);
+    CHECK(std::is_sorted(p.begin(), p.end()));
+    CHECK(p.back() > c);
+  }
+  // A later block's sample holds the trajectory's cache (fewer tokens than were seen), and labels.
+  const auto later = std::find_if(set.heads.begin(), set.heads.end(), [&](const train::HeadSample& h) {
+    return h.point > reader.header(set.provenance.requests[static_cast<std::size_t>(h.request)].id).n_prompt;
+  });
+  REQUIRE(later != set.heads.end());
+  CHECK(later->tokens < later->point);
+  CHECK(later->label.size() == static_cast<std::size_t>(later->tokens));
+  train::ForesightOptions o = quick_options();
+  o.steps = 20;
+  std::ostringstream log;
+  const learned::LearnedModel m = train::train_foresight(set, o, log);
+  const auto r = nlohmann::json::parse(m.results);
+  CHECK(r.at("labels").get<std::string>() == "per decode block of 8 tokens");
+  CHECK(r.at("decision_points").get<std::int64_t>() > set.requests);
 }
 
 TEST_CASE("the streaming error of a head, by hand", "[train]") {

@@ -62,6 +62,14 @@ Batch sample_batch(const std::vector<const HeadSample*>& fit, const std::vector<
   return b;
 }
 
+// Distinct (request, point) pairs the labels were taken at.
+std::int64_t decision_points(const TrainingSet& set) {
+  std::vector<std::pair<int, std::int64_t>> seen;
+  for (const HeadSample& h : set.heads) seen.emplace_back(h.request, h.point);
+  std::sort(seen.begin(), seen.end());
+  return std::unique(seen.begin(), seen.end()) - seen.begin();
+}
+
 }  // namespace
 
 double top_overlap(const std::vector<const HeadSample*>& heads, const std::vector<std::vector<float>>& scores,
@@ -139,6 +147,9 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
     results["window32_overlap_" + key] = top_overlap(eval, window_scores, share);
   }
   results["train_seconds"] = bar.elapsed();
+  results["labels"] = set.decode_block > 0 ? "per decode block of " + std::to_string(set.decode_block) + " tokens"
+                                           : std::string("one-shot, at the compression point");
+  results["decision_points"] = decision_points(set);
   progress << "train foresight: golden top-25% overlap " << results["golden_overlap_25"].get<double>()
            << " (window-32 attention alone: " << results["window32_overlap_25"].get<double>() << ") on "
            << results["evaluated_on"].get<std::string>() << "\n";
@@ -147,7 +158,8 @@ learned::LearnedModel train_foresight(const TrainingSet& set, const ForesightOpt
   m.provenance.hyperparameters = scorer_hyperparameters(o, nlohmann::json{{"pairs_per_head", o.pairs_per_head},
                                                                           {"margin", o.margin},
                                                                           {"top_share", o.top_share},
-                                                                          {"labeler", set.labeler}}
+                                                                          {"labeler", set.labeler},
+                                                                          {"decode_block", set.decode_block}}
                                                                .dump());
   m.results = results.dump();
   return m;

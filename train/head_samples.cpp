@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "kvcache/budget.h"
 #include "learned/features.h"
 #include "policies/registry.h"
 #include "policies/selection.h"
@@ -53,6 +54,7 @@ class Recorder : public Policy {
                       0,
                       {},
                       {}});
+      here.back().point = s.n_tokens();
       if (o_.output_rows > 0) keep_outputs(s, kv, o_.output_rows, here.back());
     }
     {
@@ -126,12 +128,22 @@ std::vector<HeadSample> collect_head_samples(const TraceReader& reader, const st
   if (!scorer) throw Error("train: labelling policy '" + labeler + "' does not score tokens");
   inst.policy.release();
   auto recorder = std::make_shared<const Recorder>(scorer, request, o);
-  // Any budget below 1 makes the replay compress; the samples do not depend on it.
-  const Replayer replayer(reader, mode, {ReplayConfig{"train-recorder", inst.params, recorder, 0.5}});
-  replayer.replay(request_id);
+  if (o.decode_block > 0) {
+    if (!(o.trajectory_budget > 0 && o.trajectory_budget < 1))
+      throw Error("train: the labelling trajectory's budget " + std::to_string(o.trajectory_budget) +
+                  " is not in (0, 1)");
+    // The labeller's own trajectory, held to its budget and re-applied every block.
+    const Replayer replayer(reader, mode, {ReplayConfig{"train-recorder", inst.params, recorder, o.trajectory_budget}},
+                            0, BudgetRule{true, o.decode_block});
+    replayer.replay(request_id);
+  } else {
+    // Any budget below 1 makes the replay compress; the samples do not depend on it.
+    const Replayer replayer(reader, mode, {ReplayConfig{"train-recorder", inst.params, recorder, 0.5}});
+    replayer.replay(request_id);
+  }
   std::vector<HeadSample> out = recorder->take();
   std::sort(out.begin(), out.end(), [](const HeadSample& a, const HeadSample& b) {
-    return a.layer != b.layer ? a.layer < b.layer : a.kv_head < b.kv_head;
+    return a.layer != b.layer ? a.layer < b.layer : a.kv_head != b.kv_head ? a.kv_head < b.kv_head : a.point < b.point;
   });
   return out;
 }

@@ -1,8 +1,8 @@
 #pragma once
-// What the trainers learn from: per (request, layer, KV head) at the compression point, every
-// cached token's features (learned/features.h) and a label from a labelling policy's scores
-// (oracle_golden's golden eviction label for foresight). Collected through an ordinary replay, so
-// the signals are exactly the ones the learned policy will see.
+// What the trainers learn from: per (request, layer, KV head) at the compression point (and, for
+// ForesightKV's per-block labels, at every decode block), every cached token's features (learned/features.h) and a
+// label from a labelling policy's scores (oracle_golden's golden eviction label for foresight). Collected through an
+// ordinary replay, so the signals are exactly the ones the learned policy will see.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,6 +26,9 @@ struct HeadSample {
   // head's values [tokens, head_dim] (sigmoid_gate's loss).
   std::int64_t rows = 0;  // per query head
   std::vector<float> attn, values;
+  // The tokens seen when it was recorded: the compression point, or (SampleOptions::decode_block)
+  // the start of a decode block.
+  std::int64_t point = 0;
 };
 
 // The streaming window the per-head proxy assumes (rlkv's defaults: RLKV's s16r64).
@@ -37,6 +40,12 @@ struct SampleOptions {
   std::string labeler = "oracle_golden";  // a registry spec of a scoring policy
   StreamingWindow window;
   std::int64_t output_rows = 0;  // > 0: keep attention rows and values (HeadSample::attn)
+  // > 0: also record at the start of every decode block of this many tokens (ForesightKV's
+  // supervised stage). The replay then follows the labeller's own evictions under peak semantics
+  // at `trajectory_budget`, re-applied every block, and each block's labels see only the queries
+  // still to come. Needs every decode query in the trace.
+  std::int64_t decode_block = 0;
+  double trajectory_budget = 0.25;
 };
 
 // Samples of every layer and KV head of one request; `request` is stored in every sample.

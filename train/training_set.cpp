@@ -21,6 +21,7 @@ TrainingSet load_training_set(const TrainingInputs& in, std::ostream& progress) 
   if (in.traces.empty()) throw Error("train: no trace files given");
   TrainingSet set;
   set.labeler = in.samples.labeler;
+  set.decode_block = in.samples.decode_block;
   std::set<std::string> wanted(in.requests.begin(), in.requests.end()), found;
   for (std::size_t t = 0; t < in.traces.size(); ++t) {
     const TraceReader reader(in.traces[t]);

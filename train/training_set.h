@@ -26,7 +26,8 @@ struct TrainingSet {
   ModelGeometry geometry;
   learned::Provenance provenance;  // traces (with sha256) and requests; seed and hyperparameters left to the trainer
   int requests = 0;
-  std::string labeler;  // the policy spec the labels came from
+  std::string labeler;            // the policy spec the labels came from
+  std::int64_t decode_block = 0;  // > 0: labels also at every decode block of this many tokens (SampleOptions)
 };
 
 // Reads every chosen request; progress lines go to `progress`. Throws naming the trace when the
