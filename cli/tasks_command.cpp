@@ -1,7 +1,8 @@
-// `kvsim tasks {needle,text}`: write JSONL requests for `kvsim capture`.
+// `kvsim tasks {needle,long,text}`: write JSONL requests for `kvsim capture`.
 #include <boost/program_options.hpp>
 #include <iostream>
 
+#include "capture/long_output_tasks.h"
 #include "capture/task_gen.h"
 #include "cli/dispatch.h"
 #include "cli/options.h"
@@ -38,6 +39,36 @@ int needle(const Args& args) {
   return 0;
 }
 
+int long_output(const Args& args) {
+  LongOutputSpec spec;
+  std::string kind = "recall", out;
+  po::options_description desc(
+      "kvsim tasks long: requests whose answers run to hundreds of tokens, so a cache held to its budget while the\n"
+      "model generates keeps evicting (capture them with --max-new 256 or more). Kinds:\n"
+      "  continue       continue a document (--file) where the context stops; expected: its next words\n"
+      "  recall         list every record of a list spread through the context (--items)\n"
+      "  running-total  keep a running total over values spread through the context (--items)\n"
+      "Scored by 'contains_all' (the share of expected strings in the free generation).");
+  desc.add_options()("help,h", "show this help")("out,o", po::value(&out)->required(), "output JSONL")(
+      "kind", po::value(&kind)->default_value(kind), "continue | recall | running-total")(
+      "count", po::value(&spec.count)->default_value(spec.count), "requests")(
+      "tokens", po::value(&spec.approx_tokens)->default_value(spec.approx_tokens),
+      "context length (estimated at 4 characters a token)")("items", po::value(&spec.items)->default_value(spec.items),
+                                                            "recall, running-total: records in the context")(
+      "file", po::value(&spec.file), "continue: the document (UTF-8 text)")(
+      "seed", po::value(&spec.seed)->default_value(spec.seed), "random seed")("force", "replace an existing file");
+  po::variables_map vm;
+  add_output_flags(desc);
+  if (!parse_options(args, desc, po::positional_options_description(), vm, "kvsim tasks long --out F.jsonl [options]"))
+    return 0;
+  spec.kind = parse_long_output_kind(kind);
+  const auto reqs = make_long_output_tasks(spec);
+  write_requests_jsonl(reqs, out, vm.count("force") > 0);
+  std::cout << out << ": " << reqs.size() << " " << kind << " long-output requests of ~" << spec.approx_tokens
+            << " tokens\n";
+  return 0;
+}
+
 int text(const Args& args) {
   std::string file, out;
   int tokens = 1024, count = 4;
@@ -61,6 +92,7 @@ int text(const Args& args) {
 
 int tasks_command(const Args& args) {
   static const Subcommand subs[] = {{"needle", "RULER-style needle tasks over a synthetic haystack", needle},
+                                    {"long", "long-output tasks: continue, recall, running-total", long_output},
                                     {"text", "windows of a text file (KL / perplexity inputs)", text}};
   return dispatch("kvsim tasks", subs, args);
 }
