@@ -106,13 +106,22 @@ double global_fraction(double budget, const WindowShare& s, std::int64_t c, cons
   return f;
 }
 
-void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy,
-                          const std::string& label, const std::string& where) {
+void check_window_support(const ModelGeometry& g, const Policy& policy, const std::string& label,
+                          const std::string& where) {
   if (std::none_of(g.sliding_window.begin(), g.sliding_window.end(), [](int w) { return w > 0; })) return;
-  if (rule.peak)
-    throw Error(where + ": peak budget semantics on sliding-window layers are not supported yet; use point");
   if (policy.selects_across_layers())
     throw Error(label + ": selects across layers, which is not supported on sliding-window models yet (" + where + ")");
+}
+
+void check_window_peak(const ModelGeometry& g, const BudgetRule& rule, std::int64_t c, const std::string& where) {
+  if (!rule.peak) return;
+  for (int l = 0; l < g.n_layers; ++l)
+    if (g.window(l) > c)
+      throw Error(where +
+                  ": peak budget semantics need every sliding window full at the compression point, but layer " +
+                  std::to_string(l) + "'s window of " + std::to_string(g.window(l)) + " tokens holds only " +
+                  std::to_string(c) + " there and would grow past the budget while decoding; use prompts longer " +
+                  "than the window, or point semantics");
 }
 
 }  // namespace kvsim

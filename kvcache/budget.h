@@ -72,9 +72,13 @@ WindowShare window_share(const ModelGeometry& g, std::int64_t c);
 // ...and the fraction of c a global layer may keep so that the whole cache holds `budget` of the
 // full cache's bytes; throws naming `label` when the local layers alone hold more than that.
 double global_fraction(double budget, const WindowShare& s, std::int64_t c, const std::string& label);
-// Replay and verify refuse on windowed models what they cannot hold yet: peak semantics and
-// policies that select across layers. Throws naming `where`.
-void check_window_support(const ModelGeometry& g, const BudgetRule& rule, const Policy& policy,
-                          const std::string& label, const std::string& where);
+// Replay and verify refuse on windowed models what they cannot hold yet: policies that select
+// across layers. Throws naming `where`.
+void check_window_support(const ModelGeometry& g, const Policy& policy, const std::string& label,
+                          const std::string& where);
+// Peak semantics on windowed models: a local layer's window must be full at the compression point
+// c, so that it holds the same bytes at every later step and the global layers' share of the budget
+// holds too. Throws naming `where`, the layer and its window otherwise.
+void check_window_peak(const ModelGeometry& g, const BudgetRule& rule, std::int64_t c, const std::string& where);
 
 }  // namespace kvsim

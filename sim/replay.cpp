@@ -296,7 +296,7 @@ Replayer::Replayer(const TraceReader& reader, ReplayMode mode, std::vector<Repla
     : reader_(reader), mode_(mode), configs_(std::move(configs)), compress_every_(compress_every), rule_(rule) {
   if (compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
   for (const ReplayConfig& cfg : configs_)
-    check_window_support(reader.geometry(), rule_, *cfg.impl, cfg.label(), reader.path());
+    check_window_support(reader.geometry(), *cfg.impl, cfg.label(), reader.path());
 }
 
 void Replayer::select_across_layers(
@@ -397,6 +397,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   const std::size_t P = configs_.size();
   // Sliding-window layers hold their window; a budget's rest goes to the global layers.
   const WindowShare windows = window_share(g, c);
+  check_window_peak(g, rule_, c, ctx);
   std::vector<ConfigBudget> budgets;
   for (const ReplayConfig& cfg : configs_)
     budgets.push_back(

@@ -200,8 +200,26 @@ TEST_CASE("sliding-window layers: held at their window, the budget spent on the 
   // A budget below what the windows alone hold cannot be met.
   CHECK_THROWS_WITH(Replayer(rw, ReplayMode::QueryAware, configs({"snapkv"}, {0.15})).replay("r0"),
                     Catch::Contains("sliding-window layers alone hold"));
-  CHECK_THROWS_WITH(Replayer(rw, ReplayMode::QueryAware, configs({"snapkv"}, {0.5}), 0, parse_budget_rule("peak", 8)),
-                    Catch::Contains("peak budget semantics on sliding-window layers"));
+  // Peak semantics: the windows are full at the compression point, so they hold the same bytes at
+  // every step and the global layers' share holds the whole cache to the budget.
+  for (const std::string policy : {"snapkv", "h2o", "streamingllm"}) {
+    INFO(policy << " under peak semantics");
+    const ConfigResult r =
+        Replayer(rw, ReplayMode::QueryAware, configs({policy}, {0.6}), 0, parse_budget_rule("peak", 4))
+            .replay("r0")
+            .configs[0];
+    CHECK(r.decode_peak_bytes <= r.budget_bytes + 1e-6);
+    CHECK(r.decode_peak_bytes > 0.9 * r.budget_bytes);
+    CHECK(r.layer_kl[0] == 0);  // a local layer loses nothing
+    CHECK(r.layer_kl[1] > 0);
+  }
+  // A window still filling at the compression point would grow past the budget: refused by name.
+  cfg.geometry.sliding_window = {4096, 0, 4096, 0};
+  const TraceReader wide(test::write_small_trace("replay_window_wide.h5", cfg));
+  CHECK_NOTHROW(Replayer(wide, ReplayMode::QueryAware, configs({"snapkv"}, {0.6})).replay("r0"));
+  CHECK_THROWS_WITH(
+      Replayer(wide, ReplayMode::QueryAware, configs({"snapkv"}, {0.6}), 0, parse_budget_rule("peak", 8)).replay("r0"),
+      Catch::Contains("need every sliding window full") && Catch::Contains("layer 0's window of 4096"));
 }
 
 TEST_CASE("per-head KL: one value per (layer, query head), averaging to the layer's", "[replay]") {

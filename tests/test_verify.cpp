@@ -330,6 +330,35 @@ TEST_CASE("live verify of Gemma 3 on the backend engine matches the CPU engine, 
   check_same_live(configs, got, want);
 }
 
+TEST_CASE("peak semantics on Gemma 3's sliding windows, live and offline: the same bytes at every step", "[verify]") {
+  if (!std::filesystem::exists(KVSIM_TEST_GEMMA))
+    FAIL("Gemma 3 is missing: run scripts/setup.sh (" KVSIM_TEST_GEMMA ")");
+  // Six layers (five local, one global) with a window of 16 tokens, full at the compression point.
+  const std::string model =
+      test::patched_model(KVSIM_TEST_GEMMA, {{"gemma3.block_count", 6}, {"gemma3.attention.sliding_window", 16}},
+                          "gemma3_window16_peak.gguf");
+  const std::string trace = capture_trace(model, needle_request(), "gemma3_window16_peak.h5", 6);
+  const TraceReader reader(trace);
+  const GgufFile gguf(model);
+  std::vector<ReplayConfig> configs;
+  for (const std::string spec : {"snapkv", "h2o", "streamingllm"}) configs.push_back(config_of(spec, 0.8));
+  const BudgetRule rule{true, 2};
+  VerifyOptions o;
+  o.max_new = 6;
+  o.budget_rule = rule;
+  LiveVerifier v(gguf, o);
+  const LiveRequestResult live = v.run(needle_request(), configs);
+  const RequestResult offline = Replayer(reader, ReplayMode::QueryAware, configs, 0, rule).replay("needle");
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    INFO(configs[i].label());
+    const LiveConfigResult& x = live.configs[i];
+    CHECK(x.decode_peak_bytes <= x.budget_bytes);
+    CHECK(x.decode_peak_bytes > x.compressed_bytes);
+    CHECK(x.compressed_bytes == Approx(offline.configs[i].compressed_bytes).epsilon(1e-12));
+    CHECK(x.decode_peak_bytes == Approx(offline.configs[i].decode_peak_bytes).epsilon(1e-12));
+  }
+}
+
 TEST_CASE("decode-time rules stepped inside the backend engine evict what the host steps evict", "[verify]") {
   require_model();
   const GgufFile gguf(KVSIM_TEST_MODEL);

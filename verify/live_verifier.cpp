@@ -40,7 +40,8 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
   const auto L = static_cast<std::size_t>(g.n_layers);
   Compressed out;
   // Sliding-window layers hold their window; the budget's rest goes to the global layers.
-  check_window_support(g, opts.budget_rule, *cfg.impl, cfg.label(), s.where);
+  check_window_support(g, *cfg.impl, cfg.label(), s.where);
+  check_window_peak(g, opts.budget_rule, s.c, s.where);
   const WindowShare windows = window_share(g, s.c);
   const double global = global_fraction(cfg.budget, windows, s.c, cfg.label());
   out.budget = config_budget(*cfg.impl, global, s.c, g.head_dim, opts.budget_rule, cfg.label());
