@@ -29,7 +29,7 @@ using namespace kvsim::bench;
 
 namespace {
 
-// A foresight model file of the size `kvsim train foresight` writes by default (19-32-32-1).
+// A foresight model file of the size `kvsim train foresight` writes by default (features-32-32-1).
 std::string learned_model(const std::string& dir, const ModelGeometry& g) {
   learned::LearnedModel m;
   m.method = "foresight";
@@ -188,9 +188,9 @@ int main(int argc, char** argv) {
     }
     const double a = snap_cost.config + snap_cost.shared, b = learned_cost.config + learned_cost.shared;
     std::printf(
-        "learned policy (foresight 19-32-32-1) replay %.3f s vs SnapKV %.3f s (%zu budgets) | added %.1f%% "
+        "learned policy (foresight %d-32-32-1) replay %.3f s vs SnapKV %.3f s (%zu budgets) | added %.1f%% "
         "(target <= 20%%) %s\n",
-        b, a, budgets.size(), 100.0 * (b - a) / a, b <= 1.2 * a ? "OK" : "ABOVE TARGET");
+        learned::kFeatureCount, b, a, budgets.size(), 100.0 * (b - a) / a, b <= 1.2 * a ? "OK" : "ABOVE TARGET");
     std::filesystem::remove(model);
   };
   if (args.learned_only) {

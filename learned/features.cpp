@@ -10,18 +10,18 @@ namespace kvsim::learned {
 
 namespace {
 
-constexpr int kWindows[] = {8, 16, 32, 128};
-constexpr int kEntropyWindow = 32;
+constexpr int kWindows[] = {4, 8, 16, 32};
+constexpr int kEntropyWindow = 16;
 constexpr int kSinks = 4;
 // Attention is scaled by the cache size (1 = uniform attention) before the log, so the features
 // mean the same at 200 tokens as at 8000; kFloor keeps log finite for ignored tokens.
 constexpr float kFloor = 1e-3f;
 
 enum Column {
+  kMean4,
   kMean8,
   kMean16,
   kMean32,
-  kMean128,
   kLast,
   kMax,
   kEntropy,
@@ -57,24 +57,33 @@ WindowStats window_stats(const LayerSignals& s, int kv, int W, std::int64_t n) {
   st.mean.assign(std::size(kWindows), Eigen::ArrayXf::Zero(N));
   st.last = st.max = st.entropy = Eigen::ArrayXf::Zero(N);
   const int we = std::min(kEntropyWindow, W);
-  Eigen::ArrayXf run(N);
+  std::vector<Eigen::Map<const RowMat>> heads;  // [G] of [rows, n], the newest query last
   for (int r = 0; r < G; ++r) {
-    const MatrixView view = s.window_attention(kv * G + r, W);  // [W, n], the newest query last
-    const Eigen::Map<const RowMat> a(view.data, view.rows, N);
-    run.setZero();
-    for (Eigen::Index age = 0; age < a.rows(); ++age) {
-      const auto row = a.row(a.rows() - 1 - age).array().transpose();
-      run += row;
+    const MatrixView view = s.window_attention(kv * G + r, W);
+    heads.emplace_back(view.data, view.rows, N);
+  }
+  const Eigen::Index rows = heads.front().rows();
+  Eigen::ArrayXf run = Eigen::ArrayXf::Zero(N), group(N);
+  for (Eigen::Index age = 0; age < rows; ++age) {
+    group.setZero();
+    for (const auto& a : heads) {
+      const auto row = a.row(rows - 1 - age).array().transpose();
+      group += row;
       st.max = st.max.max(row);
-      if (age == 0) st.last += row;
-      if (age < we) st.entropy -= row * row.max(1e-30f).log();
-      for (std::size_t w = 0; w < std::size(kWindows); ++w)
-        if (age + 1 == std::min<Eigen::Index>(kWindows[w], a.rows())) st.mean[w] += run;
     }
+    run += group;
+    if (age == 0) st.last = group;
+    // The entropy term of the group's mean attention (one log per token, not one per head).
+    if (age < we) {
+      const Eigen::ArrayXf p = group / static_cast<float>(G);
+      st.entropy -= p * p.max(1e-30f).log();
+    }
+    for (std::size_t w = 0; w < std::size(kWindows); ++w)
+      if (age + 1 == std::min<Eigen::Index>(kWindows[w], rows)) st.mean[w] += run;
   }
   for (std::size_t w = 0; w < std::size(kWindows); ++w) st.mean[w] /= static_cast<float>(G * std::min(kWindows[w], W));
   st.last /= static_cast<float>(G);
-  st.entropy /= static_cast<float>(G * we);
+  st.entropy /= static_cast<float>(we);
   return st;
 }
 
@@ -101,11 +110,11 @@ RowShape row_shape(const MatrixView& m, bool with_cosine) {
 }  // namespace
 
 const std::vector<std::string>& feature_names() {
-  static const std::vector<std::string> names = {"attn_mean_8",   "attn_mean_16", "attn_mean_32",    "attn_mean_128",
-                                                 "attn_last",     "attn_max_128", "attn_entropy_32", "key_norm",
+  static const std::vector<std::string> names = {"attn_mean_4",   "attn_mean_8",  "attn_mean_16",    "attn_mean_32",
+                                                 "attn_last",     "attn_max_32",  "attn_entropy_16", "key_norm",
                                                  "value_norm",    "key_cos_mean", "pos_relative",    "dist_from_end",
                                                  "is_sink",       "seg_system",   "seg_context",     "seg_question",
-                                                 "seg_generated", "layer_frac",   "head_frac",       "head_entropy_32"};
+                                                 "seg_generated", "layer_frac",   "head_frac",       "head_entropy_16"};
   return names;
 }
 
@@ -149,7 +158,7 @@ HeadFeatures extract_features(const LayerSignals& s, int kv) {
     return (kFloor + a * static_cast<float>(n)).log();
   };
   for (std::size_t w = 0; w < std::size(kWindows); ++w)
-    x.col(kMean8 + static_cast<int>(w)) = scaled_log(st.mean[w]).matrix();
+    x.col(kMean4 + static_cast<int>(w)) = scaled_log(st.mean[w]).matrix();
   x.col(kLast) = scaled_log(st.last).matrix();
   x.col(kMax) = scaled_log(st.max).matrix();
   x.col(kEntropy) =

@@ -16,7 +16,7 @@ inline constexpr int kFeatureVersion = 2;
 inline constexpr int kFeatureCount = 20;
 // The most recent queries whose attention the window features read (fewer when fewer were
 // recorded contiguously up to the compression point).
-inline constexpr int kMaxFeatureWindow = 128;
+inline constexpr int kMaxFeatureWindow = 32;
 
 // Feature names in column order (kFeatureCount of them).
 const std::vector<std::string>& feature_names();
