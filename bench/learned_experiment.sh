@@ -1,90 +1,171 @@
 #!/usr/bin/env bash
-# The learned-policy experiment (issue 25, docs/experiments/learned.md): learned policies against
-# the heuristics and oracle_golden on SmolLM2 requests they were not trained on. Training requests
-# (needle tasks of the four kinds + long-text windows) and held-out requests come from different
-# seeds and text offsets. Per mode: train foresight, sigmoid_gate, distillcache (trace reward,
-# warm-started from foresight; with LIVE_RL=1 also live reward) and rlkv on the training trace,
-# sweep the held-out trace offline, verify it live, and print both summaries.
-#   bench/learned_experiment.sh                                   (after scripts/setup.sh; ~30 min)
-#   TRAIN_NEEDLES=2 HELD_NEEDLES=1 MODES=query-aware bench/learned_experiment.sh   (a quick look)
+# The learned-policy experiment (issue 41, docs/experiments/learned.md). SmolLM2 generates MAX_NEW
+# (256) tokens per request while the cache is held to its budget at every step (peak semantics,
+# re-applied every REAPPLY tokens), so the learned policies act at every eviction event. They are
+# trained on some task families (TRAIN_FAMILIES) and judged on held-out requests of those families
+# and of families never seen in training (UNSEEN), against the heuristics re-applied in the same
+# setting, the quantized tiers and the oracle, offline and live, with SEEDS training seeds each.
+#   PILOT=1 bench/learned_experiment.sh   time one request, one seed, live reward at 256 tokens, and
+#                                         estimate the grid below from it (run this first)
+#   bench/learned_experiment.sh           the grid (after scripts/setup.sh); tables by
+#                                         analysis/learned_table.py $OUT
+# Every knob below is an environment variable; docs/experiments/learned.md records the ones used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVSIM=${KVSIM:-build/kvsim}
 MODEL=${MODEL:-$HOME/.cache/kvsim/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 OUT=${OUT:-out/learned}
 MODES=${MODES:-query-aware query-agnostic}
-MAX_NEW=${MAX_NEW:-24}
-TOKENS=${TOKENS:-1000}
-TRAIN_NEEDLES=${TRAIN_NEEDLES:-9}   # per needle kind, + TRAIN_TEXTS text windows
-TRAIN_TEXTS=${TRAIN_TEXTS:-8}
-HELD_NEEDLES=${HELD_NEEDLES:-4}
-HELD_TEXTS=${HELD_TEXTS:-4}
+LIVE_MODES=${LIVE_MODES:-$MODES}     # modes verified live (the others offline only)
+MAX_NEW=${MAX_NEW:-256}
+TOKENS=${TOKENS:-768}                # prompt context, estimated at 4 characters a token
+ITEMS=${ITEMS:-24}                   # records of recall and running-total tasks
+REAPPLY=${REAPPLY:-32}
 BUDGETS=${BUDGETS:-0.1,0.25,0.5}
-STEPS=${STEPS:-600}
-EPISODES=${EPISODES:-150}
-LIVE_EPISODES=${LIVE_EPISODES:-60}
-BASELINES=${BASELINES:-"h2o;snapkv;adakv;tova;keydiff;oracle_golden"}
+SEEDS=${SEEDS:-1 2 3}
+TRAIN_FAMILIES=${TRAIN_FAMILIES:-recall running-total single multikey}
+UNSEEN=${UNSEEN:-continue vartrack}
+TRAIN_PER_FAMILY=${TRAIN_PER_FAMILY:-3}
+HELD_PER_FAMILY=${HELD_PER_FAMILY:-2}
+CAL_REQUESTS=${CAL_REQUESTS:-3}      # training requests the estimator of the trace reward is fitted on
+STEPS=${STEPS:-400}                  # foresight
+EPISODES=${EPISODES:-60}             # distillcache, trace reward
+LIVE_EPISODES=${LIVE_EPISODES:-12}   # distillcache, live reward
+LIVE_MAX_NEW=${LIVE_MAX_NEW:-64}     # its horizon
+RLKV_STEPS=${RLKV_STEPS:-120}
+LEARNED=${LEARNED:-foresight distillcache distillcache_live rlkv}
+BASELINES=${BASELINES:-"h2o;tova;snapkv;keydiff;streamingllm;kivi;qevict"}
+ORACLES=${ORACLES:-oracle_golden}
+TEXT=${TEXT:-/usr/share/common-licenses/GPL-3}
+PEAK=(--budget-semantics peak --reapply-every "$REAPPLY")
 mkdir -p "$OUT"
-# Text windows are consecutive, so the two splits take different windows of one long text.
-TEXT=${TEXT:-$OUT/licenses.txt}
-if [ ! -f "$TEXT" ]; then
-  cat /usr/share/common-licenses/{GPL-3,LGPL-2.1,GPL-2,MPL-2.0,Apache-2.0} > "$TEXT" 2>/dev/null || cat docs/*.md > "$TEXT"
+now() { date +%s.%N; }
+took() { python3 -c "print(f'{$(now) - $1:.1f}')"; }
+
+family() {  # SPLIT FAMILY COUNT SEED: requests of one family, ids prefixed with the split, appended to SPLIT.jsonl
+  local split=$1 fam=$2 count=$3 seed=$4 f="$OUT/$1-$2.jsonl"
+  case "$fam" in
+    recall | running-total) "$KVSIM" tasks long --kind "$fam" --tokens "$TOKENS" --items "$ITEMS" --count "$count" \
+      --seed "$seed" -o "$f" --force -q ;;
+    continue) "$KVSIM" tasks long --kind continue --file "$TEXT" --tokens "$TOKENS" --count "$count" -o "$f" --force -q ;;
+    *) "$KVSIM" tasks needle --kind "$fam" --tokens "$TOKENS" --count "$count" --seed "$seed" -o "$f" --force -q ;;
+  esac
+  sed "s/\"id\":\"/\"id\":\"$split-/" "$f" >> "$OUT/$split.jsonl"
+}
+
+if [ "${PILOT:-0}" = 1 ]; then
+  # One request, one seed, live reward at MAX_NEW tokens: the unit costs the grid is sized from.
+  : > "$OUT/pilot.jsonl"
+  family pilot recall 1 7
+  t=$(now)
+  "$KVSIM" capture -m "$MODEL" -r "$OUT/pilot.jsonl" -o "$OUT/pilot.h5" --force -q --queries all --max-new "$MAX_NEW"
+  capture_s=$(took "$t")
+  t=$(now)
+  "$KVSIM" train distillcache "$OUT/pilot.h5" -o "$OUT/pilot_trace.h5" --force --episodes 1 --budgets 0.25 \
+    "${PEAK[@]}" 2> "$OUT/pilot_trace.txt"
+  trace_s=$(took "$t")
+  t=$(now)
+  "$KVSIM" train distillcache "$OUT/pilot.h5" -o "$OUT/pilot_live.h5" --force --episodes 1 --budgets 0.25 \
+    "${PEAK[@]}" --reward live -m "$MODEL" -t "$OUT/pilot.jsonl" --max-new "$MAX_NEW" 2> "$OUT/pilot_live.txt"
+  live_s=$(took "$t")
+  t=$(now)
+  "$KVSIM" verify -m "$MODEL" -t "$OUT/pilot.jsonl" -p snapkv -b 0.25 --max-new "$MAX_NEW" "${PEAK[@]}" \
+    -o "$OUT/pilot_verify.csv" --force -q > /dev/null
+  verify_s=$(took "$t")
+  python3 - "$capture_s" "$trace_s" "$live_s" "$verify_s" <<EOF
+import sys
+cap, trace, live, verify = map(float, sys.argv[1:])
+modes, live_modes = len("$MODES".split()), len("$LIVE_MODES".split())
+seeds, budgets = len("$SEEDS".split()), len("$BUDGETS".split(","))
+fams, unseen = len("$TRAIN_FAMILIES".split()), len("$UNSEEN".split())
+train_n, held_n = fams * $TRAIN_PER_FAMILY, (fams + unseen) * $HELD_PER_FAMILY
+learned, baselines = len("$LEARNED".split()), len("$BASELINES".split(";"))
+live_episode = live * $LIVE_MAX_NEW / $MAX_NEW  # an episode's cost scales with its horizon
+configs = (learned * seeds + baselines) * budgets
+print(f"pilot: capture {cap:.0f} s, one trace-reward episode {trace:.0f} s, one live-reward episode at {$MAX_NEW} "
+      f"tokens {live:.0f} s, one live config {verify:.0f} s (each with start-up)")
+est = {"capture": (train_n + held_n) * cap,
+       "training": modes * seeds * ($EPISODES * trace + $LIVE_EPISODES * live_episode),
+       "calibration": modes * $CAL_REQUESTS * 4 * 2 * verify,
+       "live verify": live_modes * configs * held_n * verify}
+for k, v in est.items(): print(f"  {k:12s} ~{v / 60:.0f} min")
+print(f"  total        ~{sum(est.values()) / 60:.0f} min ({configs} configs x {held_n} held-out requests per mode)")
+EOF
+  exit 0
 fi
 
-tasks() {  # SPLIT NEEDLES SEED: needle tasks of every kind, ids prefixed with the split
-  local split=$1 needles=$2 seed=$3
-  : > "$OUT/$split.jsonl"
-  for kind in single multikey multivalue vartrack; do
-    "$KVSIM" tasks needle --kind "$kind" --count "$needles" --tokens "$TOKENS" --seed $((seed++)) -o "$OUT/$split-$kind.jsonl" --force
-    sed "s/\"id\":\"/\"id\":\"$split-/" "$OUT/$split-$kind.jsonl" >> "$OUT/$split.jsonl"
-  done
-}
 if [ "${REUSE:-0}" = 1 ] && [ -f "$OUT/train.h5" ] && [ -f "$OUT/heldout.h5" ]; then
   echo "(reusing $OUT/train.h5 and $OUT/heldout.h5)"
 else
-  tasks train "$TRAIN_NEEDLES" 101
-  tasks heldout "$HELD_NEEDLES" 201
-  "$KVSIM" tasks text --file "$TEXT" --count $((TRAIN_TEXTS + HELD_TEXTS)) --tokens "$TOKENS" -o "$OUT/text.jsonl" --force
-  head -n "$TRAIN_TEXTS" "$OUT/text.jsonl" | sed 's/"id":"/"id":"train-/' >> "$OUT/train.jsonl"
-  tail -n +"$((TRAIN_TEXTS + 1))" "$OUT/text.jsonl" | sed 's/"id":"/"id":"heldout-/' >> "$OUT/heldout.jsonl"
-  # Features read at most the last 128 queries: record those (and the question and answer) in
-  # training; the held-out trace records every query, which H2O's score needs.
-  "$KVSIM" capture -m "$MODEL" -r "$OUT/train.jsonl" -o "$OUT/train.h5" --force --queries eval --query-window 128 \
+  : > "$OUT/train.jsonl"
+  : > "$OUT/heldout.jsonl"
+  seed=101
+  for fam in $TRAIN_FAMILIES; do family train "$fam" "$TRAIN_PER_FAMILY" $((seed++)); done
+  for fam in $TRAIN_FAMILIES $UNSEEN; do family heldout "$fam" "$HELD_PER_FAMILY" $((seed++)); done
+  printf 'train: %s\nunseen: %s\n' "$TRAIN_FAMILIES" "$UNSEEN" > "$OUT/families.txt"
+  # Features read the last 32 queries before each decision point and the rewards every decode
+  # step: recorded in training; the held-out trace records every query, which H2O's score needs.
+  "$KVSIM" capture -m "$MODEL" -r "$OUT/train.jsonl" -o "$OUT/train.h5" --force -q --queries eval --query-window 64 \
     --max-new "$MAX_NEW"
-  "$KVSIM" capture -m "$MODEL" -r "$OUT/heldout.jsonl" -o "$OUT/heldout.h5" --force --queries all --max-new "$MAX_NEW"
+  "$KVSIM" capture -m "$MODEL" -r "$OUT/heldout.jsonl" -o "$OUT/heldout.h5" --force -q --queries all --max-new "$MAX_NEW"
 fi
 echo "train: $(wc -l < "$OUT/train.jsonl") requests; held out: $(wc -l < "$OUT/heldout.jsonl")"
 
 for mode in $MODES; do
   d="$OUT/$mode"
   mkdir -p "$d"
-  train() {  # METHOD OUT [options]: train one method, its log beside the model
-    local method=$1 model=$2; shift 2
-    "$KVSIM" train "$method" "$OUT/train.h5" --mode "$mode" -o "$model" --force "$@" 2>&1 |
-      tee "${model%.h5}.txt" | grep -v "^train: reading"
-  }
-  train foresight "$d/foresight.h5" --steps "$STEPS"
-  # The live soft-to-hard gap runs on the training trace's held-out fifth, whose tasks are in train.jsonl.
-  train sigmoid_gate "$d/sigmoid_gate.h5" --steps "$STEPS" -m "$MODEL" -t "$OUT/train.jsonl" --max-new "$MAX_NEW"
-  train distillcache "$d/distillcache.h5" --episodes "$EPISODES" --init "$d/foresight.h5"
-  train rlkv "$d/rlkv.h5"
-  policies="foresight:model=$d/foresight.h5;sigmoid_gate:model=$d/sigmoid_gate.h5;distillcache:model=$d/distillcache.h5"
-  policies="$policies;rlkv:model=$d/rlkv.h5"
-  if [ "${LIVE_RL:-0}" = 1 ]; then
-    train distillcache "$d/distillcache_live.h5" --episodes "$LIVE_EPISODES" --init "$d/foresight.h5" --reward live \
-      -m "$MODEL" -t "$OUT/train.jsonl" --max-new "$MAX_NEW"
-    policies="$policies;distillcache:model=$d/distillcache_live.h5"
+  # The trace reward's estimator: est_kl's layer weights fitted to live runs of CAL_REQUESTS
+  # training requests (kvsim calibrate), in this mode and setting.
+  if [ ! -f "$d/estimator.json" ]; then
+    # One request of each training family first, so the fit sees every family.
+    python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+fams = {}
+for r in rows: fams.setdefault(r['id'].rsplit('-', 1)[0], []).append(r)
+picked = [r for k in range(len(rows)) for f in fams.values() if k < len(f) for r in [f[k]]][:int(sys.argv[2])]
+print(''.join(json.dumps(r) + chr(10) for r in picked), end='')" "$OUT/train.jsonl" "$CAL_REQUESTS" > "$d/calibration.jsonl"
+    "$KVSIM" sweep "$OUT/train.h5" -p "snapkv;h2o;streamingllm;keydiff" -b 0.1,0.25 --mode "$mode" \
+      "${PEAK[@]}" -o "$d/calibration_sweep.csv" --detail "$d/calibration_sweep.jsonl" --force -q > /dev/null
+    "$KVSIM" verify -m "$MODEL" -t "$d/calibration.jsonl" --offline "$d/calibration_sweep.csv" \
+      -p "snapkv;h2o;streamingllm;keydiff" -b 0.1,0.25 --mode "$mode" --max-new "$MAX_NEW" "${PEAK[@]}" \
+      -o "$d/calibration_verify.csv" --force -q > /dev/null
+    "$KVSIM" calibrate --offline "$d/calibration_sweep.csv" --detail "$d/calibration_sweep.jsonl" \
+      --live "$d/calibration_verify.csv" -o "$d/estimator.json" --force | tee "$d/calibrate.txt"
   fi
-  policies="$policies;$BASELINES"
-  "$KVSIM" sweep "$OUT/heldout.h5" -p "$policies" -b "$BUDGETS" --mode "$mode" -o "$d/sweep.csv" --force -q |
-    tee "$d/sweep.txt"
-  "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "${policies//;oracle_golden/}" -b "$BUDGETS" --mode "$mode" \
-    --max-new "$MAX_NEW" --offline "$d/sweep.csv" -o "$d/verify.csv" --force -q | tee "$d/verify.txt"
+  policies=""
+  for seed in $SEEDS; do
+    s="$d/seed$seed"
+    mkdir -p "$s"
+    train() {  # METHOD OUT [options]: train one method with this seed, its log beside the model
+      local method=$1 model=$2; shift 2
+      [ -f "$model" ] && [ "${RETRAIN:-0}" != 1 ] && return 0
+      t=$(now)
+      "$KVSIM" train "$method" "$OUT/train.h5" --mode "$mode" --seed "$seed" -o "$model" --force "$@" 2>&1 |
+        tee "${model%.h5}.txt" | grep -v "^train: reading" | tail -n 3
+      echo "$method seed $seed: $(took "$t") s" | tee -a "$d/train_seconds.txt"
+    }
+    for m in $LEARNED; do
+      case "$m" in
+        foresight) train foresight "$s/foresight.h5" --steps "$STEPS" --decode-block "$REAPPLY" ;;
+        distillcache) train distillcache "$s/distillcache.h5" --episodes "$EPISODES" --init "$s/foresight.h5" \
+          "${PEAK[@]}" --estimator "$d/estimator.json" ;;
+        distillcache_live) train distillcache "$s/distillcache_live.h5" --episodes "$LIVE_EPISODES" \
+          --init "$s/foresight.h5" "${PEAK[@]}" --reward live -m "$MODEL" -t "$OUT/train.jsonl" --max-new "$LIVE_MAX_NEW" ;;
+        rlkv) train rlkv "$s/rlkv.h5" --steps "$RLKV_STEPS" --estimator "$d/estimator.json" ;;
+      esac
+      method=${m%_live}
+      policies="$policies;$method:model=$s/$m.h5"
+    done
+  done
+  policies="${policies#;};$BASELINES"
+  "$KVSIM" sweep "$OUT/heldout.h5" -p "$policies;$ORACLES" -b "$BUDGETS" --mode "$mode" "${PEAK[@]}" \
+    --estimator "$d/estimator.json" -o "$d/sweep.csv" --detail "$d/sweep.jsonl" --force -q > "$d/sweep.txt"
+  if [[ " $LIVE_MODES " == *" $mode "* ]]; then
+    t=$(now)
+    "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "$policies" -b "$BUDGETS" --mode "$mode" \
+      --max-new "$MAX_NEW" "${PEAK[@]}" --offline "$d/sweep.csv" -o "$d/verify.csv" --force -q > "$d/verify.txt"
+    echo "live verify, $mode: $(took "$t") s" | tee -a "$d/train_seconds.txt"
+  fi
 done
-# The figures: frontiers, offline vs live, every model's training curve (docs/reports.md).
-inputs=()
-for mode in $MODES; do
-  inputs+=("$OUT/$mode/sweep.csv" "$OUT/$mode/verify.csv")
-  for m in "$OUT/$mode"/*.h5; do inputs+=("$m"); done
-done
-"$KVSIM" report "${inputs[@]}" -o "$OUT/report.html" --force
+python3 analysis/learned_table.py "$OUT" | tee "$OUT/tables.md"

@@ -381,6 +381,19 @@ bool repeat_table(const TraceReader& reader, const std::string& id, const std::v
   return true;
 }
 
+// Each config's budget at compression point c: sliding-window layers hold their window (full at c
+// under peak semantics, or refused), a budget's rest goes to the global layers.
+std::vector<ConfigBudget> budgets_at(const std::vector<ReplayConfig>& configs, const ModelGeometry& g, std::int64_t c,
+                                     const BudgetRule& rule, const std::string& ctx) {
+  check_window_peak(g, rule, c, ctx);
+  const WindowShare windows = window_share(g, c);
+  std::vector<ConfigBudget> budgets;
+  for (const ReplayConfig& cfg : configs)
+    budgets.push_back(config_budget(*cfg.impl, global_fraction(cfg.budget, windows, c, cfg.label()), c, g.head_dim,
+                                    rule, cfg.label()));
+  return budgets;
+}
+
 }  // namespace
 
 RequestResult Replayer::replay(const std::string& request_id) const {
@@ -397,11 +410,7 @@ RequestResult Replayer::replay(const std::string& request_id) const {
   const std::size_t P = configs_.size();
   // Sliding-window layers hold their window; a budget's rest goes to the global layers.
   const WindowShare windows = window_share(g, c);
-  check_window_peak(g, rule_, c, ctx);
-  std::vector<ConfigBudget> budgets;
-  for (const ReplayConfig& cfg : configs_)
-    budgets.push_back(
-        config_budget(*cfg.impl, global_fraction(cfg.budget, windows, c, cfg.label()), c, d, rule_, cfg.label()));
+  std::vector<ConfigBudget> budgets = budgets_at(configs_, g, c, rule_, ctx);
   std::vector<Accumulator> acc(P);
   for (auto& a : acc) {
     start_accumulator(a, L, Hq, T, c, record_keep_sets_, record_steps_ ? E : 0);
