@@ -11,7 +11,8 @@ models of several training seeds (DIR/<mode>/seed<k>/) are one row, whose live K
 confidence interval over the seeds (t distribution, each seed's mean over the requests). A policy
 without seeds carries one over the requests instead: the "spread" column says which. A second
 table repeats the figures on the families never seen in training (families.txt), and a third
-compares the two DistillCache rewards seed by seed.
+compares the two DistillCache rewards seed by seed. rlkv, which peak semantics refuse, has its own
+table from DIR/<mode>/sweep_point.csv and verify_point.csv.
 """
 import math
 import os
@@ -82,17 +83,18 @@ def unseen_families(out_dir):
     return set()
 
 
-def gather(mode_dir, keep):
-    """Per (budget, label): per seed, per request, the metrics of the rows `keep` admits."""
+def gather(mode_dir, keep, suffix=""):
+    """Per (budget, label): per seed, per request, the metrics of the rows `keep` admits (from
+    sweep<suffix>.csv and verify<suffix>.csv)."""
     data = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
-    for r in read_records(os.path.join(mode_dir, "sweep.csv")):
+    for r in read_records(os.path.join(mode_dir, f"sweep{suffix}.csv")):
         if not keep(r["request"]):
             continue
         label, seed = label_and_seed(r)
         cell = data[(float(r["budget"]), label)][seed][r["request"]]
         cell["offline"] = num(r["mean_kl"])
         cell["est"] = num(r.get("est_kl"))
-    verify = os.path.join(mode_dir, "verify.csv")
+    verify = os.path.join(mode_dir, f"verify{suffix}.csv")
     if os.path.exists(verify):
         for r in read_records(verify):
             if not keep(r["request"]):
@@ -174,6 +176,9 @@ def main():
             table(gather(d, lambda request: family(request) in unseen))
         print(f"\n### {mode}: DistillCache's trace and live rewards\n")
         rewards(gather(d, lambda request: True))
+        if os.path.exists(os.path.join(d, "sweep_point.csv")):
+            print(f"\n### {mode}: rlkv at point semantics (the budget holds at the compression point)\n")
+            table(gather(d, lambda request: True, "_point"))
 
 
 if __name__ == "__main__":

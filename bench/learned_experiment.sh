@@ -36,8 +36,11 @@ RLKV_STEPS=${RLKV_STEPS:-120}
 LEARNED=${LEARNED:-foresight distillcache distillcache_live rlkv}
 BASELINES=${BASELINES:-"h2o;tova;snapkv;keydiff;streamingllm;kivi;qevict"}
 ORACLES=${ORACLES:-oracle_golden}
+RLKV_BASELINES=${RLKV_BASELINES:-"streamingllm;snapkv"}   # rlkv's point-semantics comparison
 TEXT=${TEXT:-/usr/share/common-licenses/GPL-3}
 PEAK=(--budget-semantics peak --reapply-every "$REAPPLY")
+# Every continuation runs the full MAX_NEW tokens: no end of generation before (min_new_tokens).
+GEN=(--max-new "$MAX_NEW" --min-new "$MAX_NEW")
 mkdir -p "$OUT"
 now() { date +%s.%N; }
 took() { python3 -c "print(f'{$(now) - $1:.1f}')"; }
@@ -58,7 +61,7 @@ if [ "${PILOT:-0}" = 1 ]; then
   : > "$OUT/pilot.jsonl"
   family pilot recall 1 7
   t=$(now)
-  "$KVSIM" capture -m "$MODEL" -r "$OUT/pilot.jsonl" -o "$OUT/pilot.h5" --force -q --queries all --max-new "$MAX_NEW"
+  "$KVSIM" capture -m "$MODEL" -r "$OUT/pilot.jsonl" -o "$OUT/pilot.h5" --force -q --queries all "${GEN[@]}"
   capture_s=$(took "$t")
   t=$(now)
   "$KVSIM" train distillcache "$OUT/pilot.h5" -o "$OUT/pilot_trace.h5" --force --episodes 1 --budgets 0.25 \
@@ -66,10 +69,10 @@ if [ "${PILOT:-0}" = 1 ]; then
   trace_s=$(took "$t")
   t=$(now)
   "$KVSIM" train distillcache "$OUT/pilot.h5" -o "$OUT/pilot_live.h5" --force --episodes 1 --budgets 0.25 \
-    "${PEAK[@]}" --reward live -m "$MODEL" -t "$OUT/pilot.jsonl" --max-new "$MAX_NEW" 2> "$OUT/pilot_live.txt"
+    "${PEAK[@]}" --reward live -m "$MODEL" -t "$OUT/pilot.jsonl" "${GEN[@]}" 2> "$OUT/pilot_live.txt"
   live_s=$(took "$t")
   t=$(now)
-  "$KVSIM" verify -m "$MODEL" -t "$OUT/pilot.jsonl" -p snapkv -b 0.25 --max-new "$MAX_NEW" "${PEAK[@]}" \
+  "$KVSIM" verify -m "$MODEL" -t "$OUT/pilot.jsonl" -p snapkv -b 0.25 "${GEN[@]}" "${PEAK[@]}" \
     -o "$OUT/pilot_verify.csv" --force -q > /dev/null
   verify_s=$(took "$t")
   python3 - "$capture_s" "$trace_s" "$live_s" "$verify_s" <<EOF
@@ -79,7 +82,7 @@ modes, live_modes = len("$MODES".split()), len("$LIVE_MODES".split())
 seeds, budgets = len("$SEEDS".split()), len("$BUDGETS".split(","))
 fams, unseen = len("$TRAIN_FAMILIES".split()), len("$UNSEEN".split())
 train_n, held_n = fams * $TRAIN_PER_FAMILY, (fams + unseen) * $HELD_PER_FAMILY
-learned, baselines = len("$LEARNED".split()), len("$BASELINES".split(";"))
+learned, baselines = len([m for m in "$LEARNED".split() if m != "rlkv"]), len("$BASELINES".split(";"))
 live_episode = live * $LIVE_MAX_NEW / $MAX_NEW  # an episode's cost scales with its horizon
 configs = (learned * seeds + baselines) * budgets
 print(f"pilot: capture {cap:.0f} s, one trace-reward episode {trace:.0f} s, one live-reward episode at {$MAX_NEW} "
@@ -106,8 +109,8 @@ else
   # Features read the last 32 queries before each decision point and the rewards every decode
   # step: recorded in training; the held-out trace records every query, which H2O's score needs.
   "$KVSIM" capture -m "$MODEL" -r "$OUT/train.jsonl" -o "$OUT/train.h5" --force -q --queries eval --query-window 64 \
-    --max-new "$MAX_NEW"
-  "$KVSIM" capture -m "$MODEL" -r "$OUT/heldout.jsonl" -o "$OUT/heldout.h5" --force -q --queries all --max-new "$MAX_NEW"
+    "${GEN[@]}"
+  "$KVSIM" capture -m "$MODEL" -r "$OUT/heldout.jsonl" -o "$OUT/heldout.h5" --force -q --queries all "${GEN[@]}"
 fi
 echo "train: $(wc -l < "$OUT/train.jsonl") requests; held out: $(wc -l < "$OUT/heldout.jsonl")"
 
@@ -125,10 +128,10 @@ fams = {}
 for r in rows: fams.setdefault(r['id'].rsplit('-', 1)[0], []).append(r)
 picked = [r for k in range(len(rows)) for f in fams.values() if k < len(f) for r in [f[k]]][:int(sys.argv[2])]
 print(''.join(json.dumps(r) + chr(10) for r in picked), end='')" "$OUT/train.jsonl" "$CAL_REQUESTS" > "$d/calibration.jsonl"
-    "$KVSIM" sweep "$OUT/train.h5" -p "snapkv;h2o;streamingllm;keydiff" -b 0.1,0.25 --mode "$mode" \
+    "$KVSIM" sweep "$OUT/train.h5" -p "snapkv;tova;streamingllm;keydiff" -b 0.1,0.25 --mode "$mode" \
       "${PEAK[@]}" -o "$d/calibration_sweep.csv" --detail "$d/calibration_sweep.jsonl" --force -q > /dev/null
     "$KVSIM" verify -m "$MODEL" -t "$d/calibration.jsonl" --offline "$d/calibration_sweep.csv" \
-      -p "snapkv;h2o;streamingllm;keydiff" -b 0.1,0.25 --mode "$mode" --max-new "$MAX_NEW" "${PEAK[@]}" \
+      -p "snapkv;tova;streamingllm;keydiff" -b 0.1,0.25 --mode "$mode" "${GEN[@]}" "${PEAK[@]}" \
       -o "$d/calibration_verify.csv" --force -q > /dev/null
     "$KVSIM" calibrate --offline "$d/calibration_sweep.csv" --detail "$d/calibration_sweep.jsonl" \
       --live "$d/calibration_verify.csv" -o "$d/estimator.json" --force | tee "$d/calibrate.txt"
@@ -151,21 +154,36 @@ print(''.join(json.dumps(r) + chr(10) for r in picked), end='')" "$OUT/train.jso
         distillcache) train distillcache "$s/distillcache.h5" --episodes "$EPISODES" --init "$s/foresight.h5" \
           "${PEAK[@]}" --estimator "$d/estimator.json" ;;
         distillcache_live) train distillcache "$s/distillcache_live.h5" --episodes "$LIVE_EPISODES" \
-          --init "$s/foresight.h5" "${PEAK[@]}" --reward live -m "$MODEL" -t "$OUT/train.jsonl" --max-new "$LIVE_MAX_NEW" ;;
+          --init "$s/foresight.h5" "${PEAK[@]}" --reward live -m "$MODEL" -t "$OUT/train.jsonl" --max-new "$LIVE_MAX_NEW" --min-new "$LIVE_MAX_NEW" ;;
         rlkv) train rlkv "$s/rlkv.h5" --steps "$RLKV_STEPS" --estimator "$d/estimator.json" ;;
       esac
       method=${m%_live}
-      policies="$policies;$method:model=$s/$m.h5"
+      # rlkv divides its budget over the whole model at the compression point: peak semantics
+      # refuse it, so it is compared at point semantics below.
+      if [ "$m" = rlkv ]; then rlkv_policies="${rlkv_policies:-};rlkv:model=$s/rlkv.h5"; else
+        policies="$policies;$method:model=$s/$m.h5"; fi
     done
   done
   policies="${policies#;};$BASELINES"
+  if [ -n "${rlkv_policies:-}" ]; then
+    point="${rlkv_policies#;};$RLKV_BASELINES"
+    "$KVSIM" sweep "$OUT/heldout.h5" -p "$point" -b "$BUDGETS" --mode "$mode" -o "$d/sweep_point.csv" --force -q \
+      > "$d/sweep_point.txt"
+    if [ "${RLKV_LIVE:-1}" = 1 ] && [[ " $LIVE_MODES " == *" $mode "* ]]; then
+      "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "$point" -b "$BUDGETS" --mode "$mode" "${GEN[@]}" \
+        --offline "$d/sweep_point.csv" -o "$d/verify_point.csv" --force -q > "$d/verify_point.txt"
+    fi
+    rlkv_policies=""
+  fi
   "$KVSIM" sweep "$OUT/heldout.h5" -p "$policies;$ORACLES" -b "$BUDGETS" --mode "$mode" "${PEAK[@]}" \
     --estimator "$d/estimator.json" -o "$d/sweep.csv" --detail "$d/sweep.jsonl" --force -q > "$d/sweep.txt"
   if [[ " $LIVE_MODES " == *" $mode "* ]]; then
     t=$(now)
     "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "$policies" -b "$BUDGETS" --mode "$mode" \
-      --max-new "$MAX_NEW" "${PEAK[@]}" --offline "$d/sweep.csv" -o "$d/verify.csv" --force -q > "$d/verify.txt"
+      "${GEN[@]}" "${PEAK[@]}" --offline "$d/sweep.csv" -o "$d/verify.csv" --force -q > "$d/verify.txt"
     echo "live verify, $mode: $(took "$t") s" | tee -a "$d/train_seconds.txt"
   fi
 done
-python3 analysis/learned_table.py "$OUT" | tee "$OUT/tables.md"
+PYTHON=${PYTHON:-${KVSIM_CACHE:-$HOME/.cache/kvsim}/venv/bin/python}  # scripts/setup.sh's venv (pandas)
+[ -x "$PYTHON" ] || PYTHON=python3
+"$PYTHON" analysis/learned_table.py "$OUT" | tee "$OUT/tables.md"

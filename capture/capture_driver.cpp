@@ -157,6 +157,7 @@ std::string capture_config(const CaptureOptions& opts, const Engine& model,
   return nlohmann::json{{"tool", "kvsim capture"},
                         {"model", opts.model_path},
                         {"max_new", opts.max_new},
+                        {"min_new", opts.min_new},
                         {"ref_topk", opts.ref_topk},
                         {"queries", opts.all_queries ? "all" : "eval"},
                         {"query_window", opts.query_window},
@@ -218,10 +219,10 @@ std::int64_t planned_tokens(const std::string& where, std::int64_t n_prompt, std
 }
 
 // The tokens after the prompt: teacher-forced on `answer` when given, else greedy until EOS or
-// max_new, each step's reference row recorded and its queries through `hook`. Returns how many.
+// max_new (no end before min_new), each step's reference row recorded and its queries through `hook`. Returns how many.
 std::int64_t run_answer(Engine& model, const Tokenizer& tok, const std::vector<std::int32_t>* answer, int max_new,
-                        const LayerHook& hook, Prompt& p, std::vector<float>& last_logits, ReferenceDistribution& ref,
-                        std::int64_t& processed) {
+                        int min_new, const LayerHook& hook, Prompt& p, std::vector<float>& last_logits,
+                        ReferenceDistribution& ref, std::int64_t& processed) {
   std::int64_t generated = 0;
   for (std::int64_t step = 0;; ++step) {
     std::int32_t next;
@@ -230,7 +231,7 @@ std::int64_t run_answer(Engine& model, const Tokenizer& tok, const std::vector<s
       next = (*answer)[static_cast<std::size_t>(step)];
     } else {
       if (step >= max_new) break;
-      next = static_cast<std::int32_t>(std::max_element(last_logits.begin(), last_logits.end()) - last_logits.begin());
+      next = tok.greedy_next(last_logits, step >= min_new);
     }
     p.tokens.push_back(next);
     p.segments.push_back(static_cast<std::int8_t>(Segment::Generated));
@@ -317,8 +318,8 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         // The chunks split at the question: here the cache holds exactly the context.
         if (opts.repeat_pass && e == context_span(p).second) repeat = run_repeat_pass(model, tok, p);
       }
-      const std::int64_t generated = run_answer(model, tok, r.answer.empty() ? nullptr : &answer, opts.max_new, hook, p,
-                                                last_logits, ref, processed);
+      const std::int64_t generated = run_answer(model, tok, r.answer.empty() ? nullptr : &answer, opts.max_new,
+                                                opts.min_new, hook, p, last_logits, ref, processed);
       const auto T = static_cast<std::int64_t>(p.tokens.size());
       RequestHeader h = request_header(r, std::move(p), n_prompt, generated, first_q, ref);
       if (ref.rows == 0) ref.topk = 0;

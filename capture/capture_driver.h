@@ -16,6 +16,7 @@ namespace kvsim {
 struct CaptureOptions {
   std::string model_path, out_path;
   int max_new = 32;  // greedy tokens when a request has no answer
+  int min_new = 0;   // ... of which this many before an end-of-generation token may be chosen
   int ref_topk = 16;
   bool all_queries = false;  // false: last `query_window` context tokens + question + answer
   int query_window = 64;

@@ -22,6 +22,8 @@ int capture_command(const Args& args) {
       "JSONL: {id, context, question, system?, answer?, task?} or {id, text} per line")(
       "out,o", po::value(&o.out_path)->required(), "output trace (.h5)")(
       "max-new", po::value(&o.max_new)->default_value(o.max_new), "greedy tokens when a request has no answer")(
+      "min-new", po::value(&o.min_new)->default_value(o.min_new),
+      "no end of generation before this many tokens (the best other token is taken, as min_new_tokens does)")(
       "ref-topk", po::value(&o.ref_topk)->default_value(o.ref_topk), "width of the reference top-k")(
       "queries", po::value(&queries)->default_value(queries),
       "all | eval (queries of the last --query-window context tokens, the question and the answer)")(
@@ -42,8 +44,10 @@ int capture_command(const Args& args) {
                      "kvsim capture --model M.gguf --requests R.jsonl --out T.h5 [options]"))
     return 0;
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
-  if (o.prefill_chunk < 1 || o.ref_topk < 1 || o.query_window < 0 || o.max_new < 0)
-    throw Error("--prefill-chunk and --ref-topk must be >= 1, --query-window and --max-new >= 0");
+  if (o.prefill_chunk < 1 || o.ref_topk < 1 || o.query_window < 0 || o.max_new < 0 || o.min_new < 0 ||
+      o.min_new > o.max_new)
+    throw Error(
+        "--prefill-chunk and --ref-topk must be >= 1, --query-window and --max-new >= 0, --min-new 0 to --max-new");
   o.all_queries = queries == "all";
   o.weights = parse_weight_format(weights);
   o.device = parse_device(device);

@@ -116,6 +116,8 @@ po::options_description train_options(TrainFlags& f) {
       "distillcache and rlkv --reward live, sigmoid_gate's live soft-to-hard gap: the GGUF model the traces were "
       "captured from")("tasks,t", po::value(&f.dco.tasks), "with --model: the task file of the traces' requests")(
       "max-new", po::value(&f.dco.max_new)->default_value(f.dco.max_new), "with --model: continuation length")(
+      "min-new", po::value(&f.dco.min_new)->default_value(f.dco.min_new),
+      "distillcache, rlkv --reward live: no end of generation before this many tokens")(
       "budget-semantics", po::value(&f.semantics)->default_value(f.semantics),
       "distillcache: point (actions at the compression point) | peak (also at every decode step where the rule "
       "re-applies to hold the budget, as sweep --budget-semantics peak)")(
@@ -214,6 +216,7 @@ learned::LearnedModel train_model(TrainFlags& f, const po::variables_map& vm) {
       f.ro.model = f.dco.model;
       f.ro.tasks = f.dco.tasks;
       f.ro.max_new = f.dco.max_new;
+      f.ro.min_new = f.dco.min_new;
       m = train::train_rlkv(set, in, f.ro, std::cerr);
     }
   }

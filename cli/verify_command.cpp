@@ -37,9 +37,12 @@ int verify_command(const Args& args) {
       "out of the agreement")("mode", po::value(&mode)->default_value(mode),
                               "query-aware | query-agnostic (a sweep's own mode wins)")(
       "max-new", po::value(&spec.live.max_new)->default_value(spec.live.max_new),
-      "reference continuation tokens (>= 2)")("queries", po::value(&queries)->default_value(queries),
-                                              "all | eval: prompt queries the policies may read (eval: the last "
-                                              "--query-window context tokens and the question)")(
+      "reference continuation tokens (>= 2)")(
+      "min-new", po::value(&spec.live.min_new)->default_value(spec.live.min_new),
+      "no end of generation before this many tokens (the best other token is taken; use the capture's --min-new)")(
+      "queries", po::value(&queries)->default_value(queries),
+      "all | eval: prompt queries the policies may read (eval: the last "
+      "--query-window context tokens and the question)")(
       "query-window", po::value(&spec.live.query_window)->default_value(spec.live.query_window), "see --queries eval")(
       "prefill-chunk", po::value(&spec.live.prefill_chunk)->default_value(spec.live.prefill_chunk),
       "tokens per prefill pass (capture's default, so keep-sets match a captured trace exactly)")(

@@ -36,6 +36,10 @@ void hold_at_peak(ConfigBudget& b, const Policy& policy, double fraction, std::i
     throw Error(who +
                 " selects across layers at the compression point and cannot re-apply its rule per layer "
                 "under --budget-semantics peak; use its per-layer level (e.g. kvzip:level=layer)");
+  if (!policy.reapplies_per_layer())
+    throw Error(who +
+                " divides its budget over the whole model at the compression point and cannot re-apply it layer by "
+                "layer under --budget-semantics peak; use point");
   if (policy.needs_repeat_pass())
     throw Error(who +
                 " scores with the context reconstruction pass, which covers only the context: it cannot "

@@ -300,4 +300,14 @@ std::string Tokenizer::chat_tail() const {
   return gemma_chat_ ? "<end_of_turn>\n<start_of_turn>model\n" : "<|im_end|>\n<|im_start|>assistant\n";
 }
 
+std::int32_t Tokenizer::greedy_next(std::span<const float> logits, bool end_allowed) const {
+  std::int32_t best = -1;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    const auto id = static_cast<std::int32_t>(i);
+    if (!end_allowed && is_eog(id)) continue;
+    if (best < 0 || logits[i] > logits[static_cast<std::size_t>(best)]) best = id;
+  }
+  return best;
+}
+
 }  // namespace kvsim

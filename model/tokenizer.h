@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -34,6 +35,9 @@ class Tokenizer {
   // End of generation: eos, or the end-of-turn token where the model has one (Gemma's
   // <end_of_turn>, or tokenizer.ggml.eot_token_id), as llama.cpp stops on either.
   bool is_eog(std::int32_t id) const { return id == eos_ || (eot_ >= 0 && id == eot_); }
+  // The greedy next token; with end_allowed false, the best that does not end generation (as
+  // Hugging Face's min_new_tokens does before its minimum).
+  std::int32_t greedy_next(std::span<const float> logits, bool end_allowed = true) const;
   bool add_bos() const { return add_bos_; }
   const std::string& pre() const { return pre_; }
 

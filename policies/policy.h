@@ -210,6 +210,10 @@ class Policy {
   // passes its result to every layer's compress() in Budget::across_layers. Such a policy
   // compresses once, at the compression point (no --compress-every cuts).
   virtual bool selects_across_layers() const { return false; }
+  // False for a policy whose layers each plan their part of one model-wide allocation (rlkv): a
+  // layer re-applying it alone while decoding would move tokens between layers, so peak semantics
+  // refuse it.
+  virtual bool reapplies_per_layer() const { return true; }
   virtual std::shared_ptr<const void> layer_summary(const LayerSignals& s) const {
     (void)s;
     return nullptr;

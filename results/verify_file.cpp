@@ -70,6 +70,7 @@ VerifyConfig parse_config(const std::string& text, const std::string& where) {
   c.mode = string_field("mode", ""), c.weights = string_field("weights", ""), c.queries = string_field("queries", "");
   c.device = string_field("device", ""), c.policy_steps = string_field("policy_steps", "");
   integer("max_new", c.max_new), integer("prefill_chunk", c.prefill_chunk), integer("compress_every", c.compress_every);
+  integer("min_new", c.min_new);
   c.budget_semantics = string_field("budget_semantics", "point");
   return c;
 }
@@ -111,6 +112,7 @@ std::string verify_file_head(const VerifyConfig& c) {
                            {"tasks", c.tasks},
                            {"mode", c.mode},
                            {"max_new", c.max_new},
+                           {"min_new", c.min_new},
                            {"weights", c.weights},
                            {"queries", c.queries},
                            {"prefill_chunk", c.prefill_chunk},

@@ -14,7 +14,7 @@ inline constexpr int kVerifySchema = 2;
 struct VerifyConfig {
   int schema = kVerifySchema;
   std::string tool = "kvsim verify", model, tasks, mode, weights, queries, device, policy_steps;
-  std::int64_t max_new = 0, prefill_chunk = 0, compress_every = 0;
+  std::int64_t max_new = 0, min_new = 0, prefill_chunk = 0, compress_every = 0;
   std::string budget_semantics = "point";
 };
 

@@ -678,6 +678,7 @@ TEST_CASE("peak-matched budgets: no policy's cache exceeds its budget at any ste
   // Selections over every layer and the reconstruction pass cannot re-apply, and say so.
   std::erase(specs, std::string("kvzip"));
   std::erase(specs, std::string("qevict"));
+  std::erase_if(specs, [](const std::string& s) { return s.rfind("rlkv:", 0) == 0; });  // one model-wide allocation
   std::replace(specs.begin(), specs.end(), std::string("kvzip_proxy"), std::string("kvzip_proxy:level=layer"));
   for (const char* s : {"snapkv:window=8", "qevict:retier=2", "h2o:phase=prefill", "tova:phase=prefill",
                         "lowrank:sinks=2", "adakv:alpha=0.5"})
@@ -685,6 +686,9 @@ TEST_CASE("peak-matched budgets: no policy's cache exceeds its budget at any ste
   const BudgetRule rule{true, 3};
   CHECK_THROWS_WITH(Replayer(reader, mode, configs({"kvzip"}, {0.25}), 0, rule).replay("r0"),
                     Catch::Contains("selects across layers"));
+  CHECK_THROWS_WITH(
+      Replayer(reader, mode, configs({test::runnable_spec("rlkv", reader.geometry())}, {0.25}), 0, rule).replay("r0"),
+      Catch::Contains("divides its budget over the whole model"));
   const auto cfgs = configs(specs, {0.1, 0.25, 0.5});
   // The summary throws when a step exceeds the budget; the bytes are checked here as well.
   const RequestResult peak = Replayer(reader, mode, cfgs, 0, rule).replay("r0");

@@ -262,6 +262,14 @@ TEST_CASE("rlkv gates learned by REINFORCE open on the heads whose streaming win
   REQUIRE(rows.size() == 1);
   CHECK(rows[0].kept_fraction <= 0.5 + 1e-9);
   CHECK(rows[0].kept_fraction > 0.4);
+  // Its layers plan their parts of one model-wide allocation: peak semantics, which re-apply a
+  // policy layer by layer while decoding, refuse it by name.
+  const TraceReader reader(spec.traces.front());
+  PolicyInstance inst = PolicyRegistry::instance().create(spec.policies.front());
+  const ReplayConfig cfg{inst.name, inst.params, std::shared_ptr<const Policy>(std::move(inst.policy)), 0.5};
+  CHECK_THROWS_WITH(
+      Replayer(reader, ReplayMode::QueryAware, {cfg}, 0, BudgetRule{true, 2}).replay(reader.request_ids().front()),
+      Catch::Contains("divides its budget over the whole model"));
 }
 
 TEST_CASE("RLKV's adapter_weights.tsv imports for the trace's geometry, and bad files are named", "[train]") {

@@ -359,6 +359,40 @@ TEST_CASE("peak semantics on Gemma 3's sliding windows, live and offline: the sa
   }
 }
 
+TEST_CASE("--min-new: no end of generation before the minimum, captured and live alike", "[verify]") {
+  require_model();
+  const GgufFile gguf(KVSIM_TEST_MODEL);
+  Tokenizer tok(gguf);
+  const std::vector<ReplayConfig> configs = {config_of("snapkv", 0.5)};
+  CaptureRequest r = needle_request();  // a short answer, then the end of the turn
+  r.context = "The archive held many letters. One letter said: the secret code of the vault is 4817.";
+  r.question = "What is the secret code of the vault? Answer with the number only.";
+  VerifyOptions o;
+  o.max_new = 40;
+  const LiveRequestResult plain = LiveVerifier(gguf, o).run(r, configs);
+  REQUIRE(plain.reference.size() < 40);  // the model answers and ends: the minimum must matter
+  CHECK(tok.is_eog(plain.reference.back()));
+  o.min_new = 40;
+  const LiveRequestResult longer = LiveVerifier(gguf, o).run(r, configs);
+  REQUIRE(longer.reference.size() == 40);
+  for (const std::int32_t t : longer.reference) CHECK_FALSE(tok.is_eog(t));
+  // Until the model would have ended, the continuation is the plain one.
+  CHECK(std::equal(plain.reference.begin(), plain.reference.end() - 1, longer.reference.begin()));
+  CHECK(longer.configs[0].steps > plain.configs[0].steps);
+  // Capture with the same minimum records the same continuation.
+  CaptureOptions co;
+  co.model_path = KVSIM_TEST_MODEL;
+  co.out_path = test::scratch_file("min_new.h5");
+  co.overwrite = true;
+  co.max_new = 40;
+  co.min_new = 40;
+  run_capture({r}, co);
+  const RequestHeader h = TraceReader(co.out_path).header("needle");
+  CHECK(h.n_tokens() - h.n_prompt == 40);
+  o.min_new = 41;
+  CHECK_THROWS_WITH(LiveVerifier(gguf, o), Catch::Contains("--min-new is 41"));
+}
+
 TEST_CASE("decode-time rules stepped inside the backend engine evict what the host steps evict", "[verify]") {
   require_model();
   const GgufFile gguf(KVSIM_TEST_MODEL);

@@ -223,6 +223,7 @@ LiveTasks live_rewards(const TrainingSet& set, const TrainingInputs& in, const D
   VerifyOptions vo;
   vo.mode = in.mode;
   vo.max_new = o.max_new;
+  vo.min_new = o.min_new;
   vo.budget_rule = o.rule;
   vo.free_run = false;  // the reward is the teacher-forced KL per step
   return open_live_tasks("train distillcache", set, requests, o.model, o.tasks, vo);
@@ -292,6 +293,7 @@ std::string hyperparameters(const DistillCacheOptions& o, const std::vector<int>
                         {"estimator", o.estimator},
                         {"init", o.init},
                         {"max_new", o.max_new},
+                        {"min_new", o.min_new},
                         {"budget_semantics", o.rule.name()},
                         {"discount", o.discount},
                         {"credit", "return-to-go, per-step leave-one-out baseline"}}

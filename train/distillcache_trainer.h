@@ -34,6 +34,7 @@ struct DistillCacheOptions {
   std::string init;              // a foresight or distillcache model to start from
   std::string model, tasks;      // live: the GGUF model and the task file of the traces' requests
   int max_new = 16;              // live: continuation length
+  int min_new = 0;               // live: no end of generation before this many tokens
   // Credit: an action's return from the first step it can change, discounted by this per step
   // (1: every later step counts fully, as the objective, the mean KL over the continuation, does).
   double discount = 1.0;

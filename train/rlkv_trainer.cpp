@@ -94,6 +94,7 @@ struct MaskRewards {
       VerifyOptions vo;
       vo.mode = in.mode;
       vo.max_new = o.max_new;
+      vo.min_new = o.min_new;
       vo.free_run = false;
       live = open_live_tasks("train rlkv", set, requests, o.model, o.tasks, vo);
     }

@@ -31,6 +31,7 @@ struct RlkvOptions {
   std::string estimator;         // trace: a kvsim calibrate file (else the mean over layers)
   std::string model, tasks;      // live: the GGUF model and the task file of the traces' requests
   int max_new = 16;              // live: continuation length
+  int min_new = 0;               // live: no end of generation before this many tokens
   std::uint64_t seed = 1;
   bool tty = false;
 };

@@ -92,7 +92,7 @@ void LiveVerifier::Impl::reference_run(Shared& s) {
     logits = model.step(s.p.tokens[static_cast<std::size_t>(t)], hook);
   }
   for (int j = 0; j < opts.max_new; ++j) {
-    const std::int32_t next = argmax(logits);
+    const std::int32_t next = tok.greedy_next(logits, j >= opts.min_new);
     s.reference.push_back(next);
     s.ref_logp.push_back(log_softmax(logits));
     s.eval_tokens.push_back(model.cached_tokens());

@@ -307,7 +307,7 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
     logits = run_question(s, cs, cfg.label());
     generated.clear();
     for (int j = 0; j < opts.max_new; ++j) {
-      const std::int32_t next = argmax(logits);
+      const std::int32_t next = tok.greedy_next(logits, j >= opts.min_new);
       generated.push_back(next);
       if (tok.is_eog(next)) break;
       if (j + 1 < opts.max_new) logits = step(s, next, cs, cfg.label());
@@ -324,6 +324,9 @@ namespace {
 
 const VerifyOptions& checked(const VerifyOptions& o) {
   if (o.max_new < 2) throw Error("--max-new must be >= 2 (the first continuation token is not affected query-aware)");
+  if (o.min_new < 0 || o.min_new > o.max_new)
+    throw Error("--min-new is " + std::to_string(o.min_new) + "; expected 0 to --max-new (" +
+                std::to_string(o.max_new) + ")");
   if (o.prefill_chunk < 1 || o.query_window < 0) throw Error("--prefill-chunk must be >= 1 and --query-window >= 0");
   if (o.compress_every < 0) throw Error("--compress-every must be >= 0 (0: compress once, at the compression point)");
   return o;

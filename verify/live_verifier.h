@@ -25,6 +25,7 @@ class GgufFile;
 struct VerifyOptions {
   ReplayMode mode = ReplayMode::QueryAware;
   int max_new = 16;         // reference continuation length (greedy, stops at EOS)
+  int min_new = 0;          // ... but not before this many tokens (the best non-end token is taken)
   bool all_queries = true;  // record every prompt query (H2O-style scores need them)
   int query_window = 64;    // else: the last this many context tokens' queries
   int prefill_chunk = 256;  // tokens per forward pass; capture's default, so keep-sets match a trace

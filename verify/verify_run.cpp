@@ -128,7 +128,7 @@ void adopt_sweep_settings(const std::string& offline_csv, const std::vector<Offl
 results::VerifyConfig verify_config(const VerifySpec& spec, const VerifyOptions& live, const LiveVerifier& verifier) {
   results::VerifyConfig c;
   c.model = spec.model_path, c.tasks = spec.tasks_path, c.mode = mode_name(live.mode);
-  c.max_new = live.max_new, c.weights = weight_format_name(live.weights);
+  c.max_new = live.max_new, c.min_new = live.min_new, c.weights = weight_format_name(live.weights);
   c.queries = live.all_queries ? "all" : "eval";
   c.prefill_chunk = live.prefill_chunk, c.compress_every = live.compress_every;
   c.budget_semantics = live.budget_rule.name(), c.device = verifier.device();
