@@ -58,7 +58,7 @@ def half_width(xs):
 
 def label_and_seed(r):
     """The row's policy label and its training seed (None for a policy without a model file)."""
-    params = dict(p.split("=", 1) for p in r["params"].split(",") if "=" in p)
+    params = dict(p.split("=", 1) for p in (r["params"] or "").split(",") if "=" in p)
     if "model" not in params:
         return r["policy"], None
     path = params["model"]
@@ -136,7 +136,7 @@ def table(data):
                 task_text = f"{task:.3f}" if task == task else "—"
                 cells += [f"{m:.4f}{ci}", spread, f"{summary(seeds, 'top1')[0]:.3f}", task_text, share]
             else:
-                cells += ["—", spread, "—", "—", "—"]
+                cells += ["—", "offline only", "—", "—", "—"]
             print("| " + " | ".join(c.replace("nan", "—") for c in cells) + " |")
 
 

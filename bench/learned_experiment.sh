@@ -34,7 +34,7 @@ LIVE_EPISODES=${LIVE_EPISODES:-12}   # distillcache, live reward
 LIVE_MAX_NEW=${LIVE_MAX_NEW:-64}     # its horizon
 RLKV_STEPS=${RLKV_STEPS:-120}
 LEARNED=${LEARNED:-foresight distillcache distillcache_live rlkv}
-BASELINES=${BASELINES:-"h2o;tova;snapkv;keydiff;streamingllm;kivi;qevict"}
+BASELINES=${BASELINES:-"h2o;tova;snapkv;keydiff;streamingllm;kivi;qevict:retier=$REAPPLY"}
 ORACLES=${ORACLES:-oracle_golden}
 RLKV_BASELINES=${RLKV_BASELINES:-"streamingllm;snapkv"}   # rlkv's point-semantics comparison
 TEXT=${TEXT:-/usr/share/common-licenses/GPL-3}

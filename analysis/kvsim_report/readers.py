@@ -61,8 +61,12 @@ def _csv_text(path):
     """The CSV without its leading '#' comment lines, the header's columns, and the comment lines."""
     with open(path, newline="") as f:
         lines = f.readlines()
-    comments = [line for line in lines if line.startswith("#")]
-    lines = [line for line in lines if not line.startswith("#")]
+    # Only the comment lines before the header: a quoted field (verify's generated text) may hold
+    # a line that starts with '#' too.
+    lead = 0
+    while lead < len(lines) and lines[lead].startswith("#"):
+        lead += 1
+    comments, lines = lines[:lead], lines[lead:]
     if not lines:
         raise InputError(f"{path}: empty; expected {EXPECTED}")
     header = next(csv.reader([lines[0]]))

@@ -126,6 +126,17 @@ class Schemas(unittest.TestCase):
                 self.assertIn(path, str(e.exception))
                 self.assertIn("schema 3", str(e.exception))
 
+    def test_quoted_lines_starting_with_hash_stay(self):
+        # Verify's generated text is a quoted field that may hold a line starting with '#'; only the
+        # comment lines before the header are comments.
+        with open(fx("verify.csv")) as f:
+            lines = f.read().rstrip("\n").split("\n")
+        lines[-1] = lines[-1][: lines[-1].rindex(",") + 1] + '"an answer\n# a heading the model wrote\nmore"'
+        path = self.write(".csv", "\n".join(lines) + "\n")
+        rows = read_records(path)
+        self.assertEqual(rows[-1]["generated"], "an answer\n# a heading the model wrote\nmore")
+        self.assertEqual(rows[-1]["budget"], lines[-1].split(",")[5])
+
     def test_newer_banner_and_json_refused(self):
         path = self.write(".csv", "# kvsim serve hit-rate results (schema 7): one row per grid point\n"
                                   "eviction,capacity_blocks,block_hit_rate\nlru,10,0.5\n")
