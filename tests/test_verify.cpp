@@ -359,7 +359,7 @@ TEST_CASE("peak semantics on Gemma 3's sliding windows, live and offline: the sa
   }
 }
 
-TEST_CASE("--min-new: no end of generation before the minimum, captured and live alike", "[verify]") {
+TEST_CASE("a minimum of new tokens: no end of generation before it, captured and live alike", "[verify]") {
   require_model();
   const GgufFile gguf(KVSIM_TEST_MODEL);
   Tokenizer tok(gguf);

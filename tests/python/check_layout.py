@@ -9,8 +9,18 @@ without a folder, each planted in a scratch tree, must each be reported.
 """
 import pathlib
 import re
+import subprocess
 import sys
 import tempfile
+
+
+def git_ignored(root, name):
+    """A folder git ignores (an experiment's out/, say) is not part of the tree."""
+    try:
+        r = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", name + "/"], capture_output=True)
+    except OSError:
+        return False
+    return r.returncode == 0
 
 
 def problems_of(root):
@@ -21,7 +31,8 @@ def problems_of(root):
         return ["README.md: no '## Layout' section"], 0
     rows = set(re.findall(r"^\| `([^`/]+)/` \|", m.group(1), re.M))
     folders = {p.name for p in root.iterdir()
-               if p.is_dir() and not p.name.startswith(".") and not p.name.startswith("build")}
+               if p.is_dir() and not p.name.startswith(".") and not p.name.startswith("build")
+               and not git_ignored(root, p.name)}
     problems = []
     for f in sorted(folders - rows):
         problems.append(f"README.md: Layout has no row for {f}/ (add '| `{f}/` | what is there now |')")
