@@ -220,13 +220,8 @@ std::pair<double, double> greedy_estimates(const TrainingSet& set, const Trainin
 // The live model and task file the --reward live episodes run on, checked against the traces.
 LiveTasks live_rewards(const TrainingSet& set, const TrainingInputs& in, const DistillCacheOptions& o,
                        const std::vector<int>& requests) {
-  VerifyOptions vo;
-  vo.mode = in.mode;
-  vo.max_new = o.max_new;
-  vo.min_new = o.min_new;
-  vo.budget_rule = o.rule;
-  vo.free_run = false;  // the reward is the teacher-forced KL per step
-  return open_live_tasks("train distillcache", set, requests, o.model, o.tasks, vo);
+  return open_live_tasks("train distillcache", set, requests, o.model, o.tasks,
+                         reward_verify_options(in.mode, o.max_new, o.min_new, o.rule));
 }
 
 // Where an episode's rewards come from: replays of the traces (the trace reward, and the held-out
@@ -298,14 +293,6 @@ std::string hyperparameters(const DistillCacheOptions& o, const std::vector<int>
                         {"discount", o.discount},
                         {"credit", "return-to-go, per-step leave-one-out baseline"}}
       .dump();
-}
-
-// The distinct requests of the samples, in their order.
-std::vector<int> requests_of(const std::vector<const HeadSample*>& samples) {
-  std::vector<int> out;
-  for (const HeadSample* h : samples)
-    if (out.empty() || out.back() != h->request) out.push_back(h->request);
-  return out;
 }
 
 }  // namespace

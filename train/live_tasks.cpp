@@ -39,4 +39,14 @@ LiveTasks open_live_tasks(const std::string& who, const TrainingSet& set, const 
   return out;
 }
 
+VerifyOptions reward_verify_options(ReplayMode mode, int max_new, int min_new, BudgetRule rule) {
+  VerifyOptions vo;
+  vo.mode = mode;
+  vo.max_new = max_new;
+  vo.min_new = min_new;
+  vo.budget_rule = rule;
+  vo.free_run = false;
+  return vo;
+}
+
 }  // namespace kvsim::train

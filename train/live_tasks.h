@@ -21,6 +21,10 @@ struct LiveTasks {
   const CaptureRequest& task(const TrainingSet& set, int request) const;
 };
 
+// What a live training reward runs: teacher-forced only (no free run, no task score) over
+// max_new tokens with no end before min_new, in `mode` under `rule`.
+VerifyOptions reward_verify_options(ReplayMode mode, int max_new, int min_new, BudgetRule rule = {});
+
 // Opens `model` and reads `tasks`; checks the model's geometry against the traces' and that each
 // of `requests` (indices into set.provenance.requests) has a task that tokenizes to the prompt
 // the trace recorded. Throws naming `who`, the file and the request otherwise.

@@ -90,14 +90,9 @@ struct MaskRewards {
         o(opts),
         weights(reward_layer_weights("train rlkv", opts.estimator, s.geometry.n_layers, inputs.mode)) {
     for (const auto& path : in.traces) readers.push_back(std::make_unique<TraceReader>(path));
-    if (o.reward == "live") {
-      VerifyOptions vo;
-      vo.mode = in.mode;
-      vo.max_new = o.max_new;
-      vo.min_new = o.min_new;
-      vo.free_run = false;
-      live = open_live_tasks("train rlkv", set, requests, o.model, o.tasks, vo);
-    }
+    if (o.reward == "live")
+      live = open_live_tasks("train rlkv", set, requests, o.model, o.tasks,
+                             reward_verify_options(in.mode, o.max_new, o.min_new));
   }
 
   // Per mask, its reward per layer (trace: -w_l * the layer's squared output error; live: -KL
@@ -142,9 +137,7 @@ void check_options(const RlkvOptions& o) {
 std::vector<int> fit_requests(const TrainingSet& set) {
   std::vector<const HeadSample*> fit, held;
   split_held_out(set, fit, held);
-  std::vector<int> out;
-  for (const HeadSample* h : fit)
-    if (out.empty() || out.back() != h->request) out.push_back(h->request);
+  std::vector<int> out = requests_of(fit);
   if (out.empty()) throw Error("train rlkv: no requests to train on");
   return out;
 }

@@ -54,6 +54,13 @@ void split_held_out(const TrainingSet& set, std::vector<const HeadSample*>& fit,
   for (const HeadSample& h : set.heads) (h.request >= set.requests - held_requests ? held : fit).push_back(&h);
 }
 
+std::vector<int> requests_of(const std::vector<const HeadSample*>& samples) {
+  std::vector<int> out;
+  for (const HeadSample* h : samples)
+    if (out.empty() || out.back() != h->request) out.push_back(h->request);
+  return out;
+}
+
 void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<double>& mean,
                      std::vector<double>& std_dev) {
   const int F = learned::kFeatureCount;

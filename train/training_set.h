@@ -43,6 +43,9 @@ void feature_moments(const std::vector<const HeadSample*>& heads, std::vector<do
 // held out (for the figures a trainer prints), else none.
 void split_held_out(const TrainingSet& set, std::vector<const HeadSample*>& fit, std::vector<const HeadSample*>& held);
 
+// The distinct requests of the samples, in their order (split_held_out's parts as request indices).
+std::vector<int> requests_of(const std::vector<const HeadSample*>& samples);
+
 // UTC now, ISO 8601.
 std::string utc_now();
 
