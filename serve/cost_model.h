@@ -11,10 +11,10 @@ struct PrefillCost {
   std::string name = "llama2-7b-h100";
   double a_ms = 0;
   // Llama-2-7B-class on an H100-class GPU at 40% of its 989 dense BF16 TFLOP/s: 2 x 6.7e9 FLOP
-  // per token for the weights, 4 x 32 layers x 4096 FLOP per (query, key) pair for attention
-  // (docs/serving.md).
+  // per token for the weights, 4 x 32 layers x 4096 FLOP per (query, key) pair for attention,
+  // of which causal prefill visits l^2/2 (docs/serving.md).
   double b_ms_per_token = 2 * 6.7e9 / 3.956e14 * 1e3;
-  double c_ms_per_token2 = 4.0 * 32 * 4096 / 3.956e14 * 1e3;
+  double c_ms_per_token2 = 0.5 * 4.0 * 32 * 4096 / 3.956e14 * 1e3;
   double prefill_ms(std::int64_t tokens) const {
     const auto l = static_cast<double>(tokens);
     return tokens > 0 ? a_ms + b_ms_per_token * l + c_ms_per_token2 * l * l : 0.0;

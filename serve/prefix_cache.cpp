@@ -143,11 +143,13 @@ struct PrefixCache::Impl {
       case Eviction::HitsPerToken:
         return {h / t, l};
       case Eviction::Rppc: {
-        // Value = frequency x latency benefit / footprint; the benefit is what a hit saves
-        // against recomputing the block after its cached prefix.
-        const double recompute =
+        // Value = frequency x latency benefit / footprint; the benefit is what a hit here saves
+        // against the miss an eviction leaves: reloading the demoted copy from the tier below,
+        // or recomputing the block after its cached prefix, whichever is cheaper.
+        double miss =
             o.cost.recompute_ms(static_cast<std::int64_t>(trace.depth[u]) * trace.block_size, trace.tokens[u]);
-        return {h * std::max(0.0, recompute - o.load_ms_per_token * t) / t, l};
+        if (o.demoted_load_ms_per_token >= 0) miss = std::min(miss, o.demoted_load_ms_per_token * t);
+        return {h * std::max(0.0, miss - o.load_ms_per_token * t) / t, l};
       }
     }
     return {l, 0.0};

@@ -25,6 +25,9 @@ struct EvictionOptions {
   double slru_protected = 0.8;   // SLRU: the protected segment's share of the capacity
   PrefillCost cost;              // RPPC: what recomputing a block costs
   double load_ms_per_token = 0;  // RPPC: loading a block from this tier (0 for HBM)
+  // RPPC: loading it back from the tier an eviction demotes it to (serve/simulator.h keeps a copy
+  // one tier down); < 0 when there is none and a miss recomputes it.
+  double demoted_load_ms_per_token = -1;
 };
 
 class PrefixCache {

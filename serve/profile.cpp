@@ -25,7 +25,7 @@ ServeProfile llama2_7b(const std::string& gpu, double peak_tflops, double hbm_tb
   p.prefill.name = p.name;
   p.prefill.a_ms = 0;
   p.prefill.b_ms_per_token = 2 * 6.7e9 / flops * 1e3;
-  p.prefill.c_ms_per_token2 = 4.0 * 32 * 4096 / flops * 1e3;
+  p.prefill.c_ms_per_token2 = 0.5 * 4.0 * 32 * 4096 / flops * 1e3;  // causal: l^2/2 (query, key) pairs
   p.decode.a_ms = 13.4e9 / bytes_per_ms;
   p.decode.b_ms_per_ctx_token = p.kv_bytes_per_token / bytes_per_ms;
   p.decode.c_ms_per_seq = 2 * 6.7e9 / flops * 1e3;  // each sequence's token through the weights

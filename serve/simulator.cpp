@@ -37,6 +37,11 @@ Simulation::Simulation(const BlockTree& tree, const SimOptions& o)
       e.slru_protected = o.slru_protected;
       e.cost = o.profile.prefill;
       e.load_ms_per_token = t == 0 ? 0.0 : bpt_ / (costs_.links[static_cast<std::size_t>(t)].gbps * 1e6);
+      for (int below = t + 1; below < kTiers; ++below)  // evictions demote to the next present tier
+        if (capacity[static_cast<std::size_t>(below)] > 0) {
+          e.demoted_load_ms_per_token = bpt_ / (costs_.links[static_cast<std::size_t>(below)].gbps * 1e6);
+          break;
+        }
       Tier& tier = in.tiers[static_cast<std::size_t>(t)];
       // The simulation keeps bytes; the block capacity only sizes SLRU's protected segment.
       const auto blocks =

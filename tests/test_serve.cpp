@@ -163,6 +163,14 @@ TEST_CASE("worked examples: each eviction policy's victims", "[serve]") {
     EvictionOptions slow = policy(Eviction::Rppc);
     slow.load_ms_per_token = 1.0;
     CHECK(victims(t, 3, slow) == std::vector<std::int64_t>{2});
+    // An HBM block whose eviction leaves a copy one tier down is worth its reload, not its
+    // recompute: with a reload cheaper than either block's recompute, both are worth the same per
+    // token, and recency decides.
+    EvictionOptions demoted = policy(Eviction::Rppc);
+    demoted.demoted_load_ms_per_token = 1e-6;
+    CHECK(victims(t, 3, demoted) == std::vector<std::int64_t>{2});
+    demoted.demoted_load_ms_per_token = 1e3;  // dearer than recompute: recompute is the miss
+    CHECK(victims(t, 3, demoted) == std::vector<std::int64_t>{3});
   }
 }
 
@@ -249,6 +257,12 @@ TEST_CASE("cost profiles: non-negative fits, files, built-ins", "[serve]") {
   CHECK(h100.kv_bytes_per_token == 2.0 * 32 * 4096 * 2);
   CHECK(h200.decode.a_ms < h100.decode.a_ms);  // more HBM bandwidth, same weights
   CHECK(h100.prefill.recompute_ms(0, 512) == Approx(h100.prefill.prefill_ms(512)));
+  // Causal prefill of l tokens: query i attends to i keys, l(l+1)/2 (query, key) pairs of
+  // 4 x 32 layers x 4096 FLOP, at 40% of 989 TFLOP/s, beside the weights' 2 x 6.7e9 FLOP a token.
+  const double l = 4096, flop_per_ms = 0.4 * 989e12 / 1e3;
+  const double by_pairs = (2 * 6.7e9 * l + 4.0 * 32 * 4096 * l * (l + 1) / 2) / flop_per_ms;
+  CHECK(h100.prefill.prefill_ms(4096) == Approx(by_pairs).epsilon(1e-3));
+  CHECK(PrefillCost{}.prefill_ms(4096) == Approx(by_pairs).epsilon(1e-3));
   const std::string path = test::scratch_file("profile.json");
   write_profile(h200, path);
   const ServeProfile back = load_profile(path);
