@@ -90,7 +90,30 @@ nlohmann::json result_row(const serve::SimResult& r, const serve::SimOptions& o,
   row["ttft_centiles_ms"] = r.ttft_centiles_ms;  // JSON only: the TTFT CDF
   add_percentiles(row, "tbt", r.tbt_ms, false);
   add_percentiles(row, "queue", r.queue_ms, false);
+  // JSON only: load against capacity (serve/simulator.h LoadReport).
+  row["arrival_span_s"] = r.load.arrival_span_ms / 1e3;
+  row["offered_load"] = r.load.offered_load;
+  row["ttft_first_quarter_ms"] = r.load.ttft_first_ms;
+  row["ttft_last_quarter_ms"] = r.load.ttft_last_ms;
+  row["overloaded"] = r.load.overloaded;
+  row["suggested_instances"] = r.load.suggested_instances;
   return row;
+}
+
+// An overloaded point says so, with the load and the instance count that would hold it (rows
+// resumed from an older progress file carry no load fields and print nothing).
+void warn_overload(const nlohmann::json& row, int instances) {
+  if (!row.contains("overloaded") || !row["overloaded"].get<bool>()) return;
+  std::fflush(stdout);  // after the row it is about
+  std::fprintf(stderr,
+               "kvsim serve simulate: warning: %s at %.3g GB, kv %s is overloaded: offered load %.2f (the instances' "
+               "busy time over %d instance(s) x %.1f s of arrivals); the mean TTFT grew from %.0f ms (first "
+               "quarter of arrivals) to %.0f ms (last quarter), so latencies here measure the backlog. About %d "
+               "instances (--instances) would hold this load at 80%% busy, or slow the arrivals (--time-scale < 1).\n",
+               row.at("eviction").get<std::string>().c_str(), row.at("hbm_gb").get<double>(),
+               row.at("kv_policy").get<std::string>().c_str(), row.at("offered_load").get<double>(), instances,
+               row.at("arrival_span_s").get<double>(), row.at("ttft_first_quarter_ms").get<double>(),
+               row.at("ttft_last_quarter_ms").get<double>(), row.at("suggested_instances").get<int>());
 }
 
 // The options' ranges, checked here so that an error names the flag (the simulator checks them
@@ -271,7 +294,9 @@ int serve_simulate(const Args& args) {
     return result_row(r, o, kv);
   };
   grid.report = [&](std::size_t p, const nlohmann::json& row) {
-    if (!quiet) print_row(row, kvs[p / (kinds.size() * hbm.size())]);
+    if (quiet) return;
+    print_row(row, kvs[p / (kinds.size() * hbm.size())]);
+    warn_overload(row, f.o.instances);
   };
   for (nlohmann::json& row : run_grid(grid)) summary["results"].push_back(std::move(row));
   if (!f.out.empty()) write_file_atomically(f.out, results::serve_csv_text(results::ServeKind::Simulate, summary));

@@ -79,6 +79,7 @@ class Simulation {
   void finish_prefill(Instance& in, Seq& s);
   void finish(Instance& in, Seq& s);
   void check_accounting() const;
+  LoadReport load_report() const;
 
   const BlockTree& tree_;
   const RequestTrace& trace_;
@@ -93,6 +94,7 @@ class Simulation {
   SimResult res_;
   MetricSamples samples_;
   double last_done_ms_ = 0;
+  std::vector<double> ttft_by_req_;  // [request] its TTFT (-1: rejected)
 };
 
 }  // namespace kvsim::serve::detail

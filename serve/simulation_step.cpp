@@ -79,6 +79,7 @@ void Simulation::start_step(std::size_t i) {
   }
   in.busy = true;
   ++res_.steps;
+  res_.load.busy_ms += ms;
   q_.schedule(now + ms, kStepEnd, [this, i, ms] { end_step(i, ms); });
 }
 
@@ -115,6 +116,7 @@ void Simulation::finish_prefill(Instance& in, Seq& s) {
   s.last_token_ms = now;
   ++res_.output_tokens;
   samples_.ttft.add(now - arrival_ms(s.req));
+  ttft_by_req_[static_cast<std::size_t>(s.req)] = now - arrival_ms(s.req);
   Tier& hbm = in.tiers[0];
   for (const std::int32_t b : s.fresh) {
     const double size = bytes(b);

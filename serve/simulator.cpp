@@ -59,6 +59,7 @@ double Simulation::paged_bytes(std::int64_t tokens) const {
 SimResult Simulation::run() {
   const auto t0 = std::chrono::steady_clock::now();
   res_.requests = static_cast<std::int64_t>(trace_.requests.size());
+  ttft_by_req_.assign(trace_.requests.size(), -1.0);
   for (std::size_t r = 0; r < trace_.requests.size(); ++r)
     q_.schedule(arrival_ms(static_cast<std::int32_t>(r)), kArrive, [this, r] { arrive(static_cast<std::int32_t>(r)); });
   std::int64_t events = 0;
@@ -78,9 +79,34 @@ SimResult Simulation::run() {
     for (const Tier& t : in.tiers)
       if (t.cache) res_.evictions += t.cache->evictions();
   check_accounting();
+  res_.load = load_report();
   res_.hbm_blocks = o_.hbm_gb * 1e9 / (bpt_ * static_cast<double>(trace_.block_size));
   res_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res_;
+}
+
+LoadReport Simulation::load_report() const {
+  LoadReport l = res_.load;
+  l.arrival_span_ms = arrival_ms(static_cast<std::int32_t>(trace_.requests.size() - 1));
+  l.suggested_instances = o_.instances;
+  // Requests in arrival order (the trace's is by timestamp); a quarter's mean over its served ones.
+  auto quarter_mean = [&](std::size_t from, std::size_t to) {
+    double sum = 0, n = 0;
+    for (std::size_t r = from; r < to; ++r)
+      if (ttft_by_req_[r] >= 0) sum += ttft_by_req_[r], ++n;
+    return n > 0 ? sum / n : 0.0;
+  };
+  const std::size_t n = ttft_by_req_.size(), q = std::max<std::size_t>(1, n / 4);
+  l.ttft_first_ms = quarter_mean(0, q);
+  l.ttft_last_ms = quarter_mean(n - q, n);
+  if (l.arrival_span_ms <= 0) return l;  // one burst: no rate to hold
+  l.offered_load = l.busy_ms / (o_.instances * l.arrival_span_ms);
+  const bool growing = l.ttft_last_ms > std::max(2 * l.ttft_first_ms, 0.1 * l.arrival_span_ms);
+  l.overloaded = l.offered_load > 1 || growing;
+  if (l.overloaded)
+    l.suggested_instances =
+        std::max(o_.instances + 1, static_cast<int>(std::ceil(l.busy_ms / (0.8 * l.arrival_span_ms))));
+  return l;
 }
 
 // Once every request is done, nothing may stay reserved or pinned, and each tier's byte count must

@@ -55,6 +55,20 @@ struct Percentiles {
   std::int64_t count = 0;  // samples (weights); 0: the figures mean nothing
 };
 
+// Offered load against capacity: the instances' busy time over the span of the arrivals, and the
+// time to first token of the first and last quarter of arrivals, which holds any backlog (queued
+// for admission or admitted and waiting for prefill) (docs/serving.md, "Overload").
+struct LoadReport {
+  double busy_ms = 0;                          // step time summed over instances
+  double arrival_span_ms = 0;                  // first to last arrival (after --time-scale)
+  double offered_load = 0;                     // busy_ms / (instances x arrival_span_ms); > 1: more work than time
+  double ttft_first_ms = 0, ttft_last_ms = 0;  // mean TTFT, first and last quarter of arrivals
+  bool overloaded = false;                     // offered load > 1, or TTFT grew past 2x and a tenth of the span
+  // Instances whose busy time would fill 80% of the span, from this run's work (a lower bound
+  // when overloaded: longer queues batch more); the run's own count when not overloaded.
+  int suggested_instances = 0;
+};
+
 struct SimResult {
   std::int64_t requests = 0, completed = 0, rejected = 0;  // rejected: more KV than an instance's HBM
   std::int64_t block_refs = 0;
@@ -66,6 +80,7 @@ struct SimResult {
   double makespan_s = 0, throughput_tokens_s = 0, throughput_requests_s = 0;
   double planned_ms = 0, recompute_only_ms = 0, load_only_ms = 0;  // the plans' estimates, summed
   std::int64_t steps = 0, evictions = 0;
+  LoadReport load;
   double hbm_blocks = 0;    // what one instance's HBM holds, in trace blocks (full ones)
   double seconds = 0;       // wall time of the simulation
   double hit_rate() const;  // block references not recomputed (any tier, or a transition)

@@ -150,12 +150,49 @@ TEST_CASE("timed simulation: one request's TTFT, decode steps and throughput by 
   CHECK(r.throughput_tokens_s == Approx(3 / 0.01524));
   CHECK(r.prefill_tokens == 1024);
   CHECK(r.steps == 3);
+  CHECK(r.load.busy_ms == Approx(11.24 + 2 + 2));
+  CHECK_FALSE(r.load.overloaded);  // one arrival: no rate to hold
 
   SECTION("chunked prefill: 256 tokens a step") {
     SimOptions o = simple();
     o.max_batch_tokens = 256;
     CHECK(simulate(tree, o).ttft_ms.p50 == Approx(4 * (1 + 2.56)));
   }
+}
+
+TEST_CASE("timed simulation: overload is reported with the instances that would hold it", "[serve]") {
+  // 64 distinct 2,048-token prompts (prefill 1 + 20.48 ms each), 4 output tokens, arriving every
+  // `gap` ms: at 5 ms one instance gets ~4.5 ms of work per ms and the queue grows with every
+  // arrival; at 100 ms it idles most of the time.
+  auto arrivals = [](const std::string& name, double gap) {
+    std::vector<Req> reqs;
+    for (std::int64_t i = 0; i < 64; ++i)
+      reqs.push_back({gap * static_cast<double>(i), 2048, 4, {4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3}});
+    return trace_of(name, reqs);
+  };
+  SimOptions o = simple();
+  o.route = Route::LeastLoaded;
+  const RequestTrace heavy = arrivals("heavy.jsonl", 5);
+  const BlockTree heavy_tree(heavy);
+  const SimResult r = simulate(heavy_tree, o);
+  CHECK(r.load.arrival_span_ms == Approx(5 * 63));
+  CHECK(r.load.offered_load == Approx(r.load.busy_ms / (5 * 63)));
+  CHECK(r.load.offered_load > 4);
+  CHECK(r.load.ttft_last_ms > 4 * r.load.ttft_first_ms);
+  CHECK(r.load.overloaded);
+  CHECK(r.load.suggested_instances >= 5);
+  // The suggested count holds the load.
+  o.instances = r.load.suggested_instances;
+  const SimResult held = simulate(heavy_tree, o);
+  CHECK_FALSE(held.load.overloaded);
+  CHECK(held.load.offered_load < 1);
+  CHECK(held.load.suggested_instances == o.instances);
+
+  o.instances = 1;
+  const SimResult light = simulate(BlockTree(arrivals("light.jsonl", 100)), o);
+  CHECK(light.load.offered_load < 0.5);
+  CHECK_FALSE(light.load.overloaded);
+  CHECK(light.load.suggested_instances == 1);
 }
 
 TEST_CASE("timed simulation: prefix hits, batching and transitions", "[serve]") {
