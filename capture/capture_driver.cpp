@@ -304,7 +304,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         throw Error(where + ": --repeat-pass needs a context to repeat, and this request has none");
       // Prefill in chunks; the reference rows of the question come from the prefill logits.
       std::vector<float> last_logits;
-      for (const auto& [s, e] : prefill_chunks(n_prompt, {p.question_start}, opts.prefill_chunk)) {
+      for (const auto& [s, e] : prefill_chunks(n_prompt, prompt_splits(p), opts.prefill_chunk)) {
         std::vector<std::int32_t> pos(static_cast<std::size_t>(e - s));
         std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(s));
         std::vector<std::int64_t> rows;

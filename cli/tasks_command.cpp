@@ -1,7 +1,8 @@
-// `kvsim tasks {needle,long,text}`: write JSONL requests for `kvsim capture`.
+// `kvsim tasks {needle,long,text,chunked}`: write JSONL requests for `kvsim capture`.
 #include <boost/program_options.hpp>
 #include <iostream>
 
+#include "capture/chunked_tasks.h"
 #include "capture/long_output_tasks.h"
 #include "capture/task_gen.h"
 #include "cli/dispatch.h"
@@ -88,12 +89,47 @@ int text(const Args& args) {
   return 0;
 }
 
+int chunked(const Args& args) {
+  ChunkedSpec spec;
+  spec.file = "/usr/share/common-licenses/GPL-3";
+  std::string workload = "rag", out;
+  po::options_description desc(
+      "kvsim tasks chunked: requests whose context is a sequence of reusable chunks (docs/chunk-states.md), drawn\n"
+      "by Zipf popularity from a pool cut from --file, so popular chunks recur after different preceding chunks:\n"
+      "  rag    retrieved documents in the retriever's order, then a question about one of them\n"
+      "  agent  a system chunk every request shares, then tool outputs, then a question about one of them\n"
+      "Each chunk plants an access code; the question asks for one. Scored by 'contains_all'.");
+  desc.add_options()("help,h", "show this help")("out,o", po::value(&out)->required(), "output JSONL")(
+      "workload", po::value(&workload)->default_value(workload), "rag | agent")(
+      "requests", po::value(&spec.requests)->default_value(spec.requests), "requests")(
+      "pool", po::value(&spec.pool)->default_value(spec.pool), "distinct chunks (documents or tool outputs)")(
+      "per-request", po::value(&spec.per_request)->default_value(spec.per_request),
+      "pooled chunks per request (agent: after the system chunk)")(
+      "zipf", po::value(&spec.zipf)->default_value(spec.zipf), "popularity exponent: weight 1 / rank^zipf")(
+      "chunk-tokens", po::value(&spec.chunk_tokens)->default_value(spec.chunk_tokens),
+      "per chunk, estimated at 4 characters a token")("file", po::value(&spec.file)->default_value(spec.file),
+                                                      "the text chunks are cut from (UTF-8)")(
+      "seed", po::value(&spec.seed)->default_value(spec.seed), "random seed")("force", "replace an existing file");
+  po::variables_map vm;
+  add_output_flags(desc);
+  if (!parse_options(args, desc, po::positional_options_description(), vm,
+                     "kvsim tasks chunked --out F.jsonl [options]"))
+    return 0;
+  spec.workload = parse_chunked_workload(workload);
+  const auto reqs = make_chunked_tasks(spec);
+  write_requests_jsonl(reqs, out, vm.count("force") > 0);
+  std::cout << out << ": " << reqs.size() << " " << workload << " requests of " << spec.per_request
+            << " chunks from a pool of " << spec.pool << " (~" << spec.chunk_tokens << " tokens each)\n";
+  return 0;
+}
+
 }  // namespace
 
 int tasks_command(const Args& args) {
   static const Subcommand subs[] = {{"needle", "RULER-style needle tasks over a synthetic haystack", needle},
                                     {"long", "long-output tasks: continue, recall, running-total", long_output},
-                                    {"text", "windows of a text file (KL / perplexity inputs)", text}};
+                                    {"text", "windows of a text file (KL / perplexity inputs)", text},
+                                    {"chunked", "RAG and agent workloads of reusable chunks", chunked}};
   return dispatch("kvsim tasks", subs, args);
 }
 

@@ -39,6 +39,11 @@ std::vector<float> Engine::step(std::int32_t token, const LayerHook& hook) {
                  std::span<const std::int64_t>(&row, 1), hook);
 }
 
+RefreshResult Engine::refresh(std::span<const std::int32_t>, std::span<const std::int32_t>,
+                              std::span<const std::int64_t>, const RefreshOptions&) {
+  throw Error("refreshing cached rows (a chunk transition) runs on the CPU engine only; this engine is " + device());
+}
+
 void Engine::start_decode_rule(int, const DecodeRuleStart&) {
   throw Error("the " + device() + " engine runs no decode rules; step the policy on the host");
 }

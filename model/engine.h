@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/kv_cache.h"
@@ -33,6 +34,26 @@ struct LayerActivations {
 };
 using LayerHook = std::function<void(const LayerActivations&)>;
 
+// A CacheBlend-style refresh of cached rows (Engine::refresh, docs/chunk-states.md).
+struct RefreshOptions {
+  // Layers below it run every row in full. At it, every row's K/V is recomputed (replacing the
+  // cached ones) and compared with the cached, and `select` picks the rows that go on; above it
+  // only those run, their K/V replacing the cached at every layer. Layer 0's K/V do not depend on
+  // the context, so 1 is the first layer whose deviation says anything.
+  int select_layer = 1;
+  // Given each row's deviation at select_layer (squared difference of its new K and V from the
+  // cached ones, summed over KV heads and dimensions), the rows recomputed above it: indices into
+  // the refreshed rows, increasing. Unset: every row.
+  std::function<std::vector<std::int64_t>(const std::vector<double>&)> select;
+  // Row ranges [begin, end) run together, in order, covering every row: prefill's chunks, so that
+  // a refresh of every row equals prefill bit for bit. Empty: one range.
+  std::vector<std::pair<std::int64_t, std::int64_t>> batches;
+};
+struct RefreshResult {
+  std::vector<double> deviation;       // per row, at select_layer
+  std::vector<std::int64_t> selected;  // the rows recomputed above it
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -47,6 +68,12 @@ class Engine {
                              const LayerHook& hook = {});
   // One decode step: `token` at the next position; returns its logits [vocab].
   std::vector<float> step(std::int32_t token, const LayerHook& hook = {});
+  // Recomputes the K/V of cached rows in place (RefreshOptions): `tokens` at `positions` are the
+  // sequence's tokens `indices` (increasing, each cached in every entry of every layer). Each row
+  // reads the cache up to its own token, so the rows before and after it need not be exact. The
+  // CPU engine runs it; others throw.
+  virtual RefreshResult refresh(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                                std::span<const std::int64_t> indices, const RefreshOptions& options);
   virtual void reset() = 0;                                    // empties the KV cache: one full entry per KV head
   virtual void reserve(std::int64_t tokens) = 0;               // sizes the KV cache for this many tokens
   std::int64_t cached_tokens() const { return cache().seen; }  // tokens run through since reset()

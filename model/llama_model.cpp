@@ -6,14 +6,17 @@
 #include <optional>
 
 #include "model/gguf.h"
+#include "model/llama_model_impl.h"
+#include "model/transformer_layer.h"
 #include "model/weight_matrix.h"
 #include "core/error.h"
 #include "core/half.h"
 
 namespace kvsim {
 
-using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Vec = Eigen::VectorXf;
+using layer_ops::Layer;
+using layer_ops::Mat;
+using layer_ops::Vec;
 
 namespace {
 
@@ -112,91 +115,7 @@ Vec load_vec(const GgufFile& f, const std::string& name, std::int64_t n) {
   return v;
 }
 
-struct Layer {
-  Vec attn_norm, ffn_norm, bq, bk, bv;
-  Vec q_norm, k_norm, post_attn_norm, post_ffn_norm;  // gemma3
-  WeightMatrix wq, wk, wv, wo, wgate, wup, wdown;
-};
-
-// The cache holds f16 values (kv_cache.h): K/V are rounded once, as they are produced.
-void round_to_half(Mat& m) {
-  std::vector<std::uint16_t> h(static_cast<std::size_t>(m.size()));
-  floats_to_halves(m.data(), h.data(), h.size());
-  halves_to_floats(h.data(), m.data(), h.size());
-}
-
-Mat matmul(const Mat& x, const WeightMatrix& w) {
-  Mat y(x.rows(), w.rows());
-  w.multiply(x.data(), x.rows(), y.data());
-  return y;
-}
-
-// x / sqrt(mean(x^2) + eps) * w, row by row.
-Mat rms_norm(const Mat& x, const Vec& w, double eps) {
-  Mat y(x.rows(), x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    const double ms = static_cast<double>(x.row(i).squaredNorm()) / static_cast<double>(x.cols());
-    const auto scale = static_cast<float>(1.0 / std::sqrt(ms + eps));
-    y.row(i) = (x.row(i) * scale).cwiseProduct(w.transpose());
-  }
-  return y;
-}
-
-// Each head's slice of every row normalised on its own (gemma3's Q/K norm).
-void head_rms_norm(Mat& m, const Vec& w, int heads, double eps) {
-  const auto d = static_cast<Eigen::Index>(w.size());
-  for (Eigen::Index i = 0; i < m.rows(); ++i)
-    for (int h = 0; h < heads; ++h) {
-      auto seg = m.row(i).segment(static_cast<Eigen::Index>(h) * d, d);
-      const double ms = static_cast<double>(seg.squaredNorm()) / static_cast<double>(d);
-      seg = (seg * static_cast<float>(1.0 / std::sqrt(ms + eps))).cwiseProduct(w.transpose());
-    }
-}
-
-// The feed-forward gate's activation: SiLU, or GELU in its tanh form (gemma's gelu_pytorch_tanh).
-Mat activate(const Mat& g, FfnAct act) {
-  if (act == FfnAct::Silu) return (g.array() / (1.0f + (-g.array()).exp())).matrix();
-  const float k = std::sqrt(2.0f / 3.14159265358979f);
-  return (0.5f * g.array() * (1.0f + (k * (g.array() + 0.044715f * g.array().cube())).tanh())).matrix();
-}
-
-// The first row of an entry whose token lies after `before` (rows are in token order).
-// A forward pass's new tokens (rows of k and v, token indices from `seen`) join every entry of a
-// layer's cache: one per KV head, or one per query head (each holding its group's KV head).
-void append_rows(std::vector<KvEntry>& entries, const Mat& k, const Mat& v, std::int64_t seen, int head_dim, int group,
-                 bool per_query_head, int layer) {
-  const Eigen::Index n = k.rows();
-  for (std::size_t e = 0; e < entries.size(); ++e) {
-    KvEntry& entry = entries[e];
-    const auto col =
-        static_cast<std::ptrdiff_t>(per_query_head ? static_cast<int>(e) / group : static_cast<int>(e)) * head_dim;
-    for (Eigen::Index i = 0; i < n; ++i) {
-      entry.tokens.push_back(static_cast<std::int32_t>(seen + i));
-      entry.k.insert(entry.k.end(), k.row(i).data() + col, k.row(i).data() + col + head_dim);
-      entry.v.insert(entry.v.end(), v.row(i).data() + col, v.row(i).data() + col + head_dim);
-      if (!entry.bias.empty()) entry.bias.push_back(0.0f);
-    }
-  }
-  for (const KvEntry& entry : entries)  // checked here: nothing may throw inside the parallel loop
-    if (!entry.bias.empty() && entry.bias.size() != entry.tokens.size())
-      throw Error("KV cache layer " + std::to_string(layer) + ": " + std::to_string(entry.bias.size()) +
-                  " logit biases for " + std::to_string(entry.tokens.size()) + " rows");
-}
-
-Eigen::Index first_in_window(const KvEntry& e, std::int64_t before) {
-  return static_cast<Eigen::Index>(std::upper_bound(e.tokens.begin(), e.tokens.end(), before) - e.tokens.begin());
-}
-
 }  // namespace
-
-struct LlamaModel::Impl {
-  WeightMatrix embd, output;  // [vocab, n_embd]
-  Vec output_norm;
-  std::vector<Layer> layers;
-  KvCache cache;
-  bool record_attention = false;
-  std::vector<std::vector<std::vector<float>>> last_attention;  // [layer][q head]
-};
 
 LlamaModel::LlamaModel(const GgufFile& f, WeightFormat weights)
     : impl_(std::make_unique<Impl>()), cfg_(model_config(f)), weights_(weights) {
@@ -272,82 +191,26 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
   const auto n = static_cast<Eigen::Index>(tokens.size());
   if (positions.size() != tokens.size()) throw Error("forward: positions and tokens differ in length");
   const int d = c.head_dim, G = c.n_q_heads / c.n_kv_heads;
-  Mat x(n, c.n_embd);
-  for (Eigen::Index i = 0; i < n; ++i) {
-    const std::int32_t t = tokens[static_cast<std::size_t>(i)];
-    if (t < 0 || t >= c.vocab) throw Error("forward: token id " + std::to_string(t) + " out of range");
-    impl_->embd.row(t, x.row(i).data());
-  }
-  if (c.embd_scale != 1.0) x *= static_cast<float>(c.embd_scale);
-  const float scale = c.attn_scale > 0 ? static_cast<float>(c.attn_scale) : 1.0f / std::sqrt(static_cast<float>(d));
+  Mat x = layer_ops::embed(c, impl_->embd, tokens);
+  std::vector<std::int64_t> row_tokens(static_cast<std::size_t>(n));
+  for (Eigen::Index i = 0; i < n; ++i) row_tokens[static_cast<std::size_t>(i)] = impl_->cache.seen + i;
+  if (impl_->record_attention) impl_->last_attention.resize(static_cast<std::size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
-    Layer& L = impl_->layers[static_cast<std::size_t>(l)];
-    const Mat h = rms_norm(x, L.attn_norm, c.rms_eps);
-    Mat q = matmul(h, L.wq), k = matmul(h, L.wk), v = matmul(h, L.wv);
-    if (L.bq.size()) {
-      q.rowwise() += L.bq.transpose();
-      k.rowwise() += L.bk.transpose();
-      v.rowwise() += L.bv.transpose();
-    }
-    if (c.qk_norm) {
-      head_rms_norm(q, L.q_norm, c.n_q_heads, c.rms_eps);
-      head_rms_norm(k, L.k_norm, c.n_kv_heads, c.rms_eps);
-    }
-    const RopeSpec rope = c.rope_at(l);
-    for (Eigen::Index i = 0; i < n; ++i) {
-      apply_rope(rope, q.row(i).data(), c.n_q_heads, positions[static_cast<std::size_t>(i)]);
-      apply_rope(rope, k.row(i).data(), c.n_kv_heads, positions[static_cast<std::size_t>(i)]);
-    }
-    round_to_half(k);
-    round_to_half(v);
+    const Layer& L = impl_->layers[static_cast<std::size_t>(l)];
+    const layer_ops::Qkv a = layer_ops::project_qkv(c, L, l, x, positions);
     if (hook)
       hook(LayerActivations{l,
                             n,
-                            {q.data(), static_cast<std::size_t>(q.size())},
-                            {k.data(), static_cast<std::size_t>(k.size())},
-                            {v.data(), static_cast<std::size_t>(v.size())}});
+                            {a.q.data(), static_cast<std::size_t>(a.q.size())},
+                            {a.k.data(), static_cast<std::size_t>(a.k.size())},
+                            {a.v.data(), static_cast<std::size_t>(a.v.size())}});
     auto& entries = impl_->cache.layers[static_cast<std::size_t>(l)];
     const bool per_query_head = static_cast<int>(entries.size()) == c.n_q_heads && c.n_q_heads != c.n_kv_heads;
-    append_rows(entries, k, v, impl_->cache.seen, d, G, per_query_head, l);
-    if (impl_->record_attention) impl_->last_attention.resize(static_cast<std::size_t>(c.n_layers));
-    auto& last_rows = impl_->last_attention;
-    if (impl_->record_attention) last_rows[static_cast<std::size_t>(l)].resize(static_cast<std::size_t>(c.n_q_heads));
-    Mat attn_out(n, static_cast<Eigen::Index>(c.n_q_heads) * d);
-    const std::int64_t window = c.window(l);
-#pragma omp parallel for schedule(static)
-    for (int hq = 0; hq < c.n_q_heads; ++hq) {
-      const KvEntry& entry = entries[static_cast<std::size_t>(per_query_head ? hq : hq / G)];
-      const Eigen::Index total = entry.rows(), past = total - n;
-      const Mat qh = q.middleCols(static_cast<Eigen::Index>(hq) * d, d);
-      const Eigen::Map<const Mat> kh(entry.k.data(), total, d), vh(entry.v.data(), total, d);
-      Mat s(n, total);  // [n, total]
-      s.noalias() = (qh * kh.transpose()) * scale;
-      if (!entry.bias.empty()) s.rowwise() += Eigen::Map<const Eigen::RowVectorXf>(entry.bias.data(), total);
-      for (Eigen::Index i = 0; i < n; ++i) {
-        const Eigen::Index last = past + i;  // causal: itself and everything cached before it
-        // A sliding-window layer sees only the tokens within its window of this one.
-        const Eigen::Index first = window > 0 ? first_in_window(entry, impl_->cache.seen + i - window) : 0;
-        auto row = s.row(i);
-        const Eigen::Index len = last + 1 - first;
-        const float m = row.segment(first, len).maxCoeff();
-        row.segment(first, len) = (row.segment(first, len).array() - m).exp();
-        row.segment(first, len) /= row.segment(first, len).sum();
-        if (first > 0) row.head(first).setZero();
-        if (last + 1 < total) row.tail(total - last - 1).setZero();
-      }
-      if (impl_->record_attention)
-        last_rows[static_cast<std::size_t>(l)][static_cast<std::size_t>(hq)].assign(s.row(n - 1).data(),
-                                                                                    s.row(n - 1).data() + total);
-      attn_out.middleCols(static_cast<Eigen::Index>(hq) * d, d).noalias() = s * vh;
-    }
-    const Mat o = matmul(attn_out, L.wo);
-    x += c.post_norms ? rms_norm(o, L.post_attn_norm, c.rms_eps) : o;
-    const Mat h2 = rms_norm(x, L.ffn_norm, c.rms_eps);
-    const Mat gate = matmul(h2, L.wgate);
-    const Mat up = matmul(h2, L.wup);
-    const Mat act = activate(gate, c.ffn_act).cwiseProduct(up);
-    const Mat down = matmul(act, L.wdown);
-    x += c.post_norms ? rms_norm(down, L.post_ffn_norm, c.rms_eps) : down;
+    layer_ops::append_rows(entries, a.k, a.v, impl_->cache.seen, d, G, per_query_head, l);
+    const Mat attn_out =
+        layer_ops::attend(c, l, entries, a.q, row_tokens,
+                          impl_->record_attention ? &impl_->last_attention[static_cast<std::size_t>(l)] : nullptr);
+    layer_ops::finish_layer(c, L, x, attn_out);
   }
   impl_->cache.seen += n;
   const WeightMatrix& out_w = c.tied_embeddings ? impl_->embd : impl_->output;
@@ -358,7 +221,8 @@ std::vector<float> LlamaModel::forward(std::span<const std::int32_t> tokens, std
     xr.row(static_cast<Eigen::Index>(j)) = x.row(r);
   }
   std::vector<float> logits(logit_rows.size() * static_cast<std::size_t>(c.vocab));
-  if (!logit_rows.empty()) out_w.multiply(rms_norm(xr, impl_->output_norm, c.rms_eps).data(), xr.rows(), logits.data());
+  if (!logit_rows.empty())
+    out_w.multiply(layer_ops::rms_norm(xr, impl_->output_norm, c.rms_eps).data(), xr.rows(), logits.data());
   return logits;
 }
 

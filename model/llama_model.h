@@ -23,6 +23,8 @@ class LlamaModel : public Engine {
 
   std::vector<float> forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
                              std::span<const std::int64_t> logit_rows, const LayerHook& hook = {}) override;
+  RefreshResult refresh(std::span<const std::int32_t> tokens, std::span<const std::int32_t> positions,
+                        std::span<const std::int64_t> indices, const RefreshOptions& options) override;
   void reset() override;
   void reserve(std::int64_t tokens) override;
   const KvCache& cache() const override;

@@ -32,7 +32,12 @@ Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::st
   }
   add(tok.chat_head(sys), Segment::System);
   const auto context_start = static_cast<std::int64_t>(p.tokens.size());
-  add(r.context, Segment::Context);
+  if (r.chunks.empty()) add(r.context, Segment::Context);
+  for (const RequestChunk& c : r.chunks) {  // each on its own: the same tokens wherever it appears
+    const auto begin = static_cast<std::int64_t>(p.tokens.size());
+    add(c.text, Segment::Context);
+    p.chunks.push_back({c.id, begin, static_cast<std::int64_t>(p.tokens.size())});
+  }
   // The needle: the sentence of the context holding the first expected answer, as a token span
   // (byte-level BPE decodes token by token back to the exact bytes).
   if (!r.expected.empty()) {
@@ -72,6 +77,12 @@ std::vector<std::pair<std::int64_t, std::int64_t>> prefill_chunks(std::int64_t e
     out.emplace_back(s, e);
     s = e;
   }
+  return out;
+}
+
+std::vector<std::int64_t> prompt_splits(const Prompt& p) {
+  std::vector<std::int64_t> out{p.question_start};
+  for (const ChunkSpan& c : p.chunks) out.push_back(c.begin);
   return out;
 }
 

@@ -14,16 +14,28 @@ namespace kvsim {
 class GgufFile;
 class Tokenizer;
 
+// A request chunk's tokens in the prompt: [begin, end).
+struct ChunkSpan {
+  std::string id;
+  std::int64_t begin = 0, end = 0;
+};
+
 struct Prompt {
   std::vector<std::int32_t> tokens;
   std::vector<std::int8_t> segments;  // Segment codes
   std::int64_t question_start = 0, needle_start = -1, needle_end = -1;
+  std::vector<ChunkSpan> chunks;  // a chunked request's chunks, in order (the context is theirs)
 };
 
 // The system turn a request without one gets: what the model family's own chat template inserts.
 std::string default_system_prompt(const GgufFile& gguf);
 
 Prompt build_prompt(const Tokenizer& tok, const CaptureRequest& r, const std::string& default_system);
+
+// Where every prefill of p starts a fresh pass: the question's start, and a chunked prompt's
+// chunk boundaries (so a chunk is computed in passes of its own, alone or in context: the same
+// shapes, docs/chunk-states.md).
+std::vector<std::int64_t> prompt_splits(const Prompt& p);
 
 // Prefill chunks [begin, end) over [0, end): `chunk` tokens at a time, with a boundary at every
 // split too (the question's start; live verify's compression cuts), counting afresh from each, so

@@ -39,7 +39,7 @@ LiveVerifier::Impl::Shared LiveVerifier::Impl::prefill(const CaptureRequest& r, 
   model.reserve(T);
   model.record_last_attention(false);
   s.queries.assign(static_cast<std::size_t>(g.n_layers), {});
-  for (const auto& [b, e] : prefill_chunks(s.c, {s.p.question_start}, opts.prefill_chunk)) {
+  for (const auto& [b, e] : prefill_chunks(s.c, prompt_splits(s.p), opts.prefill_chunk)) {
     prefill_range(s, b, e, s.queries, s.prefill_logits);
     // As in capture: the pass runs on the cache holding exactly the context.
     if (s.with_repeat && e == context_span(s.p).second) s.repeat = run_repeat_pass(model, tok, s.p);

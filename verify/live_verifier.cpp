@@ -18,7 +18,7 @@ void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, C
   cs.queries.assign(static_cast<std::size_t>(g.n_layers), {});
   for (auto& index : cs.index) index = LayerIndex::prefix(g.n_kv_heads, 0);
   std::vector<std::int64_t> splits = cuts;
-  splits.push_back(s.p.question_start);
+  for (const std::int64_t split : prompt_splits(s.p)) splits.push_back(split);
   for (const auto& [b, e] : prefill_chunks(s.c, splits, opts.prefill_chunk)) {
     prefill_range(s, b, e, cs.queries, cs.prefill_logits);
     for (auto& index : cs.index)
