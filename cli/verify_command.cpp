@@ -14,8 +14,8 @@ namespace kvsim::cli {
 
 int verify_command(const Args& args) {
   VerifySpec spec;
-  std::string policies, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant",
-                        device = "cpu", steps = "engine", semantics = "point";
+  std::string policies, reuse, budgets = "0.1,0.25,0.5", mode = "query-aware", queries = "all", weights = "quant",
+                               device = "cpu", steps = "engine", semantics = "point";
   std::int64_t reapply_every = BudgetRule{}.every;
   po::options_description desc(
       "kvsim verify: run (policy, budget) configs live on the model with a really compressed KV cache, against\n"
@@ -26,6 +26,10 @@ int verify_command(const Args& args) {
       "policies,p", po::value(&policies), "policies: name[:key=value,...] separated by ',' or ';'")(
       "budgets,b", po::value(&budgets)->default_value(budgets),
       "budgets: fractions of the full fp16 KV bytes, in (0, 1]")(
+      "chunk-reuse", po::value(&reuse),
+      "chunked requests, query-agnostic: serve each chunk's KV from another state, ','-separated: recompute | "
+      "stateless (computed alone, keys moved) | transition:share=S (CacheBlend: the top S of tokens by layer-1 "
+      "deviation recomputed); docs/chunk-states.md")(
       "from-sweep", po::value(&spec.from_sweep),
       "take the --top configs (by offline mean KL) of this sweep result CSV")(
       "top", po::value(&spec.top)->default_value(spec.top), "see --from-sweep")(
@@ -72,15 +76,16 @@ int verify_command(const Args& args) {
           "kvsim verify --model M.gguf --tasks T.jsonl (--policies P --budgets B | --from-sweep S.csv --top N) "
           "[--offline S.csv] [options]"))
     return 0;
-  if (spec.from_sweep.empty() && policies.empty())
-    throw Error("no configs: give --policies (and --budgets) or --from-sweep");
+  if (spec.from_sweep.empty() && policies.empty() && reuse.empty())
+    throw Error("no configs: give --policies (and --budgets), --from-sweep or --chunk-reuse");
   if (!spec.from_sweep.empty() && !policies.empty()) throw Error("--policies and --from-sweep exclude each other");
   if (!spec.from_sweep.empty() && !spec.offline_csv.empty())
     throw Error("--offline is implied by --from-sweep; give one");
   if (queries != "all" && queries != "eval") throw Error("--queries is '" + queries + "', expected all or eval");
   if (steps != "engine" && steps != "host") throw Error("--policy-steps is '" + steps + "', expected engine or host");
   spec.live.rules_in_engine = steps == "engine";
-  spec.policies = split_policies(policies);
+  spec.policies = policies.empty() ? std::vector<std::string>{} : split_policies(policies);
+  for (const std::string& way : split(reuse, ',')) spec.reuse.push_back(parse_reuse(way));
   spec.budgets = parse_budgets(budgets);
   spec.live.mode = parse_mode(mode);
   spec.mode_given = !vm["mode"].defaulted();

@@ -2,6 +2,7 @@
 // included), stepped with decode-time eviction, and scored against the full-cache run.
 #include "verify/live_verifier_impl.h"
 #include "kvcache/training_prompts.h"
+#include "policies/registry.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +37,8 @@ void LiveVerifier::Impl::prefill_with_cuts(Shared& s, const ReplayConfig& cfg, C
   }
 }
 
-LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res) {
+LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res,
+                                                            const KvCache* start) {
   const auto L = static_cast<std::size_t>(g.n_layers);
   Compressed out;
   // Sliding-window layers hold their window; the budget's rest goes to the global layers.
@@ -69,9 +71,10 @@ LiveVerifier::Impl::Compressed LiveVerifier::Impl::compress(Shared& s, const Rep
     out.budget.across_layers = cfg.impl->select_across_layers(summaries, out.budget.policy_budget());
   }
   if (chunked) {
+    if (start) throw Error(s.where + ": chunk reuse and --compress-every cannot be combined");
     prefill_with_cuts(s, cfg, out, cuts, compresses);
   } else {
-    model.set_cache(s.at_point);
+    model.set_cache(start ? *start : s.at_point);
     for (auto& index : out.index) index = LayerIndex::prefix(g.n_kv_heads, s.c);
   }
   out.q_index = s.header.q_index;
@@ -250,10 +253,10 @@ std::vector<float> LiveVerifier::Impl::run_question(Shared& s, Compressed& cs, c
 }
 
 LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& cfg,
-                                                const std::vector<std::string>& expected) {
+                                                const std::vector<std::string>& expected, const KvCache* start) {
   const auto t0 = Clock::now();
   LiveConfigResult res;
-  Compressed cs = compress(s, cfg, res);
+  Compressed cs = compress(s, cfg, res, start);
   // Teacher-forced on the reference continuation.
   std::vector<float> logits = run_question(s, cs, cfg.label());
   const auto len = s.reference.size();
@@ -303,7 +306,7 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
   }
   if (diverged < len) {
     res.kept.clear();
-    cs = compress(s, cfg, res);
+    cs = compress(s, cfg, res, start);
     logits = run_question(s, cs, cfg.label());
     generated.clear();
     for (int j = 0; j < opts.max_new; ++j) {
@@ -320,6 +323,18 @@ LiveConfigResult LiveVerifier::Impl::run_config(Shared& s, const ReplayConfig& c
   res.seconds = since(t0);
   return res;
 }
+LiveConfigResult LiveVerifier::Impl::run_reuse(Shared& s, const ReuseConfig& way,
+                                               const std::vector<std::string>& expected) {
+  const auto t0 = Clock::now();
+  ReuseStats stats;
+  const KvCache start = chunk_states.serve(s.p, s.c, s.at_point, way, stats, s.where);
+  const double serve_seconds = since(t0);
+  static const auto full = std::shared_ptr<const Policy>(PolicyRegistry::instance().create("full").policy);
+  LiveConfigResult res = run_config(s, ReplayConfig{"full", "", full, 1.0}, expected, &start);
+  res.seconds += serve_seconds;
+  return res;
+}
+
 namespace {
 
 const VerifyOptions& checked(const VerifyOptions& o) {
@@ -348,8 +363,12 @@ std::string LiveVerifier::device() const { return impl_->model.device(); }
 
 bool LiveVerifier::rules_in_engine() const { return impl_->opts.rules_in_engine && impl_->model.runs_decode_rules(); }
 
-LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs) {
+LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs,
+                                    const std::vector<ReuseConfig>& reuse) {
   const auto t0 = Clock::now();
+  if (!reuse.empty() && (request.chunks.empty() || impl_->opts.mode != ReplayMode::QueryAgnostic))
+    throw Error("request " + request.id + ": --chunk-reuse needs chunked requests (field 'chunks') and " +
+                "--mode query-agnostic (chunks are reused before the question arrives)");
   Impl::Shared s = impl_->prefill(request, std::any_of(configs.begin(), configs.end(), [](const ReplayConfig& c) {
                                     return c.impl->needs_repeat_pass();
                                   }));
@@ -376,6 +395,7 @@ LiveRequestResult LiveVerifier::run(const CaptureRequest& request, const std::ve
   out.reference_ppl = steps ? std::exp(nll / static_cast<double>(steps)) : 1;
   out.shared_seconds = since(t0);
   for (const ReplayConfig& cfg : configs) out.configs.push_back(impl_->run_config(s, cfg, expected));
+  for (const ReuseConfig& way : reuse) out.configs.push_back(impl_->run_reuse(s, way, expected));
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include "policies/policy.h"
 #include "kvcache/budget.h"
 #include "kvcache/config.h"
+#include "verify/chunk_reuse.h"
 
 namespace kvsim {
 
@@ -97,7 +98,10 @@ class LiveVerifier {
   // Whether decode-time rules step inside the engine (VerifyOptions::rules_in_engine, and an
   // engine that runs them); else every policy steps on the host.
   bool rules_in_engine() const;
-  LiveRequestResult run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs);
+  // The configs, then the chunk-reuse ways (verify/chunk_reuse.h: a chunked request,
+  // query-agnostic), whose results follow the configs' in LiveRequestResult::configs.
+  LiveRequestResult run(const CaptureRequest& request, const std::vector<ReplayConfig>& configs,
+                        const std::vector<ReuseConfig>& reuse = {});
 
  private:
   struct Impl;

@@ -24,6 +24,7 @@
 #include "model/tokenizer.h"
 #include "policies/codec.h"
 #include "traces/trace_schema.h"
+#include "verify/chunk_reuse.h"
 #include "verify/engine_rows.h"
 
 namespace kvsim {
@@ -86,6 +87,7 @@ struct LiveVerifier::Impl {
   ModelGeometry g;
   std::string default_system;
   std::int64_t ctx_len;
+  ChunkStates chunk_states;  // chunks' K/V alone, for chunk-reuse configs
 
   Impl(const GgufFile& f, VerifyOptions o, std::unique_ptr<Engine> e)
       : gguf(f),
@@ -94,7 +96,8 @@ struct LiveVerifier::Impl {
         engine(e ? std::move(e) : make_engine(f, EngineOptions{o.device, o.weights})),
         model(*engine),
         default_system(default_system_prompt(f)),
-        ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)) {
+        ctx_len(f.get_int(model.config().arch + ".context_length", 1 << 30)),
+        chunk_states(model, o.prefill_chunk) {
     g = model.config();
   }
 
@@ -190,7 +193,8 @@ struct LiveVerifier::Impl {
 
   // Compresses the shared cache with `cfg` for real, layer by layer, through the plan API (the
   // replay's own), after the config's own prefill with cuts when --compress-every asks for them.
-  Compressed compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res);
+  // `start` (a chunk-reuse config's cache) replaces the shared cache at the compression point.
+  Compressed compress(Shared& s, const ReplayConfig& cfg, LiveConfigResult& res, const KvCache* start = nullptr);
 
   // One layer's plan at the compression point, applied; its decode-time state started.
   void compress_layer(Shared& s, const ReplayConfig& cfg, Compressed& out, int l, bool chunked);
@@ -217,7 +221,12 @@ struct LiveVerifier::Impl {
   // the prefill's, query-aware).
   std::vector<float> run_question(Shared& s, Compressed& cs, const std::string& label);
 
-  LiveConfigResult run_config(Shared& s, const ReplayConfig& cfg, const std::vector<std::string>& expected);
+  LiveConfigResult run_config(Shared& s, const ReplayConfig& cfg, const std::vector<std::string>& expected,
+                              const KvCache* start = nullptr);
+
+  // A chunk-reuse config: the context's cache as `way` serves it, then the question and the
+  // continuation on it, uncompressed, scored as run_config scores.
+  LiveConfigResult run_reuse(Shared& s, const ReuseConfig& way, const std::vector<std::string>& expected);
 
   std::vector<std::int32_t> strip_eos(std::vector<std::int32_t> ids) const;
 };

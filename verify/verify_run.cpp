@@ -158,6 +158,25 @@ struct LiveMean {
   int n = 0, n_task = 0;
 };
 
+void add_to_summary(LiveMean& m, const LiveConfigResult& x, const LiveRequestResult& res) {
+  m.kl += x.mean_kl;
+  m.top1 += x.top1;
+  m.ppl_ratio += x.ppl / res.reference_ppl;
+  m.kept += x.kept_fraction;
+  if (std::isfinite(x.task_score)) {
+    m.task += x.task_score;
+    ++m.n_task;
+  }
+  ++m.n;
+}
+
+// A chunk-reuse way as the CSV names it: policy chunk_reuse, its way as parameters, budget 1.
+ReplayConfig reuse_config(const ReuseConfig& w) {
+  std::string params = "way=" + w.label();
+  if (w.way == ReuseWay::Transition) params = "way=transition,share=" + w.label().substr(w.label().find('=') + 1);
+  return ReplayConfig{"chunk_reuse", params, nullptr, 1.0};
+}
+
 // The ranked table: per budget, the policies by live KL.
 void print_live_table(const std::map<std::pair<double, std::string>, LiveMean>& summary, std::ostream& out) {
   std::vector<std::pair<std::pair<double, std::string>, LiveMean>> rows(summary.begin(), summary.end());
@@ -202,7 +221,7 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   if (!spec.from_sweep.empty()) {
     if (spec.top < 1) throw Error("--top must be >= 1");
     configs = top_configs(offline, spec.top);
-  } else {
+  } else if (!spec.policies.empty()) {
     SweepSpec s;
     s.policies = spec.policies;
     s.budgets = spec.budgets;
@@ -225,23 +244,19 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
     const CaptureRequest& r = requests[i];
     if (spec.progress)
       progress << (tty ? "\r" : "") << "verify: request " << i + 1 << "/" << requests.size() << " (" << r.id << ", "
-               << configs.size() << " configs)" << (tty ? "   " : "\n") << std::flush;
-    const LiveRequestResult res = verifier.run(r, configs);
+               << configs.size() + spec.reuse.size() << " configs)" << (tty ? "   " : "\n") << std::flush;
+    const LiveRequestResult res = verifier.run(r, configs, spec.reuse);
+    for (std::size_t p = 0; p < spec.reuse.size(); ++p) {  // after the configs' results
+      const LiveConfigResult& x = res.configs[configs.size() + p];
+      csv << verify_row(r, live, reuse_config(spec.reuse[p]), x, res) << "\n";
+      add_to_summary(summary[{1.0, "chunk_reuse:" + spec.reuse[p].label()}], x, res);
+    }
     for (std::size_t p = 0; p < configs.size(); ++p) {
       const ReplayConfig& c = configs[p];
       const LiveConfigResult& x = res.configs[p];
       csv << verify_row(r, live, c, x, res) << "\n";
       live_rows.push_back({r.id, c.policy, c.params, c.budget, x.mean_kl, x.top1, x.task_score});
-      LiveMean& m = summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}];
-      m.kl += x.mean_kl;
-      m.top1 += x.top1;
-      m.ppl_ratio += x.ppl / res.reference_ppl;
-      m.kept += x.kept_fraction;
-      if (std::isfinite(x.task_score)) {
-        m.task += x.task_score;
-        ++m.n_task;
-      }
-      ++m.n;
+      add_to_summary(summary[{c.budget, PolicyRegistry::instance().compact_label(c.policy, c.params)}], x, res);
     }
     csv.flush();
   }
@@ -252,8 +267,8 @@ double run_verify(const VerifySpec& spec, std::ostream& out, std::ostream& progr
   std::filesystem::rename(tmp, spec.out_csv);
 
   print_live_table(summary, out);
-  out << spec.out_csv << ": " << requests.size() << " requests x " << configs.size() << " configs, live in " << seconds
-      << " s\n";
+  out << spec.out_csv << ": " << requests.size() << " requests x " << configs.size() + spec.reuse.size()
+      << " configs, live in " << seconds << " s\n";
   if (!offline.empty()) {
     const AgreementReport rep =
         agreement(offline, live_rows, offline_metric_names(!spec.offline_detail.empty()), 5, fitted_on);

@@ -13,7 +13,8 @@ struct VerifySpec {
   std::string model_path, tasks_path;
   std::vector<std::string> policies;  // with budgets: the configs to run
   std::vector<double> budgets;
-  std::string from_sweep;  // or: the top configs of a sweep's results (by offline mean KL)
+  std::vector<ReuseConfig> reuse;  // chunk-reuse ways, run after the configs (docs/chunk-states.md)
+  std::string from_sweep;          // or: the top configs of a sweep's results (by offline mean KL)
   int top = 8;
   std::string offline_csv;            // sweep results to compare with (from_sweep implies it)
   std::string offline_detail;         // that sweep's per-layer detail (optional)
