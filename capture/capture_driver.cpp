@@ -20,6 +20,7 @@
 #include "model/gguf.h"
 #include "model/engine.h"
 #include "prompts/prompt.h"
+#include "prompts/chunk_alone.h"
 #include "prompts/repeat_pass.h"
 #include "capture/query_spill.h"
 #include "model/tokenizer.h"
@@ -152,6 +153,31 @@ std::string requests_digest(const std::vector<CaptureRequest>& requests) {
 namespace {
 
 // The capture's configuration as the trace records it (a resumed capture must match it).
+// A chunked prompt's chunks computed alone, keys moved to their positions, rows in prompt order.
+ChunkStateRecord chunk_state_record(ChunkAlone& alone, const Prompt& p) {
+  ChunkStateRecord rec;
+  for (const ChunkSpan& span : p.chunks) {
+    const ChunkAlone::Rows rows = alone.moved(p, span);
+    const std::int64_t n = span.end - span.begin;
+    rec.chunks.push_back({span.id, span.begin, span.end, rec.rows, rec.rows + n});
+    rec.rows += n;
+    rec.k.resize(rows.k.size());
+    rec.v.resize(rows.v.size());
+    for (std::size_t l = 0; l < rows.k.size(); ++l) {
+      const std::size_t heads = rows.k[l].size(), d = rows.k[l][0].size() / static_cast<std::size_t>(n);
+      for (std::int64_t t = 0; t < n; ++t)  // [head][token, d] -> [token, head, d]
+        for (std::size_t h = 0; h < heads; ++h) {
+          const auto at = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * d);
+          rec.k[l].insert(rec.k[l].end(), rows.k[l][h].begin() + at,
+                          rows.k[l][h].begin() + at + static_cast<std::ptrdiff_t>(d));
+          rec.v[l].insert(rec.v[l].end(), rows.v[l][h].begin() + at,
+                          rows.v[l][h].begin() + at + static_cast<std::ptrdiff_t>(d));
+        }
+    }
+  }
+  return rec;
+}
+
 std::string capture_config(const CaptureOptions& opts, const Engine& model,
                            const std::vector<CaptureRequest>& requests) {
   return nlohmann::json{{"tool", "kvsim capture"},
@@ -164,6 +190,7 @@ std::string capture_config(const CaptureOptions& opts, const Engine& model,
                         {"prefill_chunk", opts.prefill_chunk},
                         {"weights", weight_format_name(opts.weights)},
                         {"repeat_pass", opts.repeat_pass},
+                        {"chunk_states", opts.chunk_states},
                         {"device", model.device()},
                         {"requests", requests_digest(requests)}}
       .dump();
@@ -247,6 +274,31 @@ std::int64_t run_answer(Engine& model, const Tokenizer& tok, const std::vector<s
 
 }  // namespace
 
+// The prompt in prefill passes: the question's reference rows from their logits, KVzip's pass
+// once the cache holds exactly the context (the passes split at the question); returns the last
+// prompt token's logits. `processed` follows the passes (the query hook reads it).
+std::vector<float> prefill_prompt(Engine& model, const Tokenizer& tok, const Prompt& p, const CaptureOptions& opts,
+                                  const LayerHook& hook, ReferenceDistribution& ref, RepeatPass& repeat,
+                                  std::int64_t& processed) {
+  const std::int64_t vocab = model.config().vocab;
+  const auto n_prompt = static_cast<std::int64_t>(p.tokens.size());
+  std::vector<float> last_logits;
+  for (const auto& [s, e] : prefill_chunks(n_prompt, prompt_splits(p), opts.prefill_chunk)) {
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(e - s));
+    std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(s));
+    std::vector<std::int64_t> rows;
+    for (std::int64_t i = std::max(s, p.question_start); i < e; ++i) rows.push_back(i - s);
+    const auto logits = model.forward(
+        std::span(p.tokens).subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(e - s)), pos, rows, hook);
+    for (std::size_t r2 = 0; r2 < rows.size(); ++r2)
+      record_reference(ref, s + rows[r2], logits.data() + r2 * static_cast<std::size_t>(vocab), vocab);
+    if (e == n_prompt && !rows.empty()) last_logits.assign(logits.end() - vocab, logits.end());
+    processed = e;
+    if (opts.repeat_pass && e == context_span(p).second) repeat = run_repeat_pass(model, tok, p);
+  }
+  return last_logits;
+}
+
 CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const CaptureOptions& opts,
                            const EngineFactory& make) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -260,6 +312,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   const std::unique_ptr<Engine> engine =
       make ? make(gguf) : make_engine(gguf, EngineOptions{opts.device, opts.weights});
   Engine& model = *engine;
+  const auto alone = std::make_unique<ChunkAlone>(model, opts.prefill_chunk);  // kept across requests
   const ModelConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);
   const std::string default_system = default_system_prompt(gguf);
@@ -298,29 +351,18 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         const std::int64_t skip = std::clamp<std::int64_t>(first_q - processed, 0, a.n);
         spill.append(a.layer, a.q.data() + skip * q_row, a.n - skip);
       };
-      ReferenceDistribution ref{.topk = opts.ref_topk};
+      ReferenceDistribution ref;
+      ref.topk = opts.ref_topk;
       RepeatPass repeat;
       if (opts.repeat_pass && context_span(p).first == context_span(p).second)
         throw Error(where + ": --repeat-pass needs a context to repeat, and this request has none");
-      // Prefill in chunks; the reference rows of the question come from the prefill logits.
-      std::vector<float> last_logits;
-      for (const auto& [s, e] : prefill_chunks(n_prompt, prompt_splits(p), opts.prefill_chunk)) {
-        std::vector<std::int32_t> pos(static_cast<std::size_t>(e - s));
-        std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(s));
-        std::vector<std::int64_t> rows;
-        for (std::int64_t i = std::max(s, p.question_start); i < e; ++i) rows.push_back(i - s);
-        const auto logits = model.forward(
-            std::span(p.tokens).subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(e - s)), pos, rows, hook);
-        for (std::size_t r2 = 0; r2 < rows.size(); ++r2)
-          record_reference(ref, s + rows[r2], logits.data() + r2 * static_cast<std::size_t>(c.vocab), c.vocab);
-        if (e == n_prompt && !rows.empty()) last_logits.assign(logits.end() - c.vocab, logits.end());
-        processed = e;
-        // The chunks split at the question: here the cache holds exactly the context.
-        if (opts.repeat_pass && e == context_span(p).second) repeat = run_repeat_pass(model, tok, p);
-      }
+      if (opts.chunk_states && p.chunks.empty())
+        throw Error(where + ": --chunk-states needs chunked requests (field 'chunks'), and this request has none");
+      std::vector<float> last_logits = prefill_prompt(model, tok, p, opts, hook, ref, repeat, processed);
       const std::int64_t generated = run_answer(model, tok, r.answer.empty() ? nullptr : &answer, opts.max_new,
                                                 opts.min_new, hook, p, last_logits, ref, processed);
       const auto T = static_cast<std::int64_t>(p.tokens.size());
+      const Prompt chunked = opts.chunk_states ? p : Prompt{};  // (p moves into the header)
       RequestHeader h = request_header(r, std::move(p), n_prompt, generated, first_q, ref);
       if (ref.rows == 0) ref.topk = 0;
       summary.tokens += T;
@@ -334,9 +376,13 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
           writer.write_layer(l, kv.first, kv.second, Q);
         });
       }
-      io.submit([&writer, ref = std::move(ref), repeat = std::move(repeat), with = opts.repeat_pass] {
+      // After the layers took the engine's cache: computing chunks alone replaces it.
+      ChunkStateRecord states = opts.chunk_states ? chunk_state_record(*alone, chunked) : ChunkStateRecord{};
+      io.submit([&writer, ref = std::move(ref), repeat = std::move(repeat), with = opts.repeat_pass,
+                 states = std::move(states), with_states = opts.chunk_states] {
         writer.write_reference(ref);
         if (with) writer.write_repeat_pass(repeat);
+        if (with_states) writer.write_chunk_states(states);
         writer.commit_request();
       });
     }

@@ -26,6 +26,9 @@ struct CaptureOptions {
   // half-written is captured again) and the missing ones follow, with the same configuration.
   bool resume = false;
   bool repeat_pass = false;  // also record KVzip's context-reconstruction pass (capture/repeat_pass.h)
+  // Also record each chunk of a chunked request computed alone (prompts/chunk_alone.h,
+  // docs/chunk-states.md); every request must be chunked.
+  bool chunk_states = false;
   WeightFormat weights = WeightFormat::Quantized;  // the CPU engine's
   Device device = Device::Cpu;
 };

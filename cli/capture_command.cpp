@@ -32,6 +32,9 @@ int capture_command(const Args& args) {
       "repeat-pass",
       "also record KVzip's context-reconstruction pass (queries and keys of the model repeating the "
       "context on top of its cache; the kvzip policy scores with it)")(
+      "chunk-states",
+      "chunked requests: also record each chunk computed alone (after the header only), keys moved to its "
+      "positions; kvsim trace deviation compares it with the chunk in context (docs/chunk-states.md)")(
       "weights", po::value(&weights)->default_value(weights),
       "quant (keep the GGUF blocks, dequantize on the fly) | f32 (dequantize once at load)")(
       "device", po::value(&device)->default_value(device),
@@ -55,6 +58,7 @@ int capture_command(const Args& args) {
   o.overwrite = vm.count("force") > 0;
   o.resume = vm.count("resume") > 0;
   o.repeat_pass = vm.count("repeat-pass") > 0;
+  o.chunk_states = vm.count("chunk-states") > 0;
   const auto reqs = read_capture_requests(requests);
   const CaptureSummary s = run_capture(reqs, o);
   std::cout << o.out_path << ": captured " << s.requests << " requests, " << s.tokens << " tokens in " << s.seconds

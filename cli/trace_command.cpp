@@ -11,10 +11,12 @@
 #include "cli/options.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "results/deviation_file.h"
 #include "results/keep_sets_file.h"
 #include "kvcache/budget.h"
 #include "policies/basis_set.h"
 #include "sim/calibration.h"
+#include "sim/chunk_deviation.h"
 #include "sim/sweep.h"
 #include "traces/synth_trace.h"
 #include "traces/trace_check.h"
@@ -164,6 +166,54 @@ int check(const Args& args) {
   }
   std::cout << file << ": OK (" << report.requests_checked << " requests, " << report.tokens_checked
             << " tokens checked)\n";
+  return 0;
+}
+
+// The curves as the deviation file holds them, and as a table.
+results::DeviationFile deviation_rows(const std::vector<DeviationCurve>& curves, const std::string& trace) {
+  results::DeviationFile f;
+  f.trace = trace;
+  for (const DeviationCurve& c : curves) {
+    results::DeviationRow r{
+        c.comparison,     c.layer, static_cast<long long>(c.deviation.size()), c.quantile(0.5), c.quantile(0.9),
+        c.quantile(0.99), {}};
+    for (const double x : results::kDeviationThresholds) r.above.push_back(c.share_above(x));
+    f.rows.push_back(std::move(r));
+  }
+  return f;
+}
+
+int deviation(const Args& args) {
+  std::string out;
+  po::options_description desc(
+      "kvsim trace deviation: how much chunks' KV depends on what came before them (docs/chunk-states.md), from a\n"
+      "trace captured with --chunk-states: per layer, the relative deviation ||(k, v) - (k, v) in context|| /\n"
+      "||(k, v) in context|| of each chunk token computed alone (after the header only), and of the same chunk in\n"
+      "context in another request with another path before it (keys moved to this request's positions)");
+  desc.add_options()("help,h", "show this help")("file", po::value<std::string>()->required(), "trace file")(
+      "out,o", po::value(&out), "write the curves as CSV too")("force", "replace an existing --out file");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  po::variables_map vm;
+  add_output_flags(desc);
+  if (!parse_options(args, desc, pos, vm, "kvsim trace deviation FILE [-o curves.csv]")) return 0;
+  const std::string file = vm["file"].as<std::string>();
+  if (!out.empty() && !vm.count("force") && std::filesystem::exists(out))
+    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  results::DeviationFile f;
+  with_trace(file, [&](const TraceReader& reader) {
+    f = deviation_rows(chunk_deviation(reader), file);
+    return std::string();
+  });
+  std::printf("%-11s %5s %8s %8s %8s %8s", "comparison", "layer", "tokens", "p50", "p90", "p99");
+  for (const double x : results::kDeviationThresholds) std::printf("   >%-5g", x);
+  std::printf("\n");
+  for (const results::DeviationRow& r : f.rows) {
+    std::printf("%-11s %5d %8lld %8.4f %8.4f %8.4f", r.comparison.c_str(), r.layer, r.tokens, r.p50, r.p90, r.p99);
+    for (const double a : r.above) std::printf(" %8.3f", a);
+    std::printf("\n");
+  }
+  if (!out.empty()) write_file_atomically(out, results::deviation_file_text(f));
   return 0;
 }
 
@@ -383,6 +433,7 @@ int trace_command(const Args& args) {
   static const Subcommand subs[] = {
       {"info", "summarise a trace (geometry, capture, requests)", info},
       {"check", "validate a trace; non-zero exit and one line per problem", check},
+      {"deviation", "how much chunks' KV depends on their context (traces with --chunk-states)", deviation},
       {"synth", "write a deterministic synthetic trace", synth},
       {"dump", "print one layer of K/V/Q of a request as JSON", dump},
       {"keep-sets", "the tokens each config keeps in one request, as JSON", keep_sets},

@@ -1,5 +1,5 @@
 // Fuzz target: the result files kvsim reads back that no other target drives (results/): the
-// agreement CSV, the keep-sets JSON, the serve CSV and JSON summaries and a serving grid's
+// agreement CSV, the chunk deviation CSV, the keep-sets JSON, the serve CSV and JSON summaries and a serving grid's
 // progress file. The input's first byte picks the reader, the rest is the file. Seeds: files
 // written by the owners' writers.
 #include <cstdint>
@@ -11,12 +11,20 @@
 #include "fuzz/fuzz_input.h"
 #include "fuzz/seed_writer.h"
 #include "results/agreement_file.h"
+#include "results/deviation_file.h"
 #include "results/keep_sets_file.h"
 #include "results/serve_file.h"
 
 namespace {
 
-enum Reader : char { Agreement = 'a', KeepSets = 'k', ServeCsv = 'c', ServeJson = 'j', Progress = 'p' };
+enum Reader : char {
+  Agreement = 'a',
+  Deviation = 'd',
+  KeepSets = 'k',
+  ServeCsv = 'c',
+  ServeJson = 'j',
+  Progress = 'p'
+};
 
 void write_seed(const std::string& path, Reader r, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
@@ -48,6 +56,10 @@ void write_seeds(const std::string& dir) {
   a.configs = 12, a.requests = 4, a.excluded = 1;
   a.rows.push_back({"mean_kl", 0.9, 0.8, 0.7, 0.2, -0.5, -0.4, 0.6, 1});
   write_seed(dir + "/agreement", Agreement, agreement_file_text(a));
+  DeviationFile dv;
+  dv.trace = "rag.h5";
+  dv.rows.push_back({"alone", 2, 40, 0.1, 0.2, 0.3, {0.9, 0.5, 0.1, 0}});
+  write_seed(dir + "/deviation", Deviation, deviation_file_text(dv));
   KeepSetsFile k;
   k.trace = "t.h5", k.request = "r0", k.mode = "query-aware", k.tokens = 8, k.compression_point = 8, k.layers = 1;
   k.configs.push_back({"snapkv", "window=8", "snapkv:window=8", 0.5, {{{0, 1, 5}, {2, 3}}}});
@@ -70,6 +82,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     switch (static_cast<char>(data[0])) {
       case Agreement:
         (void)kvsim::results::read_agreement_file(path);
+        break;
+      case Deviation:
+        (void)kvsim::results::read_deviation_file(path);
         break;
       case KeepSets:
         (void)kvsim::results::read_keep_sets_file(path);

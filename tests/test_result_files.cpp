@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "results/agreement_file.h"
+#include "results/deviation_file.h"
 #include "results/detail_file.h"
 #include "results/keep_sets_file.h"
 #include "results/serve_file.h"
@@ -309,4 +310,31 @@ TEST_CASE("serve summaries and grid progress are read back as written", "[result
   CHECK_THROWS_WITH(parse_grid_progress({lines[0], "{\"point\": -1}"}, "p.progress"),
                     Contains("p.progress: line 2") && Contains("\"point\": N"));
   CHECK_THROWS_WITH(parse_grid_progress({R"({"schema": 9, "config": {}})"}, "p.progress"), Contains("schema 9"));
+}
+
+TEST_CASE("a chunk deviation file is read back as written, and refused when it is not one", "[results]") {
+  DeviationFile f;
+  f.trace = "rag.h5";
+  f.rows = {{"alone", 0, 1097, 0.0003, 0.0004, 0.0006, {0, 0, 0, 0}},
+            {"other_path", 3, 964, 0.0348, 0.0881, 0.195, {0.304, 0.077, 0.009, 0.003}}};
+  const std::string path = test::scratch_file("deviation.csv");
+  write(path, deviation_file_text(f));
+  const DeviationFile back = read_deviation_file(path);
+  CHECK(back.schema == kDeviationSchema);
+  CHECK(back.trace == "rag.h5");
+  REQUIRE(back.rows.size() == 2);
+  CHECK(back.rows[1].comparison == "other_path");
+  CHECK(back.rows[1].layer == 3);
+  CHECK(back.rows[1].tokens == 964);
+  CHECK(back.rows[1].p90 == Approx(0.0881));
+  CHECK(back.rows[1].above == std::vector<double>{0.304, 0.077, 0.009, 0.003});
+  std::string text = deviation_file_text(f);
+  text.replace(text.find("other_path"), 10, "elsewhere");
+  write(path, text);
+  CHECK_THROWS_WITH(read_deviation_file(path),
+                    Contains("column 'comparison' is 'elsewhere', expected alone or other_path"));
+  write(path, "# kvsim sweep results\n");
+  CHECK_THROWS_WITH(read_deviation_file(path), Contains("expected a kvsim chunk deviation file"));
+  f.rows[0].above.pop_back();
+  CHECK_THROWS_WITH(deviation_file_text(f), Contains("3 shares, expected 4"));
 }

@@ -1,6 +1,7 @@
 #include "traces/trace_check.h"
 #include "traces/trace_probe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -102,6 +103,22 @@ void check_repeat_pass(const TraceReader& reader, const std::string& id, TraceCh
   }
 }
 
+// The optional chunks computed alone: table, shapes, and finite values in every layer.
+void check_chunk_states(const TraceReader& reader, const std::string& id, TraceCheckReport& report) {
+  if (!reader.has_chunk_states(id)) return;
+  reader.chunk_state_table(id);  // throws naming the bad field
+  std::vector<float> k, v;
+  for (int layer = 0; layer < reader.geometry().n_layers; ++layer) {
+    reader.read_chunk_state_layer(id, layer, k, v);
+    for (const auto* x : {&k, &v})
+      if (!std::all_of(x->begin(), x->end(), [](float f) { return std::isfinite(f); })) {
+        report.errors.push_back(reader.path() + ": request '" + id + "' chunk states: layer " + std::to_string(layer) +
+                                " holds a non-finite " + (x == &k ? "key" : "value"));
+        return;
+      }
+  }
+}
+
 }  // namespace
 
 TraceCheckReport check_trace(const std::string& path, TraceOpen how) {
@@ -139,6 +156,7 @@ TraceCheckReport check_trace(const std::string& path, TraceOpen how) {
       part([&] { check_tensors(reader, id, h ? &*h : nullptr, report); });
       if (broken.empty()) part([&] { check_reference(reader, id, report); });
       part([&] { check_repeat_pass(reader, id, report); });
+      part([&] { check_chunk_states(reader, id, report); });
     }
     if (unchecked > 0)
       report.notes.push_back(path + ": " + std::to_string(unchecked) + " of " +

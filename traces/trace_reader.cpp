@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/half.h"
 #include "traces/fletcher32.h"
@@ -435,6 +437,11 @@ void TraceReader::walk_request(const std::string& id) const {
         check_status(H5Dget_chunk_storage_size(r.tensors[ti].get(), offset, &stored), path_ + ": chunk size");
       });
   }
+  if (has_chunk_states(id)) {
+    std::vector<float> ck, cv;
+    part([&] { chunk_state_table(id); });
+    for (int layer = 0; layer < geometry_.n_layers; ++layer) part([&] { read_chunk_state_layer(id, layer, ck, cv); });
+  }
   if (!has_repeat_pass(id)) return;
   part([&] { repeat_pass_table(id); });
   for (int layer = 0; layer < geometry_.n_layers; ++layer) part([&] { read_repeat_layer(id, layer, q, k); });
@@ -504,6 +511,73 @@ void TraceReader::read_repeat_layer(const std::string& id, int layer, std::vecto
       throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(shape) + ", expected " +
                         h5::shape_string(want));
     h5::check_stored(dset.get(), h5::element_count(shape, ctx), 2, ctx + ": dataset '" + name + "'");
+    std::vector<std::uint16_t> half(static_cast<std::size_t>(shape[1] * shape[2] * shape[3]));
+    read_rows(dset.get(), shape, layer, 0, shape[1], half.data(), ctx + " '" + name + "'");
+    out->resize(half.size());
+    halves_to_floats(half.data(), out->data(), half.size());
+  }
+}
+
+bool TraceReader::has_chunk_states(const std::string& id) const {
+  return h5::link_exists(open_request(id).group.get(), layout::kChunkStatesGroup);
+}
+
+ChunkStateRecord TraceReader::chunk_state_table(const std::string& id) const {
+  const OpenRequest& r = open_request(id);
+  const std::string ctx = path_ + ": request '" + id + "' chunk states";
+  if (!h5::link_exists(r.group.get(), layout::kChunkStatesGroup))
+    throw Error(ctx + " are missing: capture chunked requests with --chunk-states");
+  Handle g = check(H5Gopen2(r.group.get(), layout::kChunkStatesGroup, H5P_DEFAULT), ctx + ": opening group");
+  std::vector<hsize_t> shape;
+  const auto table = read_ints<std::int64_t>(g.get(), "chunks", H5T_NATIVE_INT64, ctx, &shape, 2);
+  if (shape[1] != 4)
+    throw FormatError(ctx + ": 'chunks' has shape " + h5::shape_string(shape) + ", expected [chunks, 4]");
+  const nlohmann::json ids = nlohmann::json::parse(h5::read_attr_string(g.get(), "ids", ctx), nullptr, false);
+  if (!ids.is_array() || ids.size() != shape[0] ||
+      !std::all_of(ids.begin(), ids.end(), [](const nlohmann::json& x) { return x.is_string(); }))
+    throw FormatError(ctx + ": attribute 'ids' is not a JSON array of " + std::to_string(shape[0]) + " strings");
+  const auto question_start = h5::read_attr_i64(r.group.get(), "question_start", ctx);
+  ChunkStateRecord rec;
+  std::int64_t token = 0;
+  for (std::size_t i = 0; i < shape[0]; ++i) {
+    const ChunkStateSpan c{ids[i].get<std::string>(), table[i * 4], table[i * 4 + 1], table[i * 4 + 2],
+                           table[i * 4 + 3]};
+    if (c.row_begin != rec.rows || c.end <= c.begin || c.end - c.begin != c.row_end - c.row_begin || c.begin < token ||
+        c.end > question_start)
+      throw FormatError(ctx + ": chunk " + std::to_string(i) + " = tokens [" + std::to_string(c.begin) + ", " +
+                        std::to_string(c.end) + ") rows [" + std::to_string(c.row_begin) + ", " +
+                        std::to_string(c.row_end) + "), expected consecutive rows, one per token, over ordered " +
+                        "context tokens before question_start = " + std::to_string(question_start));
+    rec.chunks.push_back(c);
+    rec.rows = c.row_end;
+    token = c.end;
+  }
+  const std::vector<hsize_t> want = {static_cast<hsize_t>(geometry_.n_layers), static_cast<hsize_t>(rec.rows),
+                                     static_cast<hsize_t>(geometry_.n_kv_heads),
+                                     static_cast<hsize_t>(geometry_.head_dim)};
+  for (const char* name : {"k", "v"}) {
+    if (!h5::link_exists(g.get(), name)) throw FormatError(ctx + ": dataset '" + name + "' is missing");
+    Handle dset = check(H5Dopen2(g.get(), name, H5P_DEFAULT), ctx + ": opening '" + name + "'");
+    const auto have = h5::dataset_shape(dset.get());
+    if (have != want)
+      throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(have) + ", expected " +
+                        h5::shape_string(want));
+    h5::check_stored(dset.get(), h5::element_count(have, ctx), 2, ctx + ": dataset '" + name + "'");
+  }
+  return rec;
+}
+
+void TraceReader::read_chunk_state_layer(const std::string& id, int layer, std::vector<float>& k,
+                                         std::vector<float>& v) const {
+  if (layer < 0 || layer >= geometry_.n_layers)
+    throw Error(path_ + ": chunk states layer " + std::to_string(layer) + " out of range");
+  const ChunkStateRecord rec = chunk_state_table(id);  // checks the table and the shapes
+  const std::string ctx = path_ + ": request '" + id + "' chunk states";
+  Handle g =
+      check(H5Gopen2(open_request(id).group.get(), layout::kChunkStatesGroup, H5P_DEFAULT), ctx + ": opening group");
+  for (auto [name, out] : {std::pair{"k", &k}, std::pair{"v", &v}}) {
+    Handle dset = check(H5Dopen2(g.get(), name, H5P_DEFAULT), ctx + ": opening '" + name + "'");
+    const auto shape = h5::dataset_shape(dset.get());
     std::vector<std::uint16_t> half(static_cast<std::size_t>(shape[1] * shape[2] * shape[3]));
     read_rows(dset.get(), shape, layer, 0, shape[1], half.data(), ctx + " '" + name + "'");
     out->resize(half.size());

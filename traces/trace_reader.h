@@ -58,6 +58,12 @@ class TraceReader {
   RepeatPass repeat_pass_table(const std::string& id) const;
   void read_repeat_layer(const std::string& id, int layer, std::vector<float>& q, std::vector<float>& k) const;
 
+  // A chunked request's chunks computed alone, when the capture recorded them: the chunk table,
+  // and one layer of their keys and values [rows, n_kv_heads, d] (k, v left empty).
+  bool has_chunk_states(const std::string& id) const;
+  ChunkStateRecord chunk_state_table(const std::string& id) const;
+  void read_chunk_state_layer(const std::string& id, int layer, std::vector<float>& k, std::vector<float>& v) const;
+
   // Touches every HDF5 object of request `id` that the reads above may touch, as they touch it:
   // header, reference and every header array; per tensor and layer the chunk index entry that a
   // checksummed layer is read through, or the whole layer where HDF5's pipeline reads it; the

@@ -74,6 +74,20 @@ struct RepeatPass {
   std::vector<std::vector<float>> q, k;  // [layer] [rows, n_q_heads, head_dim], [rows, n_kv_heads, head_dim]
 };
 
+// A chunked request's chunks computed alone (optional, `kvsim capture --chunk-states`): each
+// chunk's K/V after the prompt's header only, in passes of its own, keys moved to its positions in
+// the request (docs/chunk-states.md). Chunk c (`id`) covers tokens [begin, end) and rows
+// [row_begin, row_end) of k and v: consecutive, in the request's order.
+struct ChunkStateSpan {
+  std::string id;
+  std::int64_t begin = 0, end = 0, row_begin = 0, row_end = 0;
+};
+struct ChunkStateRecord {
+  std::vector<ChunkStateSpan> chunks;
+  std::int64_t rows = 0;
+  std::vector<std::vector<float>> k, v;  // [layer] [rows, n_kv_heads, head_dim]
+};
+
 // The full-cache model's next-token distribution after token index[i]: top-k ids and
 // log-probabilities, plus the log-sum-exp of the logits (for recovering any logit's log-prob).
 struct ReferenceDistribution {

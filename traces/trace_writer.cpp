@@ -5,6 +5,8 @@
 #include <set>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/half.h"
 #include "traces/fletcher32.h"
@@ -372,6 +374,50 @@ void TraceWriter::write_repeat_pass(const RepeatPass& pass) {
                {L, rows, static_cast<hsize_t>(s.geometry.n_q_heads), d});
   write_vector(g.get(), "k", h5::half_type(), h5::half_type(), k, ctx, s.options.checksums,
                {L, rows, static_cast<hsize_t>(s.geometry.n_kv_heads), d});
+}
+
+void TraceWriter::write_chunk_states(const ChunkStateRecord& states) {
+  Impl& s = *impl_;
+  if (!s.open) throw Error(path_ + ": write_chunk_states without begin_request");
+  const std::string ctx = s.ctx() + " chunk states";
+  const auto L = static_cast<std::size_t>(s.geometry.n_layers);
+  const auto row_elems =
+      static_cast<std::size_t>(s.geometry.n_kv_heads) * static_cast<std::size_t>(s.geometry.head_dim);
+  std::int64_t row = 0, token = 0;
+  nlohmann::json ids = nlohmann::json::array();
+  std::vector<std::int64_t> table;
+  for (const ChunkStateSpan& c : states.chunks) {
+    if (c.row_begin != row || c.end - c.begin != c.row_end - c.row_begin || c.end <= c.begin || c.begin < token ||
+        c.end > s.header.question_start)
+      throw Error(ctx + ": chunk '" + c.id + "' tokens [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
+                  ") rows [" + std::to_string(c.row_begin) + ", " + std::to_string(c.row_end) +
+                  "), expected consecutive rows, one per token, over ordered context tokens before the question");
+    row = c.row_end;
+    token = c.end;
+    ids.push_back(c.id);
+    table.insert(table.end(), {c.begin, c.end, c.row_begin, c.row_end});
+  }
+  if (row != states.rows || states.chunks.empty())
+    throw Error(ctx + ": chunks cover " + std::to_string(row) + " rows of " + std::to_string(states.rows));
+  const auto per_layer = static_cast<std::size_t>(states.rows) * row_elems;
+  std::vector<std::uint16_t> k(L * per_layer), v(L * per_layer);
+  for (std::size_t l = 0; l < L; ++l) {
+    if (states.k.size() != L || states.v.size() != L || states.k[l].size() != per_layer ||
+        states.v[l].size() != per_layer)
+      throw Error(ctx + ": layer " + std::to_string(l) + " sizes, expected " + std::to_string(per_layer) +
+                  " values each of k and v");
+    floats_to_halves(states.k[l].data(), k.data() + l * per_layer, per_layer);
+    floats_to_halves(states.v[l].data(), v.data() + l * per_layer, per_layer);
+  }
+  Handle g = check(H5Gcreate2(s.group.get(), layout::kChunkStatesGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                   ctx + ": creating group");
+  h5::write_attr_string(g.get(), "ids", ids.dump());
+  write_vector(g.get(), "chunks", H5T_STD_I64LE, H5T_NATIVE_INT64, table, ctx, s.options.checksums,
+               {states.chunks.size(), 4});
+  const std::vector<hsize_t> shape = {L, static_cast<hsize_t>(states.rows), static_cast<hsize_t>(s.geometry.n_kv_heads),
+                                      static_cast<hsize_t>(s.geometry.head_dim)};
+  write_vector(g.get(), "k", h5::half_type(), h5::half_type(), k, ctx, s.options.checksums, shape);
+  write_vector(g.get(), "v", h5::half_type(), h5::half_type(), v, ctx, s.options.checksums, shape);
 }
 
 void TraceWriter::commit_request() {

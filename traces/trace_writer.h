@@ -46,6 +46,8 @@ class TraceWriter {
   void write_reference(const ReferenceDistribution& ref);
   // Optional, once per request: KVzip's reconstruction pass (every layer at once).
   void write_repeat_pass(const RepeatPass& pass);
+  // Optional, once per request: its chunks computed alone (every layer at once).
+  void write_chunk_states(const ChunkStateRecord& states);
   // Marks the request complete and flushes the file.
   void commit_request();
 

@@ -5,8 +5,6 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "core/half.h"
-#include "core/rope.h"
 
 namespace kvsim {
 
@@ -53,12 +51,6 @@ void check_full(const KvCache& full, std::int64_t c, int kv_heads, const std::st
   }
 }
 
-void round_rows_to_half(std::vector<float>& v) {
-  std::vector<std::uint16_t> h(v.size());
-  floats_to_halves(v.data(), h.data(), h.size());
-  halves_to_floats(h.data(), v.data(), h.size());
-}
-
 // The top `share` of rows by deviation (ties: the earlier row), increasing.
 std::vector<std::int64_t> top_share(const std::vector<double>& deviation, double share) {
   const auto n = static_cast<std::int64_t>(deviation.size());
@@ -75,39 +67,6 @@ std::vector<std::int64_t> top_share(const std::vector<double>& deviation, double
 
 }  // namespace
 
-const ChunkStates::Alone& ChunkStates::alone(const Prompt& p, const ChunkSpan& span) {
-  const std::int64_t h = p.chunks.front().begin;
-  const std::vector<std::int32_t> header(p.tokens.begin(), p.tokens.begin() + h),
-      tokens(p.tokens.begin() + span.begin, p.tokens.begin() + span.end);
-  const auto found = memo_.find(span.id);
-  if (found != memo_.end() && found->second.header == header && found->second.tokens == tokens) return found->second;
-  engine_.reset();
-  engine_.reserve(h + static_cast<std::int64_t>(tokens.size()));
-  // Passes as a chunked prompt's prefill makes them: the header's, then the chunk's own.
-  auto run = [&](const std::vector<std::int32_t>& part, std::int64_t at) {
-    for (const auto& [b, e] : prefill_chunks(static_cast<std::int64_t>(part.size()), {}, prefill_chunk_)) {
-      std::vector<std::int32_t> pos(static_cast<std::size_t>(e - b));
-      std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(at + b));
-      engine_.forward(std::span(part).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), pos, {});
-    }
-  };
-  run(header, 0);
-  run(tokens, h);
-  Alone a{header, tokens, {}};
-  const KvCache& cache = engine_.cache();
-  const auto d = static_cast<std::size_t>(cache.head_dim);
-  for (const auto& entries : cache.layers) {
-    auto& out = a.layers.emplace_back();
-    for (const KvEntry& e : entries) {
-      KvEntry rows;
-      rows.k.assign(e.k.begin() + static_cast<std::ptrdiff_t>(h * static_cast<std::int64_t>(d)), e.k.end());
-      rows.v.assign(e.v.begin() + static_cast<std::ptrdiff_t>(h * static_cast<std::int64_t>(d)), e.v.end());
-      out.push_back(std::move(rows));
-    }
-  }
-  return memo_[span.id] = std::move(a);
-}
-
 KvCache ChunkStates::serve(const Prompt& p, std::int64_t c, const KvCache& full, const ReuseConfig& way,
                            ReuseStats& stats, const std::string& where) {
   const ModelConfig& g = engine_.config();
@@ -121,25 +80,15 @@ KvCache ChunkStates::serve(const Prompt& p, std::int64_t c, const KvCache& full,
   stats.recomputed = way.way == ReuseWay::Recompute ? c - h : 0;
   if (way.way == ReuseWay::Recompute) return full;
   KvCache out = full;
-  const auto d = static_cast<std::size_t>(g.head_dim);
+  const auto d = static_cast<std::ptrdiff_t>(g.head_dim);
   for (const ChunkSpan& span : p.chunks) {
-    const Alone& a = alone(p, span);
-    const std::int64_t shift = span.begin - h;  // the chunk's keys move from after the header to here
-    for (int l = 0; l < g.n_layers; ++l) {
-      const RopeSpec rope = g.rope_at(l);
-      for (int e = 0; e < g.n_kv_heads; ++e) {
-        const KvEntry& src = a.layers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
-        std::vector<float> k = src.k;
-        for (std::size_t r = 0; r * d < k.size(); ++r)
-          apply_rope(rope, k.data() + r * d, 1, std::abs(shift), shift < 0);
-        round_rows_to_half(k);
-        KvEntry& dst = out.layers[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)];
-        std::copy(k.begin(), k.end(),
-                  dst.k.begin() + static_cast<std::ptrdiff_t>(span.begin * static_cast<std::int64_t>(d)));
-        std::copy(src.v.begin(), src.v.end(),
-                  dst.v.begin() + static_cast<std::ptrdiff_t>(span.begin * static_cast<std::int64_t>(d)));
+    const ChunkAlone::Rows rows = alone_.moved(p, span);
+    for (std::size_t l = 0; l < rows.k.size(); ++l)
+      for (std::size_t e = 0; e < rows.k[l].size(); ++e) {
+        KvEntry& dst = out.layers[l][e];
+        std::copy(rows.k[l][e].begin(), rows.k[l][e].end(), dst.k.begin() + span.begin * d);
+        std::copy(rows.v[l][e].begin(), rows.v[l][e].end(), dst.v.begin() + span.begin * d);
       }
-    }
   }
   if (way.way == ReuseWay::Stateless) return out;
   engine_.set_cache(out);

@@ -4,11 +4,11 @@
 // that starts from it and recomputes the share of tokens whose layer-1 K/V deviates most, or
 // recompute (the reference). Live verify runs the question and continuation on the result.
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "model/engine.h"
+#include "prompts/chunk_alone.h"
 #include "prompts/prompt.h"
 
 namespace kvsim {
@@ -28,11 +28,12 @@ struct ReuseStats {
   std::int64_t recomputed = 0;    // of them, recomputed in every layer (transition: the selected)
 };
 
-// Each chunk's K/V alone, computed once per chunk and header and kept for the requests that
-// reuse it.
+// A chunked request's context cache served a way, from each chunk's state alone (kept across
+// requests, prompts/chunk_alone.h).
 class ChunkStates {
  public:
-  ChunkStates(Engine& engine, std::int64_t prefill_chunk) : engine_(engine), prefill_chunk_(prefill_chunk) {}
+  ChunkStates(Engine& engine, std::int64_t prefill_chunk)
+      : engine_(engine), prefill_chunk_(prefill_chunk), alone_(engine, prefill_chunk) {}
   // The cache of p's tokens [0, c) (c: the question's start) served `way`: the header's rows and
   // the rest from `full` (an uncompressed cache of those tokens), each chunk's rows from its state
   // alone with its keys moved to its positions; a transition then refreshes the engine's copy.
@@ -41,14 +42,9 @@ class ChunkStates {
                 const std::string& where);
 
  private:
-  struct Alone {
-    std::vector<std::int32_t> header, tokens;  // what it was computed from
-    std::vector<std::vector<KvEntry>> layers;  // [layer][kv head]: the chunk's rows, at positions after the header
-  };
-  const Alone& alone(const Prompt& p, const ChunkSpan& span);
   Engine& engine_;
   std::int64_t prefill_chunk_;
-  std::map<std::string, Alone> memo_;
+  ChunkAlone alone_;
 };
 
 }  // namespace kvsim

@@ -22,6 +22,7 @@ OWNED = {
     "# kvsim verify agreement": {"results/agreement_file"},
     '"spearman_live_kl"': {"results/agreement_file"},
     "# kvsim serve": {"results/serve_file"},
+    "# kvsim chunk deviation": {"results/deviation_file"},
     '"compression_point"': {"results/keep_sets_file"},
 }
 PY_OWNER = "analysis/kvsim_report/readers.py"
