@@ -31,17 +31,10 @@ std::vector<std::string> columns(int top_k, int wider_k) {
 }
 
 // The counts of the banner: "...: N configs, M requests[ (K calibration requests left out)]".
-void read_banner(const std::string& path, AgreementFile& f) {
-  std::ifstream in(path);
-  std::string banner;
-  if (!in || !std::getline(in, banner)) throw Error(path + ": cannot open; expected a " + std::string(kKind));
-  if (banner.rfind(kPrefix, 0) != 0)
-    throw FormatError(path + ":1: '" + banner.substr(0, 60) + "', expected a " + kKind + " ('" + kPrefix + " ...')");
-  f.schema = banner_schema(banner, kPrefix, path);
-  check_schema(f.schema, kAgreementSchema, path, kKind);
-  const auto colon = banner.find(": ");
-  if (colon == std::string::npos ||
-      std::sscanf(banner.c_str() + colon + 2, "%d configs, %d requests (%d", &f.configs, &f.requests, &f.excluded) < 2)
+void read_counts(const std::string& path, AgreementFile& f) {
+  const Banner banner = read_banner(path, kPrefix, kKind, kAgreementSchema);
+  f.schema = banner.schema;
+  if (std::sscanf(banner.rest.c_str(), "%d configs, %d requests (%d", &f.configs, &f.requests, &f.excluded) < 2)
     throw FormatError(path + ":1: expected '" + kPrefix + ": N configs, M requests'");
 }
 
@@ -77,7 +70,7 @@ std::string agreement_file_text(const AgreementFile& f) {
 
 AgreementFile read_agreement_file(const std::string& path) {
   AgreementFile f;
-  read_banner(path, f);
+  read_counts(path, f);
   CsvReader csv(path, {"offline_metric", "spearman_live_kl", "kendall_live_kl"}, std::string("a ") + kKind);
   read_ks(csv, path, f);
   const std::vector<std::string> cols = columns(f.top_k, f.wider_k);

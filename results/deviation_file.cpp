@@ -1,7 +1,5 @@
 #include "results/deviation_file.h"
 
-#include <fstream>
-
 #include "core/csv.h"
 #include "core/error.h"
 #include "results/schema.h"
@@ -42,17 +40,9 @@ std::string deviation_file_text(const DeviationFile& f) {
 
 DeviationFile read_deviation_file(const std::string& path) {
   DeviationFile f;
-  {
-    std::ifstream in(path);
-    std::string banner;
-    if (!in || !std::getline(in, banner)) throw Error(path + ": cannot open; expected a " + std::string(kKind));
-    if (banner.rfind(kPrefix, 0) != 0)
-      throw FormatError(path + ":1: '" + banner.substr(0, 60) + "', expected a " + kKind + " ('" + kPrefix + " ...')");
-    f.schema = banner_schema(banner, kPrefix, path);
-    check_schema(f.schema, kDeviationSchema, path, kKind);
-    const auto colon = banner.find(": ");
-    f.trace = colon == std::string::npos ? "" : banner.substr(colon + 2);
-  }
+  const Banner banner = read_banner(path, kPrefix, kKind, kDeviationSchema);
+  f.schema = banner.schema;
+  f.trace = banner.rest;
   const std::vector<std::string> cols = columns();
   CsvReader csv(path, cols, std::string("a ") + kKind);
   while (csv.next()) {

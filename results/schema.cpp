@@ -1,5 +1,7 @@
 #include "results/schema.h"
 
+#include <fstream>
+
 #include "core/error.h"
 
 namespace kvsim::results {
@@ -37,5 +39,19 @@ const std::string kConfigTag = "# config: ";
 std::string config_line(const std::string& json) { return kConfigTag + json; }
 bool is_config_line(const std::string& line) { return line.rfind(kConfigTag, 0) == 0; }
 std::string config_json(const std::string& line) { return line.substr(kConfigTag.size()); }
+
+Banner read_banner(const std::string& path, const std::string& prefix, const std::string& kind, int current) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) throw Error(path + ": cannot open; expected a " + kind);
+  if (line.rfind(prefix, 0) != 0)
+    throw FormatError(path + ":1: '" + line.substr(0, 60) + "', expected a " + kind + " ('" + prefix + " ...')");
+  Banner b;
+  b.schema = banner_schema(line, prefix, path);
+  check_schema(b.schema, current, path, kind);
+  const auto colon = line.find(": ");
+  if (colon != std::string::npos) b.rest = line.substr(colon + 2);
+  return b;
+}
 
 }  // namespace kvsim::results

@@ -12,6 +12,15 @@ void check_schema(int found, int current, const std::string& path, const std::st
 
 // The schema named in a banner line that starts with `prefix`; 1 when it names none.
 int banner_schema(const std::string& banner, const std::string& prefix, const std::string& path);
+// A file's banner (its first line), which must start with `prefix` (else an error naming `kind`),
+// its schema checked against `current`: the schema, and the text after its first ": " (empty when
+// none).
+struct Banner {
+  int schema = 1;
+  std::string rest;
+};
+Banner read_banner(const std::string& path, const std::string& prefix, const std::string& kind, int current);
+
 // `prefix` followed by " (schema N)".
 std::string banner_with_schema(const std::string& prefix, int schema);
 
