@@ -141,8 +141,10 @@ std::string requests_digest(const std::vector<CaptureRequest>& requests) {
   auto add = [&](const std::string& s) {
     for (const unsigned char c : s + '\x1f') h = (h ^ c) * 1099511628211ull;
   };
-  for (const CaptureRequest& r : requests)
+  for (const CaptureRequest& r : requests) {
     for (const std::string* f : {&r.id, &r.system, &r.context, &r.question, &r.answer, &r.task, &r.expected}) add(*f);
+    for (const RequestChunk& c : r.chunks) add(c.id + '\x1e' + c.text);  // the same text cut otherwise differs
+  }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return std::to_string(requests.size()) + " requests, fnv1a " + hex;

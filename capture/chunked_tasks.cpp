@@ -82,8 +82,11 @@ const char kSystemChunk[] =
 }  // namespace
 
 std::vector<CaptureRequest> make_chunked_tasks(const ChunkedSpec& spec) {
-  if (spec.requests < 1 || spec.pool < 1 || spec.per_request < 1 || spec.chunk_tokens < 16 || !(spec.zipf >= 0))
-    throw Error("chunked tasks: --requests, --pool and --per-request must be >= 1, --chunk-tokens >= 16, --zipf >= 0");
+  if (spec.requests < 1 || spec.pool < 1 || spec.per_request < 1 || spec.chunk_tokens < 16 || !(spec.zipf >= 0) ||
+      spec.zipf > 8)
+    throw Error(
+        "chunked tasks: --requests, --pool and --per-request must be >= 1, --chunk-tokens >= 16, --zipf in "
+        "[0, 8] (steeper leaves the tail no weight to draw distinct chunks from)");
   if (spec.per_request > spec.pool)
     throw Error("chunked tasks: --per-request " + std::to_string(spec.per_request) + " exceeds --pool " +
                 std::to_string(spec.pool) + "; expected distinct chunks in a request");

@@ -67,6 +67,7 @@ void replace_rows(std::vector<KvEntry>& entries, const std::vector<std::vector<s
   const bool per_query_head = static_cast<int>(entries.size()) == c.n_q_heads && c.n_q_heads != c.n_kv_heads;
   for (std::size_t e = 0; e < entries.size(); ++e) {
     KvEntry& entry = entries[e];
+    entry.packed.reset();  // an encoded form no longer stands for the rows
     const int head = per_query_head ? static_cast<int>(e) / G : static_cast<int>(e);
     const bool first_copy = !per_query_head || static_cast<int>(e) % G == 0;  // count each KV head once
     for (std::size_t i = 0; i < batch.rows.size(); ++i) {

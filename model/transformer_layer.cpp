@@ -39,7 +39,7 @@ void head_rms_norm(Mat& m, const Vec& w, int heads, double eps) {
 // The feed-forward gate's activation: SiLU, or GELU in its tanh form (gemma's gelu_pytorch_tanh).
 Mat activate(const Mat& g, FfnAct act) {
   if (act == FfnAct::Silu) return (g.array() / (1.0f + (-g.array()).exp())).matrix();
-  const float k = 0.7978845608f;  // sqrt(2 / pi)
+  const float k = std::sqrt(2.0f / 3.14159265358979f);
   return (0.5f * g.array() * (1.0f + (k * (g.array() + 0.044715f * g.array().cube())).tanh())).matrix();
 }
 
@@ -117,6 +117,7 @@ Mat attend(const ModelConfig& c, int l, const std::vector<KvEntry>& entries, con
            std::span<const std::int64_t> row_tokens, std::vector<std::vector<float>>* last_row) {
   const int d = c.head_dim, G = c.n_q_heads / c.n_kv_heads;
   const auto n = static_cast<Eigen::Index>(row_tokens.size());
+  if (n == 0) return Mat(0, static_cast<Eigen::Index>(c.n_q_heads) * d);
   const float scale = c.attn_scale > 0 ? static_cast<float>(c.attn_scale) : 1.0f / std::sqrt(static_cast<float>(d));
   const bool per_query_head = static_cast<int>(entries.size()) == c.n_q_heads && c.n_q_heads != c.n_kv_heads;
   if (last_row) last_row->resize(static_cast<std::size_t>(c.n_q_heads));

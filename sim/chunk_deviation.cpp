@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/rope.h"
 #include "traces/trace_reader.h"
 
@@ -36,6 +37,18 @@ double relative(const float* k, const float* v, const float* k_ref, const float*
   return norm > 0 ? std::sqrt(diff / norm) : 0.0;
 }
 
+bool same_tokens(const std::vector<std::int32_t>& a, const ChunkStateSpan& sa, const std::vector<std::int32_t>& b,
+                 const ChunkStateSpan& sb) {
+  return sa.end - sa.begin == sb.end - sb.begin &&
+         std::equal(a.begin() + sa.begin, a.begin() + sa.end, b.begin() + sb.begin);
+}
+
+void round_to_half(std::vector<float>& v) {
+  std::vector<std::uint16_t> h(v.size());
+  floats_to_halves(v.data(), h.data(), h.size());
+  halves_to_floats(h.data(), v.data(), h.size());
+}
+
 struct Occurrence {
   std::string request;
   ChunkStateSpan span;
@@ -54,9 +67,11 @@ std::vector<DeviationCurve> chunk_deviation(const TraceReader& reader) {
   std::vector<std::string> ids;
   std::map<std::string, ChunkStateRecord> tables;
   std::map<std::string, std::vector<Occurrence>> by_chunk;
+  std::map<std::string, std::vector<std::int32_t>> tokens;
   for (const std::string& id : reader.request_ids()) {
     if (!reader.has_chunk_states(id)) continue;
     ids.push_back(id);
+    tokens[id] = reader.header(id).tokens;
     const ChunkStateRecord& t = tables[id] = reader.chunk_state_table(id);
     std::vector<std::string> path;
     for (const ChunkStateSpan& c : t.chunks) {
@@ -89,8 +104,9 @@ std::vector<DeviationCurve> chunk_deviation(const TraceReader& reader) {
     const RopeSpec rope = g.rope_at(l);
     for (const auto& [chunk, occ] : by_chunk)
       for (std::size_t o = 1; o < occ.size(); ++o) {
-        if (occ[o].path == occ[0].path) continue;  // the same state
         const Occurrence &a = occ[0], &b = occ[o];
+        if (b.path == a.path || !same_tokens(tokens[a.request], a.span, tokens[b.request], b.span))
+          continue;                                              // the same state, or another text under the same id
         const std::int64_t shift = a.span.begin - b.span.begin;  // b's keys moved to a's positions
         for (std::int64_t j = 0; j < a.span.end - a.span.begin; ++j) {
           const auto xa = static_cast<std::size_t>(a.span.begin + j) * row;
@@ -98,6 +114,7 @@ std::vector<DeviationCurve> chunk_deviation(const TraceReader& reader) {
           std::vector<float> k(context[b.request].k.begin() + static_cast<std::ptrdiff_t>(xb),
                                context[b.request].k.begin() + static_cast<std::ptrdiff_t>(xb + row));
           apply_rope(rope, k.data(), g.n_kv_heads, std::abs(shift), shift < 0);
+          round_to_half(k);  // as a cache holds the moved keys
           other.deviation.push_back(relative(k.data(), context[b.request].v.data() + xb,
                                              context[a.request].k.data() + xa, context[a.request].v.data() + xa, row));
         }

@@ -17,15 +17,17 @@ using namespace kvsim;
 namespace {
 
 std::vector<CaptureRequest> requests() {
-  // Two requests sharing chunk "b" after different paths: (a, b) and (c, b).
-  CaptureRequest x, y;
-  x.id = "x", y.id = "y";
-  x.question = y.question = "What is the code of Birch?";
+  // Two requests sharing chunk "b" after different paths: (a, b) and (c, b); a third holds another
+  // text under the id "b", which is no state of it.
+  CaptureRequest x, y, z;
+  x.id = "x", y.id = "y", z.id = "z";
+  x.question = y.question = z.question = "What is the code of Birch?";
   x.chunks = {{"a", "Notes on the harbour and its boats.\n\n"}, {"b", "The code of Birch is 4417. It opens late.\n\n"}};
   y.chunks = {{"c", "A list of fruit: apples, pears, plums, figs.\n\n"}, x.chunks[1]};
-  for (CaptureRequest* r : {&x, &y})
+  z.chunks = {{"c", y.chunks[0].text}, {"b", "Another text entirely, under the same id.\n\n"}};
+  for (CaptureRequest* r : {&x, &y, &z})
     for (const RequestChunk& c : r->chunks) r->context += c.text;
-  return {x, y};
+  return {x, y, z};
 }
 
 std::string captured(bool states) {
@@ -65,7 +67,9 @@ TEST_CASE("a capture records chunks alone; the curves compare them with the chun
   const DeviationCurve &alone0 = curves[0], &other0 = curves[1], &alone3 = curves[6], &other3 = curves[7];
   CHECK(alone0.comparison == "alone");
   CHECK(other0.comparison == "other_path");
-  CHECK(alone0.deviation.size() == static_cast<std::size_t>(2 * (t.chunks[1].end - t.chunks[1].begin)));
+  const ChunkStateRecord tz = reader.chunk_state_table("z");
+  CHECK(alone0.deviation.size() ==
+        static_cast<std::size_t>(2 * (t.chunks[1].end - t.chunks[1].begin) + tz.chunks[1].end - tz.chunks[1].begin));
   CHECK(other0.deviation.size() == static_cast<std::size_t>(t.chunks[1].end - t.chunks[1].begin));
   CHECK(alone0.quantile(1.0) < 0.01);  // layer 0: only the rotation's rounding
   CHECK(other0.quantile(1.0) < 0.01);
@@ -102,4 +106,24 @@ TEST_CASE("chunk states: unchunked requests refused by capture, bad tables by th
   bad.chunks = {{"a", 5, 9, 0, 3}};  // 4 tokens, 3 rows
   bad.rows = 3;
   CHECK_THROWS_WITH(w.write_chunk_states(bad), Catch::Contains("expected consecutive rows, one per token"));
+  // Ids twice: written (the writer checks rows), refused when read.
+  ChunkStateRecord twice = reader.chunk_state_table("x");
+  reader.read_chunk_state_layer("x", 0, twice.k.emplace_back(), twice.v.emplace_back());
+  for (int l = 1; l < reader.geometry().n_layers; ++l)
+    reader.read_chunk_state_layer("x", l, twice.k.emplace_back(), twice.v.emplace_back());
+  twice.chunks[1].id = twice.chunks[0].id;
+  w.write_chunk_states(twice);
+  for (int l = 0; l < reader.geometry().n_layers; ++l) {  // the request's own layers, copied
+    std::vector<std::uint16_t> k(reader.layer_elements("x", Tensor::K)), v(k.size()),
+        q(reader.layer_elements("x", Tensor::Q));
+    reader.read_layer_half("x", Tensor::K, l, k);
+    reader.read_layer_half("x", Tensor::V, l, v);
+    reader.read_layer_half("x", Tensor::Q, l, q);
+    w.write_layer(l, k, v, q);
+  }
+  w.write_reference(reader.reference("x"));
+  w.commit_request();
+  w.close();
+  const TraceReader back(test::scratch_file("bad_states.h5"));
+  CHECK_THROWS_WITH(back.chunk_state_table("x"), Catch::Contains("chunk id 'a' appears twice"));
 }

@@ -548,6 +548,8 @@ ChunkStateRecord TraceReader::chunk_state_table(const std::string& id) const {
                         std::to_string(c.end) + ") rows [" + std::to_string(c.row_begin) + ", " +
                         std::to_string(c.row_end) + "), expected consecutive rows, one per token, over ordered " +
                         "context tokens before question_start = " + std::to_string(question_start));
+    for (const ChunkStateSpan& o : rec.chunks)
+      if (o.id == c.id) throw FormatError(ctx + ": chunk id '" + c.id + "' appears twice; expected unique ids");
     rec.chunks.push_back(c);
     rec.rows = c.row_end;
     token = c.end;
