@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tables of the learned-policy experiment (bench/learned_experiment.sh).
 
-usage: learned_table.py DIR      (reads DIR/<mode>/sweep.csv, DIR/<mode>/verify.csv, DIR/families.txt)
+usage: learned_table.py DIR      (reads DIR/<mode>/sweep.csv, the live runs DIR/<mode>/verify*.csv, DIR/families.txt)
 
 Per mode and budget, every policy's means over the held-out requests: offline (the sweep's
 teacher-forced attention KL and, when the sweep had an estimator, est_kl) and live (next-token KL
@@ -11,9 +11,11 @@ models of several training seeds (DIR/<mode>/seed<k>/) are one row, whose live K
 confidence interval over the seeds (t distribution, each seed's mean over the requests). A policy
 without seeds carries one over the requests instead: the "spread" column says which. A second
 table repeats the figures on the families never seen in training (families.txt), and a third
-compares the two DistillCache rewards seed by seed. rlkv, which peak semantics refuse, has its own
-table from DIR/<mode>/sweep_point.csv and verify_point.csv.
+compares the two DistillCache rewards seed by seed. The policies compared at the compression point
+only (rlkv and KVzip, which peak semantics refuse, beside distillcache) have their own table from
+DIR/<mode>/sweep_point.csv and verify_point*.csv.
 """
+import glob
 import math
 import os
 import re
@@ -85,7 +87,7 @@ def unseen_families(out_dir):
 
 def gather(mode_dir, keep, suffix=""):
     """Per (budget, label): per seed, per request, the metrics of the rows `keep` admits (from
-    sweep<suffix>.csv and verify<suffix>.csv)."""
+    sweep<suffix>.csv and the live runs in verify<suffix>.csv and verify<suffix>_b<budget>.csv)."""
     data = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     for r in read_records(os.path.join(mode_dir, f"sweep{suffix}.csv")):
         if not keep(r["request"]):
@@ -94,17 +96,17 @@ def gather(mode_dir, keep, suffix=""):
         cell = data[(float(r["budget"]), label)][seed][r["request"]]
         cell["offline"] = num(r["mean_kl"])
         cell["est"] = num(r.get("est_kl"))
-    verify = os.path.join(mode_dir, f"verify{suffix}.csv")
-    if os.path.exists(verify):
-        for r in read_records(verify):
-            if not keep(r["request"]):
-                continue
-            label, seed = label_and_seed(r)
-            cell = data[(float(r["budget"]), label)][seed][r["request"]]
-            cell["live"] = num(r["live_kl"])
-            cell["top1"] = num(r["top1"])
-            cell["task"] = num(r["task_score"])
-            cell["ref_task"] = num(r["reference_task_score"])
+    verify = [os.path.join(mode_dir, f"verify{suffix}.csv")]
+    verify += sorted(glob.glob(os.path.join(mode_dir, f"verify{suffix}_b*.csv")))
+    for r in (r for path in verify if os.path.exists(path) for r in read_records(path)):
+        if not keep(r["request"]):
+            continue
+        label, seed = label_and_seed(r)
+        cell = data[(float(r["budget"]), label)][seed][r["request"]]
+        cell["live"] = num(r["live_kl"])
+        cell["top1"] = num(r["top1"])
+        cell["task"] = num(r["task_score"])
+        cell["ref_task"] = num(r["reference_task_score"])
     return data
 
 
@@ -177,7 +179,7 @@ def main():
         print(f"\n### {mode}: DistillCache's trace and live rewards\n")
         rewards(gather(d, lambda request: True))
         if os.path.exists(os.path.join(d, "sweep_point.csv")):
-            print(f"\n### {mode}: rlkv at point semantics (the budget holds at the compression point)\n")
+            print(f"\n### {mode}: at the compression point only (rlkv, distillcache and KVzip, which cannot re-apply)\n")
             table(gather(d, lambda request: True, "_point"))
 
 

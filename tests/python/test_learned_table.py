@@ -28,6 +28,7 @@ def write(folder):
         f.write("train: recall\nunseen: continue\n")
     sweep = ["# kvsim sweep results (a hand-made fixture)", '# config: {"schema": 2}', SWEEP_COLUMNS]
     verify = ["# kvsim verify results (a hand-made fixture)", '# config: {"schema": 2}', VERIFY_COLUMNS]
+    by_budget = list(verify)
     requests = ["heldout-recall-0", "heldout-continue-0"]
     # distillcache, three seeds: live KL per seed 0.1, 0.2, 0.3 (same on both requests).
     rows = [("distillcache", f'"model=out/query-aware/seed{s}/distillcache.h5"', 0.1 * s) for s in (1, 2, 3)]
@@ -38,12 +39,16 @@ def write(folder):
             live = kl if kl is not None else (0.4 if req.endswith("recall-0") else 0.8)
             sweep.append(f"t.h5,{req},query-aware,{policy},{params},0.25,10,0.25,0.9,{live / 2},0,0,0,1,1,1,1,1,0,8,8,1,0,"
                          f"peak/32,1,0.01,{live / 3}")
-            verify.append(f"{req},long,query-aware,{policy},{params},0.25,10,0.25,1,1,8,{live},0,0.9,1.1,1.0,0.5,1.0,"
-                          f"0,1,host,0,peak/32,1,x")
+            # The live runs of a budget may stand in a file of their own (verify_b<budget>.csv).
+            (by_budget if policy == "snapkv" else verify).append(
+                f"{req},long,query-aware,{policy},{params},0.25,10,0.25,1,1,8,{live},0,0.9,1.1,1.0,0.5,1.0,"
+                f"0,1,host,0,peak/32,1,x")
     with open(os.path.join(d, "sweep.csv"), "w") as f:
         f.write("\n".join(sweep) + "\n")
     with open(os.path.join(d, "verify.csv"), "w") as f:
         f.write("\n".join(verify) + "\n")
+    with open(os.path.join(d, "verify_b0.25.csv"), "w") as f:
+        f.write("\n".join(by_budget) + "\n")
 
 
 def main():
