@@ -1,13 +1,13 @@
 #include "capture/chunked_tasks.h"
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/zipf.h"
 
 namespace kvsim {
 
@@ -18,20 +18,6 @@ ChunkedWorkload parse_chunked_workload(const std::string& s) {
 }
 
 const char* chunked_workload_name(ChunkedWorkload w) { return w == ChunkedWorkload::Rag ? "rag" : "agent"; }
-
-std::vector<double> zipf_cdf(std::int64_t n, double s) {
-  std::vector<double> cdf(static_cast<std::size_t>(n));
-  double sum = 0;
-  for (std::int64_t k = 0; k < n; ++k)
-    cdf[static_cast<std::size_t>(k)] = sum += std::pow(static_cast<double>(k + 1), -s);
-  for (double& c : cdf) c /= sum;
-  return cdf;
-}
-
-std::int64_t zipf_draw(double u, const std::vector<double>& cdf) {
-  const auto it = std::upper_bound(cdf.begin(), cdf.end(), u);
-  return std::min<std::int64_t>(it - cdf.begin(), static_cast<std::int64_t>(cdf.size()) - 1);
-}
 
 namespace {
 

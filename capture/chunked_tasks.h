@@ -33,8 +33,4 @@ struct ChunkedSpec {
 // cannot be met.
 std::vector<CaptureRequest> make_chunked_tasks(const ChunkedSpec& spec);
 
-// The k-th most popular of n items drawn with weight 1 / (k + 1)^s.
-std::int64_t zipf_draw(double u, const std::vector<double>& cdf);
-std::vector<double> zipf_cdf(std::int64_t n, double s);
-
 }  // namespace kvsim

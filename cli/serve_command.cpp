@@ -18,6 +18,7 @@
 #include "core/sha256.h"
 #include "model/engine.h"
 #include "model/gguf.h"
+#include "serve/chunk_workload.h"
 #include "serve/hit_rate.h"
 #include "serve/profile.h"
 #include "results/serve_file.h"
@@ -67,10 +68,11 @@ int hit_rate_cmd(const Args& args) {
   std::string trace_path, capacities = "1000,2000,5000,10000,20000", evictions = "lru", out, json;
   double slru_protected = 0.8;
   po::options_description desc(
-      "kvsim serve hit-rate: prefix-cache hit rates of a Mooncake request trace (JSONL: timestamp, input_length,\n"
-      "output_length, hash_ids of 512-token blocks) per capacity and eviction policy, without timing. Requests in\n"
-      "file order; a request's hit is its longest cached run of blocks from the first; then all its blocks are\n"
-      "touched or inserted (docs/serving.md)");
+      "kvsim serve hit-rate: prefix-cache hit rates of a request trace (Mooncake JSONL: timestamp, input_length,\n"
+      "output_length, hash_ids of 512-token blocks; or chunked: timestamp, chunks of ids and tokens, question_tokens,\n"
+      "output_length, each chunk after a path of chunks a block: docs/chunk-states.md) per capacity and eviction\n"
+      "policy, without timing. Requests in file order; a request's hit is its longest cached run of blocks from the\n"
+      "first; then all its blocks are touched or inserted (docs/serving.md)");
   desc.add_options()("help,h", "show this help")("trace", po::value(&trace_path)->required(), "request trace (JSONL)")(
       "capacity,c", po::value(&capacities)->default_value(capacities), "capacities in blocks, comma-separated")(
       "eviction,e", po::value(&evictions)->default_value(evictions),
@@ -102,7 +104,7 @@ int hit_rate_cmd(const Args& args) {
   grid.row_template = hit_rate_row(serve::HitRateResult{});
   if (grid_finished(grid, {out, json})) return 0;
   refuse_grid_overwrite(grid, {out, json});
-  const serve::RequestTrace trace = serve::read_mooncake_trace(trace_path);
+  const serve::RequestTrace trace = serve::read_serve_trace(trace_path);
   const serve::BlockTree tree(trace);
   const serve::ReuseCeiling ceiling = serve::reuse_ceiling(trace);
   const bool quiet = grid_worker_rank();
@@ -237,6 +239,42 @@ int profile_cmd(const Args& args) {
   return 0;
 }
 
+int workload_cmd(const Args& args) {
+  serve::ChunkWorkloadSpec s;
+  std::string kind = "rag", out;
+  po::options_description desc(
+      "kvsim serve workload: write a chunked serving trace (docs/chunk-states.md): a system chunk, reusable chunks\n"
+      "drawn by Zipf popularity, a question never cached; Poisson arrivals. rag: distinct documents per request in\n"
+      "the retriever's order; agent: sessions of turns, each turn repeating the session's chunks and adding a tool\n"
+      "output");
+  desc.add_options()("help,h", "show this help")("out,o", po::value(&out)->required(), "output JSONL")(
+      "workload", po::value(&kind)->default_value(kind), "rag | agent")(
+      "requests", po::value(&s.requests)->default_value(s.requests), "requests")(
+      "pool", po::value(&s.pool)->default_value(s.pool), "distinct documents or tool outputs")(
+      "per-request", po::value(&s.per_request)->default_value(s.per_request),
+      "rag: documents per request; agent: turns per session")("zipf", po::value(&s.zipf)->default_value(s.zipf),
+                                                              "popularity: weight 1 / rank^zipf")(
+      "chunk-tokens", po::value(&s.chunk_tokens)->default_value(s.chunk_tokens),
+      "a pooled chunk's mean tokens (each drawn in [1/2, 3/2] of it)")(
+      "system-tokens", po::value(&s.system_tokens)->default_value(s.system_tokens), "the shared system chunk")(
+      "question-tokens", po::value(&s.question_tokens)->default_value(s.question_tokens), "per request, never cached")(
+      "output-tokens", po::value(&s.output_tokens)->default_value(s.output_tokens), "per request")(
+      "rate", po::value(&s.rate)->default_value(s.rate), "arrivals per second (Poisson)")(
+      "seed", po::value(&s.seed)->default_value(s.seed), "random seed")("force", "replace an existing file");
+  po::variables_map vm;
+  add_output_flags(desc);
+  if (!parse_options(args, desc, po::positional_options_description(), vm,
+                     "kvsim serve workload -o trace.jsonl [options]"))
+    return 0;
+  s.kind = serve::parse_chunk_workload(kind);
+  if (!vm.count("force") && std::filesystem::exists(out))
+    throw Error(out + ": file exists; refusing to overwrite it (pass --force to replace)");
+  write_file_atomically(out, serve::chunk_workload_jsonl(s));
+  std::printf("%s: %d %s requests over a pool of %d chunks (zipf %g, %g requests/s)\n", out.c_str(), s.requests,
+              kind.c_str(), s.pool, s.zipf, s.rate);
+  return 0;
+}
+
 }  // namespace
 
 int serve_command(const Args& args) {
@@ -244,7 +282,8 @@ int serve_command(const Args& args) {
       {"hit-rate", "prefix-cache hit rates per capacity and eviction policy (no timing)", hit_rate_cmd},
       {"simulate", "timed simulation: batching, memory tiers, TTFT and throughput, with KV compression",
        serve_simulate},
-      {"profile", "fit a serving cost profile to the engine on this machine, or show a built-in one", profile_cmd}};
+      {"profile", "fit a serving cost profile to the engine on this machine, or show a built-in one", profile_cmd},
+      {"workload", "write a chunked serving trace (rag or agent, Zipf popularity)", workload_cmd}};
   return dispatch("kvsim serve", subs, args);
 }
 

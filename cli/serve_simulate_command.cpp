@@ -147,7 +147,7 @@ struct Flags {
 void describe(po::options_description& desc, Flags& f) {
   serve::SimOptions& o = f.o;
   desc.add_options()("help,h", "show this help")("trace", po::value(&f.trace)->required(),
-                                                 "request trace (Mooncake JSONL)")(
+                                                 "request trace (Mooncake JSONL, or chunked: docs/chunk-states.md)")(
       "profile,p", po::value(&f.profile)->default_value(f.profile),
       "cost profile: built-in name or JSON file (kvsim serve profile)")(
       "eviction,e", po::value(&f.evictions)->default_value(f.evictions),
@@ -217,7 +217,8 @@ void print_row(const nlohmann::json& row, const KvPolicyRow& kv) {
 int serve_simulate(const Args& args) {
   Flags f;
   po::options_description desc(
-      "kvsim serve simulate: timed serving simulation of a Mooncake request trace. Requests arrive at their\n"
+      "kvsim serve simulate: timed serving simulation of a request trace (Mooncake or chunked). Requests arrive at "
+      "their\n"
       "timestamps, are routed to instances, wait for HBM, reuse cached prefix blocks (from HBM, or loaded from\n"
       "DRAM / SSD when loading beats recomputing), and run under continuous batching with chunked prefill; step\n"
       "times come from a cost profile. Reports hit rates per tier, tier traffic, TTFT, time between tokens,\n"
@@ -262,7 +263,7 @@ int serve_simulate(const Args& args) {
   grid.row_template = result_row(serve::SimResult{}, f.o, kvs.front());
   if (grid_finished(grid, {f.out, f.json})) return 0;
   refuse_grid_overwrite(grid, {f.out, f.json});
-  const serve::RequestTrace trace = serve::read_mooncake_trace(f.trace);
+  const serve::RequestTrace trace = serve::read_serve_trace(f.trace);
   const serve::BlockTree tree(trace);
   const bool quiet = grid_worker_rank();
   const bool tty = !vm.count("quiet") && !quiet && ::isatty(2);

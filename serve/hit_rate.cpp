@@ -17,7 +17,7 @@ HitRateResult hit_rate(const BlockTree& tree, std::int64_t capacity, const Evict
     out.block_refs += static_cast<std::int64_t>(r.blocks.size());
     out.hit_blocks += static_cast<std::int64_t>(hit);
     out.tokens += r.input_tokens;
-    for (std::size_t i = 0; i < hit; ++i) out.hit_tokens += r.block_tokens(i, trace.block_size);
+    for (std::size_t i = 0; i < hit; ++i) out.hit_tokens += trace.tokens[static_cast<std::size_t>(r.blocks[i])];
     cache.admit(r, now++);
   }
   out.requests = static_cast<std::int64_t>(trace.requests.size());
@@ -36,7 +36,7 @@ ReuseCeiling reuse_ceiling(const RequestTrace& trace) {
       auto& s = seen[static_cast<std::size_t>(r.blocks[i])];
       if (s) {
         ++repeat;
-        repeat_tokens += r.block_tokens(i, trace.block_size);
+        repeat_tokens += trace.tokens[static_cast<std::size_t>(r.blocks[i])];
       }
       s = 1;
     }

@@ -146,8 +146,7 @@ struct PrefixCache::Impl {
         // Value = frequency x latency benefit / footprint; the benefit is what a hit here saves
         // against the miss an eviction leaves: reloading the demoted copy from the tier below,
         // or recomputing the block after its cached prefix, whichever is cheaper.
-        double miss =
-            o.cost.recompute_ms(static_cast<std::int64_t>(trace.depth[u]) * trace.block_size, trace.tokens[u]);
+        double miss = o.cost.recompute_ms(trace.start[u], trace.tokens[u]);
         if (o.demoted_load_ms_per_token >= 0) miss = std::min(miss, o.demoted_load_ms_per_token * t);
         return {h * std::max(0.0, miss - o.load_ms_per_token * t) / t, l};
       }

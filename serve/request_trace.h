@@ -17,23 +17,26 @@ struct ServeRequest {
   double arrival_ms = 0;
   std::int64_t input_tokens = 0, output_tokens = 0;
   std::vector<std::int32_t> blocks;  // dense block ids, prompt order
-  // Tokens of its i-th block: full blocks, and the remainder in the last one.
-  std::int64_t block_tokens(std::size_t i, std::int64_t block_size) const {
-    return i + 1 < blocks.size() ? block_size
-                                 : input_tokens - block_size * static_cast<std::int64_t>(blocks.size() - 1);
-  }
+  std::int64_t question_tokens = 0;  // after its blocks, never cached (a chunked request's question)
 };
 
+// A trace's blocks form a tree: a Mooncake block's parent is the block before it; a chunked
+// trace's block is a chunk state (the chunk given the path of chunks before it), whose parent is
+// the state before it (docs/chunk-states.md).
 struct RequestTrace {
   std::string path;
-  std::int64_t block_size = kMooncakeBlockTokens;
+  std::int64_t block_size = kMooncakeBlockTokens;  // Mooncake's; a chunked trace's blocks vary
   std::vector<ServeRequest> requests;
   std::vector<std::int32_t> parent;       // [block] the block before it, -1 for a first block
   std::vector<std::int32_t> depth;        // [block] its index in every prompt that holds it
-  std::vector<std::int64_t> hash;         // [block] the id in the file
+  std::vector<std::int64_t> hash;         // [block] the id in the file (a chunked trace: its state's number)
   std::vector<std::int64_t> tokens;       // [block] tokens it holds (512, or a tail's remainder)
+  std::vector<std::int64_t> start;        // [block] its first token's position in every prompt that holds it
+  std::vector<std::int32_t> chunk;        // [block] its chunk: one per block in Mooncake, shared by a chunk's states
+  std::vector<std::string> chunk_ids;     // [chunk] a chunked trace's chunk ids (empty for Mooncake)
   std::int64_t block_references() const;  // blocks over all requests
   std::size_t blocks() const { return parent.size(); }
+  bool chunked() const { return !chunk_ids.empty(); }
 };
 
 // Reads a Mooncake JSONL trace. Throws naming the file, line and field for: malformed JSON, a
@@ -41,6 +44,16 @@ struct RequestTrace {
 // ceil(input_length / block_size), timestamps out of order, and a hash id that follows different
 // blocks in different requests (not a prefix hash) or holds different token counts.
 RequestTrace read_mooncake_trace(const std::string& path, std::int64_t block_size = kMooncakeBlockTokens);
+
+// Reads a chunked serving trace (docs/chunk-states.md): one JSON object per line with `timestamp`
+// (ms, in order), `chunks` ([{"id": string, "tokens": integer > 0}, ...], non-empty), and
+// `question_tokens` and `output_length` (integers >= 0). Each distinct chunk given the chunks before
+// it is one block. Throws naming the file, line and field, as the Mooncake reader does, and for a
+// chunk id with different token counts on different lines or twice in one request.
+RequestTrace read_chunked_trace(const std::string& path);
+
+// Either kind, told by the first request's fields: "chunks" (chunked) or "hash_ids" (Mooncake).
+RequestTrace read_serve_trace(const std::string& path);
 
 // `times` copies of the trace one after another: each copy's blocks are new (ids shifted past the
 // previous copy's) and its arrivals start where the previous copy's ended. For cost-growth benches.

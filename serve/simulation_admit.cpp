@@ -11,8 +11,8 @@ std::vector<BlockState> Simulation::block_states(const Instance& in, const Serve
   for (std::size_t i = 0; i < r.blocks.size(); ++i) {
     BlockState& s = st[i];
     const std::int32_t b = r.blocks[i];
-    s.start = static_cast<std::int64_t>(i) * trace_.block_size;
-    s.tokens = r.block_tokens(i, trace_.block_size);
+    s.start = trace_.start[static_cast<std::size_t>(b)];
+    s.tokens = trace_.tokens[static_cast<std::size_t>(b)];
     s.bytes = bytes(b);
     for (int t = 0; t < kTiers; ++t) {
       const Tier& tier = in.tiers[static_cast<std::size_t>(t)];
@@ -110,6 +110,7 @@ void Simulation::reserve_loads(Instance& in, const ServeRequest& r, const std::v
     }
     ++i;
   }
+  if (r.question_tokens > 0) add_work(r.input_tokens - r.question_tokens, r.question_tokens);  // never cached
   if (s.work.empty()) s.work.emplace_back(r.input_tokens - 1, 1);  // the last token, for its logits
   for (const auto& [start, tokens] : s.work) s.prefill_left += tokens;
   res_.prefill_tokens += s.prefill_left;

@@ -8,6 +8,7 @@
 #include "capture/chunked_tasks.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/zipf.h"
 
 using namespace kvsim;
 

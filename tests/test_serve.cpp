@@ -3,11 +3,13 @@
 // policy; a prefix never evicted before its suffix; the hit-rate definition at the extremes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "serve/chunk_workload.h"
 #include "serve/hit_rate.h"
 #include "serve/prefix_cache.h"
 #include "serve/profile.h"
@@ -80,7 +82,9 @@ TEST_CASE("a Mooncake trace reads into requests over a tree of blocks", "[serve]
   CHECK(t.depth == std::vector<std::int32_t>{0, 1, 2, 1});
   CHECK(t.tokens == std::vector<std::int64_t>{512, 512, 76, 88});
   CHECK(t.requests[1].blocks == std::vector<std::int32_t>{0, 3});
-  CHECK(t.requests[0].block_tokens(2, 512) == 76);
+  CHECK(t.start == std::vector<std::int64_t>{0, 512, 1024, 512});
+  CHECK(t.chunk == std::vector<std::int32_t>{0, 1, 2, 3});  // every block a chunk of one state
+  CHECK_FALSE(t.chunked());
   CHECK(t.requests[1].line == 2);
   const BlockTree tree(t);
   CHECK(tree.parent(3) == 0);
@@ -282,4 +286,87 @@ TEST_CASE("cost profiles: non-negative fits, files, built-ins", "[serve]") {
                         "prefill": {"a_ms": 0, "b_ms_per_token": -1, "c_ms_per_token2": 0},
                         "decode": {"a_ms": 0, "b_ms_per_ctx_token": 1, "c_ms_per_seq": 0}})")),
                     Catch::Contains("prefill: field 'b_ms_per_token' is -1; expected a number >= 0"));
+}
+
+TEST_CASE("a chunked trace reads into chunk states: a chunk after another path is another block", "[serve]") {
+  const std::string path = write_lines(
+      "chunked_serve.jsonl",
+      R"({"timestamp": 0, "chunks": [{"id": "sys", "tokens": 100}, {"id": "d1", "tokens": 300}, {"id": "d2", "tokens": 200}], "question_tokens": 20, "output_length": 4}
+{"timestamp": 1, "chunks": [{"id": "sys", "tokens": 100}, {"id": "d2", "tokens": 200}], "question_tokens": 30, "output_length": 4}
+{"timestamp": 2, "chunks": [{"id": "sys", "tokens": 100}, {"id": "d1", "tokens": 300}, {"id": "d2", "tokens": 200}], "question_tokens": 10, "output_length": 4}
+)");
+  const RequestTrace t = read_serve_trace(path);
+  REQUIRE(t.chunked());
+  CHECK(t.chunk_ids == std::vector<std::string>{"sys", "d1", "d2"});
+  CHECK(t.blocks() == 4);  // sys, d1 after sys, d2 after (sys, d1), d2 after sys
+  CHECK(t.parent == std::vector<std::int32_t>{-1, 0, 1, 0});
+  CHECK(t.chunk == std::vector<std::int32_t>{0, 1, 2, 2});
+  CHECK(t.start == std::vector<std::int64_t>{0, 100, 400, 100});
+  CHECK(t.tokens == std::vector<std::int64_t>{100, 300, 200, 200});
+  CHECK(t.requests[1].blocks == std::vector<std::int32_t>{0, 3});
+  CHECK(t.requests[0].input_tokens == 620);
+  CHECK(t.requests[1].question_tokens == 30);
+  CHECK(t.requests[2].blocks == t.requests[0].blocks);
+  // Stateful prefix caching: d2 after another path is a miss; the same path again hits in full.
+  const BlockTree tree(t);
+  const HitRateResult r = hit_rate(tree, 100, policy(Eviction::Lru));
+  CHECK(r.block_refs == 8);
+  CHECK(r.hit_blocks == 1 + 3);  // request 2's sys; request 3's three
+  CHECK(r.tokens == 620 + 330 + 610);
+  CHECK(r.hit_tokens == 100 + 600);
+  CHECK(read_serve_trace(write_jsonl("mooncake_auto.jsonl", {{0, 600, {7, 8}}})).blocks() == 2);
+
+  auto refused = [](const std::string& name, const std::string& line, const std::string& message) {
+    CHECK_THROWS_WITH(read_chunked_trace(write_lines(name, line + "\n")), Catch::Contains(message));
+  };
+  refused("ch1.jsonl", R"({"timestamp": 0, "chunks": [], "question_tokens": 1, "output_length": 1})",
+          "field 'chunks' is missing or not a non-empty list");
+  refused("ch2.jsonl",
+          R"({"timestamp": 0, "chunks": [{"id": "a", "tokens": 0}], "question_tokens": 1, "output_length": 1})",
+          "chunks[0]: field 'tokens' is 0; expected an integer > 0");
+  refused(
+      "ch3.jsonl",
+      R"({"timestamp": 0, "chunks": [{"id": "a", "tokens": 5}, {"id": "a", "tokens": 5}], "question_tokens": 1, "output_length": 1})",
+      "chunks[1]: chunk 'a' appears twice in the request");
+  refused("ch4.jsonl", R"({"timestamp": 0, "chunks": [{"id": "a", "tokens": 5}], "output_length": 1})",
+          "field 'question_tokens' is missing");
+  CHECK_THROWS_WITH(
+      read_chunked_trace(write_lines(
+          "ch5.jsonl",
+          R"({"timestamp": 0, "chunks": [{"id": "a", "tokens": 5}], "question_tokens": 1, "output_length": 1}
+{"timestamp": 1, "chunks": [{"id": "b", "tokens": 3}, {"id": "a", "tokens": 6}], "question_tokens": 1, "output_length": 1}
+)")),
+      Catch::Contains("ch5.jsonl:2: chunks[1]: chunk 'a' holds 6 tokens here and 5 on line 1"));
+}
+
+TEST_CASE("chunked serving workloads: popular chunks in many states (rag), whole paths reused (agent)", "[serve]") {
+  ChunkWorkloadSpec s;
+  s.requests = 400;
+  s.pool = 40;
+  s.per_request = 3;
+  s.rate = 10;
+  s.seed = 9;
+  CHECK(chunk_workload_jsonl(s) == chunk_workload_jsonl(s));  // reproducible
+  const RequestTrace rag = read_chunked_trace(write_lines("rag_serve.jsonl", chunk_workload_jsonl(s)));
+  REQUIRE(rag.requests.size() == 400);
+  CHECK(rag.chunk_ids.front() == "system");
+  std::vector<int> states(rag.chunk_ids.size(), 0);
+  for (const std::int32_t c : rag.chunk) ++states[static_cast<std::size_t>(c)];
+  CHECK(*std::max_element(states.begin(), states.end()) >= 10);            // a popular document after many paths
+  CHECK(rag.requests.back().arrival_ms / 1e3 == Approx(40).epsilon(0.2));  // 400 arrivals at 10 per second
+  for (const ServeRequest& r : rag.requests) CHECK(r.blocks.size() == 4);  // the system chunk, 3 documents
+
+  s.kind = ChunkWorkloadKind::Agent;
+  const RequestTrace agent = read_chunked_trace(write_lines("agent_serve.jsonl", chunk_workload_jsonl(s)));
+  for (std::size_t i = 0; i < agent.requests.size(); ++i) {
+    const auto& blocks = agent.requests[i].blocks;
+    CHECK(blocks.size() == 2 + i % 3);  // the system chunk and one more tool output a turn
+    if (i % 3 != 0) {                   // a later turn: the previous turn's states, then one more
+      const auto& before = agent.requests[i - 1].blocks;
+      CHECK(std::equal(before.begin(), before.end(), blocks.begin()));
+    }
+  }
+  s.per_request = 41;
+  CHECK_THROWS_WITH(chunk_workload_jsonl(s), Catch::Contains("--per-request 41 exceeds --pool 40"));
+  CHECK_THROWS_WITH(parse_chunk_workload("chat"), Catch::Contains("expected rag | agent"));
 }

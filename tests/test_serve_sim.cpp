@@ -353,3 +353,19 @@ TEST_CASE("timed simulation: deterministic, compression fits more, bad options r
   CHECK_THROWS_WITH(simulate(tree, bad), Catch::Contains("instances"));
   CHECK_THROWS_WITH(parse_route("random"), Catch::Contains("prefix, round-robin, least-loaded"));
 }
+
+TEST_CASE("timed simulation of a chunked trace: states hit, the question always computed", "[serve]") {
+  const std::string path = test::scratch_file("chunked_sim.jsonl");
+  std::ofstream(path) << R"({"timestamp": 0, "chunks": [{"id": "sys", "tokens": 100}, {"id": "doc", "tokens": 400}], "question_tokens": 20, "output_length": 2}
+{"timestamp": 1000, "chunks": [{"id": "sys", "tokens": 100}, {"id": "doc", "tokens": 400}], "question_tokens": 30, "output_length": 2}
+{"timestamp": 2000, "chunks": [{"id": "sys", "tokens": 100}, {"id": "x", "tokens": 50}, {"id": "doc", "tokens": 400}], "question_tokens": 10, "output_length": 2}
+)";
+  const RequestTrace t = read_serve_trace(path);
+  const SimResult r = simulate(BlockTree(t), simple());
+  CHECK(r.completed == 3);
+  // First: everything; second: its question; third: x, doc in its new state, and its question.
+  CHECK(r.prefill_tokens == 520 + 30 + 460);
+  CHECK(r.share(Way::Hbm) == Approx(3.0 / 7));  // sys twice, (sys, doc) once, of 7 block references
+  // Alone on the instance, each waits for its own prefill only: a + b * its computed tokens.
+  CHECK(r.ttft_ms.mean == Approx((1 + 5.2 + 1 + 0.3 + 1 + 4.6) / 3));
+}
