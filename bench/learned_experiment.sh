@@ -25,18 +25,22 @@ BUDGETS=${BUDGETS:-0.1,0.25,0.5}
 SEEDS=${SEEDS:-1 2 3}
 TRAIN_FAMILIES=${TRAIN_FAMILIES:-recall running-total single multikey}
 UNSEEN=${UNSEEN:-continue vartrack}
-TRAIN_PER_FAMILY=${TRAIN_PER_FAMILY:-3}
-HELD_PER_FAMILY=${HELD_PER_FAMILY:-2}
+TRAIN_PER_FAMILY=${TRAIN_PER_FAMILY:-2}
+HELD_PER_FAMILY=${HELD_PER_FAMILY:-1}
 CAL_REQUESTS=${CAL_REQUESTS:-3}      # training requests the estimator of the trace reward is fitted on
-STEPS=${STEPS:-400}                  # foresight
-EPISODES=${EPISODES:-60}             # distillcache, trace reward
-LIVE_EPISODES=${LIVE_EPISODES:-12}   # distillcache, live reward
+STEPS=${STEPS:-300}                  # foresight
+EPISODES=${EPISODES:-30}             # distillcache, trace reward
+LIVE_EPISODES=${LIVE_EPISODES:-8}   # distillcache, live reward
 LIVE_MAX_NEW=${LIVE_MAX_NEW:-64}     # its horizon
-RLKV_STEPS=${RLKV_STEPS:-120}
+RLKV_STEPS=${RLKV_STEPS:-30}
 LEARNED=${LEARNED:-foresight distillcache distillcache_live rlkv}
 BASELINES=${BASELINES:-"h2o;tova;snapkv;keydiff;streamingllm;kivi;qevict:retier=$REAPPLY"}
 ORACLES=${ORACLES:-oracle_golden}
-RLKV_BASELINES=${RLKV_BASELINES:-"streamingllm;snapkv"}   # rlkv's point-semantics comparison
+# The point-semantics comparison: rlkv (one model-wide allocation, refused under peak semantics)
+# and the live-reward distillcache beside KVzip (whose reconstruction pass covers only the context,
+# so it cannot re-apply while decoding), at the compression point only.
+POINT_BASELINES=${POINT_BASELINES:-"kvzip;snapkv;streamingllm"}
+POINT_BUDGETS=${POINT_BUDGETS:-0.25}   # live (offline: every budget)
 TEXT=${TEXT:-/usr/share/common-licenses/GPL-3}
 PEAK=(--budget-semantics peak --reapply-every "$REAPPLY")
 # Every continuation runs the full MAX_NEW tokens: no end of generation before (min_new_tokens).
@@ -110,9 +114,26 @@ else
   # step: recorded in training; the held-out trace records every query, which H2O's score needs.
   "$KVSIM" capture -m "$MODEL" -r "$OUT/train.jsonl" -o "$OUT/train.h5" --force -q --queries eval --query-window 64 \
     "${GEN[@]}"
-  "$KVSIM" capture -m "$MODEL" -r "$OUT/heldout.jsonl" -o "$OUT/heldout.h5" --force -q --queries all "${GEN[@]}"
+  "$KVSIM" capture -m "$MODEL" -r "$OUT/heldout.jsonl" -o "$OUT/heldout.h5" --force -q --queries all --repeat-pass \
+    "${GEN[@]}"
 fi
 echo "train: $(wc -l < "$OUT/train.jsonl") requests; held out: $(wc -l < "$OUT/heldout.jsonl")"
+
+# DIR SUFFIX POLICIES BUDGETS SWEEP [options]: the live runs, one file per budget
+# (DIR/verify<SUFFIX>_b<budget>.csv); a budget whose file exists is kept, so a cut run resumes.
+live_by_budget() {
+  local dir=$1 suffix=$2 policies=$3 budgets=$4 sweep=$5 b f t
+  shift 5
+  for b in ${budgets//,/ }; do
+    f="$dir/verify${suffix}_b$b.csv"
+    [ -f "$f" ] && [ "${RELIVE:-0}" != 1 ] && continue
+    t=$(now)
+    "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "$policies" -b "$b" --mode "$mode" "${GEN[@]}" "$@" \
+      --offline "$sweep" -o "$f.part" --force -q > "${f%.csv}.txt"
+    mv "$f.part" "$f"
+    echo "live verify, $mode$suffix at $b: $(took "$t") s" | tee -a "$dir/train_seconds.txt"
+  done
+}
 
 for mode in $MODES; do
   d="$OUT/$mode"
@@ -158,30 +179,26 @@ print(''.join(json.dumps(r) + chr(10) for r in picked), end='')" "$OUT/train.jso
         rlkv) train rlkv "$s/rlkv.h5" --steps "$RLKV_STEPS" --estimator "$d/estimator.json" ;;
       esac
       method=${m%_live}
-      # rlkv divides its budget over the whole model at the compression point: peak semantics
-      # refuse it, so it is compared at point semantics below.
-      if [ "$m" = rlkv ]; then rlkv_policies="${rlkv_policies:-};rlkv:model=$s/rlkv.h5"; else
-        policies="$policies;$method:model=$s/$m.h5"; fi
+      [ "$m" = rlkv ] || policies="$policies;$method:model=$s/$m.h5"
+      if [ "$m" = rlkv ] || [ "$m" = distillcache_live ]; then
+        point_policies="${point_policies:-};$method:model=$s/$m.h5"
+      fi
     done
   done
   policies="${policies#;};$BASELINES"
-  if [ -n "${rlkv_policies:-}" ]; then
-    point="${rlkv_policies#;};$RLKV_BASELINES"
+  if [ -n "${point_policies:-}" ]; then
+    point="${point_policies#;};$POINT_BASELINES"
     "$KVSIM" sweep "$OUT/heldout.h5" -p "$point" -b "$BUDGETS" --mode "$mode" -o "$d/sweep_point.csv" --force -q \
       > "$d/sweep_point.txt"
-    if [ "${RLKV_LIVE:-1}" = 1 ] && [[ " $LIVE_MODES " == *" $mode "* ]]; then
-      "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "$point" -b "$BUDGETS" --mode "$mode" "${GEN[@]}" \
-        --offline "$d/sweep_point.csv" -o "$d/verify_point.csv" --force -q > "$d/verify_point.txt"
+    if [ "${POINT_LIVE:-1}" = 1 ] && [[ " $LIVE_MODES " == *" $mode "* ]]; then
+      live_by_budget "$d" _point "$point" "$POINT_BUDGETS" "$d/sweep_point.csv"
     fi
-    rlkv_policies=""
+    point_policies=""
   fi
   "$KVSIM" sweep "$OUT/heldout.h5" -p "$policies;$ORACLES" -b "$BUDGETS" --mode "$mode" "${PEAK[@]}" \
     --estimator "$d/estimator.json" -o "$d/sweep.csv" --detail "$d/sweep.jsonl" --force -q > "$d/sweep.txt"
   if [[ " $LIVE_MODES " == *" $mode "* ]]; then
-    t=$(now)
-    "$KVSIM" verify -m "$MODEL" -t "$OUT/heldout.jsonl" -p "$policies" -b "$BUDGETS" --mode "$mode" \
-      "${GEN[@]}" "${PEAK[@]}" --offline "$d/sweep.csv" -o "$d/verify.csv" --force -q > "$d/verify.txt"
-    echo "live verify, $mode: $(took "$t") s" | tee -a "$d/train_seconds.txt"
+    live_by_budget "$d" "" "$policies" "$BUDGETS" "$d/sweep.csv" "${PEAK[@]}"
   fi
 done
 PYTHON=${PYTHON:-${KVSIM_CACHE:-$HOME/.cache/kvsim}/venv/bin/python}  # scripts/setup.sh's venv (pandas)
