@@ -9,6 +9,10 @@
 #                                         estimate the grid below from it (run this first)
 #   bench/learned_experiment.sh           the grid (after scripts/setup.sh); tables by
 #                                         analysis/learned_table.py $OUT
+# A cut run resumes: REUSE=1 keeps the captured traces; trained models, the estimator and each
+# budget's live runs (DIR/verify_b<budget>.csv) are kept when present (RETRAIN=1, RELIVE=1 redo).
+# rlkv and KVzip cannot run under peak semantics: a second table compares them with the
+# live-reward distillcache at the compression point (POINT_BASELINES, live at POINT_BUDGETS).
 # Every knob below is an environment variable; docs/experiments/learned.md records the ones used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
