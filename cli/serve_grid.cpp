@@ -24,15 +24,16 @@ std::string grid_progress_path(const std::string& out, const std::string& json) 
 
 namespace {
 
-// A kept row must have the template's keys, with a string where the template has one and a number
-// or null elsewhere: the table printer and the outputs read them without further checks.
+// A kept row must have the template's keys, with a string, a list or a flag where the template has
+// one and a number or null elsewhere: the table printer and the outputs read them without further checks.
 void check_row(const nlohmann::json& row, const nlohmann::json& templ, const std::string& where) {
   for (const auto& [key, value] : templ.items()) {
     if (!row.contains(key)) throw Error(where + ": the row has no '" + key + "'; not a row of this grid");
     const nlohmann::json& v = row[key];
-    const bool ok = value.is_string()  ? v.is_string()
-                    : value.is_array() ? v.is_array()
-                                       : (v.is_number() || v.is_null());
+    const bool ok = value.is_string()    ? v.is_string()
+                    : value.is_array()   ? v.is_array()
+                    : value.is_boolean() ? v.is_boolean()
+                                         : (v.is_number() || v.is_null());
     if (!ok) throw Error(where + ": '" + key + "' is " + v.dump() + ", not what this grid writes there");
   }
   if (row.size() != templ.size()) throw Error(where + ": the row has keys this grid does not write");

@@ -356,7 +356,8 @@ TEST_CASE("timed simulation: deterministic, compression fits more, bad options r
 
 TEST_CASE("timed simulation of a chunked trace: states hit, the question always computed", "[serve]") {
   const std::string path = test::scratch_file("chunked_sim.jsonl");
-  std::ofstream(path) << R"({"timestamp": 0, "chunks": [{"id": "sys", "tokens": 100}, {"id": "doc", "tokens": 400}], "question_tokens": 20, "output_length": 2}
+  std::ofstream(path)
+      << R"({"timestamp": 0, "chunks": [{"id": "sys", "tokens": 100}, {"id": "doc", "tokens": 400}], "question_tokens": 20, "output_length": 2}
 {"timestamp": 1000, "chunks": [{"id": "sys", "tokens": 100}, {"id": "doc", "tokens": 400}], "question_tokens": 30, "output_length": 2}
 {"timestamp": 2000, "chunks": [{"id": "sys", "tokens": 100}, {"id": "x", "tokens": 50}, {"id": "doc", "tokens": 400}], "question_tokens": 10, "output_length": 2}
 )";
