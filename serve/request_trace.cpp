@@ -17,6 +17,13 @@ std::int64_t RequestTrace::block_references() const {
   return n;
 }
 
+std::int64_t RequestTrace::nominal_block_tokens() const {
+  if (block_size > 0 || tokens.empty()) return std::max<std::int64_t>(1, block_size);
+  std::int64_t sum = 0;
+  for (const std::int64_t t : tokens) sum += t;
+  return std::max<std::int64_t>(1, sum / static_cast<std::int64_t>(tokens.size()));
+}
+
 namespace {
 
 std::int64_t integer_field(const nlohmann::json& j, const char* name, const std::string& where) {

@@ -25,7 +25,8 @@ struct ServeRequest {
 // the state before it (docs/chunk-states.md).
 struct RequestTrace {
   std::string path;
-  std::int64_t block_size = kMooncakeBlockTokens;  // Mooncake's; a chunked trace's blocks vary
+  // Mooncake's block size; 0 for a chunked trace, whose blocks vary (nominal_block_tokens()).
+  std::int64_t block_size = kMooncakeBlockTokens;
   std::vector<ServeRequest> requests;
   std::vector<std::int32_t> parent;       // [block] the block before it, -1 for a first block
   std::vector<std::int32_t> depth;        // [block] its index in every prompt that holds it
@@ -37,6 +38,9 @@ struct RequestTrace {
   std::int64_t block_references() const;  // blocks over all requests
   std::size_t blocks() const { return parent.size(); }
   bool chunked() const { return !chunk_ids.empty(); }
+  // The block size, or a chunked trace's mean tokens per block (at least 1): what a capacity in
+  // blocks is counted in.
+  std::int64_t nominal_block_tokens() const;
 };
 
 // Reads a Mooncake JSONL trace. Throws naming the file, line and field for: malformed JSON, a

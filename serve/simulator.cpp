@@ -45,7 +45,7 @@ Simulation::Simulation(const BlockTree& tree, const SimOptions& o)
       Tier& tier = in.tiers[static_cast<std::size_t>(t)];
       // The simulation keeps bytes; the block capacity only sizes SLRU's protected segment.
       const auto blocks =
-          static_cast<std::int64_t>(capacity[static_cast<std::size_t>(t)] / paged_bytes(trace_.block_size));
+          static_cast<std::int64_t>(capacity[static_cast<std::size_t>(t)] / paged_bytes(trace_.nominal_block_tokens()));
       tier.cache = std::make_unique<PrefixCache>(tree, std::max<std::int64_t>(1, blocks), e);
       tier.capacity = capacity[static_cast<std::size_t>(t)];
     }
@@ -80,7 +80,7 @@ SimResult Simulation::run() {
       if (t.cache) res_.evictions += t.cache->evictions();
   check_accounting();
   res_.load = load_report();
-  res_.hbm_blocks = o_.hbm_gb * 1e9 / (bpt_ * static_cast<double>(trace_.block_size));
+  res_.hbm_blocks = o_.hbm_gb * 1e9 / (bpt_ * static_cast<double>(trace_.nominal_block_tokens()));
   res_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res_;
 }

@@ -4,6 +4,7 @@
 // cache, determinism and bad options.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <fstream>
 
 #include "core/error.h"
@@ -366,7 +367,9 @@ TEST_CASE("timed simulation of a chunked trace: states hit, the question always 
   CHECK(r.completed == 3);
   // First: everything; second: its question; third: x, doc in its new state, and its question.
   CHECK(r.prefill_tokens == 520 + 30 + 460);
-  CHECK(r.share(Way::Hbm) == Approx(3.0 / 7));  // sys twice, (sys, doc) once, of 7 block references
+  CHECK(r.share(Way::Hbm) == Approx(3.0 / 7));                    // sys twice, (sys, doc) once, of 7 block references
+  CHECK(t.nominal_block_tokens() == (100 + 400 + 50 + 400) / 4);  // a capacity in blocks counts these
+  CHECK(std::isfinite(r.hbm_blocks));
   // Alone on the instance, each waits for its own prefill only: a + b * its computed tokens.
   CHECK(r.ttft_ms.mean == Approx((1 + 5.2 + 1 + 0.3 + 1 + 4.6) / 3));
 }
