@@ -314,7 +314,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
   const std::unique_ptr<Engine> engine =
       make ? make(gguf) : make_engine(gguf, EngineOptions{opts.device, opts.weights});
   Engine& model = *engine;
-  const auto alone = std::make_unique<ChunkAlone>(model, opts.prefill_chunk);  // kept across requests
+  ChunkAlone alone(model, opts.prefill_chunk);  // chunks computed alone, kept across requests
   const ModelConfig& c = model.config();
   const std::int64_t ctx_len = gguf.get_int(c.arch + ".context_length", 1 << 30);
   const std::string default_system = default_system_prompt(gguf);
@@ -379,7 +379,7 @@ CaptureSummary run_capture(const std::vector<CaptureRequest>& requests, const Ca
         });
       }
       // After the layers took the engine's cache: computing chunks alone replaces it.
-      ChunkStateRecord states = opts.chunk_states ? chunk_state_record(*alone, chunked) : ChunkStateRecord{};
+      ChunkStateRecord states = opts.chunk_states ? chunk_state_record(alone, chunked) : ChunkStateRecord{};
       io.submit([&writer, ref = std::move(ref), repeat = std::move(repeat), with = opts.repeat_pass,
                  states = std::move(states), with_states = opts.chunk_states] {
         writer.write_reference(ref);

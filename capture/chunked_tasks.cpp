@@ -81,19 +81,11 @@ std::vector<CaptureRequest> make_chunked_tasks(const ChunkedSpec& spec) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   Rng rng(spec.seed);
   const std::vector<PoolChunk> pool = make_pool(spec, text, rng);
-  // Popularity ranks over a shuffled pool, so the most popular chunk is not always the first window.
-  std::vector<std::int64_t> by_rank(pool.size());
-  for (std::size_t i = 0; i < by_rank.size(); ++i) by_rank[i] = static_cast<std::int64_t>(i);
-  for (std::size_t i = by_rank.size(); i > 1; --i) std::swap(by_rank[i - 1], by_rank[rng.below(i)]);
-  const std::vector<double> cdf = zipf_cdf(static_cast<std::int64_t>(pool.size()), spec.zipf);
+  const ZipfPicker popular(static_cast<std::int64_t>(pool.size()), spec.zipf, rng);
   const bool agent = spec.workload == ChunkedWorkload::Agent;
   std::vector<CaptureRequest> out;
   for (int r = 0; r < spec.requests; ++r) {
-    std::vector<std::int64_t> picked;  // distinct, in draw order (the retriever's or the agent's)
-    while (static_cast<int>(picked.size()) < spec.per_request) {
-      const std::int64_t k = by_rank[static_cast<std::size_t>(zipf_draw(rng.uniform(), cdf))];
-      if (std::find(picked.begin(), picked.end(), k) == picked.end()) picked.push_back(k);
-    }
+    const std::vector<std::int64_t> picked = popular.distinct(rng, spec.per_request);  // in draw order
     CaptureRequest q;
     q.id = std::string(chunked_workload_name(spec.workload)) + "-" + std::to_string(r);
     q.task = std::string(chunked_workload_name(spec.workload)) + ":contains_all";

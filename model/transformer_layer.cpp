@@ -12,13 +12,6 @@ namespace kvsim::layer_ops {
 
 namespace {
 
-// The cache holds f16 values (kv_cache.h): K/V are rounded once, as they are produced.
-void round_to_half(Mat& m) {
-  std::vector<std::uint16_t> h(static_cast<std::size_t>(m.size()));
-  floats_to_halves(m.data(), h.data(), h.size());
-  halves_to_floats(h.data(), m.data(), h.size());
-}
-
 Mat matmul(const Mat& x, const WeightMatrix& w) {
   Mat y(x.rows(), w.rows());
   w.multiply(x.data(), x.rows(), y.data());
@@ -88,8 +81,9 @@ Qkv project_qkv(const ModelConfig& c, const Layer& L, int l, const Mat& x, std::
     apply_rope(rope, r.q.row(i).data(), c.n_q_heads, positions[static_cast<std::size_t>(i)]);
     apply_rope(rope, r.k.row(i).data(), c.n_kv_heads, positions[static_cast<std::size_t>(i)]);
   }
-  round_to_half(r.k);
-  round_to_half(r.v);
+  // The cache holds f16 values (kv_cache.h): K/V are rounded once, as they are produced.
+  round_to_half(r.k.data(), static_cast<std::size_t>(r.k.size()));
+  round_to_half(r.v.data(), static_cast<std::size_t>(r.v.size()));
   return r;
 }
 

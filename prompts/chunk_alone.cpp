@@ -1,7 +1,6 @@
 #include "prompts/chunk_alone.h"
 
 #include <cmath>
-#include <numeric>
 
 #include "core/half.h"
 #include "core/rope.h"
@@ -17,15 +16,8 @@ const ChunkAlone::Kept& ChunkAlone::alone(const Prompt& p, const ChunkSpan& span
   engine_.reset();
   engine_.reserve(h + static_cast<std::int64_t>(tokens.size()));
   // Passes as a chunked prompt's prefill makes them: the header's, then the chunk's own.
-  auto run = [&](const std::vector<std::int32_t>& part, std::int64_t at) {
-    for (const auto& [b, e] : prefill_chunks(static_cast<std::int64_t>(part.size()), {}, prefill_chunk_)) {
-      std::vector<std::int32_t> pos(static_cast<std::size_t>(e - b));
-      std::iota(pos.begin(), pos.end(), static_cast<std::int32_t>(at + b));
-      engine_.forward(std::span(part).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), pos, {});
-    }
-  };
-  run(header, 0);
-  run(tokens, h);
+  engine_.prefill(header, prefill_chunk_);
+  engine_.prefill(tokens, prefill_chunk_);
   Kept kept{header, tokens, {}};
   const KvCache& cache = engine_.cache();
   const auto skip = static_cast<std::ptrdiff_t>(h * cache.head_dim);
@@ -49,9 +41,7 @@ ChunkAlone::Rows ChunkAlone::moved(const Prompt& p, const ChunkSpan& span) {
     const RopeSpec rope = g.rope_at(static_cast<int>(l));
     for (std::vector<float>& k : out.k[l]) {
       for (std::size_t r = 0; r * d < k.size(); ++r) apply_rope(rope, k.data() + r * d, 1, std::abs(shift), shift < 0);
-      std::vector<std::uint16_t> h(k.size());
-      floats_to_halves(k.data(), h.data(), h.size());
-      halves_to_floats(h.data(), k.data(), h.size());
+      round_to_half(k.data(), k.size());
     }
   }
   return out;

@@ -42,37 +42,26 @@ std::string chunk_workload_jsonl(const ChunkWorkloadSpec& spec) {
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(spec.pool));
   for (auto& t : tokens)
     t = spec.chunk_tokens / 2 + static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(spec.chunk_tokens) + 1));
-  std::vector<std::int64_t> by_rank(tokens.size());  // popularity ranks over a shuffled pool
-  for (std::size_t i = 0; i < by_rank.size(); ++i) by_rank[i] = static_cast<std::int64_t>(i);
-  for (std::size_t i = by_rank.size(); i > 1; --i) std::swap(by_rank[i - 1], by_rank[rng.below(i)]);
-  const std::vector<double> cdf = zipf_cdf(spec.pool, spec.zipf);
-  auto draw = [&] { return by_rank[static_cast<std::size_t>(zipf_draw(rng.uniform(), cdf))]; };
+  const ZipfPicker popular(spec.pool, spec.zipf, rng);
   const std::string prefix = agent ? "tool-" : "doc-";
   std::string out;
   double now_ms = 0;
-  nlohmann::json session;  // agent: the open session's chunks so far
+  std::vector<std::int64_t> session;  // agent: the open session's tool outputs so far
   for (int r = 0; r < spec.requests; ++r) {
     now_ms += -std::log(1.0 - rng.uniform()) / spec.rate * 1e3;
-    nlohmann::json chunks = nlohmann::json::array({chunk("system", spec.system_tokens)});
+    std::vector<std::int64_t> picked;
     if (agent) {
-      if (r % spec.per_request == 0) session = nlohmann::json::array();  // a new session
-      std::int64_t k = draw();
-      auto in_session = [&](std::int64_t x) {
-        return std::any_of(session.begin(), session.end(),
-                           [&](const nlohmann::json& c) { return c["id"] == prefix + std::to_string(x); });
-      };
-      while (in_session(k)) k = draw();
-      session.push_back(chunk(prefix + std::to_string(k), tokens[static_cast<std::size_t>(k)]));
-      for (const auto& c : session) chunks.push_back(c);
+      if (r % spec.per_request == 0) session.clear();  // a new session
+      std::int64_t k = popular.draw(rng);
+      while (std::find(session.begin(), session.end(), k) != session.end()) k = popular.draw(rng);
+      session.push_back(k);
+      picked = session;
     } else {
-      std::vector<std::int64_t> picked;
-      while (static_cast<int>(picked.size()) < spec.per_request) {
-        const std::int64_t k = draw();
-        if (std::find(picked.begin(), picked.end(), k) == picked.end()) picked.push_back(k);
-      }
-      for (const std::int64_t k : picked)
-        chunks.push_back(chunk(prefix + std::to_string(k), tokens[static_cast<std::size_t>(k)]));
+      picked = popular.distinct(rng, spec.per_request);
     }
+    nlohmann::json chunks = nlohmann::json::array({chunk("system", spec.system_tokens)});
+    for (const std::int64_t k : picked)
+      chunks.push_back(chunk(prefix + std::to_string(k), tokens[static_cast<std::size_t>(k)]));
     const nlohmann::json line = {{"timestamp", std::round(now_ms * 1000) / 1000},
                                  {"chunks", chunks},
                                  {"question_tokens", spec.question_tokens},

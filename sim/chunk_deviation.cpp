@@ -43,12 +43,6 @@ bool same_tokens(const std::vector<std::int32_t>& a, const ChunkStateSpan& sa, c
          std::equal(a.begin() + sa.begin, a.begin() + sa.end, b.begin() + sb.begin);
 }
 
-void round_to_half(std::vector<float>& v) {
-  std::vector<std::uint16_t> h(v.size());
-  floats_to_halves(v.data(), h.data(), h.size());
-  halves_to_floats(h.data(), v.data(), h.size());
-}
-
 struct Occurrence {
   std::string request;
   ChunkStateSpan span;
@@ -114,7 +108,7 @@ std::vector<DeviationCurve> chunk_deviation(const TraceReader& reader) {
           std::vector<float> k(context[b.request].k.begin() + static_cast<std::ptrdiff_t>(xb),
                                context[b.request].k.begin() + static_cast<std::ptrdiff_t>(xb + row));
           apply_rope(rope, k.data(), g.n_kv_heads, std::abs(shift), shift < 0);
-          round_to_half(k);  // as a cache holds the moved keys
+          round_to_half(k.data(), k.size());  // as a cache holds the moved keys
           other.deviation.push_back(relative(k.data(), context[b.request].v.data() + xb,
                                              context[a.request].k.data() + xa, context[a.request].v.data() + xa, row));
         }

@@ -573,13 +573,23 @@ void TraceReader::read_chunk_state_layer(const std::string& id, int layer, std::
                                          std::vector<float>& v) const {
   if (layer < 0 || layer >= geometry_.n_layers)
     throw Error(path_ + ": chunk states layer " + std::to_string(layer) + " out of range");
-  const ChunkStateRecord rec = chunk_state_table(id);  // checks the table and the shapes
+  // One layer's read checks its own datasets; the table is read once, by chunk_state_table.
   const std::string ctx = path_ + ": request '" + id + "' chunk states";
-  Handle g =
-      check(H5Gopen2(open_request(id).group.get(), layout::kChunkStatesGroup, H5P_DEFAULT), ctx + ": opening group");
+  const OpenRequest& r = open_request(id);
+  if (!h5::link_exists(r.group.get(), layout::kChunkStatesGroup))
+    throw Error(ctx + " are missing: capture chunked requests with --chunk-states");
+  Handle g = check(H5Gopen2(r.group.get(), layout::kChunkStatesGroup, H5P_DEFAULT), ctx + ": opening group");
   for (auto [name, out] : {std::pair{"k", &k}, std::pair{"v", &v}}) {
+    if (!h5::link_exists(g.get(), name)) throw FormatError(ctx + ": dataset '" + name + "' is missing");
     Handle dset = check(H5Dopen2(g.get(), name, H5P_DEFAULT), ctx + ": opening '" + name + "'");
     const auto shape = h5::dataset_shape(dset.get());
+    const std::vector<hsize_t> want = {static_cast<hsize_t>(geometry_.n_layers), shape.size() == 4 ? shape[1] : 0,
+                                       static_cast<hsize_t>(geometry_.n_kv_heads),
+                                       static_cast<hsize_t>(geometry_.head_dim)};
+    if (shape != want)
+      throw FormatError(ctx + ": dataset '" + name + "' has shape " + h5::shape_string(shape) + ", expected " +
+                        h5::shape_string(want));
+    h5::check_stored(dset.get(), h5::element_count(shape, ctx), 2, ctx + ": dataset '" + name + "'");
     std::vector<std::uint16_t> half(static_cast<std::size_t>(shape[1] * shape[2] * shape[3]));
     read_rows(dset.get(), shape, layer, 0, shape[1], half.data(), ctx + " '" + name + "'");
     out->resize(half.size());

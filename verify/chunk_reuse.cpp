@@ -16,6 +16,11 @@ std::string ReuseConfig::label() const {
   return buf;
 }
 
+std::string ReuseConfig::params() const {
+  const std::string l = label();
+  return way == ReuseWay::Transition ? "way=transition,share=" + l.substr(l.find('=') + 1) : "way=" + l;
+}
+
 ReuseConfig parse_reuse(const std::string& spec) {
   ReuseConfig c;
   if (spec == "recompute" || spec == "stateless") {

@@ -17,8 +17,9 @@ enum class ReuseWay { Recompute, Stateless, Transition };
 
 struct ReuseConfig {
   ReuseWay way = ReuseWay::Recompute;
-  double share = 0;           // transition: the share of the chunks' tokens recomputed above layer 1
-  std::string label() const;  // "recompute", "stateless", "transition:share=0.15"
+  double share = 0;            // transition: the share of the chunks' tokens recomputed above layer 1
+  std::string label() const;   // "recompute", "stateless", "transition:share=0.15"
+  std::string params() const;  // as a verify CSV row names it: "way=stateless", "way=transition,share=0.15"
 };
 // "recompute" | "stateless" | "transition:share=S" (S in [0, 1]); throws naming the spec.
 ReuseConfig parse_reuse(const std::string& spec);

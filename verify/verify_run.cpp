@@ -171,11 +171,7 @@ void add_to_summary(LiveMean& m, const LiveConfigResult& x, const LiveRequestRes
 }
 
 // A chunk-reuse way as the CSV names it: policy chunk_reuse, its way as parameters, budget 1.
-ReplayConfig reuse_config(const ReuseConfig& w) {
-  std::string params = "way=" + w.label();
-  if (w.way == ReuseWay::Transition) params = "way=transition,share=" + w.label().substr(w.label().find('=') + 1);
-  return ReplayConfig{"chunk_reuse", params, nullptr, 1.0};
-}
+ReplayConfig reuse_config(const ReuseConfig& w) { return ReplayConfig{"chunk_reuse", w.params(), nullptr, 1.0}; }
 
 // The ranked table: per budget, the policies by live KL.
 void print_live_table(const std::map<std::pair<double, std::string>, LiveMean>& summary, std::ostream& out) {
